@@ -1,0 +1,86 @@
+"""Command line: `python -m server serve | keys create|list|revoke`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import config
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", help="state directory (keys, identity, models); default ./data")
+    parser.add_argument("--config", help="TOML config file; default DATA_DIR/config.toml if present")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stackd", description="Inference server for devices "
+                                     "and stacks of devices.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the node daemon")
+    _common(serve)
+    serve.add_argument("--host", help="address to bind; default 127.0.0.1")
+    serve.add_argument("--inference-port", type=int, help="inference API port; default 8080")
+    serve.add_argument("--cluster-port", type=int, help="cluster API port; default 5381")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+    keys = commands.add_parser("keys", help="manage API keys")
+    key_commands = keys.add_subparsers(dest="key_command", required=True)
+    create = key_commands.add_parser("create", help="create a key; prints it on the last line")
+    _common(create)
+    create.add_argument("--name", required=True)
+    create.add_argument("--permissions", required=True,
+                        help="comma-separated: inference, cluster:read, cluster:write, "
+                             "models:manage, admin")
+    listing = key_commands.add_parser("list", help="list keys (never the keys themselves)")
+    _common(listing)
+    revoke = key_commands.add_parser("revoke", help="revoke a key by name or id")
+    _common(revoke)
+    revoke.add_argument("key", help="name or id of the key")
+    return parser
+
+
+def _settings(args) -> config.Settings:
+    flags = {"data_dir": args.data_dir, "config": args.config}
+    for name in ("host", "inference_port", "cluster_port", "log_level"):
+        flags[name] = getattr(args, name, None)
+    return config.load(flags)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = _settings(args)
+    except config.ConfigError as exc:
+        print(f"stackd: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "serve":
+        from .daemon import run
+        return run(settings)
+    return _keys(args, settings)
+
+
+def _keys(args, settings: config.Settings) -> int:
+    import os
+
+    from .auth import permissions
+    from .auth.keys import KeyStore
+
+    os.makedirs(settings.data_dir, mode=0o700, exist_ok=True)
+    store = KeyStore(settings.data_dir)
+    try:
+        if args.key_command == "create":
+            record, key = store.create(args.name, permissions.parse(args.permissions))
+            print(f"created key {record.id} ({record.name}) with {', '.join(sorted(record.permissions))}")
+            print(key)
+        elif args.key_command == "list":
+            for record in store.records():
+                print(f"{record.id}\t{record.name}\t{','.join(sorted(record.permissions))}\t"
+                      f"{record.hint}...")
+        else:
+            record = store.revoke(args.key)
+            print(f"revoked key {record.id} ({record.name})")
+    except (ValueError, KeyError) as exc:
+        print(f"stackd: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,86 @@
+"""The cluster group (port 5381), single node: health, topology, status, nodes, metrics."""
+from __future__ import annotations
+
+import os
+import socket
+
+import orjson
+
+from ..auth import permissions as perm
+from ..http.errors import ApiError, ErrorKind
+from ..http.response import Response, json_response
+from ..http.routing import Endpoint
+from . import readings
+
+CLUSTER = "cluster"
+
+
+def health(node, request) -> Response:
+    # The body only changes once a second (uptime) or when the sensor cache refreshes,
+    # so a probe hammering this endpoint reuses one encoded body.
+    state = (node.uptime_seconds(), node.thermometer.celsius())
+    cached = node.health_cache
+    if cached is None or cached[0] != state:
+        body = {"status": "ok", "uptime_seconds": state[0], "temperature_c": state[1]}
+        cached = node.health_cache = (state, json_response(body))
+    return cached[1]
+
+
+def _ram_gb() -> int:
+    return readings.ram_gb(readings.meminfo()["MemTotal"])
+
+
+def topology(node, request) -> Response:
+    me = node.identity
+    return json_response({
+        "cluster_id": me.cluster_id,
+        "node_count": 1,
+        "leader": me.node_id,
+        "nodes": [{"id": me.node_id, "role": "leader", "ram_gb": _ram_gb()}],
+    })
+
+
+def cluster_status(node, request) -> Response:
+    return json_response({"status": "healthy", "total_ram_gb": _ram_gb(),
+                          "active_model": node.active_model})
+
+
+def nodes(node, request) -> Response:
+    memory = readings.meminfo()
+    return json_response({"object": "list", "data": [{
+        "id": node.identity.node_id,
+        "role": "leader",
+        "status": "up",
+        "hostname": socket.gethostname(),
+        "ram_gb": readings.ram_gb(memory["MemTotal"]),
+        "cpu_cores": os.cpu_count(),
+        "load_average": readings.load_average(),
+        "memory_total_bytes": memory["MemTotal"],
+        "memory_available_bytes": memory["MemAvailable"],
+        "disk_free_bytes": readings.disk_free(node.settings.data_dir),
+        "temperature_c": node.thermometer.celsius(),
+        "uptime_seconds": node.uptime_seconds(),
+        "system_uptime_seconds": int(readings.system_uptime()),
+        "loaded_models": list(node.loaded_models),
+    }]})
+
+
+def power_contract(node, request) -> Response:
+    raise ApiError(ErrorKind.NOT_IMPLEMENTED,
+                   "power contract negotiation is not available yet on this node: it arrives with "
+                   "multi-node cluster support")
+
+
+def metrics(node, request) -> Response:
+    gauges = {"stackd_uptime_seconds": ("Seconds since the daemon started.", node.uptime_seconds())}
+    return Response(200, node.metrics.render(gauges), b"text/plain; version=0.0.4; charset=utf-8")
+
+
+ROUTES = {
+    ("GET", "/v1/health"): Endpoint(health, perm.CLUSTER_READ, CLUSTER),
+    ("GET", "/v1/topology"): Endpoint(topology, perm.CLUSTER_READ, CLUSTER),
+    ("GET", "/v1/cluster"): Endpoint(cluster_status, perm.CLUSTER_READ, CLUSTER),
+    ("GET", "/v1/nodes"): Endpoint(nodes, perm.CLUSTER_READ, CLUSTER),
+    ("POST", "/v1/power/contract"): Endpoint(power_contract, perm.CLUSTER_WRITE, CLUSTER),
+    ("GET", "/metrics"): Endpoint(metrics, perm.CLUSTER_READ, CLUSTER),
+}

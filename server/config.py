@@ -1,0 +1,172 @@
+"""Configuration: defaults < TOML file < environment < command-line flags.
+
+Every setting has a dotted name (`http.max_connections`). In the TOML file it
+is that key in its table; in the environment it is STACKD_ + the name in upper
+case with dots as underscores (STACKD_HTTP_MAX_CONNECTIONS); on the command
+line the common ones have flags (--host, --inference-port, ...). The file is
+--config PATH, else $STACKD_CONFIG, else DATA_DIR/config.toml when it exists.
+Per-key rate limits ([rate_limits.keys.<name>]) can only come from the file.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import tomllib
+from dataclasses import dataclass
+
+from .http.limits import Limits
+
+DEFAULTS: dict = {
+    "host": "127.0.0.1",
+    "inference_port": 8080,
+    "cluster_port": 5381,
+    "data_dir": "./data",
+    "log_level": "info",
+    "http": {
+        "max_head_bytes": Limits.max_head_bytes,
+        "max_headers": Limits.max_headers,
+        "max_body_bytes": Limits.max_body_bytes,
+        "head_timeout": Limits.head_timeout,
+        "body_timeout": Limits.body_timeout,
+        "keepalive_timeout": Limits.keepalive_timeout,
+        "write_timeout": Limits.write_timeout,
+        "max_connections": Limits.max_connections,
+        "write_high_water": Limits.write_high_water,
+        "shutdown_grace": Limits.shutdown_grace,
+        "access_log": True,
+    },
+    "rate_limits": {
+        "inference": 100,     # requests per minute per key; 0 = unlimited
+        "cluster": 1000,
+    },
+}
+
+ENV_PREFIX = "STACKD_"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class Settings:
+    values: dict
+    per_key_limits: dict[str, dict[str, int]]
+    source: str | None
+
+    def __getitem__(self, dotted: str):
+        node = self.values
+        for part in dotted.split("."):
+            node = node[part]
+        return node
+
+    @property
+    def data_dir(self) -> str:
+        return self.values["data_dir"]
+
+    def limits(self) -> Limits:
+        http = self.values["http"]
+        return Limits(**{k: v for k, v in http.items() if k in Limits.__dataclass_fields__})
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _coerce(name: str, value, default):
+    """Check `value` against the type of the setting's default; strings from env are parsed."""
+    kind = type(default)
+    if isinstance(value, str) and kind is not str:
+        text = value.strip()
+        try:
+            if kind is bool:
+                if text.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(text)
+                return text.lower() in ("1", "true", "yes", "on")
+            return kind(text)
+        except ValueError:
+            raise ConfigError(f"setting {name}: {value!r} is not a valid {kind.__name__}") from None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if type(value) is not kind:
+        raise ConfigError(f"setting {name}: expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _set(tree: dict, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree[part]
+    tree[leaf] = value
+
+
+def _check(values: dict) -> None:
+    for port in ("inference_port", "cluster_port"):
+        if not 0 <= values[port] <= 65535:
+            raise ConfigError(f"setting {port}: {values[port]} is not a TCP port")
+    for name, value in _flatten(values["http"], "http.").items():
+        if not isinstance(value, bool) and value <= 0:
+            raise ConfigError(f"setting {name}: must be positive, got {value}")
+    for name, value in values["rate_limits"].items():
+        if value < 0:
+            raise ConfigError(f"setting rate_limits.{name}: must be 0 (unlimited) or more")
+
+
+def load(cli: dict | None = None, environ: dict | None = None) -> Settings:
+    """Resolve settings. `cli` holds dotted names of flags the user actually gave."""
+    cli = {k: v for k, v in (cli or {}).items() if v is not None}
+    environ = os.environ if environ is None else environ
+    defaults = _flatten(DEFAULTS)
+    values = copy.deepcopy(DEFAULTS)
+
+    data_dir = cli.get("data_dir") or environ.get(ENV_PREFIX + "DATA_DIR") or DEFAULTS["data_dir"]
+    path = cli.get("config") or environ.get(ENV_PREFIX + "CONFIG")
+    if path is None and os.path.exists(os.path.join(data_dir, "config.toml")):
+        path = os.path.join(data_dir, "config.toml")
+    per_key: dict[str, dict[str, int]] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                document = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from None
+        per_key = _per_key_limits(document.get("rate_limits", {}).pop("keys", {}))
+        for name, value in _flatten(document).items():
+            if name not in defaults:
+                raise ConfigError(f"{path}: unknown setting {name!r}")
+            _set(values, name, _coerce(name, value, defaults[name]))
+
+    for name, default in defaults.items():
+        env_name = ENV_PREFIX + name.upper().replace(".", "_")
+        if env_name in environ:
+            _set(values, name, _coerce(name, environ[env_name], default))
+
+    for name, value in cli.items():
+        if name in defaults:
+            _set(values, name, _coerce(name, value, defaults[name]))
+
+    values["data_dir"] = os.path.abspath(values["data_dir"])
+    _check(values)
+    return Settings(values, per_key, path)
+
+
+def _per_key_limits(raw) -> dict[str, dict[str, int]]:
+    if not isinstance(raw, dict):
+        raise ConfigError("rate_limits.keys must be a table of key names")
+    out = {}
+    for key_name, groups in raw.items():
+        if not isinstance(groups, dict):
+            raise ConfigError(f"rate_limits.keys.{key_name} must be a table")
+        for group, limit in groups.items():
+            if group not in DEFAULTS["rate_limits"] or type(limit) is not int or limit < 0:
+                raise ConfigError(f"rate_limits.keys.{key_name}.{group}: expected a known group "
+                                  "and a whole number of requests per minute")
+        out[key_name] = dict(groups)
+    return out

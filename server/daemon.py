@@ -1,0 +1,100 @@
+"""Start the node daemon: both ports on one uvloop event loop, stop on SIGTERM/SIGINT."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+import signal
+import sys
+
+import uvloop
+
+from . import config, native
+from .auth.guard import KeyGuard
+from .auth.keys import KeyStore, bootstrap_admin_key
+from .auth.ratelimit import RateLimiter
+from .cluster import identity
+from .cluster import routes as cluster_routes
+from .http.access_log import AccessLog
+from .http.routing import App
+from .http.server import HttpServer
+from .inference import routes as inference_routes
+from .metrics import Metrics
+from .models import routes as model_routes
+from .node import Node
+
+log = logging.getLogger("server")
+
+
+def build_node(settings: config.Settings) -> tuple[Node, str | None]:
+    os.makedirs(settings.data_dir, mode=0o700, exist_ok=True)
+    keys = KeyStore(settings.data_dir)
+    admin_key_path = bootstrap_admin_key(keys, settings.data_dir)
+    metrics = Metrics()
+    limiter = RateLimiter(settings["rate_limits"], settings.per_key_limits, metrics=metrics)
+    node = Node(settings, identity.load_or_create(settings.data_dir), keys, limiter, metrics)
+    return node, admin_key_path
+
+
+def build_apps(node: Node) -> tuple[App, App]:
+    guard = KeyGuard(node.keys, node.limiter)
+    max_body = node.settings["http.max_body_bytes"]
+    inference = App("inference", [inference_routes.ROUTES, model_routes.ROUTES],
+                    ctx=node, guard=guard, max_body=max_body)
+    cluster = App("cluster", [cluster_routes.ROUTES, model_routes.ROUTES],
+                  ctx=node, guard=guard, max_body=max_body)
+    return inference, cluster
+
+
+def _raise_fd_limit() -> None:
+    """1024 connections need more than the common default of 1024 descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+async def serve(settings: config.Settings) -> int:
+    loop = asyncio.get_running_loop()
+    node, admin_key_path = build_node(settings)
+    inference_app, cluster_app = build_apps(node)
+    access_log = AccessLog(enabled=settings["http.access_log"])
+    http = HttpServer(loop, settings.limits(), node.metrics, access_log)
+    http.tick_hooks.append(node.reload_keys)
+
+    host = settings["host"]
+    try:
+        inference_port = await http.listen(inference_app, host, settings["inference_port"])
+        cluster_port = await http.listen(cluster_app, host, settings["cluster_port"])
+    except OSError as exc:
+        print(f"stackd: cannot listen on {host}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+        return 1
+
+    print(f"stackd: node {node.identity.node_id} data dir {settings.data_dir}", flush=True)
+    print(f"stackd: inference listening on http://{_url_host(host)}:{inference_port}", flush=True)
+    print(f"stackd: cluster listening on http://{_url_host(host)}:{cluster_port}", flush=True)
+    if admin_key_path is not None:
+        print(f"stackd: first start: admin API key written to {admin_key_path}", flush=True)
+
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    grace = settings["http.shutdown_grace"]
+    print(f"stackd: shutting down (grace {grace:g} s)", flush=True)
+    await http.shutdown(grace)
+    print("stackd: stopped", flush=True)
+    return 0
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def run(settings: config.Settings) -> int:
+    native.require_compiled()
+    logging.basicConfig(level=settings["log_level"].upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _raise_fd_limit()
+    return uvloop.run(serve(settings))

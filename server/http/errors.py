@@ -1,0 +1,62 @@
+"""One error taxonomy: every failure the service reports is an ErrorKind.
+
+Each kind maps to exactly one (HTTP status, OpenAI error `type`). Handlers raise
+`ApiError(kind, message)`; the dispatch wrapper turns it into the spec's body
+`{"error": {"code": <status>, "message": ..., "type": ...}}`.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class ErrorKind(enum.Enum):
+    #                           status  type
+    INVALID_REQUEST          = (400, "invalid_request_error")
+    CONTEXT_LENGTH_EXCEEDED  = (400, "context_length_exceeded")
+    AUTHENTICATION           = (401, "authentication_error")
+    PERMISSION               = (403, "permission_error")
+    NOT_FOUND                = (404, "not_found_error")
+    MODEL_NOT_FOUND          = (404, "model_not_found")
+    METHOD_NOT_ALLOWED       = (405, "invalid_request_error")
+    REQUEST_TIMEOUT          = (408, "timeout_error")
+    CONFLICT                 = (409, "conflict_error")
+    PAYLOAD_TOO_LARGE        = (413, "invalid_request_error")
+    URI_TOO_LONG             = (414, "invalid_request_error")
+    UNSUPPORTED_MEDIA_TYPE   = (415, "invalid_request_error")
+    RATE_LIMIT               = (429, "rate_limit_error")
+    HEADERS_TOO_LARGE        = (431, "invalid_request_error")
+    INTERNAL                 = (500, "api_error")
+    NOT_IMPLEMENTED          = (501, "not_implemented_error")
+    UNAVAILABLE              = (503, "service_unavailable_error")
+
+    @property
+    def status(self) -> int:
+        return self.value[0]
+
+    @property
+    def type(self) -> str:
+        return self.value[1]
+
+
+class ApiError(Exception):
+    """An error meant for the client. `headers` are extra response headers."""
+
+    __slots__ = ("kind", "message", "param", "headers")
+
+    def __init__(self, kind: ErrorKind, message: str, *, param: str | None = None,
+                 headers: tuple[tuple[bytes, bytes], ...] = ()):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.param = param
+        self.headers = headers
+
+    def body(self) -> dict:
+        error = {"code": self.kind.status, "message": self.message, "type": self.kind.type}
+        if self.param is not None:
+            error["param"] = self.param
+        return {"error": error}
+
+
+def invalid(message: str, param: str | None = None) -> ApiError:
+    return ApiError(ErrorKind.INVALID_REQUEST, message, param=param)

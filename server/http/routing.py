@@ -1,0 +1,138 @@
+"""Routes are data; an App is a set of route tables served on one port.
+
+A route group is a module-level table `{(method, path): Endpoint}`. `App`
+resolves a request to its route, runs the app's guard (authentication,
+permission, rate limit) and the handler, and is the one error wrapper: every
+exception becomes an error response in the spec's shape.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from .errors import ApiError, ErrorKind
+from .response import Response, error_response
+
+log = logging.getLogger("server.http")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What a table maps a (method, path) to."""
+    handler: object                 # handler(ctx, request) -> Response | StreamingResponse | awaitable
+    permission: str | None          # what the caller's credential must allow; None = open
+    group: str | None = None        # rate-limit group
+    max_body: int | None = None     # body cap; None = the app's default
+
+
+class Route:
+    __slots__ = ("method", "path", "label", "handler", "permission", "group", "max_body", "stats")
+
+    def __init__(self, method: str, path: str, endpoint: Endpoint, default_max_body: int):
+        self.method = method
+        self.path = path
+        self.label = f"{method} {path}"
+        self.handler = endpoint.handler
+        self.permission = endpoint.permission
+        self.group = endpoint.group
+        self.max_body = endpoint.max_body if endpoint.max_body is not None else default_max_body
+        self.stats = None               # metrics.RouteStats, attached on first use
+
+
+_NO_PARAMS: dict = {}
+TARGET_CACHE_SIZE = 1024
+
+
+class App:
+    def __init__(self, name: str, tables: list[dict], *, ctx, guard, max_body: int):
+        self.name = name
+        self.ctx = ctx
+        self.guard = guard              # guard(request, route) raises ApiError or returns None
+        self.max_body = max_body
+        self.targets: dict[tuple[str, bytes], tuple] = {}
+        self.exact: dict[tuple[str, str], Route] = {}
+        self.methods: dict[str, list[str]] = {}
+        self.patterns: list[tuple[re.Pattern, dict[str, Route]]] = []
+        for table in tables:
+            for (method, path), endpoint in table.items():
+                self._add(Route(method, path, endpoint, max_body))
+
+    def _add(self, route: Route) -> None:
+        if ":" not in route.path:
+            self.exact[(route.method, route.path)] = route
+            self.methods.setdefault(route.path, []).append(route.method)
+            return
+        regex = re.compile("^" + re.sub(r":(\w+)", r"(?P<\1>[^/]+)", route.path) + "$")
+        for pattern, by_method in self.patterns:
+            if pattern.pattern == regex.pattern:
+                by_method[route.method] = route
+                return
+        self.patterns.append((regex, {route.method: route}))
+
+    def match(self, method: str, path: str) -> tuple[Route | None, dict]:
+        route = self.exact.get((method, path))
+        if route is not None:
+            return route, _NO_PARAMS
+        for pattern, by_method in self.patterns:
+            found = pattern.match(path)
+            if found is not None and method in by_method:
+                return by_method[method], {k: unquote(v) for k, v in found.groupdict().items()}
+        return None, _NO_PARAMS
+
+    def resolve_target(self, method: str, url: bytes, split) -> tuple:
+        """(path, query, route, params) for a request target, cached for targets without a
+        query string: probes and API calls repeat the same few URLs, and the cache is
+        bounded so hostile URL variety cannot grow it."""
+        path, query = split(url)
+        route, params = self.match(method, path)
+        target = (path, query, route, params)
+        if not query and len(self.targets) < TARGET_CACHE_SIZE:
+            self.targets[(method, url)] = target
+        return target
+
+    def unmatched(self, method: str, path: str) -> ApiError:
+        allowed = list(self.methods.get(path, ()))
+        for pattern, by_method in self.patterns:
+            if pattern.match(path):
+                allowed.extend(by_method)
+        if allowed:
+            allow = ", ".join(sorted(set(allowed)))
+            return ApiError(ErrorKind.METHOD_NOT_ALLOWED, f"method {method} is not allowed on {path}",
+                            headers=((b"allow", allow.encode()),))
+        return ApiError(ErrorKind.NOT_FOUND, f"no such endpoint: {method} {path}")
+
+    # ---- the one error wrapper ----------------------------------------------------------------
+
+    def dispatch(self, request):
+        """Run guard and handler. Returns a Response, a StreamingResponse or an awaitable."""
+        try:
+            route = request.route
+            if route is None:
+                raise self.unmatched(request.method, request.path)
+            if self.guard is not None:
+                self.guard(request, route)
+            return route.handler(self.ctx, request)
+        except ApiError as exc:
+            return error_response(exc)
+        except Exception:
+            return self.crashed(request)
+
+    async def settle(self, request, awaitable):
+        try:
+            return await awaitable
+        except ApiError as exc:
+            return error_response(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            return self.crashed(request)
+
+    def crashed(self, request) -> Response:
+        log.exception("unhandled error request_id=%s %s %s", request.request_id.decode(),
+                      request.method, request.path)
+        return error_response(ApiError(ErrorKind.INTERNAL,
+                                       "internal server error; see the server log for this request id"))
+

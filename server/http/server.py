@@ -1,0 +1,118 @@
+"""Listening sockets, the connection set, the periodic sweep and graceful shutdown."""
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import socket
+from time import perf_counter
+
+import orjson
+
+from .access_log import AccessLog
+from .errors import ApiError, ErrorKind
+from .limits import Limits
+from .protocol import HttpProtocol
+from .wire import response_head
+
+log = logging.getLogger("server.http")
+
+SWEEP_INTERVAL = 0.5
+
+
+def _http_date() -> bytes:
+    return email.utils.formatdate(usegmt=True).encode()
+
+
+class HttpServer:
+    def __init__(self, loop: asyncio.AbstractEventLoop, limits: Limits, metrics,
+                 access_log: AccessLog):
+        self.loop = loop
+        self.limits = limits
+        self.metrics = metrics
+        self.access_log = access_log
+        self.connections: set[HttpProtocol] = set()
+        self.listeners: list[asyncio.AbstractServer] = []
+        self.draining = False
+        self.date = _http_date()
+        self.tick_hooks: list = []     # callables run on every sweep (config/key reloads)
+        body = orjson.dumps(ApiError(ErrorKind.UNAVAILABLE, "too many open connections").body())
+        self.overloaded_response = response_head(503, b"application/json", len(body), b"-",
+                                                 self.date, b"retry-after: 1\r\n", False) + body
+        metrics.open_connections = lambda: len(self.connections)
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    async def listen(self, app, host: str, port: int) -> int:
+        """Start serving `app`; returns the bound port (useful with port 0)."""
+        server = await self.loop.create_server(lambda: HttpProtocol(app, self), host, port,
+                                               reuse_address=True, backlog=2048)
+        self.listeners.append(server)
+        if self._sweeper is None:
+            self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self.sweep)
+        sock = server.sockets[0]
+        return sock.getsockname()[1]
+
+    def sweep(self) -> None:
+        now = self.loop.time()
+        self.date = _http_date()
+        for connection in list(self.connections):
+            connection.check_deadline(now)
+        self.access_log.flush()
+        for hook in self.tick_hooks:
+            try:
+                hook()
+            except Exception:
+                log.exception("periodic task failed")
+        self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self.sweep)
+
+    def record(self, app, request, status: int, n_bytes: int) -> None:
+        duration = perf_counter() - request.t_start
+        route = request.route
+        if route is None:
+            self.metrics.observe(app.name, "unmatched", status, duration)
+        else:
+            stats = route.stats
+            if stats is None:
+                stats = route.stats = self.metrics.stats(app.name, route.label)
+            stats.observe(status, duration)
+        if self.access_log.enabled:
+            key = request.key
+            self.access_log.write(request.method, request.path, status, n_bytes, duration,
+                                  request.request_id, key.name if key is not None else None,
+                                  request.peer)
+
+    def record_rejection(self, app, method: str, path: str, status: int, request_id: bytes,
+                         peer: str) -> None:
+        self.metrics.observe(app.name, "rejected", status, 0.0)
+        self.access_log.write(method, path, status, 0, 0.0, request_id, None, peer)
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop accepting, let in-flight requests finish within `grace` seconds, then close."""
+        self.draining = True
+        for server in self.listeners:
+            server.close()
+        for connection in list(self.connections):
+            connection.shutdown()
+        deadline = self.loop.time() + grace
+        while self.connections and self.loop.time() < deadline:
+            for connection in list(self.connections):
+                connection.shutdown()
+            await asyncio.sleep(0.05)
+        for connection in list(self.connections):
+            if connection.task is not None:
+                connection.task.cancel()
+            if connection.transport is not None:
+                connection.transport.abort()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self.access_log.flush()
+        for server in self.listeners:
+            await server.wait_closed()
+
+
+def bind_check(host: str) -> None:
+    """Fail early with a clear message when the host is not an address of this machine."""
+    try:
+        socket.getaddrinfo(host, None)
+    except socket.gaierror as exc:
+        raise SystemExit(f"cannot resolve listen host {host!r}: {exc}") from None

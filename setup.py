@@ -1,0 +1,61 @@
+"""Build the native parts of stackd.
+
+* Cython: the HTTP hot path (`server/http/protocol.py`, `wire.py`, `request.py`) is written in
+  Cython's pure-Python mode and compiled here. The same source, uncompiled, is its Python twin:
+  the protocol test suite runs against both. Production refuses to start on the uncompiled twin.
+* C++ (pybind11): `CMakeLists.txt` builds the modules under `native/`; setup.py drives CMake.
+
+A module that fails to build fails the build: there is no silent fallback.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import subprocess
+import sys
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+# The module list lives in server/native.py, which also enforces it at start-up.
+COMPILED_MODULES = runpy.run_path(os.path.join("server", "native.py"))["COMPILED_MODULES"]
+CYTHON_MODULES = [name.replace(".", "/") + ".py" for name in COMPILED_MODULES]
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str, source_dir: str = "."):
+        super().__init__(name, sources=[])
+        self.source_dir = os.path.abspath(source_dir)
+
+
+class BuildExt(build_ext):
+    """build_ext that hands CMakeExtensions to CMake (pybind11's cmake_example layout)."""
+
+    def build_extension(self, ext):
+        if not isinstance(ext, CMakeExtension):
+            return super().build_extension(ext)
+        out_dir = os.path.abspath(os.path.dirname(self.get_ext_fullpath(ext.name)))
+        build_dir = os.path.abspath(os.path.join(self.build_temp, "cmake"))
+        os.makedirs(build_dir, exist_ok=True)
+        import pybind11
+        subprocess.check_call([
+            "cmake", ext.source_dir, "-B", build_dir,
+            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
+            "-DCMAKE_BUILD_TYPE=Release",
+        ])
+        subprocess.check_call(["cmake", "--build", build_dir, "--parallel", str(os.cpu_count() or 2)])
+
+
+extensions = cythonize(
+    [Extension(path[:-3].replace("/", "."), [path]) for path in CYTHON_MODULES],
+    compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False,
+                         "binding": False},
+    quiet=True,
+)
+if os.path.exists("CMakeLists.txt"):
+    extensions.append(CMakeExtension("server._engine"))
+
+setup(ext_modules=extensions, cmdclass={"build_ext": BuildExt})

@@ -1,0 +1,480 @@
+"""The HTTP protocol over a fake transport: raw bytes in, raw bytes out, no sockets.
+
+`make test` runs this file twice: against the compiled module and against its
+Python twin (STACKD_PURE_PYTHON=1).
+"""
+import asyncio
+import uuid
+
+import orjson
+import pytest
+
+from server.http.protocol import HttpProtocol
+
+from .fake import FakeTransport, connect, make_server, parse_responses
+
+
+@pytest.fixture
+def conn(loop):
+    server, app = make_server(loop, HttpProtocol)
+    return connect(server, app, HttpProtocol)
+
+
+def open_conn(loop, **limits):
+    server, app = make_server(loop, HttpProtocol, **limits)
+    protocol, transport = connect(server, app, HttpProtocol)
+    return server, protocol, transport
+
+
+def settle(loop, seconds=0.0):
+    loop.run_until_complete(asyncio.sleep(seconds))
+
+
+def error_of(body: bytes) -> dict:
+    return orjson.loads(body)["error"]
+
+
+# ---- basics ----------------------------------------------------------------------------------
+
+def test_get_answers_with_length_id_and_date(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /echo?x=1 HTTP/1.1\r\nHost: a\r\n\r\n")
+    [(status, headers, body)] = parse_responses(transport.take())
+    assert status == 200
+    assert orjson.loads(body) == {"path": "/echo", "query": "x=1", "body_len": 0, "params": {}}
+    assert int(headers[b"content-length"]) == len(body)
+    assert uuid.UUID(headers[b"x-request-id"].decode()).version == 4
+    assert headers[b"date"].endswith(b"GMT")
+    assert not transport.closed
+
+
+def test_valid_request_id_is_echoed(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /echo HTTP/1.1\r\nX-Request-ID: abc-123_DEF.9\r\n\r\n")
+    [(_, headers, _)] = parse_responses(transport.take())
+    assert headers[b"x-request-id"] == b"abc-123_DEF.9"
+
+
+@pytest.mark.parametrize("value", [b"a" * 129, b"has space", b"semi;colon", b"<script>"])
+def test_invalid_request_id_is_replaced(conn, value):
+    protocol, transport = conn
+    protocol.data_received(b"GET /echo HTTP/1.1\r\nX-Request-ID: " + value + b"\r\n\r\n")
+    [(_, headers, _)] = parse_responses(transport.take())
+    assert headers[b"x-request-id"] != value
+    uuid.UUID(headers[b"x-request-id"].decode())
+
+
+def test_request_id_at_128_characters_is_kept(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /echo HTTP/1.1\r\nX-Request-ID: " + b"r" * 128 + b"\r\n\r\n")
+    [(_, headers, _)] = parse_responses(transport.take())
+    assert headers[b"x-request-id"] == b"r" * 128
+
+
+def test_keep_alive_serves_many_requests(conn):
+    protocol, transport = conn
+    for _ in range(3):
+        protocol.data_received(b"GET /echo HTTP/1.1\r\n\r\n")
+    assert [r[0] for r in parse_responses(transport.take())] == [200, 200, 200]
+    assert not transport.closed
+
+
+def test_connection_close_is_honoured(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /echo HTTP/1.1\r\nConnection: close\r\n\r\n")
+    data = transport.take()
+    assert b"connection: close" in data and transport.closed
+
+
+def test_http10_closes_after_response(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /echo HTTP/1.0\r\n\r\n")
+    assert parse_responses(transport.take())[0][0] == 200
+    assert transport.closed
+
+
+def test_absolute_form_target_is_routed(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET http://example.com/echo?q=2 HTTP/1.1\r\n\r\n")
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 200 and orjson.loads(body)["query"] == "q=2"
+
+
+def test_path_parameters_are_decoded(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /items/a%20b HTTP/1.1\r\n\r\n")
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 200 and orjson.loads(body)["params"] == {"id": "a b"}
+
+
+# ---- pipelining ------------------------------------------------------------------------------
+
+def test_pipelined_requests_are_answered_in_order(loop, conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /slow HTTP/1.1\r\n\r\nGET /echo?n=2 HTTP/1.1\r\n\r\n"
+                           b"GET /slow HTTP/1.1\r\n\r\nGET /echo?n=4 HTTP/1.1\r\n\r\n")
+    assert not transport.reading            # reading pauses while requests wait
+    settle(loop, 0.1)
+    responses = parse_responses(transport.take())
+    assert [orjson.loads(r[2]) for r in responses] == [
+        {"slow": True}, {"path": "/echo", "query": "n=2", "body_len": 0, "params": {}},
+        {"slow": True}, {"path": "/echo", "query": "n=4", "body_len": 0, "params": {}}]
+    assert transport.reading
+
+
+def test_deep_pipeline_does_not_recurse(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /echo HTTP/1.1\r\n\r\n" * 5000)
+    assert len(parse_responses(transport.take())) == 5000
+
+
+def test_parse_error_after_pipelined_request_is_answered_after_it(loop, conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /slow HTTP/1.1\r\n\r\nBROKEN\r\n\r\n")
+    settle(loop, 0.1)
+    statuses = [r[0] for r in parse_responses(transport.take())]
+    assert statuses == [200, 400] and transport.closed
+
+
+# ---- bodies ----------------------------------------------------------------------------------
+
+def test_content_length_body(conn):
+    protocol, transport = conn
+    protocol.data_received(b"POST /echo HTTP/1.1\r\nContent-Length: 5\r\n\r\nhel")
+    assert transport.take() == b""
+    protocol.data_received(b"lo")
+    assert orjson.loads(parse_responses(transport.take())[0][2])["body_len"] == 5
+
+
+def test_chunked_body_is_assembled(conn):
+    protocol, transport = conn
+    protocol.data_received(b"POST /json HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
+                           b"Content-Type: application/json\r\n\r\n"
+                           b"4\r\n{\"a\"\r\n3\r\n: 1\r\n1\r\n}\r\n0\r\n\r\n")
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 200 and orjson.loads(body) == {"a": 1}
+
+
+def test_body_at_route_cap_is_accepted(conn):
+    protocol, transport = conn
+    protocol.data_received(b"POST /small HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789")
+    assert parse_responses(transport.take())[0][0] == 200
+
+
+def test_content_length_over_cap_is_refused_before_the_body(conn):
+    protocol, transport = conn
+    protocol.data_received(b"POST /small HTTP/1.1\r\nContent-Length: 11\r\n\r\n")
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 413 and error_of(body)["type"] == "invalid_request_error"
+    assert transport.closed
+
+
+def test_chunked_body_over_cap_is_refused(conn):
+    protocol, transport = conn
+    protocol.data_received(b"POST /small HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           b"6\r\n012345\r\n6\r\n012345\r\n0\r\n\r\n")
+    assert parse_responses(transport.take())[0][0] == 413 and transport.closed
+
+
+def test_default_body_cap(loop):
+    _, protocol, transport = open_conn(loop, max_body_bytes=1000)
+    protocol.data_received(b"POST /echo HTTP/1.1\r\nContent-Length: 1001\r\n\r\n")
+    assert parse_responses(transport.take())[0][0] == 413
+
+
+def test_expect_continue(conn):
+    protocol, transport = conn
+    protocol.data_received(b"POST /echo HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+    assert transport.take() == b"HTTP/1.1 100 Continue\r\n\r\n"
+    protocol.data_received(b"ok")
+    assert parse_responses(transport.take())[0][0] == 200
+
+
+def test_expect_continue_over_cap_gets_413_not_100(conn):
+    protocol, transport = conn
+    protocol.data_received(b"POST /small HTTP/1.1\r\nContent-Length: 99\r\nExpect: 100-continue\r\n\r\n")
+    data = transport.take()
+    assert b"100 Continue" not in data and parse_responses(data)[0][0] == 413
+
+
+@pytest.mark.parametrize("head", [
+    b"POST /echo HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+    b"POST /echo HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n",
+    b"POST /echo HTTP/1.1\r\nContent-Length: 3a\r\n\r\n",
+    b"POST /echo HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+    b"POST /echo HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+    b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n",
+    b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcdef\r\n",
+])
+def test_ambiguous_or_malformed_framing_is_400_and_close(conn, head):
+    protocol, transport = conn
+    protocol.data_received(head)
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 400 and error_of(body)["code"] == 400
+    assert transport.closed
+
+
+# ---- head limits -----------------------------------------------------------------------------
+
+def _with_headers(n: int) -> bytes:
+    return b"GET /echo HTTP/1.1\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(n)) + b"\r\n"
+
+
+def test_100_header_fields_are_accepted(conn):
+    protocol, transport = conn
+    protocol.data_received(_with_headers(100))
+    assert parse_responses(transport.take())[0][0] == 200
+
+
+def test_101_header_fields_are_refused(conn):
+    protocol, transport = conn
+    protocol.data_received(_with_headers(101))
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 431 and "header fields" in error_of(body)["message"]
+    assert transport.closed
+
+
+def _head_of_size(total: int) -> bytes:
+    """A request whose request line plus headers count `total` bytes by the protocol's measure:
+    the URL plus, per header, name + value + 4."""
+    url = b"/echo"
+    filler = total - len(url) - len(b"X-Fill") - 4
+    return b"GET " + url + b" HTTP/1.1\r\nX-Fill: " + b"a" * filler + b"\r\n\r\n"
+
+
+def test_head_at_16_kib_is_accepted(conn):
+    protocol, transport = conn
+    protocol.data_received(_head_of_size(16 * 1024))
+    assert parse_responses(transport.take())[0][0] == 200
+
+
+def test_head_over_16_kib_is_431(conn):
+    protocol, transport = conn
+    protocol.data_received(_head_of_size(16 * 1024 + 1))
+    assert parse_responses(transport.take())[0][0] == 431 and transport.closed
+
+
+def test_url_over_16_kib_is_414(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /echo?" + b"q" * (16 * 1024) + b" HTTP/1.1\r\n\r\n")
+    assert parse_responses(transport.take())[0][0] == 414 and transport.closed
+
+
+def test_trickled_header_is_cut_off_at_the_limit(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /echo HTTP/1.1\r\nX-Long: ")
+    for _ in range(16):
+        protocol.data_received(b"b" * 1024)
+        if transport.closed:
+            break
+    assert transport.closed
+    assert parse_responses(transport.take())[0][0] == 431
+
+
+@pytest.mark.parametrize("garbage", [
+    b"\x00\x01\x02\r\n\r\n", b"GET\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n",
+    b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", b"GET /caf\xc3\xa9 HTTP/1.1\r\n\r\n",
+    b"GET * HTTP/1.1\r\n\r\n",
+])
+def test_garbage_is_400_and_close(conn, garbage):
+    protocol, transport = conn
+    protocol.data_received(garbage)
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 400 and error_of(body)["type"] == "invalid_request_error"
+    assert transport.closed
+
+
+def test_upgrade_request_is_answered_without_upgrading(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /echo HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+    responses = parse_responses(transport.take())
+    assert responses[0][0] == 200
+
+
+# ---- dispatch and errors ---------------------------------------------------------------------
+
+def test_unknown_path_is_404(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /nope HTTP/1.1\r\n\r\n")
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 404 and error_of(body) == {
+        "code": 404, "message": "no such endpoint: GET /nope", "type": "not_found_error"}
+
+
+def test_wrong_method_is_405_with_allow(conn):
+    protocol, transport = conn
+    protocol.data_received(b"DELETE /echo HTTP/1.1\r\n\r\n")
+    [(status, headers, _)] = parse_responses(transport.take())
+    assert status == 405 and headers[b"allow"] == b"GET, POST"
+
+
+def test_crash_is_500_without_internals(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /fail HTTP/1.1\r\n\r\n")
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 500 and error_of(body)["type"] == "api_error"
+    assert b"secret" not in body and not transport.closed
+
+
+def test_api_error_has_the_spec_shape(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /refuse HTTP/1.1\r\n\r\n")
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 403 and error_of(body) == {"code": 403, "message": "no", "type": "permission_error"}
+
+
+@pytest.mark.parametrize("body,ctype,status", [
+    (b"{bad", b"application/json", 400),
+    (b"[1, 2]", b"application/json", 400),
+    (b"", b"application/json", 400),
+    (b'{"a": 1}', b"text/plain", 415),
+    (b'{"a": 1}', b"application/json; charset=utf-8", 200),
+])
+def test_json_bodies(conn, body, ctype, status):
+    protocol, transport = conn
+    protocol.data_received(b"POST /json HTTP/1.1\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s"
+                           % (ctype, len(body), body))
+    [(got, _, reply)] = parse_responses(transport.take())
+    assert got == status
+    if status != 200:
+        assert error_of(reply)["code"] == status
+
+
+# ---- deadlines -------------------------------------------------------------------------------
+
+def test_head_timeout_answers_408(loop):
+    _, protocol, transport = open_conn(loop, head_timeout=10.0)
+    protocol.data_received(b"GET /echo HTTP/1.1\r\nX-Slow: ")
+    protocol.check_deadline(loop.time() + 9.0)
+    assert not transport.closed
+    protocol.check_deadline(loop.time() + 10.5)
+    assert parse_responses(transport.take())[0][0] == 408 and transport.closed
+
+
+def test_head_deadline_is_not_extended_by_trickling(loop):
+    _, protocol, transport = open_conn(loop, head_timeout=10.0)
+    start = loop.time()
+    protocol.data_received(b"GET /echo HTTP/1.1\r\n")
+    for _ in range(5):
+        protocol.data_received(b"X-A: b\r\n")
+    protocol.check_deadline(start + 10.5)
+    assert transport.closed
+
+
+def test_silent_new_connection_times_out(loop):
+    _, protocol, transport = open_conn(loop, head_timeout=10.0)
+    protocol.check_deadline(loop.time() + 10.5)
+    assert transport.closed
+
+
+def test_body_idle_timeout(loop):
+    _, protocol, transport = open_conn(loop, body_timeout=30.0)
+    protocol.data_received(b"POST /echo HTTP/1.1\r\nContent-Length: 10\r\n\r\n12345")
+    protocol.check_deadline(loop.time() + 29.0)
+    assert not transport.closed
+    protocol.check_deadline(loop.time() + 30.5)
+    assert parse_responses(transport.take())[0][0] == 408 and transport.closed
+
+
+def test_keep_alive_idle_timeout_closes_quietly(loop):
+    _, protocol, transport = open_conn(loop, keepalive_timeout=5.0)
+    protocol.data_received(b"GET /echo HTTP/1.1\r\n\r\n")
+    transport.take()
+    protocol.check_deadline(loop.time() + 4.0)
+    assert not transport.closed
+    protocol.check_deadline(loop.time() + 5.5)
+    assert transport.closed and transport.take() == b""
+
+
+def test_busy_connection_is_not_timed_out(loop):
+    _, protocol, transport = open_conn(loop, keepalive_timeout=5.0)
+    protocol.data_received(b"GET /slow HTTP/1.1\r\n\r\n")
+    protocol.check_deadline(loop.time() + 100.0)
+    assert not transport.closed
+    settle(loop, 0.05)
+    assert parse_responses(transport.take())[0][0] == 200
+
+
+def test_client_that_stops_reading_is_dropped(loop):
+    _, protocol, transport = open_conn(loop, write_timeout=30.0)
+    protocol.pause_writing()
+    protocol.check_deadline(loop.time() + 31.0)
+    assert transport.aborted
+
+
+# ---- connection cap --------------------------------------------------------------------------
+
+def test_connection_beyond_the_cap_gets_503(loop):
+    server, app = make_server(loop, HttpProtocol, max_connections=2)
+    first = connect(server, app, HttpProtocol)
+    second = connect(server, app, HttpProtocol)
+    _, transport = connect(server, app, HttpProtocol)
+    [(status, headers, body)] = parse_responses(transport.take())
+    assert status == 503 and headers[b"retry-after"] == b"1" and transport.closed
+    assert error_of(body)["type"] == "service_unavailable_error"
+    assert not first[1].closed and not second[1].closed
+    assert server.metrics.connections_refused == 1
+
+
+def test_closed_connection_frees_its_place(loop):
+    server, app = make_server(loop, HttpProtocol, max_connections=1)
+    protocol, transport = connect(server, app, HttpProtocol)
+    transport.close()
+    settle(loop)
+    _, again = connect(server, app, HttpProtocol)
+    assert again.take() == b""
+
+
+# ---- streaming -------------------------------------------------------------------------------
+
+def test_stream_is_chunked_and_terminated(loop, conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /stream?n=3 HTTP/1.1\r\n\r\n")
+    settle(loop, 0.05)
+    data = transport.take()
+    assert b"transfer-encoding: chunked" in data and data.endswith(b"0\r\n\r\n")
+    [(status, headers, body)] = parse_responses(data)
+    assert status == 200 and headers[b"content-type"] == b"text/event-stream"
+    assert body.startswith(b"0...") and len(body) == 3000
+    assert not transport.closed
+
+
+def test_stream_to_http10_is_close_delimited(loop, conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /stream?n=2 HTTP/1.0\r\n\r\n")
+    settle(loop, 0.05)
+    data = transport.take()
+    assert b"transfer-encoding" not in data and transport.closed
+    assert data.endswith(b".")
+
+
+def test_stream_waits_while_the_client_is_slow(loop, conn):
+    protocol, transport = conn
+    protocol.pause_writing()
+    protocol.data_received(b"GET /stream?n=50 HTTP/1.1\r\n\r\n")
+    settle(loop, 0.05)
+    written = len(transport.take())
+    assert written < 3 * 1024              # head and at most one chunk, then it waits
+    protocol.resume_writing()
+    settle(loop, 0.1)
+    assert transport.take().endswith(b"0\r\n\r\n")
+
+
+def test_disconnect_cancels_the_handler(loop, conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /stream?n=100000 HTTP/1.1\r\n\r\n")
+    settle(loop, 0.01)
+    task = protocol.task
+    assert task is not None
+    protocol.connection_lost(None)
+    settle(loop, 0.01)
+    assert task.done()
+
+
+def test_data_after_close_is_ignored(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GARBAGE\r\n\r\n")
+    transport.take()
+    protocol.data_received(b"GET /echo HTTP/1.1\r\n\r\n")
+    assert transport.take() == b""
