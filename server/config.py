@@ -80,10 +80,11 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     return flat
 
 
-def _coerce(name: str, value, default):
-    """Check `value` against the type of the setting's default; strings from env are parsed."""
+def _coerce(name: str, value, default, from_text: bool = False):
+    """Check `value` against the type of the setting's default; text from the environment
+    is parsed, values from the TOML file must already have the right type."""
     kind = type(default)
-    if isinstance(value, str) and kind is not str:
+    if from_text and isinstance(value, str) and kind is not str:
         text = value.strip()
         try:
             if kind is bool:
@@ -146,7 +147,7 @@ def load(cli: dict | None = None, environ: dict | None = None) -> Settings:
     for name, default in defaults.items():
         env_name = ENV_PREFIX + name.upper().replace(".", "_")
         if env_name in environ:
-            _set(values, name, _coerce(name, environ[env_name], default))
+            _set(values, name, _coerce(env_name, environ[env_name], default, from_text=True))
 
     for name, value in cli.items():
         if name in defaults:

@@ -39,15 +39,15 @@ def disk_free(path: str) -> int:
     return shutil.disk_usage(path).free
 
 
-def _sensor_files() -> list[str]:
-    return (glob.glob("/sys/class/thermal/thermal_zone*/temp")
-            + glob.glob("/sys/class/hwmon/hwmon*/temp*_input"))
+def _sensor_files(sys_root: str) -> list[str]:
+    return (glob.glob(f"{sys_root}/class/thermal/thermal_zone*/temp")
+            + glob.glob(f"{sys_root}/class/hwmon/hwmon*/temp*_input"))
 
 
-def read_hottest() -> float | None:
+def read_hottest(sys_root: str = "/sys") -> float | None:
     """The hottest thermal zone or hwmon sensor in degrees Celsius; None with no sensors."""
     hottest = None
-    for path in _sensor_files():
+    for path in _sensor_files(sys_root):
         try:
             with open(path, "rb") as f:
                 millidegrees = int(f.read().strip())

@@ -92,7 +92,7 @@ def _echo(ctx, request) -> Response:
 
 
 async def _slow(ctx, request) -> Response:
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(int(request.query.partition("=")[2] or 10) / 1000)
     return json_response({"slow": True})
 
 

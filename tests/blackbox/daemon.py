@@ -1,0 +1,107 @@
+"""Start the real daemon as a subprocess on free ports and talk HTTP to it."""
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import orjson
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def cli(*args: str, data_dir: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "server", *args, "--data-dir", data_dir],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def create_key(data_dir: str, name: str, permissions: str) -> str:
+    done = cli("keys", "create", "--name", name, "--permissions", permissions, data_dir=data_dir)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+class Daemon:
+    def __init__(self, data_dir: str, config: str = "", env: dict | None = None):
+        self.data_dir = data_dir
+        os.makedirs(data_dir, exist_ok=True)
+        if config:
+            with open(os.path.join(data_dir, "config.toml"), "w") as f:
+                f.write(config)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "server", "serve", "--data-dir", data_dir,
+             "--inference-port", "0", "--cluster-port", "0"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **(env or {})})
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        threading.Thread(target=self._drain, args=(self.proc.stderr, self.stderr), daemon=True).start()
+        self.inference_port = self.cluster_port = None
+        deadline = time.monotonic() + 30
+        for line in self.proc.stdout:
+            self.stdout.append(line)
+            found = re.search(r"(inference|cluster) listening on http://[^:]+:(\d+)", line)
+            if found:
+                setattr(self, f"{found.group(1)}_port", int(found.group(2)))
+            if self.inference_port and self.cluster_port:
+                break
+            assert time.monotonic() < deadline, "daemon did not start"
+        else:
+            raise AssertionError(f"daemon exited: {''.join(self.stdout)} {''.join(self.stderr)}")
+        threading.Thread(target=self._drain, args=(self.proc.stdout, self.stdout), daemon=True).start()
+        key_file = os.path.join(data_dir, "admin.key")
+        self.admin_key = open(key_file).read().strip() if os.path.exists(key_file) else None
+
+    @staticmethod
+    def _drain(stream, sink):
+        for line in stream:
+            sink.append(line)
+
+    def request(self, method: str, path: str, *, port: str = "cluster", key: str | None = None,
+                body=None, headers: dict | None = None):
+        """-> (status, headers dict with lower-case names, parsed JSON or raw bytes)."""
+        conn = http.client.HTTPConnection("127.0.0.1", getattr(self, f"{port}_port"), timeout=10)
+        sent = dict(headers or {})
+        if key is not None:
+            sent["Authorization"] = f"Bearer {key}"
+        payload = None
+        if body is not None:
+            payload = body if isinstance(body, bytes) else orjson.dumps(body)
+            sent.setdefault("Content-Type", "application/json")
+        conn.request(method, path, body=payload, headers=sent)
+        response = conn.getresponse()
+        raw = response.read()
+        got = {k.lower(): v for k, v in response.getheaders()}
+        conn.close()
+        if got.get("content-type", "").startswith("application/json"):
+            return response.status, got, orjson.loads(raw)
+        return response.status, got, raw
+
+    def raw(self, data: bytes, port: str = "cluster", wait: float = 5.0) -> bytes:
+        """Send raw bytes; return everything the server sends until it closes or goes quiet."""
+        sock = socket.create_connection(("127.0.0.1", getattr(self, f"{port}_port")), timeout=wait)
+        try:
+            sock.sendall(data)
+            chunks = []
+            while True:
+                try:
+                    chunk = sock.recv(65536)
+                except socket.timeout:
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            sock.close()
+
+    def stop(self, signum=signal.SIGTERM, timeout: float = 40.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+        return self.proc.wait(timeout=timeout)

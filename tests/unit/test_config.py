@@ -1,0 +1,52 @@
+import pytest
+
+from server import config
+
+
+def write(tmp_path, text):
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_bind_loopback(tmp_path):
+    settings = config.load({"data_dir": str(tmp_path)}, environ={})
+    assert settings["host"] == "127.0.0.1"
+    assert (settings["inference_port"], settings["cluster_port"]) == (8080, 5381)
+    assert settings["rate_limits"] == {"inference": 100, "cluster": 1000}
+    assert settings.limits().max_head_bytes == 16 * 1024
+
+
+def test_precedence_file_then_env_then_flags(tmp_path):
+    path = write(tmp_path, "inference_port = 1111\ncluster_port = 2222\n[http]\nmax_connections = 10\n")
+    env = {"STACKD_CLUSTER_PORT": "3333", "STACKD_HTTP_MAX_CONNECTIONS": "20"}
+    settings = config.load({"config": path, "data_dir": str(tmp_path), "cluster_port": 4444}, env)
+    assert settings["inference_port"] == 1111          # file
+    assert settings["http.max_connections"] == 20      # env over file
+    assert settings["cluster_port"] == 4444            # flag over env
+
+
+def test_config_toml_in_data_dir_is_found(tmp_path):
+    write(tmp_path, "[rate_limits]\ninference = 7\n[rate_limits.keys.ci]\ninference = 70\n")
+    settings = config.load({"data_dir": str(tmp_path)}, environ={})
+    assert settings["rate_limits.inference"] == 7
+    assert settings.per_key_limits == {"ci": {"inference": 70}}
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("no_such = 1\n", "unknown setting"),
+    ("inference_port = 'x'\n", "expected int"),
+    ("inference_port = 70000\n", "not a TCP port"),
+    ("[http]\nmax_connections = 0\n", "must be positive"),
+    ("[rate_limits]\ninference = -1\n", "unlimited"),
+    ("[rate_limits.keys.ci]\nbogus = 1\n", "known group"),
+    ("not toml at all [", "cannot read"),
+])
+def test_bad_files_are_refused_with_a_reason(tmp_path, text, needle):
+    with pytest.raises(config.ConfigError, match=needle):
+        config.load({"config": write(tmp_path, text), "data_dir": str(tmp_path)}, environ={})
+
+
+def test_bad_environment_value_is_refused(tmp_path):
+    with pytest.raises(config.ConfigError, match="STACKD|http.access_log"):
+        config.load({"data_dir": str(tmp_path)}, environ={"STACKD_HTTP_ACCESS_LOG": "maybe"})
