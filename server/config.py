@@ -39,6 +39,17 @@ DEFAULTS: dict = {
         "inference": 100,     # requests per minute per key; 0 = unlimited
         "cluster": 1000,
     },
+    "engine": {
+        "slots": 16,              # sequences decoded together per chat model
+        "context_length": 2048,   # tokens per sequence (prompt + completion)
+        "batch": 512,             # tokens per decode step at most (prefill chunk bound)
+        "threads": 0,             # 0: every core
+        "max_queue": 256,         # waiting requests per model beyond which 503
+        "flash_attn": "auto",     # auto, on, off
+    },
+    "models": {
+        "preload": ["smollm2-135m-instruct", "all-minilm-l6-v2"],
+    },
 }
 
 ENV_PREFIX = "STACKD_"
@@ -84,6 +95,12 @@ def _coerce(name: str, value, default, from_text: bool = False):
     """Check `value` against the type of the setting's default; text from the environment
     is parsed, values from the TOML file must already have the right type."""
     kind = type(default)
+    if kind is list:
+        if from_text and isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"setting {name}: expected a list of strings")
+        return value
     if from_text and isinstance(value, str) and kind is not str:
         text = value.strip()
         try:
@@ -118,6 +135,16 @@ def _check(values: dict) -> None:
     for name, value in values["rate_limits"].items():
         if value < 0:
             raise ConfigError(f"setting rate_limits.{name}: must be 0 (unlimited) or more")
+    engine = values["engine"]
+    for name in ("slots", "context_length", "batch", "max_queue"):
+        if engine[name] < 1:
+            raise ConfigError(f"setting engine.{name}: must be positive")
+    if not 1 <= engine["slots"] <= 256:
+        raise ConfigError("setting engine.slots: must be from 1 to 256")
+    if engine["threads"] < 0:
+        raise ConfigError("setting engine.threads: must be 0 (every core) or more")
+    if engine["flash_attn"] not in ("auto", "on", "off"):
+        raise ConfigError("setting engine.flash_attn: must be auto, on or off")
 
 
 def load(cli: dict | None = None, environ: dict | None = None) -> Settings:

@@ -63,6 +63,12 @@ async def serve(settings: config.Settings) -> int:
     http = HttpServer(loop, settings.limits(), node.metrics, access_log)
     http.tick_hooks.append(node.reload_keys)
 
+    try:
+        node.models = await load_models(loop, settings)
+    except Exception as exc:        # a model that will not load is fatal at start, and said plainly
+        print(f"stackd: cannot load the models: {exc}", file=sys.stderr, flush=True)
+        return 1
+
     host = settings["host"]
     try:
         inference_port = await http.listen(inference_app, host, settings["inference_port"])
@@ -84,8 +90,24 @@ async def serve(settings: config.Settings) -> int:
     grace = settings["http.shutdown_grace"]
     print(f"stackd: shutting down (grace {grace:g} s)", flush=True)
     await http.shutdown(grace)
+    node.models.close()
     print("stackd: stopped", flush=True)
     return 0
+
+
+async def load_models(loop, settings: config.Settings):
+    from .models.registry import EngineSettings, ModelRegistry
+
+    engine = settings["engine"]
+    registry = ModelRegistry(loop, EngineSettings(
+        n_slots=engine["slots"], context_length=engine["context_length"], n_batch=engine["batch"],
+        n_threads=engine["threads"], max_queue=engine["max_queue"],
+        flash_attn={"auto": -1, "off": 0, "on": 1}[engine["flash_attn"]]))
+    for model_id in settings["models.preload"]:
+        model = await registry.load_default(model_id)
+        print(f"stackd: loaded {model.kind} model {model.id} "
+              f"(context {model.context_length}, {model.engine.n_slots} slots)", flush=True)
+    return registry
 
 
 def _url_host(host: str) -> str:

@@ -21,9 +21,16 @@ class Node:
     metrics: Metrics
     thermometer: Thermometer = field(default_factory=Thermometer)
     started: float = field(default_factory=time.monotonic)
-    active_model: str | None = None
-    loaded_models: list[str] = field(default_factory=list)
+    models: object = None                 # models.registry.ModelRegistry, once the loop runs
     health_cache: tuple | None = None
+
+    @property
+    def active_model(self) -> str | None:
+        return self.models.active_chat_model() if self.models is not None else None
+
+    @property
+    def loaded_models(self) -> list[str]:
+        return list(self.models.loaded) if self.models is not None else []
 
     def uptime_seconds(self) -> int:
         return int(time.monotonic() - self.started)

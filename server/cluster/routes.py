@@ -61,7 +61,7 @@ def nodes(node, request) -> Response:
         "temperature_c": node.thermometer.celsius(),
         "uptime_seconds": node.uptime_seconds(),
         "system_uptime_seconds": int(readings.system_uptime()),
-        "loaded_models": list(node.loaded_models),
+        "loaded_models": node.loaded_models,
     }]})
 
 

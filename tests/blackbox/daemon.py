@@ -27,10 +27,17 @@ def create_key(data_dir: str, name: str, permissions: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+NO_MODELS = "[models]\npreload = []\n"
+
+
 class Daemon:
-    def __init__(self, data_dir: str, config: str = "", env: dict | None = None):
+    """`models=False` starts without loading any model (fast, for the HTTP-layer tests)."""
+
+    def __init__(self, data_dir: str, config: str = "", env: dict | None = None, models: bool = False):
         self.data_dir = data_dir
         os.makedirs(data_dir, exist_ok=True)
+        if not models and "[models]" not in config:
+            config = NO_MODELS + config
         if config:
             with open(os.path.join(data_dir, "config.toml"), "w") as f:
                 f.write(config)
@@ -43,7 +50,7 @@ class Daemon:
         self.stderr: list[str] = []
         threading.Thread(target=self._drain, args=(self.proc.stderr, self.stderr), daemon=True).start()
         self.inference_port = self.cluster_port = None
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         for line in self.proc.stdout:
             self.stdout.append(line)
             found = re.search(r"(inference|cluster) listening on http://[^:]+:(\d+)", line)

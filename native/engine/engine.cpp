@@ -1,0 +1,578 @@
+#include "engine.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+namespace {
+
+uint64_t now_us() {
+    return (uint64_t) std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void quiet_log(ggml_log_level level, const char * text, void *) {
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        fputs(text, stderr);
+    }
+}
+
+void batch_add(llama_batch & batch, int32_t token, int32_t pos, int32_t seq, bool logits) {
+    const int32_t i = batch.n_tokens++;
+    batch.token[i] = token;
+    batch.pos[i] = pos;
+    batch.n_seq_id[i] = 1;
+    batch.seq_id[i][0] = seq;
+    batch.logits[i] = logits;
+}
+
+scheduler_params scheduler_params_of(const engine_params & p) {
+    scheduler_params sp;
+    sp.n_slots = p.n_slots;
+    sp.n_batch = std::max(p.n_batch, p.n_slots);
+    sp.n_ctx_seq = p.n_ctx_seq;
+    sp.n_max_waiting = p.n_max_waiting;
+    return sp;
+}
+
+}  // namespace
+
+engine::engine(const engine_params & params)
+    : params_(params), sched_(scheduler_params_of(params)) {
+    if (params_.quiet) {
+        llama_log_set(quiet_log, nullptr);
+    }
+    llama_backend_init();
+
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    model_ = llama_model_load_from_file(params_.model_path.c_str(), mp);
+    if (model_ == nullptr) {
+        throw std::runtime_error("cannot load model " + params_.model_path);
+    }
+    vocab_ = llama_model_get_vocab(model_);
+
+    const int32_t n_threads = params_.n_threads > 0 ? params_.n_threads
+                                                    : (int32_t) std::max(1u, std::thread::hardware_concurrency());
+    llama_context_params cp = llama_context_default_params();
+    cp.n_threads = cp.n_threads_batch = n_threads;
+    cp.no_perf = true;
+    cp.flash_attn_type = (llama_flash_attn_type) params_.flash_attn;
+    if (params_.embeddings) {
+        // Whole sequences must fit one micro-batch: encoder models attend both ways.
+        const int32_t n = std::max(params_.n_batch, llama_model_n_ctx_train(model_));
+        cp.embeddings = true;
+        cp.n_ctx = cp.n_batch = cp.n_ubatch = n;
+        cp.n_seq_max = std::min(params_.n_slots, 64);
+    } else {
+        // One KV stream per slot, each exactly n_ctx_seq long (the scheduler keeps every
+        // sequence within it). Separate streams also make a sequence's attention independent
+        // of its neighbours: with a unified buffer the masked cells of other sequences change
+        // the summation order, and greedy output under load drifts from the same prompt alone.
+        cp.n_ctx = (uint32_t) params_.n_ctx_seq * params_.n_slots;
+        cp.n_batch = std::max(params_.n_batch, params_.n_slots);
+        cp.n_ubatch = std::min<uint32_t>(cp.n_batch, 512);
+        cp.n_seq_max = params_.n_slots;
+        cp.kv_unified = false;
+    }
+    ctx_ = llama_init_from_model(model_, cp);
+    if (ctx_ == nullptr) {
+        llama_model_free(model_);
+        throw std::runtime_error("cannot create a context for " + params_.model_path);
+    }
+    batch_ = llama_batch_init((int32_t) cp.n_batch, 0, 1);
+
+    for (int32_t t = 0; t < llama_vocab_n_tokens(vocab_); ++t) {
+        if (llama_vocab_is_eog(vocab_, t)) {
+            eog_tokens_.push_back(t);
+        }
+    }
+    efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (efd_ < 0) {
+        llama_batch_free(batch_);
+        llama_free(ctx_);
+        llama_model_free(model_);
+        throw std::runtime_error("eventfd failed");
+    }
+    thread_ = std::thread([this] { loop(); });
+}
+
+engine::~engine() {
+    close();
+    if (efd_ >= 0) {
+        ::close(efd_);
+    }
+}
+
+void engine::close() {
+    {
+        std::lock_guard<std::mutex> lock(mu_tasks_);
+        if (stop_ && !thread_.joinable()) {
+            return;
+        }
+        stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) {
+        thread_.join();
+    }
+    live_.clear();   // sampler chains go before the context they belong with
+    if (ctx_ != nullptr) {
+        llama_batch_free(batch_);
+        llama_free(ctx_);
+        ctx_ = nullptr;
+    }
+    if (model_ != nullptr) {
+        llama_model_free(model_);
+        model_ = nullptr;
+    }
+}
+
+// ---- the caller's side ---------------------------------------------------------------------
+
+bool engine::submit(generation_request req) {
+    if (params_.embeddings) {
+        throw std::invalid_argument("this is an embedding model: it does not generate");
+    }
+    if (n_queued_.fetch_add(1) >= params_.n_max_waiting) {
+        n_queued_.fetch_sub(1);
+        return false;
+    }
+    task t{task::TASK_SUBMIT, req.id_request, nullptr, nullptr, {}};
+    try {
+        t.chain = std::make_unique<sampler_chain>(req.sampling, vocab_);   // may throw: bad grammar
+    } catch (...) {
+        n_queued_.fetch_sub(1);
+        throw;
+    }
+    t.request = std::make_unique<generation_request>(std::move(req));
+    {
+        std::lock_guard<std::mutex> lock(mu_tasks_);
+        tasks_.push_back(std::move(t));
+    }
+    cv_.notify_one();
+    return true;
+}
+
+bool engine::submit_embedding(int64_t id_request, std::vector<std::vector<int32_t>> inputs) {
+    if (!params_.embeddings) {
+        throw std::invalid_argument("this is not an embedding model");
+    }
+    if (n_queued_.fetch_add(1) >= params_.n_max_waiting) {
+        n_queued_.fetch_sub(1);
+        return false;
+    }
+    {
+        std::lock_guard<std::mutex> lock(mu_tasks_);
+        tasks_.push_back({task::TASK_EMBED, id_request, nullptr, nullptr, std::move(inputs)});
+    }
+    cv_.notify_one();
+    return true;
+}
+
+void engine::cancel(int64_t id_request) {
+    {
+        std::lock_guard<std::mutex> lock(mu_tasks_);
+        tasks_.push_back({task::TASK_CANCEL, id_request, nullptr, nullptr, {}});
+    }
+    cv_.notify_one();
+}
+
+std::vector<engine_event> engine::take_events() {
+    uint64_t counter;
+    while (read(efd_, &counter, sizeof(counter)) > 0) {
+    }
+    std::vector<engine_event> out;
+    std::lock_guard<std::mutex> lock(mu_events_);
+    out.swap(events_);
+    return out;
+}
+
+engine_stats engine::stats() const {
+    std::lock_guard<std::mutex> lock(mu_stats_);
+    return stats_;
+}
+
+std::vector<int32_t> engine::tokenize(const std::string & text, bool add_special, bool parse_special) const {
+    std::vector<int32_t> tokens(text.size() + 8);
+    int32_t n = llama_tokenize(vocab_, text.data(), (int32_t) text.size(), tokens.data(),
+                               (int32_t) tokens.size(), add_special, parse_special);
+    if (n < 0) {
+        tokens.resize(-n);
+        n = llama_tokenize(vocab_, text.data(), (int32_t) text.size(), tokens.data(),
+                           (int32_t) tokens.size(), add_special, parse_special);
+    }
+    tokens.resize(std::max(n, 0));
+    return tokens;
+}
+
+std::string engine::meta(const std::string & key) const {
+    char buf[512];
+    const int32_t n = llama_model_meta_val_str(model_, key.c_str(), buf, sizeof(buf));
+    if (n < 0) {
+        return {};
+    }
+    if ((size_t) n < sizeof(buf)) {
+        return std::string(buf, n);
+    }
+    std::string big(n + 1, '\0');
+    llama_model_meta_val_str(model_, key.c_str(), big.data(), big.size());
+    big.resize(n);
+    return big;
+}
+
+std::string engine::chat_template() const {
+    const char * tmpl = llama_model_chat_template(model_, nullptr);
+    return tmpl != nullptr ? std::string(tmpl) : std::string();
+}
+
+std::string engine::description() const {
+    char buf[256];
+    const int32_t n = llama_model_desc(model_, buf, sizeof(buf));
+    return n > 0 ? std::string(buf, std::min<size_t>(n, sizeof(buf) - 1)) : std::string();
+}
+
+// ---- the scheduler thread ------------------------------------------------------------------
+
+void engine::loop() {
+    std::vector<task> incoming;
+    while (true) {
+        {
+            std::unique_lock<std::mutex> lock(mu_tasks_);
+            cv_.wait(lock, [&] {
+                return stop_ || !tasks_.empty() || !sched_.idle() || !embed_jobs_.empty();
+            });
+            if (stop_) {
+                return;
+            }
+            incoming.swap(tasks_);
+        }
+        take_tasks(incoming);
+        incoming.clear();
+        if (params_.embeddings) {
+            step_embed();
+        } else {
+            step_generate();
+        }
+    }
+}
+
+void engine::take_tasks(std::vector<task> & incoming) {
+    std::vector<engine_event> refused;
+    for (task & t : incoming) {
+        if (t.kind == task::TASK_CANCEL) {
+            if (!sched_.cancel(t.id_request)) {
+                // Unknown here: an embedding job (not cancellable mid-batch) or already done.
+            }
+            continue;
+        }
+        if (t.kind == task::TASK_EMBED) {
+            embed_jobs_.push_back({t.id_request, std::move(t.inputs), {}, 0, 0});
+            continue;
+        }
+        auto req = std::make_unique<sched_request>();
+        req->id_request = t.id_request;
+        req->prompt = t.request->prompt;
+        req->limits.n_max_tokens = t.request->max_tokens;
+        live_request live{std::move(t.request), std::move(t.chain), text_stream(), 0};
+        live.stream = text_stream(live.request->stop);
+        live.n_prompt = (int32_t) req->prompt.size();
+        const int64_t id = t.id_request;
+        if (!sched_.enqueue(std::move(req))) {
+            n_queued_.fetch_sub(1);
+            engine_event ev;
+            ev.id_request = id;
+            ev.status = REQUEST_STATUS_FINISHED_ERROR;
+            ev.error = "the request could not be queued (empty prompt or full queue)";
+            refused.push_back(std::move(ev));
+            continue;
+        }
+        live_.emplace(id, std::move(live));
+    }
+    publish(refused);
+}
+
+void engine::step_generate() {
+    engine_stats delta;
+    uint64_t t0 = now_us();
+    batch_plan plan = sched_.schedule();
+    std::vector<engine_event> events;
+
+    for (const plan_admission & adm : plan.admissions) {
+        n_queued_.fetch_sub(1);
+        llama_memory_seq_rm(llama_get_memory(ctx_), adm.id_slot, adm.n_keep, -1);
+    }
+    n_queued_.fetch_sub(plan.n_released_waiting);
+    for (int64_t id : plan.released) {                 // cancelled: a last event, then forget
+        engine_event ev;
+        ev.id_request = id;
+        ev.status = REQUEST_STATUS_FINISHED_ABORTED;
+        events.push_back(std::move(ev));
+        live_.erase(id);
+        sched_.release(id);
+    }
+    uint64_t t1 = now_us();
+    delta.t_schedule_us = t1 - t0;
+
+    if (plan.empty()) {
+        publish(events);
+        return;
+    }
+    std::vector<int32_t> logit_index;
+    decode_plan(plan, logit_index);
+    uint64_t t2 = now_us();
+    delta.t_batch_us = t2 - t1;
+    const int32_t rc = llama_decode(ctx_, batch_);
+    uint64_t t3 = now_us();
+    delta.t_decode_us = t3 - t2;
+    if (rc != 0) {
+        fail_all(plan, rc == 1 ? "no room left in the KV cache" : "llama_decode failed");
+        return;
+    }
+
+    std::vector<step_outcome> outcomes;
+    for (size_t i = 0; i < plan.items.size(); ++i) {
+        const plan_item & item = plan.items[i];
+        if (!item.want_logits) {
+            continue;
+        }
+        engine_event ev;
+        outcomes.push_back(sample(item.id_request, logit_index[i], ev));
+        events.push_back(std::move(ev));
+    }
+    uint64_t t4 = now_us();
+    delta.t_sample_us = t4 - t3;
+
+    const std::vector<int64_t> finished = sched_.apply(plan, outcomes);
+    finish_events(finished, events);
+    publish(events);
+    uint64_t t5 = now_us();
+    delta.t_emit_us = t5 - t4;
+    delta.n_steps = 1;
+    delta.n_tokens_decoded = plan.n_tokens;
+    delta.n_tokens_sampled = outcomes.size();
+    std::lock_guard<std::mutex> lock(mu_stats_);
+    stats_.n_steps += delta.n_steps;
+    stats_.n_tokens_decoded += delta.n_tokens_decoded;
+    stats_.n_tokens_sampled += delta.n_tokens_sampled;
+    stats_.t_schedule_us += delta.t_schedule_us;
+    stats_.t_batch_us += delta.t_batch_us;
+    stats_.t_decode_us += delta.t_decode_us;
+    stats_.t_sample_us += delta.t_sample_us;
+    stats_.t_emit_us += delta.t_emit_us;
+}
+
+void engine::decode_plan(const batch_plan & plan, std::vector<int32_t> & logit_index) {
+    batch_.n_tokens = 0;
+    logit_index.assign(plan.items.size(), -1);
+    for (size_t i = 0; i < plan.items.size(); ++i) {
+        const plan_item & item = plan.items[i];
+        const sched_request * req = sched_.find(item.id_request);
+        for (int32_t k = 0; k < item.n_tokens; ++k) {
+            const int32_t token = item.is_prompt ? req->prompt[item.pos0 + k] : req->last_token;
+            const bool last = k == item.n_tokens - 1;
+            batch_add(batch_, token, item.pos0 + k, item.id_slot, item.want_logits && last);
+        }
+        if (item.want_logits) {
+            logit_index[i] = batch_.n_tokens - 1;
+        }
+    }
+}
+
+// Sample the next token of one request from output row `index`, and describe it in `ev`.
+step_outcome engine::sample(int64_t id_request, int32_t index, engine_event & ev) {
+    live_request & live = live_.at(id_request);
+    const sched_request & req = *sched_.find(id_request);
+    const sampling_params & sp = live.request->sampling;
+    float * logits = llama_get_logits_ith(ctx_, index);
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab_);
+
+    logit_stats stats{};
+    if (sp.logprobs) {
+        stats = logit_stats_of(logits, n_vocab, sp.n_top_logprobs);
+    }
+    if (sp.ignore_eos || req.n_generated < sp.min_tokens) {
+        for (int32_t t : eog_tokens_) {
+            logits[t] = -INFINITY;
+        }
+    }
+    const int32_t token = llama_sampler_sample(live.chain->get(), ctx_, index);
+
+    ev.id_request = id_request;
+    ev.n_tokens = 1;
+    ev.n_prompt = live.n_prompt;
+    ev.n_cached = req.n_cached;
+    ev.n_generated = req.n_generated + 1;
+    request_status status = REQUEST_STATUS_RUNNING;
+    if (llama_vocab_is_eog(vocab_, token)) {
+        status = REQUEST_STATUS_FINISHED_STOPPED;    // the end token itself is not text
+    } else {
+        const std::string piece = token_piece(vocab_, token);
+        ev.text = live.stream.push(piece);
+        if (live.stream.stopped()) {
+            status = REQUEST_STATUS_FINISHED_STOPPED;
+        }
+        if (sp.logprobs) {
+            // Masking touched only end tokens, which cannot have been chosen when masked.
+            logprob_entry entry{{token, logits[token] - stats.log_sum_exp, piece}, {}};
+            for (const auto & [t, logit] : stats.top) {
+                entry.top.push_back({t, logit - stats.log_sum_exp, token_piece(vocab_, t)});
+            }
+            ev.logprobs.push_back(std::move(entry));
+        }
+    }
+    return {id_request, token, status};
+}
+
+// The last event of each finished request carries its status and any text held back.
+void engine::finish_events(const std::vector<int64_t> & finished, std::vector<engine_event> & events) {
+    for (int64_t id : finished) {
+        const sched_request * req = sched_.find(id);
+        live_request & live = live_.at(id);
+        for (auto it = events.rbegin(); it != events.rend(); ++it) {
+            if (it->id_request == id) {
+                it->status = req->status;
+                it->text += live.stream.flush();
+                break;
+            }
+        }
+        live_.erase(id);
+        sched_.release(id);
+    }
+}
+
+void engine::fail_all(const batch_plan & plan, const std::string & error) {
+    std::vector<engine_event> events;
+    for (const plan_item & item : plan.items) {
+        if (live_.count(item.id_request) == 0) {
+            continue;
+        }
+        engine_event ev;
+        ev.id_request = item.id_request;
+        ev.status = REQUEST_STATUS_FINISHED_ERROR;
+        ev.error = error;
+        events.push_back(std::move(ev));
+        sched_.cancel(item.id_request);
+        live_.erase(item.id_request);
+    }
+    // The failed sequences' KV is unknown now: drop it all so later prompts start clean.
+    llama_memory_clear(llama_get_memory(ctx_), true);
+    publish(events);
+}
+
+// ---- embeddings ----------------------------------------------------------------------------
+
+void engine::step_embed() {
+    if (embed_jobs_.empty()) {
+        return;
+    }
+    const int32_t n_embd = llama_model_n_embd(model_);
+    const int32_t n_cap = (int32_t) llama_n_batch(ctx_);
+    const int32_t n_seq_cap = (int32_t) llama_n_seq_max(ctx_);
+
+    // Pack whole inputs, from the oldest job on, into one batch.
+    struct placed { size_t job, input; int32_t seq; };
+    std::vector<placed> placed_inputs;
+    batch_.n_tokens = 0;
+    for (size_t j = 0; j < embed_jobs_.size(); ++j) {
+        embed_job & job = embed_jobs_[j];
+        for (size_t i = job.n_done; i < job.inputs.size(); ++i) {
+            const auto & tokens = job.inputs[i];
+            const int32_t seq = (int32_t) placed_inputs.size();
+            if (batch_.n_tokens + (int32_t) tokens.size() > n_cap || seq >= n_seq_cap) {
+                goto packed;
+            }
+            for (size_t k = 0; k < tokens.size(); ++k) {
+                batch_add(batch_, tokens[k], (int32_t) k, seq, true);
+            }
+            placed_inputs.push_back({j, i, seq});
+        }
+    }
+packed:
+    std::vector<engine_event> events;
+    if (placed_inputs.empty()) {                // an input longer than a batch: refuse its job
+        engine_event ev;
+        ev.id_request = embed_jobs_.front().id_request;
+        ev.status = REQUEST_STATUS_FINISHED_ERROR;
+        ev.error = "input is longer than the model's context";
+        events.push_back(std::move(ev));
+        embed_jobs_.erase(embed_jobs_.begin());
+        n_queued_.fetch_sub(1);
+        publish(events);
+        return;
+    }
+    if (llama_memory_t mem = llama_get_memory(ctx_)) {
+        llama_memory_clear(mem, true);
+    }
+    const uint64_t t0 = now_us();
+    const int32_t rc = llama_decode(ctx_, batch_);
+    const uint64_t t1 = now_us();
+    for (const placed & p : placed_inputs) {
+        embed_job & job = embed_jobs_[p.job];
+        if (job.out.empty()) {
+            job.out.assign(job.inputs.size() * n_embd, 0.0f);
+        }
+        const float * v = rc == 0 ? llama_get_embeddings_seq(ctx_, p.seq) : nullptr;
+        if (v != nullptr) {
+            double norm = 0.0;
+            for (int32_t d = 0; d < n_embd; ++d) {
+                norm += (double) v[d] * v[d];
+            }
+            const float scale = norm > 0.0 ? (float) (1.0 / std::sqrt(norm)) : 0.0f;
+            for (int32_t d = 0; d < n_embd; ++d) {
+                job.out[p.input * n_embd + d] = v[d] * scale;
+            }
+        }
+        job.n_tokens += (int32_t) job.inputs[p.input].size();
+        job.n_done = p.input + 1;
+    }
+    for (auto it = embed_jobs_.begin(); it != embed_jobs_.end();) {
+        if (rc == 0 && it->n_done < it->inputs.size()) {
+            ++it;
+            continue;
+        }
+        engine_event ev;
+        ev.id_request = it->id_request;
+        ev.n_prompt = it->n_tokens;
+        if (rc != 0) {
+            ev.status = REQUEST_STATUS_FINISHED_ERROR;
+            ev.error = "llama_decode failed";
+        } else {
+            ev.status = REQUEST_STATUS_FINISHED_STOPPED;
+            ev.embedding = std::move(it->out);
+        }
+        events.push_back(std::move(ev));
+        n_queued_.fetch_sub(1);
+        it = embed_jobs_.erase(it);
+    }
+    publish(events);
+    std::lock_guard<std::mutex> lock(mu_stats_);
+    stats_.n_steps += 1;
+    stats_.n_tokens_decoded += batch_.n_tokens;
+    stats_.t_decode_us += t1 - t0;
+}
+
+void engine::publish(std::vector<engine_event> & events) {
+    if (events.empty()) {
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> lock(mu_events_);
+        if (events_.empty()) {
+            events_.swap(events);
+        } else {
+            for (auto & ev : events) {
+                events_.push_back(std::move(ev));
+            }
+        }
+    }
+    events.clear();
+    const uint64_t one = 1;
+    ssize_t written = write(efd_, &one, sizeof(one));
+    (void) written;
+}

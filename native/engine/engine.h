@@ -1,0 +1,151 @@
+// The engine: one loaded model, its context, and a scheduler thread that runs continuous
+// batching without ever touching Python. Callers post id-tagged tasks (submit, cancel);
+// the thread drains them between steps and publishes events, then signals an eventfd
+// that the event loop watches. Embedding models run the same loop with a simpler step.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "llama.h"
+#include "sampling.h"
+#include "scheduler.h"
+#include "text_stream.h"
+
+struct engine_params {
+    std::string model_path;
+    bool        embeddings    = false;   // an embedding model: pooled vectors, no sampling
+    int32_t     n_slots       = 4;       // sequences decoded together
+    int32_t     n_ctx_seq     = 2048;    // context of one sequence (prompt + output)
+    int32_t     n_batch       = 512;     // tokens per decode step at most
+    int32_t     n_threads     = 0;       // 0: all cores
+    int32_t     n_max_waiting = 256;     // queued requests beyond which submit() refuses
+    int32_t     flash_attn    = -1;      // llama_flash_attn_type: -1 auto, 0 off, 1 on
+    bool        quiet         = true;    // silence llama.cpp's own logging
+};
+
+struct generation_request {
+    int64_t                  id_request = 0;
+    std::vector<int32_t>     prompt;
+    int32_t                  max_tokens = 16;
+    std::vector<std::string> stop;
+    sampling_params          sampling;
+};
+
+struct engine_event {
+    int64_t                    id_request = 0;
+    std::string                text;              // UTF-8 bytes released by this event
+    int32_t                    n_tokens   = 0;    // tokens generated in this event
+    request_status             status     = REQUEST_STATUS_RUNNING;
+    int32_t                    n_prompt   = 0;
+    int32_t                    n_cached   = 0;    // prompt tokens reused from the KV cache
+    int32_t                    n_generated = 0;
+    std::vector<logprob_entry> logprobs;
+    std::vector<float>         embedding;         // embedding requests: n_inputs * n_embd
+    std::string                error;
+};
+
+// Where a step's time goes, accumulated since start (microseconds).
+struct engine_stats {
+    uint64_t n_steps = 0, n_tokens_decoded = 0, n_tokens_sampled = 0;
+    uint64_t t_schedule_us = 0, t_batch_us = 0, t_decode_us = 0, t_sample_us = 0, t_emit_us = 0;
+};
+
+class engine {
+public:
+    explicit engine(const engine_params & params);
+    ~engine();
+    engine(const engine &) = delete;
+    engine & operator=(const engine &) = delete;
+
+    // Thread-safe. False when the queue is full. Throws std::invalid_argument on a bad grammar.
+    bool submit(generation_request req);
+    bool submit_embedding(int64_t id_request, std::vector<std::vector<int32_t>> inputs);
+    void cancel(int64_t id_request);
+    std::vector<engine_event> take_events();
+    void close();
+
+    int event_fd() const { return efd_; }
+    engine_stats stats() const;
+
+    // The model, for callers (thread-safe: read-only after load).
+    std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
+    std::string          piece(int32_t token) const { return token_piece(vocab_, token); }
+    std::string          meta(const std::string & key) const;
+    std::string          chat_template() const;
+    int32_t              n_ctx_train() const { return llama_model_n_ctx_train(model_); }
+    int32_t              n_embd() const { return llama_model_n_embd(model_); }
+    int32_t              n_vocab() const { return llama_vocab_n_tokens(vocab_); }
+    uint64_t             n_params() const { return llama_model_n_params(model_); }
+    uint64_t             model_size() const { return llama_model_size(model_); }
+    std::string          description() const;
+    int32_t              token_bos() const { return llama_vocab_bos(vocab_); }
+    int32_t              token_eos() const { return llama_vocab_eos(vocab_); }
+    const engine_params & params() const { return params_; }
+
+private:
+    struct task {
+        enum kind_t { TASK_SUBMIT, TASK_EMBED, TASK_CANCEL } kind;
+        int64_t id_request;
+        std::unique_ptr<generation_request> request;
+        std::unique_ptr<sampler_chain> chain;
+        std::vector<std::vector<int32_t>> inputs;
+    };
+
+    struct live_request {                 // engine-side state of an admitted generation
+        std::unique_ptr<generation_request> request;
+        std::unique_ptr<sampler_chain> chain;
+        text_stream stream;
+        int32_t n_prompt = 0;
+    };
+
+    struct embed_job {
+        int64_t id_request;
+        std::vector<std::vector<int32_t>> inputs;
+        std::vector<float> out;
+        size_t n_done = 0;
+        int32_t n_tokens = 0;
+    };
+
+    void loop();
+    void take_tasks(std::vector<task> & incoming);
+    void step_generate();
+    void step_embed();
+    void decode_plan(const batch_plan & plan, std::vector<int32_t> & logit_index);
+    step_outcome sample(int64_t id_request, int32_t index, engine_event & event);
+    void finish_events(const std::vector<int64_t> & finished, std::vector<engine_event> & events);
+    void fail_all(const batch_plan & plan, const std::string & error);
+    void publish(std::vector<engine_event> & events);
+
+    engine_params  params_;
+    llama_model *  model_ = nullptr;
+    llama_context * ctx_  = nullptr;
+    const llama_vocab * vocab_ = nullptr;
+    llama_batch    batch_{};
+    std::vector<int32_t> eog_tokens_;
+
+    scheduler sched_;
+    std::unordered_map<int64_t, live_request> live_;
+    std::vector<embed_job> embed_jobs_;
+
+    std::thread thread_;
+    std::mutex mu_tasks_;
+    std::condition_variable cv_;
+    std::vector<task> tasks_;
+    bool stop_ = false;
+    std::atomic<int32_t> n_queued_{0};
+
+    mutable std::mutex mu_events_;
+    std::vector<engine_event> events_;
+    int efd_ = -1;
+
+    mutable std::mutex mu_stats_;
+    engine_stats stats_;
+};

@@ -1,0 +1,44 @@
+// Plain data passed between the scheduling policy and the engine that applies it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "status.h"
+
+using token_t = int32_t;
+
+// One sequence's share of a decode step: `n_tokens` consecutive tokens at positions
+// [pos0, pos0 + n_tokens), read from the request's prompt or its last sampled token.
+struct plan_item {
+    int64_t id_request;
+    int32_t id_slot;
+    int32_t pos0;
+    int32_t n_tokens;
+    bool    is_prompt;     // tokens come from the prompt (prefill) rather than the last sample
+    bool    want_logits;   // the last token's logits are sampled this step
+};
+
+// A slot handed to a request this step; the KV cells of the slot from `n_keep` on are stale.
+struct plan_admission {
+    int64_t id_request;
+    int32_t id_slot;
+    int32_t n_keep;        // prompt tokens already in the slot's cache (prefix reuse)
+};
+
+struct batch_plan {
+    std::vector<plan_admission> admissions;
+    std::vector<plan_item>      items;
+    std::vector<int64_t>        released;  // cancelled requests, now finished ABORTED
+    int32_t n_released_waiting = 0;        // how many of them had not left the queue yet
+    int32_t n_tokens = 0;
+
+    bool empty() const { return items.empty(); }
+};
+
+// What the engine reports back for an item that wanted logits.
+struct step_outcome {
+    int64_t        id_request;
+    token_t        token;
+    request_status status;   // RUNNING to go on, or a finished kind
+};

@@ -1,0 +1,187 @@
+#include "scheduler.h"
+
+#include <algorithm>
+
+scheduler::scheduler(scheduler_params params) : params_(params), slots_(params.n_slots) {}
+
+bool scheduler::enqueue(std::unique_ptr<sched_request> req) {
+    if ((int32_t) waiting_.size() >= params_.n_max_waiting || req->prompt.empty()) {
+        return false;
+    }
+    const int64_t id = req->id_request;
+    requests_[id] = std::move(req);
+    waiting_.push_back(id);
+    return true;
+}
+
+bool scheduler::cancel(int64_t id_request) {
+    sched_request * req = find(id_request);
+    if (req == nullptr || request_status_is_finished(req->status)) {
+        return false;
+    }
+    req->cancel_requested = true;
+    return true;
+}
+
+sched_request * scheduler::find(int64_t id_request) {
+    auto it = requests_.find(id_request);
+    return it == requests_.end() ? nullptr : it->second.get();
+}
+
+int32_t scheduler::n_running() const {
+    return (int32_t) running_.size();
+}
+
+void scheduler::release(int64_t id_request) {
+    requests_.erase(id_request);
+}
+
+void scheduler::finish(sched_request & req, request_status status) {
+    req.status = status;
+    if (req.id_slot >= 0) {
+        slots_[req.id_slot].id_request = -1;   // the cache stays: a later prompt may reuse it
+        req.id_slot = -1;
+    }
+    running_.erase(std::remove(running_.begin(), running_.end(), req.id_request), running_.end());
+}
+
+// Cancelled requests leave before anything else happens in a step.
+void scheduler::release_finished(batch_plan & plan) {
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+        sched_request & req = *requests_[*it];
+        if (req.cancel_requested) {
+            req.status = REQUEST_STATUS_FINISHED_ABORTED;
+            plan.released.push_back(req.id_request);
+            plan.n_released_waiting += 1;
+            it = waiting_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    const std::vector<int64_t> running = running_;
+    for (int64_t id : running) {
+        sched_request & req = *requests_[id];
+        if (req.cancel_requested) {
+            finish(req, REQUEST_STATUS_FINISHED_ABORTED);
+            plan.released.push_back(id);
+        }
+    }
+}
+
+// The free slot whose cache shares the longest prefix with the prompt; ties go to the
+// least recently used, so hot caches survive longest.
+int32_t scheduler::pick_slot(const std::vector<token_t> & prompt, int32_t & n_common) const {
+    int32_t best = -1;
+    n_common = 0;
+    for (int32_t i = 0; i < (int32_t) slots_.size(); ++i) {
+        const slot_info & s = slots_[i];
+        if (s.id_request >= 0) {
+            continue;
+        }
+        const size_t n_max = std::min(s.cache.size(), prompt.size());
+        int32_t n = 0;
+        while ((size_t) n < n_max && s.cache[n] == prompt[n]) {
+            ++n;
+        }
+        if (best < 0 || n > n_common || (n == n_common && s.t_last_used < slots_[best].t_last_used)) {
+            best = i;
+            n_common = n;
+        }
+    }
+    return best;
+}
+
+void scheduler::admit(batch_plan & plan) {
+    while (!waiting_.empty()) {
+        sched_request & req = *requests_[waiting_.front()];
+        int32_t n_common = 0;
+        const int32_t id_slot = pick_slot(req.prompt, n_common);
+        if (id_slot < 0) {
+            return;
+        }
+        waiting_.pop_front();
+        // At least the last prompt token is decoded again: its logits give the first sample.
+        const int32_t n_keep = std::min(n_common, (int32_t) req.prompt.size() - 1);
+        slot_info & s = slots_[id_slot];
+        s.cache.resize(n_keep);
+        s.id_request = req.id_request;
+        s.t_last_used = n_steps_;
+        req.status = REQUEST_STATUS_RUNNING;
+        req.id_slot = id_slot;
+        req.n_cached = n_keep;
+        req.n_prompt_done = n_keep;
+        running_.push_back(req.id_request);
+        plan.admissions.push_back({req.id_request, id_slot, n_keep});
+    }
+}
+
+batch_plan scheduler::schedule() {
+    batch_plan plan;
+    ++n_steps_;
+    release_finished(plan);
+    admit(plan);
+
+    int32_t budget = params_.n_batch;
+    // Running streams first: one token each, so a new prompt never starves them.
+    for (int64_t id : running_) {
+        const sched_request & req = *requests_[id];
+        if (req.n_prompt_done == (int32_t) req.prompt.size() && budget > 0) {
+            const int32_t pos = (int32_t) slots_[req.id_slot].cache.size();
+            plan.items.push_back({id, req.id_slot, pos, 1, false, true});
+            --budget;
+        }
+    }
+    // Then prompt chunks, first come first served, within what is left of the step.
+    for (int64_t id : running_) {
+        const sched_request & req = *requests_[id];
+        const int32_t n_left = (int32_t) req.prompt.size() - req.n_prompt_done;
+        if (n_left > 0 && budget > 0) {
+            const int32_t n = std::min(n_left, budget);
+            plan.items.push_back({id, req.id_slot, req.n_prompt_done, n, true, n == n_left});
+            budget -= n;
+        }
+    }
+    plan.n_tokens = params_.n_batch - budget;
+    return plan;
+}
+
+std::vector<int64_t> scheduler::apply(const batch_plan & plan, const std::vector<step_outcome> & outcomes) {
+    for (const plan_item & item : plan.items) {
+        sched_request * req = find(item.id_request);
+        if (req == nullptr || req->id_slot != item.id_slot) {
+            continue;
+        }
+        std::vector<token_t> & cache = slots_[item.id_slot].cache;
+        if (item.is_prompt) {
+            cache.insert(cache.end(), req->prompt.begin() + item.pos0,
+                         req->prompt.begin() + item.pos0 + item.n_tokens);
+            req->n_prompt_done += item.n_tokens;
+        } else {
+            cache.push_back(req->last_token);
+        }
+        slots_[item.id_slot].t_last_used = n_steps_;
+    }
+    std::vector<int64_t> finished;
+    for (const step_outcome & out : outcomes) {
+        sched_request * req = find(out.id_request);
+        if (req == nullptr || request_status_is_finished(req->status)) {
+            continue;
+        }
+        req->last_token = out.token;
+        req->n_generated += 1;
+        request_status status = out.status;
+        if (!request_status_is_finished(status)) {
+            const int32_t n_cached = (int32_t) slots_[req->id_slot].cache.size();
+            // The cache holds the prompt and every generated token but the newest, so prompt +
+            // completion == n_cached + 1: stop when that fills the context.
+            if (req->n_generated >= req->limits.n_max_tokens || n_cached + 1 >= params_.n_ctx_seq) {
+                status = REQUEST_STATUS_FINISHED_LENGTH;
+            }
+        }
+        if (request_status_is_finished(status)) {
+            finish(*req, status);
+            finished.push_back(out.id_request);
+        }
+    }
+    return finished;
+}

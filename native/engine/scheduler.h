@@ -1,0 +1,79 @@
+// The continuous-batching policy: admission into slots, chunked prefill, prefix reuse,
+// cancellation. It knows nothing of llama.cpp: schedule() turns state into a batch_plan,
+// apply() folds the decoder's outcomes back in. Tests drive it with a fake decoder.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "plan.h"
+
+struct request_limits {
+    int32_t n_max_tokens = 16;   // tokens to generate at most
+};
+
+struct sched_request {
+    int64_t              id_request;
+    std::vector<token_t> prompt;
+    request_limits       limits;
+    request_status       status       = REQUEST_STATUS_WAITING;
+    int32_t              id_slot      = -1;
+    int32_t              n_cached     = 0;  // prompt tokens reused from the slot's cache
+    int32_t              n_prompt_done = 0; // prompt tokens whose KV is computed
+    int32_t              n_generated  = 0;
+    token_t              last_token   = -1;
+    bool                 cancel_requested = false;
+};
+
+struct slot_info {
+    int64_t              id_request = -1;   // -1: free
+    std::vector<token_t> cache;             // tokens whose KV is in this slot's sequence
+    uint64_t             t_last_used = 0;   // step counter, for least-recently-used choice
+};
+
+struct scheduler_params {
+    int32_t n_slots   = 4;     // parallel sequences
+    int32_t n_batch   = 512;   // tokens per decode step at most
+    int32_t n_ctx_seq = 2048;  // context per sequence
+    int32_t n_max_waiting = 256;
+};
+
+class scheduler {
+public:
+    explicit scheduler(scheduler_params params);
+
+    // Queue a request; false when the waiting queue is full.
+    bool enqueue(std::unique_ptr<sched_request> req);
+    // Cancel a request; it finishes ABORTED at the next schedule(). False if unknown.
+    bool cancel(int64_t id_request);
+
+    batch_plan schedule();
+    // Fold a step's outcomes in. Returns the requests that finished in this step.
+    std::vector<int64_t> apply(const batch_plan & plan, const std::vector<step_outcome> & outcomes);
+
+    // Forget a finished request (after the engine has emitted its last event).
+    void release(int64_t id_request);
+
+    sched_request *       find(int64_t id_request);
+    const slot_info &     slot(int32_t id_slot) const { return slots_[id_slot]; }
+    int32_t               n_waiting() const { return (int32_t) waiting_.size(); }
+    int32_t               n_running() const;
+    bool                  idle() const { return waiting_.empty() && n_running() == 0; }
+    const scheduler_params & params() const { return params_; }
+
+private:
+    void    admit(batch_plan & plan);
+    void    release_finished(batch_plan & plan);
+    int32_t pick_slot(const std::vector<token_t> & prompt, int32_t & n_common) const;
+    void    finish(sched_request & req, request_status status);
+
+    scheduler_params params_;
+    std::vector<slot_info> slots_;
+    std::deque<int64_t> waiting_;
+    std::vector<int64_t> running_;   // in admission order: prefill goes first-come first-served
+    std::unordered_map<int64_t, std::unique_ptr<sched_request>> requests_;
+    uint64_t n_steps_ = 0;
+};

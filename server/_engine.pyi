@@ -1,0 +1,77 @@
+"""Type stubs for the native engine module (native/bindings.cpp)."""
+from typing import Any
+
+import numpy as np
+
+FINISH_REASONS: list[str | None]
+STATUS_RUNNING: int
+STATUS_STOPPED: int
+STATUS_LENGTH: int
+STATUS_ABORTED: int
+STATUS_ERROR: int
+
+# (id, text, n_tokens, status, n_prompt, n_cached, n_generated, logprobs, embedding, error)
+Event = tuple[int, bytes, int, int, int, int, int, list | None, np.ndarray | None, str | None]
+
+class SamplingParams:
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    seed: int
+    presence_penalty: float
+    frequency_penalty: float
+    repeat_penalty: float
+    penalty_last_n: int
+    logit_bias: list[tuple[int, float]]
+    grammar: str
+    logprobs: bool
+    n_top_logprobs: int
+    min_tokens: int
+    ignore_eos: bool
+    def __init__(self) -> None: ...
+
+class Engine:
+    def __init__(self, model_path: str, embeddings: bool = False, n_slots: int = 4,
+                 n_ctx_seq: int = 2048, n_batch: int = 512, n_threads: int = 0,
+                 n_max_waiting: int = 256, flash_attn: int = -1, quiet: bool = True) -> None: ...
+    def submit(self, id: int, prompt: list[int], max_tokens: int, stop: list[str],
+               sampling: SamplingParams) -> bool: ...
+    def submit_embedding(self, id: int, inputs: list[list[int]]) -> bool: ...
+    def cancel(self, id: int) -> None: ...
+    def take_events(self) -> list[Event]: ...
+    def fileno(self) -> int: ...
+    def close(self) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+    def piece(self, token: int) -> bytes: ...
+    def meta(self, key: str) -> str: ...
+    chat_template: str
+    n_ctx_train: int
+    n_embd: int
+    n_vocab: int
+    n_params: int
+    model_size: int
+    description: str
+    token_bos: int
+    token_eos: int
+    n_slots: int
+    n_ctx_seq: int
+
+class Scheduler:
+    def __init__(self, n_slots: int, n_batch: int, n_ctx_seq: int, n_max_waiting: int = 256) -> None: ...
+    def enqueue(self, id: int, prompt: list[int], max_tokens: int) -> bool: ...
+    def cancel(self, id: int) -> bool: ...
+    def schedule(self) -> dict[str, Any]: ...
+    def apply(self, outcomes: list[tuple[int, int, int]]) -> list[int]: ...
+    def slot_cache(self, slot: int) -> list[int]: ...
+    def request(self, id: int) -> dict[str, int] | None: ...
+    def release(self, id: int) -> None: ...
+    n_waiting: int
+    n_running: int
+
+class TextStream:
+    def __init__(self, stops: list[str] = ...) -> None: ...
+    def push(self, piece: bytes) -> bytes: ...
+    def flush(self) -> bytes: ...
+    stopped: bool

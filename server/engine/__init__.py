@@ -1,0 +1,23 @@
+"""The native engine (server._engine), re-exported.
+
+llama_cpp is imported first on purpose: it loads llama.cpp's shared libraries from
+its own directory, and our module's `libllama.so.0` dependency then binds to that
+same copy by soname. One llama.cpp per process (see CMakeLists.txt).
+"""
+import llama_cpp  # noqa: F401  (load order matters, see above)
+
+from .._engine import (  # noqa: E402
+    FINISH_REASONS,
+    STATUS_ABORTED,
+    STATUS_ERROR,
+    STATUS_LENGTH,
+    STATUS_RUNNING,
+    STATUS_STOPPED,
+    Engine,
+    SamplingParams,
+    Scheduler,
+    TextStream,
+)
+
+__all__ = ["Engine", "SamplingParams", "Scheduler", "TextStream", "FINISH_REASONS",
+           "STATUS_RUNNING", "STATUS_STOPPED", "STATUS_LENGTH", "STATUS_ABORTED", "STATUS_ERROR"]

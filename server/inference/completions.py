@@ -1,0 +1,94 @@
+"""POST /v1/completions."""
+from __future__ import annotations
+
+from ..engine.runner import EV_LOGPROBS, EV_TEXT
+from ..http import validate
+from ..http.errors import invalid
+from ..http.response import Response, StreamingResponse, json_response
+from . import generate, params, responses
+
+MAX_PROMPTS = 64
+
+
+def prompts_of(body: dict, engine) -> list[list[int]]:
+    """A string, a list of strings, a token array, or a list of token arrays."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                     for t in prompt):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise invalid("'prompt' must be a string, an array of strings, or token arrays", "prompt")
+    if len(prompt) > MAX_PROMPTS:
+        raise invalid(f"'prompt' may hold at most {MAX_PROMPTS} prompts", "prompt")
+    out = []
+    n_vocab = engine.n_vocab
+    for item in prompt:
+        if isinstance(item, str):
+            out.append(engine.tokenize(item, True, True))
+        elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) and
+                                            0 <= t < n_vocab for t in item):
+            out.append(list(item))
+        else:
+            raise invalid("'prompt' entries must be strings or arrays of token ids in the vocabulary",
+                          "prompt")
+    return out
+
+
+async def completions(node, request) -> Response | StreamingResponse:
+    body = request.json()
+    model = node.models.get(validate.string(body, "model", max_len=256), "chat")
+    gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=False)
+    echo = validate.boolean(body, "echo")
+    prompts = prompts_of(body, model.engine)
+    for prompt in prompts:
+        generate.check_fits(len(prompt), model.context_length)
+    stream = model.runner.generate(generate.jobs_for(prompts, gen, model.context_length), gen.stop)
+    head = responses.envelope("text_completion", responses.new_id("cmpl"), model.id)
+    n_choices = len(prompts) * gen.n
+    if gen.stream:
+        return StreamingResponse(_chunks(model.runner, stream, gen, head, n_choices),
+                                 b"text/event-stream")
+
+    choices = await generate.collect(model.runner, stream, n_choices)
+    for choice in choices:
+        if generate.failed(choice):
+            raise responses.engine_failure(choice.error)
+    prefixes = [_echo_text(model.engine, prompts[i // gen.n]) if echo else "" for i in range(n_choices)]
+    head["choices"] = [{
+        "text": prefixes[i] + c.joined(),
+        "index": i,
+        "logprobs": responses.completion_logprobs(c.logprobs, len(prefixes[i])) if gen.logprobs else None,
+        "finish_reason": c.finish_reason,
+    } for i, c in enumerate(choices)]
+    head["usage"] = responses.usage(choices, list(range(0, n_choices, gen.n)))
+    return json_response(head)
+
+
+def _echo_text(engine, prompt: list[int]) -> str:
+    return b"".join(engine.piece(t) for t in prompt).decode("utf-8", "replace")
+
+
+async def _chunks(runner, stream, gen: params.Generation, head: dict, n_choices: int):
+    usage_field = {"usage": None} if gen.include_usage else {}
+    choices = [responses.Choice() for _ in range(n_choices)]
+    try:
+        async for event in stream:
+            index = stream.choice[event[0]]
+            choice = choices[index]
+            choice.add(event)
+            if generate.failed(choice):
+                yield responses.sse(responses.engine_failure(choice.error).body())
+                return
+            entries = event[EV_LOGPROBS]
+            logprobs = responses.completion_logprobs(entries) if gen.logprobs and entries else None
+            yield responses.sse({**head, "choices": [{
+                "text": event[EV_TEXT].decode("utf-8", "replace"), "index": index,
+                "logprobs": logprobs, "finish_reason": choice.finish_reason}], **usage_field})
+        if gen.include_usage:
+            yield responses.sse({**head, "choices": [],
+                                 "usage": responses.usage(choices, list(range(0, n_choices, gen.n)))})
+        yield responses.SSE_DONE
+    finally:
+        runner.cancel(stream)

@@ -1,0 +1,49 @@
+"""What chat and completions share: turning prompts into engine jobs, collecting results,
+and the context-length rules."""
+from __future__ import annotations
+
+from ..engine.runner import EV_STATUS, Generation, finish_reason
+from ..http.errors import ApiError, ErrorKind, invalid
+from . import params as gen_params
+from .responses import Choice
+
+
+def check_fits(n_prompt: int, context_length: int, what: str = "prompt") -> None:
+    if n_prompt == 0:
+        raise invalid(f"the {what} is empty after tokenization")
+    if n_prompt >= context_length:
+        raise ApiError(ErrorKind.CONTEXT_LENGTH_EXCEEDED,
+                       f"this model's context is {context_length} tokens, but the {what} has "
+                       f"{n_prompt} tokens and at least one token must be left to generate",
+                       param="messages" if what == "messages" else "prompt")
+
+
+def jobs_for(prompts: list[list[int]], gen: gen_params.Generation, context_length: int) -> list:
+    """One job per choice: prompt p's j-th choice is job p * n + j. Generation stops at the
+    context's end (finish_reason "length") when max_tokens would pass it."""
+    jobs = []
+    for prompt in prompts:
+        room = context_length - len(prompt)
+        max_tokens = room if gen.max_tokens is None else min(gen.max_tokens, room)
+        for j in range(gen.n):
+            jobs.append((prompt, max_tokens, gen.sampling_for_choice(j)))
+    return jobs
+
+
+async def collect(runner, stream: Generation, n_choices: int) -> list[Choice]:
+    choices = [Choice() for _ in range(n_choices)]
+    try:
+        async for event in stream:
+            choices[stream.choice[event[0]]].add(event)
+    finally:
+        runner.cancel(stream)            # no-op when all finished; frees slots when cancelled
+    return choices
+
+
+def failed(choice: Choice) -> bool:
+    return choice.finish_reason in ("error", "abort")
+
+
+def status_reason(event) -> str | None:
+    return finish_reason(event[EV_STATUS])
+

@@ -1,0 +1,59 @@
+import select
+
+import pytest
+
+from server.engine import STATUS_RUNNING, Engine, SamplingParams
+from server.models import defaults
+
+
+class Driver:
+    """Runs engine requests to completion by watching its eventfd, as the event loop does."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.next_id = 1
+
+    def submit(self, prompt, max_tokens=32, stop=(), **sampling) -> int:
+        params = SamplingParams()
+        params.temperature = 0.0
+        for name, value in sampling.items():
+            setattr(params, name, value)
+        rid = self.next_id
+        self.next_id += 1
+        assert self.engine.submit(rid, list(prompt), max_tokens, list(stop), params)
+        return rid
+
+    def wait(self, ids, timeout=120.0, on_event=None) -> dict:
+        results = {rid: {"text": b"", "events": [], "status": None} for rid in ids}
+        pending = set(ids)
+        while pending:
+            ready, _, _ = select.select([self.engine.fileno()], [], [], timeout)
+            assert ready, f"no events for {pending}"
+            for event in self.engine.take_events():
+                if event[0] not in results:
+                    continue
+                result = results[event[0]]
+                result["text"] += event[1]
+                result["events"].append(event)
+                if on_event:
+                    on_event(event)
+                if event[3] != STATUS_RUNNING:
+                    result["status"] = event[3]
+                    pending.discard(event[0])
+        return results
+
+
+@pytest.fixture(scope="session")
+def chat_engine():
+    engine = Engine(defaults.smollm2_path(), n_slots=16, n_ctx_seq=512, n_batch=256)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def driver(chat_engine):
+    return Driver(chat_engine)
+
+
+def chat_prompt(engine, text: str) -> list[int]:
+    return engine.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n", False, True)

@@ -1,0 +1,179 @@
+"""The continuous-batching policy with a fake decoder: no model, hand-built outcomes."""
+import pytest
+
+from server.engine import STATUS_ABORTED, STATUS_LENGTH, STATUS_RUNNING, STATUS_STOPPED, Scheduler
+
+ITEM_ID, ITEM_SLOT, ITEM_POS, ITEM_N, ITEM_PROMPT, ITEM_LOGITS = range(6)
+
+
+class FakeDecoder:
+    """Runs plans: every item that wants logits 'samples' token 1000 + its position,
+    or STOPPED once a request has produced `stop_after` tokens."""
+
+    def __init__(self, sched: Scheduler, stop_after: dict | None = None):
+        self.sched = sched
+        self.stop_after = stop_after or {}
+        self.produced: dict[int, list[int]] = {}
+        self.finished: dict[int, int] = {}
+
+    def step(self):
+        plan = self.sched.schedule()
+        outcomes = []
+        for item in plan["items"]:
+            if not item[ITEM_LOGITS]:
+                continue
+            rid = item[ITEM_ID]
+            token = 1000 + item[ITEM_POS] + item[ITEM_N] - 1
+            got = self.produced.setdefault(rid, [])
+            got.append(token)
+            status = STATUS_STOPPED if len(got) == self.stop_after.get(rid, -1) else STATUS_RUNNING
+            outcomes.append((rid, token, status))
+        for rid in self.sched.apply(outcomes):
+            self.finished[rid] = self.sched.request(rid)["status"]
+            self.sched.release(rid)
+        for rid in plan["released"]:
+            self.finished[rid] = STATUS_ABORTED
+            self.sched.release(rid)
+        return plan
+
+    def run(self, max_steps=1000):
+        plans = []
+        for _ in range(max_steps):
+            plan = self.step()
+            if not plan["items"] and self.sched.n_waiting == 0 and self.sched.n_running == 0:
+                break
+            plans.append(plan)
+        return plans
+
+
+def test_admits_up_to_the_slot_count_and_queues_the_rest():
+    sched = Scheduler(n_slots=2, n_batch=64, n_ctx_seq=128)
+    for rid in range(3):
+        assert sched.enqueue(rid, [1, 2, 3], 4)
+    plan = sched.schedule()
+    assert [a[0] for a in plan["admissions"]] == [0, 1]
+    assert sched.n_waiting == 1 and sched.n_running == 2
+
+
+def test_queue_bound_refuses_beyond_it():
+    sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=128, n_max_waiting=2)
+    assert sched.enqueue(1, [1], 4) and sched.enqueue(2, [1], 4)
+    assert not sched.enqueue(3, [1], 4)
+
+
+def test_empty_prompt_is_refused():
+    assert not Scheduler(n_slots=1, n_batch=8, n_ctx_seq=8).enqueue(1, [], 4)
+
+
+def test_running_streams_get_a_token_every_step_while_a_long_prompt_is_chunked():
+    sched = Scheduler(n_slots=4, n_batch=16, n_ctx_seq=1024)
+    decoder = FakeDecoder(sched)
+    sched.enqueue(1, [5, 6], 100)
+    decoder.step()                                     # prefill of request 1, first token
+    sched.enqueue(2, list(range(100)), 4)              # a long prompt arrives
+    for _ in range(7):
+        plan = decoder.step()
+        assert any(i[ITEM_ID] == 1 and not i[ITEM_PROMPT] for i in plan["items"])
+        assert plan["n_tokens"] <= 16
+    chunks = [i for p in [sched.schedule()] for i in p["items"] if i[ITEM_ID] == 2]
+    assert chunks                                      # still prefilling in bounded chunks
+
+
+def test_prefill_chunks_cover_the_prompt_exactly_once():
+    sched = Scheduler(n_slots=1, n_batch=10, n_ctx_seq=1024)
+    decoder = FakeDecoder(sched)
+    prompt = list(range(37))
+    sched.enqueue(7, prompt, 3)
+    plans = decoder.run()
+    positions = [(i[ITEM_POS], i[ITEM_N]) for p in plans for i in p["items"] if i[ITEM_PROMPT]]
+    covered = [pos for start, n in positions for pos in range(start, start + n)]
+    assert covered == list(range(37))
+    assert all(n <= 10 for _, n in positions)
+    assert decoder.finished[7] == STATUS_LENGTH and len(decoder.produced[7]) == 3
+
+
+def test_max_tokens_and_stop_finish_requests():
+    sched = Scheduler(n_slots=2, n_batch=64, n_ctx_seq=128)
+    decoder = FakeDecoder(sched, stop_after={2: 2})
+    sched.enqueue(1, [1, 2], 5)
+    sched.enqueue(2, [1, 2], 5)
+    decoder.run()
+    assert decoder.finished == {1: STATUS_LENGTH, 2: STATUS_STOPPED}
+    assert len(decoder.produced[1]) == 5 and len(decoder.produced[2]) == 2
+
+
+def test_context_end_finishes_with_length():
+    sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=10)
+    decoder = FakeDecoder(sched)
+    sched.enqueue(1, list(range(8)), 100)
+    decoder.run()
+    assert decoder.finished[1] == STATUS_LENGTH
+    assert len(decoder.produced[1]) == 2               # 8 prompt + 2 generated = the context
+
+
+def test_prefix_reuse_picks_the_slot_with_the_longest_common_prefix():
+    sched = Scheduler(n_slots=2, n_batch=64, n_ctx_seq=256)
+    decoder = FakeDecoder(sched)
+    system = list(range(50))
+    sched.enqueue(1, system + [900, 901], 2)
+    sched.enqueue(2, [7, 7, 7], 2)
+    decoder.run()
+    sched.enqueue(3, system + [902], 2)
+    plan = sched.schedule()
+    [(rid, slot, n_keep)] = plan["admissions"]
+    assert rid == 3 and n_keep == 50
+    assert sched.slot_cache(slot)[:50] == system
+    prompt_items = [i for i in plan["items"] if i[ITEM_PROMPT]]
+    assert prompt_items[0][ITEM_POS] == 50 and prompt_items[0][ITEM_N] == 1
+
+
+def test_identical_prompt_still_decodes_its_last_token():
+    sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=256)
+    decoder = FakeDecoder(sched)
+    sched.enqueue(1, [1, 2, 3, 4], 1)
+    decoder.run()
+    sched.enqueue(2, [1, 2, 3, 4], 1)
+    plan = sched.schedule()
+    assert plan["admissions"][0][2] == 3               # n_keep stops one short of the prompt
+    assert [(i[ITEM_POS], i[ITEM_N]) for i in plan["items"]] == [(3, 1)]
+
+
+def test_cancel_while_running_frees_the_slot_within_one_step():
+    sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=256)
+    decoder = FakeDecoder(sched)
+    sched.enqueue(1, [1, 2], 1000)
+    sched.enqueue(2, [3, 4], 2)
+    decoder.step()
+    decoder.step()
+    assert sched.cancel(1)
+    plan = decoder.step()
+    assert 1 in plan["released"] and decoder.finished[1] == STATUS_ABORTED
+    assert [a[0] for a in plan["admissions"]] == [2]   # the freed slot is reused in the same step
+
+
+def test_cancel_while_waiting():
+    sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=256)
+    decoder = FakeDecoder(sched)
+    sched.enqueue(1, [1], 100)
+    sched.enqueue(2, [2], 100)
+    decoder.step()
+    sched.cancel(2)
+    plan = decoder.step()
+    assert plan["released"] == [2] and sched.n_waiting == 0
+
+
+def test_cancel_unknown_or_finished_is_false():
+    sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=256)
+    assert not sched.cancel(42)
+
+
+@pytest.mark.parametrize("n_slots", [1, 3, 8])
+def test_every_request_finishes_and_slots_are_all_free(n_slots):
+    sched = Scheduler(n_slots=n_slots, n_batch=32, n_ctx_seq=512)
+    decoder = FakeDecoder(sched)
+    for rid in range(20):
+        sched.enqueue(rid, list(range(rid % 7 + 1)), rid % 5 + 1)
+    decoder.run()
+    assert sorted(decoder.finished) == list(range(20))
+    assert all(len(decoder.produced[r]) == r % 5 + 1 for r in range(20))
+    assert sched.n_running == 0 and sched.n_waiting == 0
