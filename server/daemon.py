@@ -78,10 +78,10 @@ async def serve(settings: config.Settings) -> int:
         return 1
 
     print(f"stackd: node {node.identity.node_id} data dir {settings.data_dir}", flush=True)
-    print(f"stackd: inference listening on http://{_url_host(host)}:{inference_port}", flush=True)
-    print(f"stackd: cluster listening on http://{_url_host(host)}:{cluster_port}", flush=True)
     if admin_key_path is not None:
         print(f"stackd: first start: admin API key written to {admin_key_path}", flush=True)
+    print(f"stackd: inference listening on http://{_url_host(host)}:{inference_port}", flush=True)
+    print(f"stackd: cluster listening on http://{_url_host(host)}:{cluster_port}", flush=True)
 
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

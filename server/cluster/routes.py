@@ -71,9 +71,34 @@ def power_contract(node, request) -> Response:
                    "multi-node cluster support")
 
 
+ENGINE_COUNTERS = {
+    "n_steps": "Decode steps run.",
+    "n_tokens_decoded": "Tokens decoded (prompt and generated).",
+    "n_tokens_sampled": "Tokens sampled.",
+    "t_schedule_us": "Microseconds spent scheduling.",
+    "t_batch_us": "Microseconds spent building batches.",
+    "t_decode_us": "Microseconds spent in llama_decode.",
+    "t_sample_us": "Microseconds spent sampling and detokenizing.",
+    "t_emit_us": "Microseconds spent emitting events.",
+}
+
+
+def _engine_metrics(node) -> bytes:
+    if node.models is None or not node.models.loaded:
+        return b""
+    stats = {model_id: m.engine.stats() for model_id, m in node.models.loaded.items()}
+    out = []
+    for name, help_text in ENGINE_COUNTERS.items():
+        out += [f"# HELP stackd_engine_{name}_total {help_text}",
+                f"# TYPE stackd_engine_{name}_total counter"]
+        out += [f'stackd_engine_{name}_total{{model="{m}"}} {s[name]}' for m, s in stats.items()]
+    return ("\n".join(out) + "\n").encode()
+
+
 def metrics(node, request) -> Response:
     gauges = {"stackd_uptime_seconds": ("Seconds since the daemon started.", node.uptime_seconds())}
-    return Response(200, node.metrics.render(gauges), b"text/plain; version=0.0.4; charset=utf-8")
+    return Response(200, node.metrics.render(gauges) + _engine_metrics(node),
+                    b"text/plain; version=0.0.4; charset=utf-8")
 
 
 ROUTES = {
