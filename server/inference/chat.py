@@ -1,9 +1,11 @@
 """POST /v1/chat/completions."""
 from __future__ import annotations
 
+import contextlib
+
 from ..engine.runner import EV_LOGPROBS, EV_TEXT
 from ..http import validate
-from ..http.errors import invalid
+from ..http.errors import ApiError, invalid
 from ..http.response import Response, StreamingResponse, json_response
 from . import generate, params, responses, templates
 
@@ -68,9 +70,6 @@ async def chat_completions(node, request) -> Response | StreamingResponse:
         return StreamingResponse(_chunks(model.runner, stream, gen, head), b"text/event-stream")
 
     choices = await generate.collect(model.runner, stream, gen.n)
-    for choice in choices:
-        if generate.failed(choice):
-            raise responses.engine_failure(choice.error)
     head["choices"] = [{
         "index": i,
         "message": {"role": "assistant", "content": c.joined()},
@@ -94,22 +93,17 @@ async def _chunks(runner, stream, gen: params.Generation, head: dict):
     try:
         for i in range(gen.n):
             yield chunk(i, {"role": "assistant", "content": ""})
-        async for event in stream:
-            index = stream.choice[event[0]]
-            choice = choices[index]
-            choice.add(event)
-            if generate.failed(choice):
-                yield responses.sse(responses.engine_failure(choice.error).body())
-                return
-            text = event[EV_TEXT]
-            entries = event[EV_LOGPROBS]
-            if text or entries:
-                logprobs = responses.chat_logprobs(entries) if gen.logprobs and entries else None
-                yield chunk(index, {"content": text.decode("utf-8", "replace")}, None, logprobs)
-            if choice.finish_reason is not None:
-                yield chunk(index, {}, choice.finish_reason)
+        async with contextlib.aclosing(generate.follow(runner, stream, choices)) as events:
+            async for index, choice, event in events:
+                text = event[EV_TEXT]
+                entries = event[EV_LOGPROBS]
+                if text or entries:
+                    logprobs = responses.chat_logprobs(entries) if gen.logprobs and entries else None
+                    yield chunk(index, {"content": text.decode("utf-8", "replace")}, None, logprobs)
+                if choice.finish_reason is not None:
+                    yield chunk(index, {}, choice.finish_reason)
         if gen.include_usage:
             yield responses.sse({**head, "choices": [], "usage": responses.usage(choices, [0])})
         yield responses.SSE_DONE
-    finally:
-        runner.cancel(stream)
+    except ApiError as exc:              # the head is sent: report in the stream, then end it
+        yield responses.sse(exc.body())

@@ -1,9 +1,11 @@
 """POST /v1/completions."""
 from __future__ import annotations
 
+import contextlib
+
 from ..engine.runner import EV_LOGPROBS, EV_TEXT
 from ..http import validate
-from ..http.errors import invalid
+from ..http.errors import ApiError, invalid
 from ..http.response import Response, StreamingResponse, json_response
 from . import generate, params, responses
 
@@ -52,9 +54,6 @@ async def completions(node, request) -> Response | StreamingResponse:
                                  b"text/event-stream")
 
     choices = await generate.collect(model.runner, stream, n_choices)
-    for choice in choices:
-        if generate.failed(choice):
-            raise responses.engine_failure(choice.error)
     prefixes = [_echo_text(model.engine, prompts[i // gen.n]) if echo else "" for i in range(n_choices)]
     head["choices"] = [{
         "text": prefixes[i] + c.joined(),
@@ -74,21 +73,16 @@ async def _chunks(runner, stream, gen: params.Generation, head: dict, n_choices:
     usage_field = {"usage": None} if gen.include_usage else {}
     choices = [responses.Choice() for _ in range(n_choices)]
     try:
-        async for event in stream:
-            index = stream.choice[event[0]]
-            choice = choices[index]
-            choice.add(event)
-            if generate.failed(choice):
-                yield responses.sse(responses.engine_failure(choice.error).body())
-                return
-            entries = event[EV_LOGPROBS]
-            logprobs = responses.completion_logprobs(entries) if gen.logprobs and entries else None
-            yield responses.sse({**head, "choices": [{
-                "text": event[EV_TEXT].decode("utf-8", "replace"), "index": index,
-                "logprobs": logprobs, "finish_reason": choice.finish_reason}], **usage_field})
+        async with contextlib.aclosing(generate.follow(runner, stream, choices)) as events:
+            async for index, choice, event in events:
+                entries = event[EV_LOGPROBS]
+                logprobs = responses.completion_logprobs(entries) if gen.logprobs and entries else None
+                yield responses.sse({**head, "choices": [{
+                    "text": event[EV_TEXT].decode("utf-8", "replace"), "index": index,
+                    "logprobs": logprobs, "finish_reason": choice.finish_reason}], **usage_field})
         if gen.include_usage:
             yield responses.sse({**head, "choices": [],
                                  "usage": responses.usage(choices, list(range(0, n_choices, gen.n)))})
         yield responses.SSE_DONE
-    finally:
-        runner.cancel(stream)
+    except ApiError as exc:              # the head is sent: report in the stream, then end it
+        yield responses.sse(exc.body())

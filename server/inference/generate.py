@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..engine.runner import EV_STATUS, Generation, finish_reason
 from ..http.errors import ApiError, ErrorKind, invalid
 from . import params as gen_params
-from .responses import Choice
+from .responses import Choice, engine_failure
 
 
 def check_fits(n_prompt: int, context_length: int, what: str = "prompt") -> None:
@@ -30,13 +30,26 @@ def jobs_for(prompts: list[list[int]], gen: gen_params.Generation, context_lengt
     return jobs
 
 
-async def collect(runner, stream: Generation, n_choices: int) -> list[Choice]:
-    choices = [Choice() for _ in range(n_choices)]
+async def follow(runner, stream: Generation, choices: list[Choice]):
+    """Yield (index, choice, event) as events arrive, recording each into its choice. Raises
+    ApiError if the engine fails a request. Whatever ends the consumer (the last event, an
+    error, a client that went away) frees the request's slots."""
     try:
         async for event in stream:
-            choices[stream.choice[event[0]]].add(event)
+            index = stream.choice[event[0]]
+            choice = choices[index]
+            choice.add(event)
+            if failed(choice):
+                raise engine_failure(choice.error)
+            yield index, choice, event
     finally:
-        runner.cancel(stream)            # no-op when all finished; frees slots when cancelled
+        runner.cancel(stream)            # no-op once every choice has finished
+
+
+async def collect(runner, stream: Generation, n_choices: int) -> list[Choice]:
+    choices = [Choice() for _ in range(n_choices)]
+    async for _ in follow(runner, stream, choices):
+        pass
     return choices
 
 
