@@ -113,7 +113,10 @@ def start_llama_cpp_python(python: str, context: int, threads: int) -> Server:
     return Server("llama-cpp-python", [python, "-m", "llama_cpp.server", "--model",
                                        defaults.smollm2_path(), "--host", "127.0.0.1", "--port",
                                        str(port), "--n_ctx", str(context), "--n_threads", str(threads),
-                                       "--n_threads_batch", str(threads)],
+                                       "--n_threads_batch", str(threads),
+                                       # by default a new request cuts off the one streaming;
+                                       # queue them instead, so every client gets its tokens
+                                       "--interrupt_requests", "False"],
                   port, "smollm2")
 
 
