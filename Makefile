@@ -37,6 +37,7 @@ $(VENV)/.native: $(VENV)/.llama $(NATIVE_INPUTS)
 	touch $@
 
 $(MINILM): $(VENV)/.deps server/models/minilm_gguf.py
+	mkdir -p $(dir $@)
 	$(PY) -m server.models.minilm_gguf $@
 
 run: setup
