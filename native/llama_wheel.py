@@ -75,8 +75,10 @@ def build(args: list[str], out_dir: str) -> None:
     env = {**os.environ, "CMAKE_ARGS": " ".join(args),
            "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
     with tempfile.TemporaryDirectory(prefix="llama-wheel-") as tmp:
+        # --no-cache-dir: pip's wheel cache is keyed by the sdist alone, not CMAKE_ARGS, and
+        # would hand back a wheel built with other flags.
         subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-binary",
-                        "llama-cpp-python", "--disable-pip-version-check", "-w", tmp,
+                        "llama-cpp-python", "--no-cache-dir", "--disable-pip-version-check", "-w", tmp,
                         f"llama-cpp-python=={VERSION}"], check=True, env=env,
                        stdout=sys.stderr)      # stdout carries only the wheel's path
         for path in glob.glob(os.path.join(tmp, "*.whl")):
