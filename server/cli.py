@@ -37,11 +37,24 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = key_commands.add_parser("revoke", help="revoke a key by name or id")
     _common(revoke)
     revoke.add_argument("key", help="name or id of the key")
+
+    models = commands.add_parser("models", help="manage the model store")
+    model_commands = models.add_subparsers(dest="model_command", required=True)
+    listing = model_commands.add_parser("list", help="list the models in the store")
+    _common(listing)
+    remove = model_commands.add_parser("rm", help="remove a model from the store")
+    _common(remove)
+    remove.add_argument("model")
+    pull = model_commands.add_parser("pull", help="download a model from the registry")
+    _common(pull)
+    pull.add_argument("model", help="name[:tag] or namespace/name[:tag]")
+    pull.add_argument("--registry", help="registry base URL (default: models.registry)")
     return parser
 
 
 def _settings(args) -> config.Settings:
-    flags = {"data_dir": args.data_dir, "config": args.config}
+    flags = {"data_dir": args.data_dir, "config": args.config,
+             "models.registry": getattr(args, "registry", None)}
     for name in ("host", "inference_port", "cluster_port", "log_level"):
         flags[name] = getattr(args, name, None)
     return config.load(flags)
@@ -57,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from .daemon import run
         return run(settings)
+    if args.command == "models":
+        from .models.cli import main as models_main
+        return models_main(args, settings)
     return _keys(args, settings)
 
 

@@ -49,6 +49,14 @@ DEFAULTS: dict = {
     },
     "models": {
         "preload": ["smollm2-135m-instruct", "all-minilm-l6-v2"],
+        "autoload": True,         # an inference request loads a stored model when it fits
+        "memory_reserve_mb": 512, # memory a load must leave free
+        "registry": "",           # base URL of the OCI model registry pulls come from
+        "registry_username": "",
+        "registry_password": "",
+        "max_pull_gb": 64,        # a declared blob larger than this is refused before downloading
+        "disk_reserve_mb": 1024,  # disk a pull must leave free
+        "pull_stall_timeout": 30.0,
     },
 }
 

@@ -65,6 +65,7 @@ async def serve(settings: config.Settings) -> int:
 
     try:
         node.models = await load_models(loop, settings)
+        node.pulls = pull_service(node.models.store, settings)
     except Exception as exc:        # a model that will not load is fatal at start, and said plainly
         print(f"stackd: cannot load the models: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -96,18 +97,34 @@ async def serve(settings: config.Settings) -> int:
 
 
 async def load_models(loop, settings: config.Settings):
-    from .models.registry import EngineSettings, ModelRegistry
+    from .models.defaults import import_defaults
+    from .models.manager import MIB, EngineSettings, ModelManager
+    from .models.store import ModelStore
 
+    store = ModelStore(settings.data_dir)
+    await loop.run_in_executor(None, import_defaults, store)
     engine = settings["engine"]
-    registry = ModelRegistry(loop, EngineSettings(
+    manager = ModelManager(loop, store, EngineSettings(
         n_slots=engine["slots"], context_length=engine["context_length"], n_batch=engine["batch"],
         n_threads=engine["threads"], max_queue=engine["max_queue"],
-        flash_attn={"auto": -1, "off": 0, "on": 1}[engine["flash_attn"]]))
+        flash_attn={"auto": -1, "off": 0, "on": 1}[engine["flash_attn"]]),
+        memory_reserve=settings["models.memory_reserve_mb"] * MIB,
+        autoload=settings["models.autoload"])
     for model_id in settings["models.preload"]:
-        model = await registry.load_default(model_id)
+        model = await manager.load(model_id)
         print(f"stackd: loaded {model.kind} model {model.id} "
               f"(context {model.context_length}, {model.engine.n_slots} slots)", flush=True)
-    return registry
+    return manager
+
+
+def pull_service(store, settings: config.Settings):
+    from .models.pulling import GIB, PullService, RegistrySettings
+
+    m = settings["models"]
+    return PullService(store, RegistrySettings(
+        url=m["registry"], username=m["registry_username"] or None,
+        password=m["registry_password"] or None, max_bytes=m["max_pull_gb"] * GIB,
+        disk_reserve=m["disk_reserve_mb"] << 20, stall_timeout=m["pull_stall_timeout"]))
 
 
 def _url_host(host: str) -> str:

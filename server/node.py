@@ -21,7 +21,8 @@ class Node:
     metrics: Metrics
     thermometer: Thermometer = field(default_factory=Thermometer)
     started: float = field(default_factory=time.monotonic)
-    models: object = None                 # models.registry.ModelRegistry, once the loop runs
+    models: object = None                 # models.manager.ModelManager, once the loop runs
+    pulls: object = None                  # models.pulling.PullService
     health_cache: tuple | None = None
 
     @property

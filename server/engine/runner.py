@@ -11,7 +11,7 @@ import collections
 import itertools
 
 from ..http.errors import ApiError, ErrorKind
-from . import FINISH_REASONS, STATUS_RUNNING, Engine, SamplingParams
+from . import FINISH_REASONS, STATUS_ERROR, STATUS_RUNNING, Engine, SamplingParams
 
 # Event tuple fields (see server/_engine.pyi)
 EV_ID, EV_TEXT, EV_TOKENS, EV_STATUS, EV_PROMPT, EV_CACHED, EV_GENERATED, EV_LOGPROBS, EV_EMBEDDING, EV_ERROR = range(10)
@@ -115,8 +115,16 @@ class ModelRunner:
                 del streams[event[EV_ID]]
             stream.push(event)
 
-    def close(self) -> None:
+    def end_all(self, reason: str) -> None:
+        """Finish every open request with an error event (on the loop thread), and stop
+        listening to the engine: used when the model is unloaded under its requests."""
         self.loop.remove_reader(self.engine.fileno())
+        streams, self._streams = self._streams, {}
+        for id_request, stream in streams.items():
+            stream.push((id_request, b"", 0, STATUS_ERROR, 0, 0, 0, None, None, reason))
+
+    def close_engine(self) -> None:
+        """Join the engine's thread and free the model (blocking: call from a worker thread)."""
         self.engine.close()
 
 

@@ -27,6 +27,7 @@ class ErrorKind(enum.Enum):
     HEADERS_TOO_LARGE        = (431, "invalid_request_error")
     INTERNAL                 = (500, "api_error")
     NOT_IMPLEMENTED          = (501, "not_implemented_error")
+    INSUFFICIENT_MEMORY      = (507, "insufficient_memory_error")
     UNAVAILABLE              = (503, "service_unavailable_error")
 
     @property

@@ -59,7 +59,7 @@ def messages_of(body: dict) -> list[dict]:
 
 async def chat_completions(node, request) -> Response | StreamingResponse:
     body = request.json()
-    model = node.models.get(validate.string(body, "model", max_len=256), "chat")
+    model = await node.models.get(validate.string(body, "model", max_len=256), "chat")
     gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=True)
     prompt_text = templates.render(model.formatter, messages_of(body))
     prompt = model.engine.tokenize(prompt_text, False, True)

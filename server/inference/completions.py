@@ -40,7 +40,7 @@ def prompts_of(body: dict, engine) -> list[list[int]]:
 
 async def completions(node, request) -> Response | StreamingResponse:
     body = request.json()
-    model = node.models.get(validate.string(body, "model", max_len=256), "chat")
+    model = await node.models.get(validate.string(body, "model", max_len=256), "chat")
     gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=False)
     echo = validate.boolean(body, "echo")
     prompts = prompts_of(body, model.engine)

@@ -54,7 +54,7 @@ def inputs_of(body: dict, model) -> list[list[int]]:
 
 async def embeddings(node, request) -> Response:
     body = request.json()
-    model = node.models.get(validate.string(body, "model", max_len=256), "embedding")
+    model = await node.models.get(validate.string(body, "model", max_len=256), "embedding")
     encoding = validate.string(body, "encoding_format", required=False, default="float", max_len=16)
     if encoding not in ("float", "base64"):
         raise invalid("'encoding_format' must be 'float' or 'base64'", "encoding_format")

@@ -49,7 +49,13 @@ class Choice:
         return b"".join(self.text).decode("utf-8", "replace")
 
 
+UNLOADED_MARKERS = ("unloaded", "shutting down")
+
+
 def engine_failure(message: str | None) -> ApiError:
+    if message and any(marker in message for marker in UNLOADED_MARKERS):
+        return ApiError(ErrorKind.UNAVAILABLE, f"the request was ended: {message}",
+                        headers=((b"retry-after", b"1"),))
     return ApiError(ErrorKind.INTERNAL, f"generation failed: {message or 'engine error'}")
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from ..auth import permissions as perm
-from ..http.errors import ApiError, ErrorKind
 from ..http.response import Response, json_response
 from ..http.routing import Endpoint
 from .chat import chat_completions
@@ -12,22 +11,13 @@ from .embeddings import embeddings
 INFERENCE = "inference"
 
 
-def _describe(model) -> dict:
-    return {"id": model.id, "object": "model", "created": model.created, "owned_by": "stackd",
-            "kind": model.kind, "state": model.state, "context_length": model.context_length}
-
-
 def list_models(node, request) -> Response:
-    return json_response({"object": "list",
-                          "data": [_describe(m) for m in node.models.loaded.values()]})
+    """Every model in the store, with its kind and state (available, loading, loaded, ...)."""
+    return json_response({"object": "list", "data": node.models.listing()})
 
 
 def get_model(node, request) -> Response:
-    model = node.models.loaded.get(request.params["id"])
-    if model is None:
-        raise ApiError(ErrorKind.MODEL_NOT_FOUND, f"the model '{request.params['id']}' does not exist",
-                       param="model")
-    return json_response(_describe(model))
+    return json_response(node.models.describe(node.models.manifest(request.params["id"])))
 
 
 ROUTES = {

@@ -43,6 +43,12 @@ def minilm_path() -> str:
 
 
 DEFAULTS = {
-    CHAT_MODEL: ("chat", smollm2_path),
-    EMBEDDING_MODEL: ("embedding", minilm_path),
+    CHAT_MODEL: smollm2_path,
+    EMBEDDING_MODEL: minilm_path,
 }
+
+
+def import_defaults(store) -> None:
+    """Put the default models into the store (once: later starts find their manifests)."""
+    for model_id, locate in DEFAULTS.items():
+        store.import_file(model_id, locate(), source="default")

@@ -8,6 +8,7 @@ def start_daemon(tmp_path):
     started = []
 
     def start(config: str = "", data_dir=None, **kwargs) -> Daemon:
+        # kwargs: env=..., models=True to let the daemon load models
         daemon = Daemon(str(data_dir or tmp_path / "data"), config, **kwargs)
         started.append(daemon)
         return daemon

@@ -1,0 +1,237 @@
+"""Which models are in memory, and the load / unload transitions.
+
+States: available (in the store only), loading, loaded, unloading, failed. Loads and
+unloads of one model are serialized; loading estimates weights + KV cache + buffers
+first and refuses, changing nothing, when that does not fit the memory available minus
+a reserve. Unloading ends the model's in-flight requests cleanly: each gets a final
+"the model was unloaded" error (503 for a waiting response, an error event for a stream),
+then the engine is closed and its memory freed.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from ..cluster import readings
+from ..engine import Engine
+from ..engine.runner import ModelRunner
+from ..http.errors import ApiError, ErrorKind, invalid
+from .store import Manifest, ModelStore, valid_model_id
+
+MIB = 1 << 20
+MIN_CONTEXT = 32
+BUFFER_OVERHEAD = 192 * MIB     # compute graph, output logits and scratch, beyond weights and KV
+
+
+@dataclass
+class EngineSettings:
+    n_slots: int = 16
+    context_length: int = 2048
+    n_batch: int = 512
+    n_threads: int = 0
+    max_queue: int = 256
+    flash_attn: int = -1
+
+
+@dataclass
+class LoadedModel:
+    manifest: Manifest
+    runner: ModelRunner
+    context_length: int
+    created: int
+    formatter: object = None  # chat models: the sandboxed Jinja chat template
+    max_input: int = 0        # embeddings: tokens one input may have
+
+    @property
+    def id(self) -> str:
+        return self.manifest.id
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.kind
+
+    @property
+    def engine(self) -> Engine:
+        return self.runner.engine
+
+    state = "loaded"
+
+
+def kv_bytes_per_token(m: Manifest) -> int:
+    """K and V, f16, for every layer: 2 * n_layer * n_embd_kv * 2 bytes."""
+    if not (m.n_layer and m.n_embd):
+        return 0
+    n_embd_kv = m.n_embd * (m.n_head_kv or m.n_head or 1) // (m.n_head or 1)
+    return 2 * m.n_layer * n_embd_kv * 2
+
+
+@dataclass
+class ModelManager:
+    loop: asyncio.AbstractEventLoop
+    store: ModelStore
+    settings: EngineSettings = field(default_factory=EngineSettings)
+    memory_reserve: int = 512 * MIB
+    autoload: bool = True
+    loaded: dict[str, LoadedModel] = field(default_factory=dict)
+    transitions: dict[str, str] = field(default_factory=dict)   # id -> loading / unloading / failed
+    errors: dict[str, str] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)               # load order: "most recent chat model"
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    # ---- what is there -------------------------------------------------------------------------
+
+    def state(self, model_id: str) -> str:
+        if model_id in self.transitions:
+            return self.transitions[model_id]
+        return "loaded" if model_id in self.loaded else "available"
+
+    def manifest(self, model_id: str) -> Manifest:
+        if not valid_model_id(model_id):
+            raise invalid("'model' is not a valid model id", "model")
+        manifest = self.store.get(model_id)
+        if manifest is None:
+            raise ApiError(ErrorKind.MODEL_NOT_FOUND, f"the model '{model_id}' is not in the store; "
+                           "GET /v1/models lists the models", param="model")
+        return manifest
+
+    def describe(self, manifest: Manifest) -> dict:
+        model = self.loaded.get(manifest.id)
+        out = {"id": manifest.id, "object": "model", "created": manifest.created, "owned_by": "stackd",
+               "kind": manifest.kind, "state": self.state(manifest.id),
+               "context_length": model.context_length if model else None,
+               "trained_context_length": manifest.context_length,
+               "architecture": manifest.architecture, "quantization": manifest.quantization,
+               "parameter_count": manifest.parameter_count, "size": manifest.size,
+               "sha256": manifest.sha256, "file": manifest.file, "source": manifest.source}
+        if manifest.id in self.errors:
+            out["error"] = self.errors[manifest.id]
+        return out
+
+    def listing(self) -> list[dict]:
+        return [self.describe(m) for m in self.store.list()]
+
+    def active_chat_model(self) -> str | None:
+        chat = [m for m in self.order if m in self.loaded and self.loaded[m].kind == "chat"]
+        return chat[-1] if chat else None
+
+    # ---- use -----------------------------------------------------------------------------------
+
+    async def get(self, model_id: str, kind: str) -> LoadedModel:
+        model = self.loaded.get(model_id)
+        if model is None or self.state(model_id) == "unloading":
+            manifest = self.manifest(model_id)
+            if not self.autoload or self.state(model_id) == "unloading":
+                raise ApiError(ErrorKind.UNAVAILABLE, f"the model '{model_id}' is not loaded; "
+                               "POST /v1/models/load loads it", headers=((b"retry-after", b"1"),))
+            self._check_kind(manifest, kind)
+            model = await self.load(model_id)
+        self._check_kind(model.manifest, kind)
+        return model
+
+    @staticmethod
+    def _check_kind(manifest: Manifest, kind: str) -> None:
+        if manifest.kind != kind:
+            raise ApiError(ErrorKind.INVALID_REQUEST, f"the model '{manifest.id}' is a "
+                           f"{manifest.kind} model, not a {kind} model", param="model")
+
+    # ---- transitions ---------------------------------------------------------------------------
+
+    def _lock(self, model_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(model_id, asyncio.Lock())
+
+    def context_for(self, manifest: Manifest, requested: int | None) -> int:
+        trained = manifest.context_length or self.settings.context_length
+        if requested is None:
+            return max(MIN_CONTEXT, min(self.settings.context_length, trained))
+        if requested < MIN_CONTEXT or requested > trained:
+            raise invalid(f"'options.context_length' must be from {MIN_CONTEXT} to the model's trained "
+                          f"context, {trained}; got {requested}", "options.context_length")
+        return requested
+
+    def estimate(self, manifest: Manifest, context_length: int) -> dict[str, int]:
+        slots = self.settings.n_slots if manifest.kind == "chat" else 0
+        return {"weights": manifest.size,
+                "kv_cache": slots * context_length * kv_bytes_per_token(manifest),
+                "buffers": BUFFER_OVERHEAD}
+
+    def admit(self, manifest: Manifest, context_length: int) -> None:
+        parts = self.estimate(manifest, context_length)
+        needed = sum(parts.values())
+        free = readings.meminfo()["MemAvailable"] - self.memory_reserve
+        if needed > free:
+            raise ApiError(ErrorKind.INSUFFICIENT_MEMORY,
+                           f"loading '{manifest.id}' with a context of {context_length} needs about "
+                           f"{needed // MIB} MiB (weights {parts['weights'] // MIB}, KV cache "
+                           f"{parts['kv_cache'] // MIB}, buffers {parts['buffers'] // MIB}) but only "
+                           f"{max(free, 0) // MIB} MiB are free after a reserve of "
+                           f"{self.memory_reserve // MIB} MiB; nothing was changed")
+
+    async def load(self, model_id: str, context_length: int | None = None) -> LoadedModel:
+        manifest = self.manifest(model_id)
+        context = self.context_for(manifest, context_length)
+        async with self._lock(model_id):
+            current = self.loaded.get(model_id)
+            if current is not None:
+                if context_length is None or current.context_length == context:
+                    return current                       # same options: nothing to do
+                await self._unload_locked(current)       # different options: reload
+            self.admit(manifest, context)
+            self.transitions[model_id] = "loading"
+            self.errors.pop(model_id, None)
+            try:
+                model = await self._construct(manifest, context)
+            except Exception as exc:
+                self.transitions[model_id] = "failed"
+                self.errors[model_id] = str(exc)
+                raise ApiError(ErrorKind.INTERNAL, f"loading '{model_id}' failed: {exc}") from None
+            self.transitions.pop(model_id, None)
+            self.loaded[model_id] = model
+            self.order = [m for m in self.order if m != model_id] + [model_id]
+            return model
+
+    async def _construct(self, manifest: Manifest, context: int) -> LoadedModel:
+        s = self.settings
+        path = self.store.model_path(manifest)
+        embeddings = manifest.kind == "embedding"
+
+        def construct() -> Engine:
+            return Engine(path, embeddings=embeddings, n_slots=s.n_slots, n_ctx_seq=context,
+                          n_batch=s.n_batch, n_threads=s.n_threads, n_max_waiting=s.max_queue,
+                          flash_attn=s.flash_attn)
+
+        engine = await self.loop.run_in_executor(None, construct)
+        model = LoadedModel(manifest, ModelRunner(self.loop, engine), context, int(time.time()))
+        if embeddings:
+            model.max_input = min(engine.n_ctx_train, context) if context else engine.n_ctx_train
+        else:
+            from ..inference.templates import formatter_for
+            model.formatter = formatter_for(engine)
+        return model
+
+    async def unload(self, model_id: str) -> Manifest:
+        manifest = self.manifest(model_id)
+        async with self._lock(model_id):
+            model = self.loaded.get(model_id)
+            if model is not None:
+                await self._unload_locked(model)
+            self.transitions.pop(model_id, None)
+            self.errors.pop(model_id, None)
+        return manifest
+
+    async def _unload_locked(self, model: LoadedModel) -> None:
+        self.transitions[model.id] = "unloading"
+        try:
+            model.runner.end_all("the model was unloaded")
+            await self.loop.run_in_executor(None, model.runner.close_engine)
+        finally:
+            self.loaded.pop(model.id, None)
+            self.order = [m for m in self.order if m != model.id]
+            self.transitions.pop(model.id, None)
+
+    def close(self) -> None:
+        for model in self.loaded.values():
+            model.runner.end_all("the server is shutting down")
+            model.runner.close_engine()
+        self.loaded.clear()
+        self.order.clear()

@@ -1,0 +1,136 @@
+"""Load, unload and their states against the real daemon and the default models."""
+import json
+import threading
+import time
+
+import pytest
+
+from .daemon import Daemon
+
+CHAT, EMBED = "smollm2-135m-instruct", "all-minilm-l6-v2"
+
+
+def rss_bytes(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def states(daemon) -> dict:
+    _, _, body = daemon.request("GET", "/v1/models", port="inference", key=daemon.admin_key)
+    return {m["id"]: m for m in body["data"]}
+
+
+def manage(daemon, op, body, port="cluster"):
+    return daemon.request("POST", f"/v1/models/{op}", port=port, key=daemon.admin_key, body=body)
+
+
+@pytest.fixture
+def idle(start_daemon):
+    """A daemon with the defaults in its store but nothing loaded."""
+    return start_daemon("[rate_limits]\ninference = 0\ncluster = 0\n[models]\npreload = []\n", models=True)
+
+
+def test_defaults_are_in_the_store_and_available(idle):
+    models = states(idle)
+    assert set(models) == {CHAT, EMBED}
+    assert models[CHAT]["state"] == "available" and models[CHAT]["kind"] == "chat"
+    assert models[EMBED]["kind"] == "embedding" and models[CHAT]["quantization"] == "Q4_1"
+    assert models[CHAT]["trained_context_length"] == 8192
+    assert len(models[CHAT]["sha256"]) == 64 and models[CHAT]["file"].startswith("blobs/sha256-")
+
+
+def test_load_with_context_then_noop_then_reload(idle):
+    status, _, body = manage(idle, "load", {"model": CHAT, "options": {"context_length": 1024}})
+    assert status == 200 and body["state"] == "loaded" and body["context_length"] == 1024
+    _, _, cluster = idle.request("GET", "/v1/cluster", key=idle.admin_key)
+    assert cluster["active_model"] == CHAT
+    status, _, again = manage(idle, "load", {"model": CHAT, "options": {"context_length": 1024}})
+    assert status == 200 and again["context_length"] == 1024
+    status, _, reloaded = manage(idle, "load", {"model": CHAT, "options": {"context_length": 512}},
+                                 port="inference")
+    assert status == 200 and reloaded["context_length"] == 512
+
+
+@pytest.mark.parametrize("context,expected", [(8192, 200), (8193, 400), (31, 400), ("big", 400)])
+def test_context_length_is_bounded_by_training(idle, context, expected):
+    status, _, body = manage(idle, "load", {"model": CHAT,
+                                            "options": {"context_length": context}})
+    assert status == expected
+    if expected == 400:
+        assert "context_length" in body["error"]["message"]
+        assert states(idle)[CHAT]["state"] == "available"
+
+
+@pytest.mark.parametrize("model,status,kind", [("nope", 404, "model_not_found"),
+                                               ("../etc/passwd", 400, "invalid_request_error"),
+                                               ("UPPER", 400, "invalid_request_error")])
+def test_unknown_or_invalid_models(idle, model, status, kind):
+    got, _, body = manage(idle, "load", {"model": model})
+    assert got == status and body["error"]["type"] == kind
+
+
+def test_a_load_that_does_not_fit_is_refused_and_changes_nothing(start_daemon):
+    daemon = start_daemon("[models]\npreload = []\nmemory_reserve_mb = 100000000\n", models=True)
+    status, _, body = manage(daemon, "load", {"model": CHAT})
+    assert status == 507 and body["error"]["type"] == "insufficient_memory_error"
+    assert "MiB" in body["error"]["message"] and "nothing was changed" in body["error"]["message"]
+    assert states(daemon)[CHAT]["state"] == "available"
+
+
+def test_unload_returns_memory(idle):
+    pid = idle.proc.pid
+    before = rss_bytes(pid)
+    manage(idle, "load", {"model": CHAT, "options": {"context_length": 2048}})
+    idle.request("POST", "/v1/completions", port="inference", key=idle.admin_key,
+                 body={"model": CHAT, "prompt": "Hello", "max_tokens": 4})
+    loaded = rss_bytes(pid)
+    status, _, body = manage(idle, "unload", {"model": CHAT})
+    assert status == 200 and body["state"] == "available"
+    after = rss_bytes(pid)
+    assert loaded - before > 50 << 20, (before, loaded)
+    assert loaded - after > (loaded - before) * 0.7, (before, loaded, after)
+    _, _, cluster = idle.request("GET", "/v1/cluster", key=idle.admin_key)
+    assert cluster["active_model"] is None
+
+
+def test_load_unload_cycles_keep_states_right(idle):
+    for _ in range(3):
+        assert manage(idle, "load", {"model": EMBED})[2]["state"] == "loaded"
+        assert states(idle)[EMBED]["state"] == "loaded"
+        assert manage(idle, "unload", {"model": EMBED})[2]["state"] == "available"
+    assert manage(idle, "unload", {"model": EMBED})[0] == 200      # unloading twice is fine
+
+
+def test_inference_loads_a_stored_model_on_demand(idle):
+    status, _, body = idle.request("POST", "/v1/embeddings", port="inference", key=idle.admin_key,
+                                   body={"model": EMBED, "input": "hi"})
+    assert status == 200 and len(body["data"][0]["embedding"]) == 384
+    assert states(idle)[EMBED]["state"] == "loaded"
+
+
+def test_without_autoload_an_unloaded_model_is_503(start_daemon):
+    daemon = start_daemon("[models]\npreload = []\nautoload = false\n", models=True)
+    status, headers, body = daemon.request("POST", "/v1/embeddings", port="inference",
+                                           key=daemon.admin_key, body={"model": EMBED, "input": "hi"})
+    assert status == 503 and "not loaded" in body["error"]["message"] and headers["retry-after"]
+
+
+def test_unload_ends_in_flight_requests_cleanly(idle):
+    manage(idle, "load", {"model": CHAT})
+    result = {}
+
+    def long_request():
+        result["reply"] = idle.request("POST", "/v1/completions", port="inference", key=idle.admin_key,
+                                       body={"model": CHAT, "prompt": "Once", "max_tokens": 2000,
+                                             "ignore_eos": True})
+
+    worker = threading.Thread(target=long_request)
+    worker.start()
+    time.sleep(1.0)
+    assert manage(idle, "unload", {"model": CHAT})[0] == 200
+    worker.join(30)
+    status, _, body = result["reply"]
+    assert status == 503 and "unloaded" in body["error"]["message"]
+    assert idle.request("GET", "/v1/health", key=idle.admin_key)[0] == 200
