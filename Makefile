@@ -15,7 +15,7 @@ NATIVE_INPUTS := setup.py server/native.py $(wildcard server/*.py server/http/*.
                  CMakeLists.txt $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null)
 MINILM := $(VENV)/share/stackd/models/all-minilm-l6-v2.gguf
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test test-deps bench clean
 
 setup: $(VENV)/.native $(MINILM)
 
@@ -43,8 +43,16 @@ $(MINILM): $(VENV)/.deps server/models/minilm_gguf.py
 run: setup
 	$(PY) -m server serve --data-dir $(DATA_DIR)
 
+# System packages the tests need: the CNCF distribution registry (Debian's docker-registry)
+# that the pull tests run on loopback.
+test-deps:
+	@command -v docker-registry >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry; \
+	  else echo "make test needs Debian's docker-registry: sudo apt-get install docker-registry"; exit 1; fi; }
+
 # The protocol and unit suites run twice: compiled, then on the Python twins.
-test: setup
+test: setup test-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 	STACKD_PURE_PYTHON=1 $(PY) -m pytest tests/protocol tests/unit $(PYTEST_ARGS)
 
