@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
-import socket
 from time import perf_counter
 
 import orjson
@@ -109,10 +108,3 @@ class HttpServer:
         for server in self.listeners:
             await server.wait_closed()
 
-
-def bind_check(host: str) -> None:
-    """Fail early with a clear message when the host is not an address of this machine."""
-    try:
-        socket.getaddrinfo(host, None)
-    except socket.gaierror as exc:
-        raise SystemExit(f"cannot resolve listen host {host!r}: {exc}") from None

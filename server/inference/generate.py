@@ -2,7 +2,7 @@
 and the context-length rules."""
 from __future__ import annotations
 
-from ..engine.runner import EV_STATUS, Generation, finish_reason
+from ..engine.runner import Generation
 from ..http.errors import ApiError, ErrorKind, invalid
 from . import params as gen_params
 from .responses import Choice, engine_failure
@@ -55,8 +55,4 @@ async def collect(runner, stream: Generation, n_choices: int) -> list[Choice]:
 
 def failed(choice: Choice) -> bool:
     return choice.finish_reason in ("error", "abort")
-
-
-def status_reason(event) -> str | None:
-    return finish_reason(event[EV_STATUS])
 
