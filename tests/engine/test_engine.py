@@ -33,6 +33,18 @@ def test_greedy_streams_under_load_match_each_alone(driver, chat_engine):
         assert together[rid]["text"] == alone[i % 8], QUESTIONS[i % 8]
 
 
+def test_seeded_streams_under_load_match_each_alone(driver, chat_engine):
+    prompts = [chat_prompt(chat_engine, q) for q in QUESTIONS]
+    alone = []
+    for i, prompt in enumerate(prompts):
+        rid = driver.submit(prompt, max_tokens=20, temperature=0.8, top_p=0.95, seed=100 + i)
+        alone.append(driver.wait([rid])[rid]["text"])
+    ids = [driver.submit(p, max_tokens=20, temperature=0.8, top_p=0.95, seed=100 + i)
+           for i, p in enumerate(prompts)]
+    together = driver.wait(ids)
+    assert [together[rid]["text"] for rid in ids] == alone
+
+
 def test_seeded_sampling_is_reproducible(driver, chat_engine):
     prompt = chat_prompt(chat_engine, "Write a word.")
     runs = []
