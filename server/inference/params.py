@@ -21,6 +21,13 @@ MAX_LOGIT_BIAS = 1024
 MAX_TOP_LOGPROBS = 20
 SEED_RANGE = (-(2 ** 63), 2 ** 63 - 1)
 
+# What a request that leaves sampling unset gets: llama-server's defaults, which keep small
+# models coherent (OpenAI's temperature 1 with nothing else turns a 135M model into noise).
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_P = 0.95
+DEFAULT_TOP_K = 40
+DEFAULT_MIN_P = 0.05
+
 
 @dataclass
 class Generation:
@@ -142,10 +149,10 @@ def parse(body: dict, *, n_vocab: int, chat: bool) -> Generation:
     validate.string(body, "user", required=False, max_len=512, allow_empty=True)
 
     s = SamplingParams()
-    s.temperature = validate.number(body, "temperature", lo=0.0, hi=2.0, default=1.0)
-    s.top_p = validate.number(body, "top_p", lo=0.0, hi=1.0, default=1.0)
-    s.top_k = validate.integer(body, "top_k", lo=0, hi=n_vocab, default=0)
-    s.min_p = validate.number(body, "min_p", lo=0.0, hi=1.0, default=0.0)
+    s.temperature = validate.number(body, "temperature", lo=0.0, hi=2.0, default=DEFAULT_TEMPERATURE)
+    s.top_p = validate.number(body, "top_p", lo=0.0, hi=1.0, default=DEFAULT_TOP_P)
+    s.top_k = validate.integer(body, "top_k", lo=0, hi=n_vocab, default=DEFAULT_TOP_K)
+    s.min_p = validate.number(body, "min_p", lo=0.0, hi=1.0, default=DEFAULT_MIN_P)
     s.presence_penalty = validate.number(body, "presence_penalty", lo=-2.0, hi=2.0, default=0.0)
     s.frequency_penalty = validate.number(body, "frequency_penalty", lo=-2.0, hi=2.0, default=0.0)
     s.repeat_penalty = validate.number(body, "repeat_penalty", lo=0.01, hi=10.0, default=1.0)
