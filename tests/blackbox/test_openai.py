@@ -225,3 +225,10 @@ def test_abandoned_stream_frees_its_slot(client, daemon):
     stream.close()
     reply = ask(client, "Hi", max_tokens=3, temperature=0)
     assert reply.choices[0].message.content is not None
+
+
+def test_the_daemon_maps_one_copy_of_llama_cpp(daemon):
+    mapped = {line.split()[-1] for line in open(f"/proc/{daemon.proc.pid}/maps")
+              if ".so" in line and ("libllama" in line or "libggml-base" in line)}
+    assert len([m for m in mapped if "libllama" in m]) == 1, mapped
+    assert len([m for m in mapped if "libggml-base" in m]) == 1, mapped
