@@ -80,6 +80,7 @@ class HttpProtocol:
     flow = cython.declare(object, visibility="readonly")
     peer = cython.declare(str, visibility="readonly")
     closed = cython.declare(cython.bint, visibility="readonly")
+    peer_done = cython.declare(cython.bint, visibility="readonly")   # the client half-closed
     reading = cython.declare(cython.bint, visibility="readonly")
     # parse state
     phase = cython.declare(cython.int, visibility="readonly")
@@ -122,6 +123,7 @@ class HttpProtocol:
         self.flow = FlowControl(self.loop)
         self.peer = ""
         self.closed = False
+        self.peer_done = False
         self.reading = True
         self.phase = IDLE
         self.deadline = 0.0
@@ -179,7 +181,12 @@ class HttpProtocol:
             self.task.cancel()           # the client is gone: stop producing for it
 
     def eof_received(self):
-        return None                      # half-close: finish what is in flight, then close
+        """The client half-closed. Answer what it already sent, then close; with nothing in
+        flight, let the transport close now (a falsy return)."""
+        if self.busy or self.pipeline:
+            self.peer_done = True
+            return True
+        return None
 
     def pause_writing(self) -> None:
         self.flow.pause_writing()
@@ -423,7 +430,7 @@ class HttpProtocol:
         self.server.record(self.app, request, status, n_bytes)
         if self.closed:
             return
-        if not keep_alive:
+        if not keep_alive or (self.peer_done and not self.pipeline):
             self.close()
             return
         if self.phase == IDLE:

@@ -108,3 +108,14 @@ def test_idle_keep_alive_is_closed(start_daemon):
 ])
 def test_malformed_framing(daemon, request_bytes):
     assert parse_responses(daemon.raw(request_bytes))[0][0] == 400
+
+
+def test_half_closed_client_gets_its_response(daemon):
+    sock = socket.create_connection(("127.0.0.1", daemon.cluster_port), timeout=5)
+    sock.sendall(b"GET /v1/health HTTP/1.1\r\n" + auth(daemon) + b"\r\n")
+    sock.shutdown(socket.SHUT_WR)                 # like `nc -q`: request sent, writing done
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    assert parse_responses(data)[0][0] == 200

@@ -472,6 +472,22 @@ def test_disconnect_cancels_the_handler(loop, conn):
     assert task.done()
 
 
+def test_half_closed_client_still_gets_its_answers(loop, conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /slow HTTP/1.1\r\n\r\nGET /echo HTTP/1.1\r\n\r\n")
+    assert protocol.eof_received() is True          # keep the transport: answers are owed
+    settle(loop, 0.1)
+    assert [r[0] for r in parse_responses(transport.take())] == [200, 200]
+    assert transport.closed
+
+
+def test_half_close_with_nothing_in_flight_closes(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /echo HTTP/1.1\r\n\r\n")
+    transport.take()
+    assert not protocol.eof_received()
+
+
 def test_data_after_close_is_ignored(conn):
     protocol, transport = conn
     protocol.data_received(b"GARBAGE\r\n\r\n")
