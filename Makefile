@@ -17,7 +17,7 @@ MINILM := $(VENV)/share/stackd/models/all-minilm-l6-v2.gguf
 
 .PHONY: setup run test test-deps bench clean
 
-setup: $(VENV)/.native $(MINILM)
+setup: $(VENV)/.native $(MINILM) $(DATA_DIR)/models/.defaults
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ $(VENV)/.llama: $(VENV)/.deps native/llama_wheel.py
 
 $(VENV)/.native: $(VENV)/.llama $(NATIVE_INPUTS)
 	$(PY) setup.py -q build_ext --inplace
+	touch $@
+
+# The default models in the store of `make run`'s data dir (the daemon also does this on a
+# first start in any other data dir).
+$(DATA_DIR)/models/.defaults: $(VENV)/.native $(MINILM)
+	$(PY) -m server models defaults --data-dir $(DATA_DIR)
 	touch $@
 
 $(MINILM): $(VENV)/.deps server/models/minilm_gguf.py

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     remove = model_commands.add_parser("rm", help="remove a model from the store")
     _common(remove)
     remove.add_argument("model")
+    defaults = model_commands.add_parser("defaults", help="put the default models into the store")
+    _common(defaults)
     pull = model_commands.add_parser("pull", help="download a model from the registry")
     _common(pull)
     pull.add_argument("model", help="name[:tag] or namespace/name[:tag]")

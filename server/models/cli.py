@@ -21,6 +21,11 @@ def main(args, settings) -> int:
             for m in store.list():
                 print(f"{m.id}\t{m.kind}\t{m.architecture}\t{m.quantization}\t"
                       f"{m.size / 1e6:.0f} MB\tsha256:{m.sha256[:12]}")
+        elif args.model_command == "defaults":
+            from .defaults import import_defaults
+            import_defaults(store)
+            for m in store.list():
+                print(f"{m.id}\tsha256:{m.sha256[:12]}\t{m.source}")
         elif args.model_command == "rm":
             removed = store.remove(args.model)
             print(f"removed {removed.id}")
