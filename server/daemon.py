@@ -57,6 +57,10 @@ def _raise_fd_limit() -> None:
 
 async def serve(settings: config.Settings) -> int:
     loop = asyncio.get_running_loop()
+    # Signals are ours from the first moment: a SIGTERM while models load still exits 0.
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     node, admin_key_path = build_node(settings)
     inference_app, cluster_app = build_apps(node)
     access_log = AccessLog(enabled=settings["http.access_log"])
@@ -69,6 +73,10 @@ async def serve(settings: config.Settings) -> int:
     except Exception as exc:        # a model that will not load is fatal at start, and said plainly
         print(f"stackd: cannot load the models: {exc}", file=sys.stderr, flush=True)
         return 1
+    if stop.is_set():               # asked to stop while loading: never start listening
+        node.models.close()
+        print("stackd: stopped", flush=True)
+        return 0
 
     host = settings["host"]
     try:
@@ -84,9 +92,6 @@ async def serve(settings: config.Settings) -> int:
     print(f"stackd: inference listening on http://{_url_host(host)}:{inference_port}", flush=True)
     print(f"stackd: cluster listening on http://{_url_host(host)}:{cluster_port}", flush=True)
 
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     grace = settings["http.shutdown_grace"]
     print(f"stackd: shutting down (grace {grace:g} s)", flush=True)

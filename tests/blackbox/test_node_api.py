@@ -218,3 +218,17 @@ def test_cli_keys(tmp_path):
     assert bad.returncode != 0 and "unknown permission" in bad.stderr
     assert cli("keys", "revoke", "ci", data_dir=data).returncode == 0
     assert cli("keys", "revoke", "ci", data_dir=data).returncode != 0
+
+
+def test_sigterm_while_models_load_exits_cleanly(tmp_path):
+    import subprocess
+    import sys
+
+    from .daemon import ROOT
+    proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--data-dir", str(tmp_path / "d"),
+                             "--inference-port", "0", "--cluster-port", "0"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)                      # importing, hashing the defaults, loading: not listening yet
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
