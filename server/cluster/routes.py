@@ -86,7 +86,8 @@ ENGINE_COUNTERS = {
 def _engine_metrics(node) -> bytes:
     if node.models is None or not node.models.loaded:
         return b""
-    stats = {model_id: m.engine.stats() for model_id, m in node.models.loaded.items()}
+    # stats() reads only counters under the engine's lock: safe even while a model unloads
+    stats = {model_id: m.runner.engine.stats() for model_id, m in node.models.loaded.items()}
     out = []
     for name, help_text in ENGINE_COUNTERS.items():
         out += [f"# HELP stackd_engine_{name}_total {help_text}",

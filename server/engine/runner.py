@@ -68,11 +68,13 @@ class ModelRunner:
         self.engine = engine
         self._streams: dict[int, Generation] = {}
         self._ids = itertools.count(1)
+        self.closing = False          # set on the loop thread before the engine is freed elsewhere
         loop.add_reader(engine.fileno(), self._on_events)
 
     def generate(self, jobs: list[tuple[list[int], int, SamplingParams]],
                  stop: list[str]) -> Generation:
         """Submit one engine request per (prompt, max_tokens, sampling) job; job i is choice i."""
+        self.check_open()
         stream = Generation(self.loop)
         for index, (prompt, max_tokens, sampling) in enumerate(jobs):
             id_request = next(self._ids)
@@ -90,6 +92,7 @@ class ModelRunner:
         return stream
 
     def embed(self, inputs: list[list[int]]) -> Generation:
+        self.check_open()
         id_request = next(self._ids)
         stream = Generation(self.loop)
         if not self.engine.submit_embedding(id_request, inputs):
@@ -118,6 +121,7 @@ class ModelRunner:
     def end_all(self, reason: str) -> None:
         """Finish every open request with an error event (on the loop thread), and stop
         listening to the engine: used when the model is unloaded under its requests."""
+        self.closing = True
         self.loop.remove_reader(self.engine.fileno())
         streams, self._streams = self._streams, {}
         for id_request, stream in streams.items():
@@ -126,6 +130,15 @@ class ModelRunner:
     def close_engine(self) -> None:
         """Join the engine's thread and free the model (blocking: call from a worker thread)."""
         self.engine.close()
+
+
+    def check_open(self) -> None:
+        if self.closing:
+            raise unloaded()
+
+
+def unloaded() -> ApiError:
+    return ApiError(ErrorKind.UNAVAILABLE, "the model was unloaded", headers=((b"retry-after", b"1"),))
 
 
 def busy() -> ApiError:

@@ -53,6 +53,9 @@ class LoadedModel:
 
     @property
     def engine(self) -> Engine:
+        """The engine, unless an unload has begun: after that its model may be freed at any
+        moment on a worker thread, so touching it is refused (503) rather than risked."""
+        self.runner.check_open()
         return self.runner.engine
 
     state = "loaded"
