@@ -1,7 +1,16 @@
-"""The continuous-batching policy with a fake decoder: no model, hand-built outcomes."""
+"""The continuous-batching policy with a fake decoder: no model, hand-built outcomes.
+Every test runs twice: against the native scheduler and against its Python twin."""
 import pytest
 
-from server.engine import STATUS_ABORTED, STATUS_LENGTH, STATUS_RUNNING, STATUS_STOPPED, Scheduler
+from server.engine import STATUS_ABORTED, STATUS_LENGTH, STATUS_RUNNING, STATUS_STOPPED
+from server.engine import Scheduler as NativeScheduler
+from server.engine.policy import Scheduler as PythonScheduler
+
+
+@pytest.fixture(params=[NativeScheduler, PythonScheduler], ids=["native", "python"])
+def Scheduler(request):
+    """The implementation under test; each test takes it as its first argument."""
+    return request.param
 
 ITEM_ID, ITEM_SLOT, ITEM_POS, ITEM_N, ITEM_PROMPT, ITEM_LOGITS = range(6)
 
@@ -10,7 +19,7 @@ class FakeDecoder:
     """Runs plans: every item that wants logits 'samples' token 1000 + its position,
     or STOPPED once a request has produced `stop_after` tokens."""
 
-    def __init__(self, sched: Scheduler, stop_after: dict | None = None):
+    def __init__(self, sched, stop_after: dict | None = None):
         self.sched = sched
         self.stop_after = stop_after or {}
         self.produced: dict[int, list[int]] = {}
@@ -46,7 +55,7 @@ class FakeDecoder:
         return plans
 
 
-def test_admits_up_to_the_slot_count_and_queues_the_rest():
+def test_admits_up_to_the_slot_count_and_queues_the_rest(Scheduler):
     sched = Scheduler(n_slots=2, n_batch=64, n_ctx_seq=128)
     for rid in range(3):
         assert sched.enqueue(rid, [1, 2, 3], 4)
@@ -55,17 +64,17 @@ def test_admits_up_to_the_slot_count_and_queues_the_rest():
     assert sched.n_waiting == 1 and sched.n_running == 2
 
 
-def test_queue_bound_refuses_beyond_it():
+def test_queue_bound_refuses_beyond_it(Scheduler):
     sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=128, n_max_waiting=2)
     assert sched.enqueue(1, [1], 4) and sched.enqueue(2, [1], 4)
     assert not sched.enqueue(3, [1], 4)
 
 
-def test_empty_prompt_is_refused():
+def test_empty_prompt_is_refused(Scheduler):
     assert not Scheduler(n_slots=1, n_batch=8, n_ctx_seq=8).enqueue(1, [], 4)
 
 
-def test_running_streams_get_a_token_every_step_while_a_long_prompt_is_chunked():
+def test_running_streams_get_a_token_every_step_while_a_long_prompt_is_chunked(Scheduler):
     sched = Scheduler(n_slots=4, n_batch=16, n_ctx_seq=1024)
     decoder = FakeDecoder(sched)
     sched.enqueue(1, [5, 6], 100)
@@ -79,7 +88,7 @@ def test_running_streams_get_a_token_every_step_while_a_long_prompt_is_chunked()
     assert chunks                                      # still prefilling in bounded chunks
 
 
-def test_prefill_chunks_cover_the_prompt_exactly_once():
+def test_prefill_chunks_cover_the_prompt_exactly_once(Scheduler):
     sched = Scheduler(n_slots=1, n_batch=10, n_ctx_seq=1024)
     decoder = FakeDecoder(sched)
     prompt = list(range(37))
@@ -92,7 +101,7 @@ def test_prefill_chunks_cover_the_prompt_exactly_once():
     assert decoder.finished[7] == STATUS_LENGTH and len(decoder.produced[7]) == 3
 
 
-def test_max_tokens_and_stop_finish_requests():
+def test_max_tokens_and_stop_finish_requests(Scheduler):
     sched = Scheduler(n_slots=2, n_batch=64, n_ctx_seq=128)
     decoder = FakeDecoder(sched, stop_after={2: 2})
     sched.enqueue(1, [1, 2], 5)
@@ -102,7 +111,7 @@ def test_max_tokens_and_stop_finish_requests():
     assert len(decoder.produced[1]) == 5 and len(decoder.produced[2]) == 2
 
 
-def test_context_end_finishes_with_length():
+def test_context_end_finishes_with_length(Scheduler):
     sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=10)
     decoder = FakeDecoder(sched)
     sched.enqueue(1, list(range(8)), 100)
@@ -111,7 +120,7 @@ def test_context_end_finishes_with_length():
     assert len(decoder.produced[1]) == 2               # 8 prompt + 2 generated = the context
 
 
-def test_prefix_reuse_picks_the_slot_with_the_longest_common_prefix():
+def test_prefix_reuse_picks_the_slot_with_the_longest_common_prefix(Scheduler):
     sched = Scheduler(n_slots=2, n_batch=64, n_ctx_seq=256)
     decoder = FakeDecoder(sched)
     system = list(range(50))
@@ -127,7 +136,7 @@ def test_prefix_reuse_picks_the_slot_with_the_longest_common_prefix():
     assert prompt_items[0][ITEM_POS] == 50 and prompt_items[0][ITEM_N] == 1
 
 
-def test_identical_prompt_still_decodes_its_last_token():
+def test_identical_prompt_still_decodes_its_last_token(Scheduler):
     sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=256)
     decoder = FakeDecoder(sched)
     sched.enqueue(1, [1, 2, 3, 4], 1)
@@ -138,7 +147,7 @@ def test_identical_prompt_still_decodes_its_last_token():
     assert [(i[ITEM_POS], i[ITEM_N]) for i in plan["items"]] == [(3, 1)]
 
 
-def test_cancel_while_running_frees_the_slot_within_one_step():
+def test_cancel_while_running_frees_the_slot_within_one_step(Scheduler):
     sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=256)
     decoder = FakeDecoder(sched)
     sched.enqueue(1, [1, 2], 1000)
@@ -151,7 +160,7 @@ def test_cancel_while_running_frees_the_slot_within_one_step():
     assert [a[0] for a in plan["admissions"]] == [2]   # the freed slot is reused in the same step
 
 
-def test_cancel_while_waiting():
+def test_cancel_while_waiting(Scheduler):
     sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=256)
     decoder = FakeDecoder(sched)
     sched.enqueue(1, [1], 100)
@@ -162,13 +171,13 @@ def test_cancel_while_waiting():
     assert plan["released"] == [2] and sched.n_waiting == 0
 
 
-def test_cancel_unknown_or_finished_is_false():
+def test_cancel_unknown_or_finished_is_false(Scheduler):
     sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=256)
     assert not sched.cancel(42)
 
 
 @pytest.mark.parametrize("n_slots", [1, 3, 8])
-def test_every_request_finishes_and_slots_are_all_free(n_slots):
+def test_every_request_finishes_and_slots_are_all_free(Scheduler, n_slots):
     sched = Scheduler(n_slots=n_slots, n_batch=32, n_ctx_seq=512)
     decoder = FakeDecoder(sched)
     for rid in range(20):
