@@ -279,9 +279,9 @@ void engine::take_tasks(std::vector<task> & incoming) {
         req->id_request = t.id_request;
         req->prompt = t.request->prompt;
         req->limits.n_max_tokens = t.request->max_tokens;
-        live_request live{std::move(t.request), std::move(t.chain), text_stream(), 0};
-        live.stream = text_stream(live.request->stop);
-        live.n_prompt = (int32_t) req->prompt.size();
+        text_stream stream(t.request->stop);
+        live_request live{std::move(t.request), std::move(t.chain), std::move(stream),
+                          (int32_t) req->prompt.size()};
         const int64_t id = t.id_request;
         if (!sched_.enqueue(std::move(req))) {
             n_queued_.fetch_sub(1);

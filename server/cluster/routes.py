@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import socket
 
-import orjson
 
 from ..auth import permissions as perm
 from ..http.errors import ApiError, ErrorKind

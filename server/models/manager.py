@@ -58,8 +58,6 @@ class LoadedModel:
         self.runner.check_open()
         return self.runner.engine
 
-    state = "loaded"
-
 
 def kv_bytes_per_token(m: Manifest) -> int:
     """K and V, f16, for every layer: 2 * n_layer * n_embd_kv * 2 bytes."""

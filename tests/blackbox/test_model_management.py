@@ -1,11 +1,9 @@
 """Load, unload and their states against the real daemon and the default models."""
-import json
 import threading
 import time
 
 import pytest
 
-from .daemon import Daemon
 
 CHAT, EMBED = "smollm2-135m-instruct", "all-minilm-l6-v2"
 

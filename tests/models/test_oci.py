@@ -12,7 +12,7 @@ import pytest
 from server.models import oci
 from server.models.oci import Layer, PullError, Puller, RegistryClient, parse_reference
 
-from .misbehaving import MisbehavingRegistry, digest_of, make_manifest
+from .misbehaving import MisbehavingRegistry, digest_of
 from .registry_server import MEDIA_MODEL, MEDIA_PARAMS, MEDIA_TEMPLATE, RegistryServer
 
 GGUF = b"GGUF" + bytes(range(256)) * 24          # a few KB that start like a GGUF file

@@ -132,10 +132,9 @@ ROUTES = {
 }
 
 
-def make_server(loop, protocol_class, **limits) -> tuple[HttpServer, App]:
+def make_server(loop, **limits) -> tuple[HttpServer, App]:
     server = HttpServer(loop, Limits(**limits), Metrics(), AccessLog(enabled=False))
     app = App("test", [ROUTES], ctx=None, guard=None, max_body=server.limits.max_body_bytes)
-    server.protocol_class = protocol_class
     return server, app
 
 

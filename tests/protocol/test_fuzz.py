@@ -61,7 +61,7 @@ def test_mutated_requests_never_escape_the_protocol(loop, seed):
     rng = random.Random(seed)
     seen: set[int] = set()
     for _ in range(250):
-        server, app = make_server(loop, HttpProtocol, max_body_bytes=4096)
+        server, app = make_server(loop, max_body_bytes=4096)
         protocol, transport = connect(server, app, HttpProtocol)
         for piece in pieces(rng, mutate(rng, rng.choice(SEEDS))):
             protocol.data_received(piece)             # must never raise

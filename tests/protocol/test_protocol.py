@@ -11,17 +11,17 @@ import pytest
 
 from server.http.protocol import HttpProtocol
 
-from .fake import FakeTransport, connect, make_server, parse_responses
+from .fake import connect, make_server, parse_responses
 
 
 @pytest.fixture
 def conn(loop):
-    server, app = make_server(loop, HttpProtocol)
+    server, app = make_server(loop)
     return connect(server, app, HttpProtocol)
 
 
 def open_conn(loop, **limits):
-    server, app = make_server(loop, HttpProtocol, **limits)
+    server, app = make_server(loop, **limits)
     protocol, transport = connect(server, app, HttpProtocol)
     return server, protocol, transport
 
@@ -406,7 +406,7 @@ def test_client_that_stops_reading_is_dropped(loop):
 # ---- connection cap --------------------------------------------------------------------------
 
 def test_connection_beyond_the_cap_gets_503(loop):
-    server, app = make_server(loop, HttpProtocol, max_connections=2)
+    server, app = make_server(loop, max_connections=2)
     first = connect(server, app, HttpProtocol)
     second = connect(server, app, HttpProtocol)
     _, transport = connect(server, app, HttpProtocol)
@@ -418,7 +418,7 @@ def test_connection_beyond_the_cap_gets_503(loop):
 
 
 def test_closed_connection_frees_its_place(loop):
-    server, app = make_server(loop, HttpProtocol, max_connections=1)
+    server, app = make_server(loop, max_connections=1)
     protocol, transport = connect(server, app, HttpProtocol)
     transport.close()
     settle(loop)

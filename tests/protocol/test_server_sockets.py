@@ -1,7 +1,6 @@
 """The server over real loopback sockets: graceful shutdown and the connection cap."""
 import asyncio
 
-from server.http.protocol import HttpProtocol
 
 from .fake import make_server, parse_responses
 
@@ -17,7 +16,7 @@ async def _request(port: int, target: bytes) -> tuple[bytes, bool]:
 
 def test_shutdown_lets_in_flight_requests_finish(loop):
     async def scenario():
-        server, app = make_server(loop, HttpProtocol)
+        server, app = make_server(loop)
         port = await server.listen(app, "127.0.0.1", 0)
         in_flight = asyncio.ensure_future(_request(port, b"/slow?ms=300"))
         await asyncio.sleep(0.1)
@@ -38,7 +37,7 @@ def test_shutdown_lets_in_flight_requests_finish(loop):
 
 def test_shutdown_cuts_requests_that_outlive_the_grace(loop):
     async def scenario():
-        server, app = make_server(loop, HttpProtocol)
+        server, app = make_server(loop)
         port = await server.listen(app, "127.0.0.1", 0)
         in_flight = asyncio.ensure_future(_request(port, b"/slow?ms=10000"))
         await asyncio.sleep(0.1)
@@ -53,7 +52,7 @@ def test_shutdown_cuts_requests_that_outlive_the_grace(loop):
 
 def test_idle_keep_alive_connections_close_at_shutdown(loop):
     async def scenario():
-        server, app = make_server(loop, HttpProtocol)
+        server, app = make_server(loop)
         port = await server.listen(app, "127.0.0.1", 0)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /echo HTTP/1.1\r\n\r\n")
