@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from .auth.keys import KeyStore
 from .auth.ratelimit import RateLimiter
 from .cluster.identity import Identity
-from .cluster.readings import Thermometer
+from .system.readings import Thermometer
 from .config import Settings
 from .metrics import Metrics
 

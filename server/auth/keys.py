@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from ..system.files import write_private_file
 from . import permissions
 
 KEY_PREFIX = "sk-"
@@ -137,22 +138,6 @@ class KeyStore:
             yield
         finally:
             os.close(fd)
-
-
-def write_private_file(path: str, data: bytes) -> None:
-    """Write `data` to `path` atomically with mode 0600 (temp file, fsync, rename)."""
-    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def bootstrap_admin_key(store: KeyStore, data_dir: str) -> str | None:

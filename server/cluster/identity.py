@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from ..auth.keys import write_private_file
+from ..system.files import write_private_file
 
 
 @dataclass(frozen=True)

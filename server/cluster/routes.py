@@ -9,7 +9,7 @@ from ..auth import permissions as perm
 from ..http.errors import ApiError, ErrorKind
 from ..http.response import Response, json_response
 from ..http.routing import Endpoint
-from . import readings
+from ..system import readings
 
 CLUSTER = "cluster"
 

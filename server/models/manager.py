@@ -13,7 +13,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from ..cluster import readings
+from ..system import readings
 from ..engine import Engine
 from ..engine.runner import ModelRunner
 from ..http.errors import ApiError, ErrorKind, invalid

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import orjson
 
-from ..auth.keys import write_private_file
+from ..system.files import write_private_file
 from . import gguf_check
 
 MODEL_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}(/[a-z0-9][a-z0-9._-]{0,63})?(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?")

@@ -1,4 +1,4 @@
-from server.cluster import readings
+from server.system import readings
 
 
 def sensor(root, rel, millidegrees):

@@ -1,0 +1,1 @@
+"""Neutral helpers every part may use: private files, /proc readings, service notification."""
