@@ -51,6 +51,7 @@ py::dict plan_to_python(const batch_plan & plan) {
     out["admissions"] = admissions;
     out["items"] = items;
     out["released"] = plan.released;
+    out["released_waiting"] = plan.released_waiting;
     out["n_tokens"] = plan.n_tokens;
     return out;
 }
@@ -58,12 +59,14 @@ py::dict plan_to_python(const batch_plan & plan) {
 // The scheduling policy alone, for tests with a fake decoder.
 class py_scheduler {
 public:
-    py_scheduler(int32_t n_slots, int32_t n_batch, int32_t n_ctx_seq, int32_t n_max_waiting)
-        : sched_(scheduler_params{n_slots, n_batch, n_ctx_seq, n_max_waiting}) {}
+    py_scheduler(int32_t n_slots, int32_t n_batch, int32_t n_ctx_seq, int32_t n_max_waiting,
+                 int32_t n_max_slots_per_owner)
+        : sched_(scheduler_params{n_slots, n_batch, n_ctx_seq, n_max_waiting, n_max_slots_per_owner}) {}
 
-    bool enqueue(int64_t id, std::vector<int32_t> prompt, int32_t max_tokens) {
+    bool enqueue(int64_t id, std::vector<int32_t> prompt, int32_t max_tokens, int64_t owner) {
         auto req = std::make_unique<sched_request>();
         req->id_request = id;
+        req->id_owner = owner;
         req->prompt = std::move(prompt);
         req->limits.n_max_tokens = max_tokens;
         return sched_.enqueue(std::move(req));
@@ -95,6 +98,7 @@ public:
         return d;
     }
     void release(int64_t id) { sched_.release(id); }
+    void fail(int64_t id) { sched_.fail(id); }
     int32_t n_waiting() const { return sched_.n_waiting(); }
     int32_t n_running() const { return sched_.n_running(); }
 
@@ -119,6 +123,9 @@ PYBIND11_MODULE(_engine, m) {
     m.attr("STATUS_LENGTH") = (int) REQUEST_STATUS_FINISHED_LENGTH;
     m.attr("STATUS_ABORTED") = (int) REQUEST_STATUS_FINISHED_ABORTED;
     m.attr("STATUS_ERROR") = (int) REQUEST_STATUS_FINISHED_ERROR;
+    m.attr("SUBMIT_ACCEPTED") = (int) SUBMIT_ACCEPTED;
+    m.attr("SUBMIT_QUEUE_FULL") = (int) SUBMIT_QUEUE_FULL;
+    m.attr("SUBMIT_OVER_SHARE") = (int) SUBMIT_OVER_SHARE;
 
     py::class_<sampling_params>(m, "SamplingParams")
         .def(py::init<>())
@@ -141,7 +148,7 @@ PYBIND11_MODULE(_engine, m) {
     py::class_<engine>(m, "Engine")
         .def(py::init([](const std::string & model_path, bool embeddings, int32_t n_slots,
                          int32_t n_ctx_seq, int32_t n_batch, int32_t n_threads, int32_t n_max_waiting,
-                         int32_t flash_attn, bool quiet) {
+                         int32_t flash_attn, float key_share, bool quiet) {
                  engine_params p;
                  p.model_path = model_path;
                  p.embeddings = embeddings;
@@ -151,25 +158,31 @@ PYBIND11_MODULE(_engine, m) {
                  p.n_threads = n_threads;
                  p.n_max_waiting = n_max_waiting;
                  p.flash_attn = flash_attn;
+                 p.key_share = key_share;
                  p.quiet = quiet;
                  py::gil_scoped_release release;
                  return std::make_unique<engine>(p);
              }),
              py::arg("model_path"), py::arg("embeddings") = false, py::arg("n_slots") = 4,
              py::arg("n_ctx_seq") = 2048, py::arg("n_batch") = 512, py::arg("n_threads") = 0,
-             py::arg("n_max_waiting") = 256, py::arg("flash_attn") = -1, py::arg("quiet") = true)
+             py::arg("n_max_waiting") = 256, py::arg("flash_attn") = -1, py::arg("key_share") = 1.0f,
+             py::arg("quiet") = true)
         .def("submit",
              [](engine & e, int64_t id, std::vector<int32_t> prompt, int32_t max_tokens,
-                std::vector<std::string> stop, const sampling_params & sampling) {
-                 generation_request req{id, std::move(prompt), max_tokens, std::move(stop), sampling};
+                std::vector<std::string> stop, const sampling_params & sampling, int64_t owner) {
+                 generation_request req{id, owner, std::move(prompt), max_tokens, std::move(stop), sampling};
                  py::gil_scoped_release release;
-                 return e.submit(std::move(req));
-             })
+                 return (int) e.submit(std::move(req));
+             },
+             py::arg("id"), py::arg("prompt"), py::arg("max_tokens"), py::arg("stop"),
+             py::arg("sampling"), py::arg("owner") = 0)
         .def("submit_embedding",
-             [](engine & e, int64_t id, std::vector<std::vector<int32_t>> inputs) {
+             [](engine & e, int64_t id, std::vector<std::vector<int32_t>> inputs, int64_t owner) {
                  py::gil_scoped_release release;
-                 return e.submit_embedding(id, std::move(inputs));
-             })
+                 return (int) e.submit_embedding(id, owner, std::move(inputs));
+             },
+             py::arg("id"), py::arg("inputs"), py::arg("owner") = 0)
+        .def("fail_next_decodes", &engine::fail_next_decodes)
         .def("cancel", &engine::cancel)
         .def("take_events",
              [](engine & e) {
@@ -196,7 +209,8 @@ PYBIND11_MODULE(_engine, m) {
                  d["t_emit_us"] = s.t_emit_us;
                  return d;
              })
-        .def("tokenize", &engine::tokenize, py::arg("text"), py::arg("add_special") = true,
+        .def("tokenize", &engine::tokenize, py::call_guard<py::gil_scoped_release>(),
+             py::arg("text"), py::arg("add_special") = true,
              py::arg("parse_special") = false)
         .def("piece", [](const engine & e, int32_t token) { return py::bytes(e.piece(token)); })
         .def("meta", &engine::meta)
@@ -213,9 +227,12 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("n_ctx_seq", [](const engine & e) { return e.params().n_ctx_seq; });
 
     py::class_<py_scheduler>(m, "Scheduler")
-        .def(py::init<int32_t, int32_t, int32_t, int32_t>(), py::arg("n_slots"), py::arg("n_batch"),
-             py::arg("n_ctx_seq"), py::arg("n_max_waiting") = 256)
-        .def("enqueue", &py_scheduler::enqueue)
+        .def(py::init<int32_t, int32_t, int32_t, int32_t, int32_t>(), py::arg("n_slots"),
+             py::arg("n_batch"), py::arg("n_ctx_seq"), py::arg("n_max_waiting") = 256,
+             py::arg("n_max_slots_per_owner") = 0)
+        .def("enqueue", &py_scheduler::enqueue, py::arg("id"), py::arg("prompt"),
+             py::arg("max_tokens"), py::arg("owner") = 0)
+        .def("fail", &py_scheduler::fail)
         .def("cancel", &py_scheduler::cancel)
         .def("schedule", &py_scheduler::schedule)
         .def("apply", &py_scheduler::apply)

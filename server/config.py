@@ -15,6 +15,7 @@ import tomllib
 from dataclasses import dataclass
 
 from .http.limits import Limits
+from .inference.limits import InferenceLimits
 
 DEFAULTS: dict = {
     "host": "127.0.0.1",
@@ -46,6 +47,9 @@ DEFAULTS: dict = {
         "threads": 0,             # 0: every core
         "max_queue": 256,         # waiting requests per model beyond which 503
         "flash_attn": "auto",     # auto, on, off
+    },
+    "inference": {
+        "limits": InferenceLimits.defaults(),
     },
     "models": {
         "preload": ["smollm2-135m-instruct", "all-minilm-l6-v2"],
@@ -153,6 +157,11 @@ def _check(values: dict) -> None:
         raise ConfigError("setting engine.threads: must be 0 (every core) or more")
     if engine["flash_attn"] not in ("auto", "on", "off"):
         raise ConfigError("setting engine.flash_attn: must be auto, on or off")
+    for name, value in values["inference"]["limits"].items():
+        if value <= 0:
+            raise ConfigError(f"setting inference.limits.{name}: must be positive")
+    if values["inference"]["limits"]["key_share"] > 1:
+        raise ConfigError("setting inference.limits.key_share: must be a fraction from 0 to 1")
 
 
 def load(cli: dict | None = None, environ: dict | None = None) -> Settings:

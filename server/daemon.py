@@ -20,6 +20,7 @@ from .http.access_log import AccessLog
 from .http.routing import App
 from .http.server import HttpServer
 from .inference import routes as inference_routes
+from .inference.limits import configure as configure_inference_limits
 from .metrics import Metrics
 from .models import routes as model_routes
 from .node import Node
@@ -109,10 +110,12 @@ async def load_models(loop, settings: config.Settings):
     store = ModelStore(settings.data_dir)
     await loop.run_in_executor(None, import_defaults, store)
     engine = settings["engine"]
+    inference_limits = configure_inference_limits(settings["inference.limits"])
     manager = ModelManager(loop, store, EngineSettings(
         n_slots=engine["slots"], context_length=engine["context_length"], n_batch=engine["batch"],
         n_threads=engine["threads"], max_queue=engine["max_queue"],
-        flash_attn={"auto": -1, "off": 0, "on": 1}[engine["flash_attn"]]),
+        flash_attn={"auto": -1, "off": 0, "on": 1}[engine["flash_attn"]],
+        key_share=inference_limits.key_share),
         memory_reserve=settings["models.memory_reserve_mb"] * MIB,
         autoload=settings["models.autoload"])
     for model_id in settings["models.preload"]:

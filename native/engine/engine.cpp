@@ -31,19 +31,26 @@ void batch_add(llama_batch & batch, int32_t token, int32_t pos, int32_t seq, boo
     batch.logits[i] = logits;
 }
 
+// An owner's share of `n` places: at least one, all of them when the share is 1.
+int32_t share_of(float share, int32_t n) {
+    return std::max(1, std::min(n, (int32_t) std::floor(share * (float) n)));
+}
+
 scheduler_params scheduler_params_of(const engine_params & p) {
     scheduler_params sp;
     sp.n_slots = p.n_slots;
     sp.n_batch = std::max(p.n_batch, p.n_slots);
     sp.n_ctx_seq = p.n_ctx_seq;
     sp.n_max_waiting = p.n_max_waiting;
+    sp.n_max_slots_per_owner = share_of(p.key_share, p.n_slots);
     return sp;
 }
 
 }  // namespace
 
 engine::engine(const engine_params & params)
-    : params_(params), sched_(scheduler_params_of(params)) {
+    : params_(params), sched_(scheduler_params_of(params)),
+      n_max_queued_per_owner_(share_of(params.key_share, params.n_max_waiting)) {
     if (params_.quiet) {
         llama_log_set(quiet_log, nullptr);
     }
@@ -135,19 +142,42 @@ void engine::close() {
 
 // ---- the caller's side ---------------------------------------------------------------------
 
-bool engine::submit(generation_request req) {
+submit_result engine::enter_queue(int64_t id_owner) {
+    std::lock_guard<std::mutex> lock(mu_tasks_);
+    if (n_queued_ >= params_.n_max_waiting) {
+        return SUBMIT_QUEUE_FULL;
+    }
+    int32_t & mine = n_queued_of_[id_owner];
+    if (mine >= n_max_queued_per_owner_) {
+        return SUBMIT_OVER_SHARE;
+    }
+    mine += 1;
+    n_queued_ += 1;
+    return SUBMIT_ACCEPTED;
+}
+
+void engine::leave_queue(int64_t id_owner) {
+    std::lock_guard<std::mutex> lock(mu_tasks_);
+    n_queued_ -= 1;
+    auto it = n_queued_of_.find(id_owner);
+    if (it != n_queued_of_.end() && --it->second <= 0) {
+        n_queued_of_.erase(it);
+    }
+}
+
+submit_result engine::submit(generation_request req) {
     if (params_.embeddings) {
         throw std::invalid_argument("this is an embedding model: it does not generate");
     }
-    if (n_queued_.fetch_add(1) >= params_.n_max_waiting) {
-        n_queued_.fetch_sub(1);
-        return false;
+    const submit_result admitted = enter_queue(req.id_owner);
+    if (admitted != SUBMIT_ACCEPTED) {
+        return admitted;
     }
-    task t{task::TASK_SUBMIT, req.id_request, nullptr, nullptr, {}};
+    task t{task::TASK_SUBMIT, req.id_request, req.id_owner, nullptr, nullptr, {}};
     try {
-        t.chain = std::make_unique<sampler_chain>(req.sampling, vocab_);   // may throw: bad grammar
+        t.sampler = std::make_unique<request_sampler>(req.sampling, vocab_);   // may throw: bad grammar
     } catch (...) {
-        n_queued_.fetch_sub(1);
+        leave_queue(req.id_owner);
         throw;
     }
     t.request = std::make_unique<generation_request>(std::move(req));
@@ -156,29 +186,30 @@ bool engine::submit(generation_request req) {
         tasks_.push_back(std::move(t));
     }
     cv_.notify_one();
-    return true;
+    return SUBMIT_ACCEPTED;
 }
 
-bool engine::submit_embedding(int64_t id_request, std::vector<std::vector<int32_t>> inputs) {
+submit_result engine::submit_embedding(int64_t id_request, int64_t id_owner,
+                                       std::vector<std::vector<int32_t>> inputs) {
     if (!params_.embeddings) {
         throw std::invalid_argument("this is not an embedding model");
     }
-    if (n_queued_.fetch_add(1) >= params_.n_max_waiting) {
-        n_queued_.fetch_sub(1);
-        return false;
+    const submit_result admitted = enter_queue(id_owner);
+    if (admitted != SUBMIT_ACCEPTED) {
+        return admitted;
     }
     {
         std::lock_guard<std::mutex> lock(mu_tasks_);
-        tasks_.push_back({task::TASK_EMBED, id_request, nullptr, nullptr, std::move(inputs)});
+        tasks_.push_back({task::TASK_EMBED, id_request, id_owner, nullptr, nullptr, std::move(inputs)});
     }
     cv_.notify_one();
-    return true;
+    return SUBMIT_ACCEPTED;
 }
 
 void engine::cancel(int64_t id_request) {
     {
         std::lock_guard<std::mutex> lock(mu_tasks_);
-        tasks_.push_back({task::TASK_CANCEL, id_request, nullptr, nullptr, {}});
+        tasks_.push_back({task::TASK_CANCEL, id_request, 0, nullptr, nullptr, {}});
     }
     cv_.notify_one();
 }
@@ -252,49 +283,75 @@ void engine::loop() {
             }
             incoming.swap(tasks_);
         }
-        take_tasks(incoming);
-        incoming.clear();
-        if (params_.embeddings) {
-            step_embed();
-        } else {
-            step_generate();
+        // Nothing may leave this thread as an exception: std::terminate would end the whole
+        // process. The per-request boundary is in sample_guarded(); this one is the last resort.
+        try {
+            take_tasks(incoming);
+            incoming.clear();
+            if (params_.embeddings) {
+                step_embed();
+            } else {
+                step_generate();
+            }
+        } catch (const std::exception & e) {
+            incoming.clear();
+            fail_everything(std::string("engine error: ") + e.what());
+        } catch (...) {
+            incoming.clear();
+            fail_everything("engine error");
         }
     }
 }
 
 void engine::take_tasks(std::vector<task> & incoming) {
-    std::vector<engine_event> refused;
+    std::vector<engine_event> events;
     for (task & t : incoming) {
         if (t.kind == task::TASK_CANCEL) {
             if (!sched_.cancel(t.id_request)) {
-                // Unknown here: an embedding job (not cancellable mid-batch) or already done.
+                cancel_embedding(t.id_request, events);   // or finished already: nothing to do
             }
             continue;
         }
         if (t.kind == task::TASK_EMBED) {
-            embed_jobs_.push_back({t.id_request, std::move(t.inputs), {}, 0, 0});
+            embed_jobs_.push_back({t.id_request, t.id_owner, std::move(t.inputs), {}, 0, 0});
             continue;
         }
         auto req = std::make_unique<sched_request>();
         req->id_request = t.id_request;
+        req->id_owner = t.id_owner;
         req->prompt = t.request->prompt;
         req->limits.n_max_tokens = t.request->max_tokens;
         text_stream stream(t.request->stop);
-        live_request live{std::move(t.request), std::move(t.chain), std::move(stream),
+        live_request live{std::move(t.request), std::move(t.sampler), std::move(stream),
                           (int32_t) req->prompt.size()};
         const int64_t id = t.id_request;
         if (!sched_.enqueue(std::move(req))) {
-            n_queued_.fetch_sub(1);
+            leave_queue(t.id_owner);
             engine_event ev;
             ev.id_request = id;
             ev.status = REQUEST_STATUS_FINISHED_ERROR;
             ev.error = "the request could not be queued (empty prompt or full queue)";
-            refused.push_back(std::move(ev));
+            events.push_back(std::move(ev));
             continue;
         }
         live_.emplace(id, std::move(live));
     }
-    publish(refused);
+    publish(events);
+}
+
+// An embedding job is dropped between batches: an abandoned request stops costing anything.
+void engine::cancel_embedding(int64_t id_request, std::vector<engine_event> & events) {
+    for (auto it = embed_jobs_.begin(); it != embed_jobs_.end(); ++it) {
+        if (it->id_request == id_request) {
+            leave_queue(it->id_owner);
+            engine_event ev;
+            ev.id_request = id_request;
+            ev.status = REQUEST_STATUS_FINISHED_ABORTED;
+            events.push_back(std::move(ev));
+            embed_jobs_.erase(it);
+            return;
+        }
+    }
 }
 
 void engine::step_generate() {
@@ -304,10 +361,12 @@ void engine::step_generate() {
     std::vector<engine_event> events;
 
     for (const plan_admission & adm : plan.admissions) {
-        n_queued_.fetch_sub(1);
+        leave_queue(live_.at(adm.id_request).request->id_owner);
         llama_memory_seq_rm(llama_get_memory(ctx_), adm.id_slot, adm.n_keep, -1);
     }
-    n_queued_.fetch_sub(plan.n_released_waiting);
+    for (int64_t id : plan.released_waiting) {
+        leave_queue(live_.at(id).request->id_owner);
+    }
     for (int64_t id : plan.released) {                 // cancelled: a last event, then forget
         engine_event ev;
         ev.id_request = id;
@@ -327,11 +386,19 @@ void engine::step_generate() {
     decode_plan(plan, logit_index);
     uint64_t t2 = now_us();
     delta.t_batch_us = t2 - t1;
-    const int32_t rc = llama_decode(ctx_, batch_);
+    int32_t rc = -1;
+    std::string failure;
+    try {
+        rc = decode();
+    } catch (const std::exception & e) {
+        failure = e.what();
+    }
     uint64_t t3 = now_us();
     delta.t_decode_us = t3 - t2;
     if (rc != 0) {
-        fail_all(plan, rc == 1 ? "no room left in the KV cache" : "llama_decode failed");
+        publish(events);
+        fail_plan(plan, rc == 1 ? "no room left in the KV cache"
+                                : "llama_decode failed" + (failure.empty() ? "" : ": " + failure));
         return;
     }
 
@@ -342,7 +409,7 @@ void engine::step_generate() {
             continue;
         }
         engine_event ev;
-        outcomes.push_back(sample(item.id_request, logit_index[i], ev));
+        outcomes.push_back(sample_guarded(item.id_request, logit_index[i], ev));
         events.push_back(std::move(ev));
     }
     uint64_t t4 = now_us();
@@ -367,6 +434,14 @@ void engine::step_generate() {
     stats_.t_emit_us += delta.t_emit_us;
 }
 
+int32_t engine::decode() {
+    if (n_fail_decodes_.load(std::memory_order_relaxed) > 0) {
+        n_fail_decodes_.fetch_sub(1);
+        return -3;                     // what llama_decode answers when it aborts a batch
+    }
+    return llama_decode(ctx_, batch_);
+}
+
 void engine::decode_plan(const batch_plan & plan, std::vector<int32_t> & logit_index) {
     batch_.n_tokens = 0;
     logit_index.assign(plan.items.size(), -1);
@@ -384,30 +459,49 @@ void engine::decode_plan(const batch_plan & plan, std::vector<int32_t> & logit_i
     }
 }
 
+// One request's failure in sampling (a grammar that throws, a bad state in llama.cpp) ends
+// that request with an error event; the others in the batch go on.
+step_outcome engine::sample_guarded(int64_t id_request, int32_t index, engine_event & ev) {
+    try {
+        return sample(id_request, index, ev);
+    } catch (const std::exception & e) {
+        ev.error = std::string("sampling failed: ") + e.what();
+    } catch (...) {
+        ev.error = "sampling failed";
+    }
+    ev.id_request = id_request;
+    ev.text.clear();
+    ev.logprobs.clear();
+    return {id_request, -1, REQUEST_STATUS_FINISHED_ERROR};
+}
+
 // Sample the next token of one request from output row `index`, and describe it in `ev`.
 step_outcome engine::sample(int64_t id_request, int32_t index, engine_event & ev) {
     live_request & live = live_.at(id_request);
     const sched_request & req = *sched_.find(id_request);
     const sampling_params & sp = live.request->sampling;
-    float * logits = llama_get_logits_ith(ctx_, index);
+    const float * logits = llama_get_logits_ith(ctx_, index);
     const int32_t n_vocab = llama_vocab_n_tokens(vocab_);
 
     logit_stats stats{};
     if (sp.logprobs) {
         stats = logit_stats_of(logits, n_vocab, sp.n_top_logprobs);
     }
-    if (sp.ignore_eos || req.n_generated < sp.min_tokens) {
-        for (int32_t t : eog_tokens_) {
-            logits[t] = -INFINITY;
-        }
-    }
-    const int32_t token = llama_sampler_sample(live.chain->get(), ctx_, index);
+    const bool suppress_eog = sp.ignore_eos || req.n_generated < sp.min_tokens;
+    const int32_t token = live.sampler->sample(logits, n_vocab, suppress_eog, eog_tokens_);
 
     ev.id_request = id_request;
     ev.n_tokens = 1;
     ev.n_prompt = live.n_prompt;
     ev.n_cached = req.n_cached;
     ev.n_generated = req.n_generated + 1;
+    if (token == LLAMA_TOKEN_NULL) {
+        ev.n_tokens = 0;
+        ev.n_generated = req.n_generated;
+        ev.error = "the response format's grammar allows no further token";
+        return {id_request, -1, REQUEST_STATUS_FINISHED_ERROR};
+    }
+    live.sampler->accept(token);
     request_status status = REQUEST_STATUS_RUNNING;
     if (llama_vocab_is_eog(vocab_, token)) {
         status = REQUEST_STATUS_FINISHED_STOPPED;    // the end token itself is not text
@@ -418,7 +512,6 @@ step_outcome engine::sample(int64_t id_request, int32_t index, engine_event & ev
             status = REQUEST_STATUS_FINISHED_STOPPED;
         }
         if (sp.logprobs) {
-            // Masking touched only end tokens, which cannot have been chosen when masked.
             logprob_entry entry{{token, logits[token] - stats.log_sum_exp, piece}, {}};
             for (const auto & [t, logit] : stats.top) {
                 entry.top.push_back({t, logit - stats.log_sum_exp, token_piece(vocab_, t)});
@@ -446,27 +539,65 @@ void engine::finish_events(const std::vector<int64_t> & finished, std::vector<en
     }
 }
 
-void engine::fail_all(const batch_plan & plan, const std::string & error) {
+// The decode of a plan failed. Its requests end with an error and their sequences are cleared,
+// in the KV cache and in the scheduler's view alike, so prefix reuse never trusts cells that
+// no longer hold what it thinks. llama.cpp leaves the sequences outside the batch untouched.
+void engine::fail_plan(const batch_plan & plan, const std::string & error) {
     std::vector<engine_event> events;
+    llama_memory_t mem = llama_get_memory(ctx_);
     for (const plan_item & item : plan.items) {
         if (live_.count(item.id_request) == 0) {
-            continue;
+            continue;                  // several items of one request: handled at the first
         }
         engine_event ev;
         ev.id_request = item.id_request;
         ev.status = REQUEST_STATUS_FINISHED_ERROR;
         ev.error = error;
         events.push_back(std::move(ev));
-        sched_.cancel(item.id_request);
+        llama_memory_seq_rm(mem, item.id_slot, -1, -1);
+        sched_.fail(item.id_request);
+        sched_.release(item.id_request);
         live_.erase(item.id_request);
     }
-    // The failed sequences' KV is unknown now: drop it all so later prompts start clean.
-    llama_memory_clear(llama_get_memory(ctx_), true);
+    publish(events);
+}
+
+// The last resort of the engine thread: every request ends with an error, the scheduler and
+// the KV cache start over empty, and the engine goes on serving new requests.
+void engine::fail_everything(const std::string & error) {
+    std::vector<engine_event> events;
+    for (auto & [id, live] : live_) {
+        const sched_request * req = sched_.find(id);
+        if (req != nullptr && req->status == REQUEST_STATUS_WAITING) {
+            leave_queue(live.request->id_owner);
+        }
+        engine_event ev;
+        ev.id_request = id;
+        ev.status = REQUEST_STATUS_FINISHED_ERROR;
+        ev.error = error;
+        events.push_back(std::move(ev));
+    }
+    for (const embed_job & job : embed_jobs_) {
+        leave_queue(job.id_owner);
+        engine_event ev;
+        ev.id_request = job.id_request;
+        ev.status = REQUEST_STATUS_FINISHED_ERROR;
+        ev.error = error;
+        events.push_back(std::move(ev));
+    }
+    live_.clear();
+    embed_jobs_.clear();
+    sched_ = scheduler(scheduler_params_of(params_));
+    if (llama_memory_t mem = llama_get_memory(ctx_)) {
+        llama_memory_clear(mem, true);
+    }
     publish(events);
 }
 
 // ---- embeddings ----------------------------------------------------------------------------
 
+// Whole inputs go into one batch: first one input of every job, oldest first, so a small
+// request is never stuck behind a large one; then as many more as fit, oldest job first.
 void engine::step_embed() {
     if (embed_jobs_.empty()) {
         return;
@@ -475,25 +606,36 @@ void engine::step_embed() {
     const int32_t n_cap = (int32_t) llama_n_batch(ctx_);
     const int32_t n_seq_cap = (int32_t) llama_n_seq_max(ctx_);
 
-    // Pack whole inputs, from the oldest job on, into one batch.
     struct placed { size_t job, input; int32_t seq; };
     std::vector<placed> placed_inputs;
+    std::vector<size_t> next(embed_jobs_.size());
     batch_.n_tokens = 0;
+    auto place = [&](size_t j) {
+        const embed_job & job = embed_jobs_[j];
+        if (next[j] >= job.inputs.size()) {
+            return false;
+        }
+        const auto & tokens = job.inputs[next[j]];
+        const int32_t seq = (int32_t) placed_inputs.size();
+        if (batch_.n_tokens + (int32_t) tokens.size() > n_cap || seq >= n_seq_cap) {
+            return false;
+        }
+        for (size_t k = 0; k < tokens.size(); ++k) {
+            batch_add(batch_, tokens[k], (int32_t) k, seq, true);
+        }
+        placed_inputs.push_back({j, next[j], seq});
+        next[j] += 1;
+        return true;
+    };
     for (size_t j = 0; j < embed_jobs_.size(); ++j) {
-        embed_job & job = embed_jobs_[j];
-        for (size_t i = job.n_done; i < job.inputs.size(); ++i) {
-            const auto & tokens = job.inputs[i];
-            const int32_t seq = (int32_t) placed_inputs.size();
-            if (batch_.n_tokens + (int32_t) tokens.size() > n_cap || seq >= n_seq_cap) {
-                goto packed;
-            }
-            for (size_t k = 0; k < tokens.size(); ++k) {
-                batch_add(batch_, tokens[k], (int32_t) k, seq, true);
-            }
-            placed_inputs.push_back({j, i, seq});
+        next[j] = embed_jobs_[j].n_done;
+        place(j);
+    }
+    for (size_t j = 0; j < embed_jobs_.size(); ++j) {
+        while (place(j)) {
         }
     }
-packed:
+
     std::vector<engine_event> events;
     if (placed_inputs.empty()) {                // an input longer than a batch: refuse its job
         engine_event ev;
@@ -501,8 +643,8 @@ packed:
         ev.status = REQUEST_STATUS_FINISHED_ERROR;
         ev.error = "input is longer than the model's context";
         events.push_back(std::move(ev));
+        leave_queue(embed_jobs_.front().id_owner);
         embed_jobs_.erase(embed_jobs_.begin());
-        n_queued_.fetch_sub(1);
         publish(events);
         return;
     }
@@ -510,7 +652,7 @@ packed:
         llama_memory_clear(mem, true);
     }
     const uint64_t t0 = now_us();
-    const int32_t rc = llama_decode(ctx_, batch_);
+    const int32_t rc = decode();
     const uint64_t t1 = now_us();
     for (const placed & p : placed_inputs) {
         embed_job & job = embed_jobs_[p.job];
@@ -529,10 +671,17 @@ packed:
             }
         }
         job.n_tokens += (int32_t) job.inputs[p.input].size();
-        job.n_done = p.input + 1;
     }
-    for (auto it = embed_jobs_.begin(); it != embed_jobs_.end();) {
-        if (rc == 0 && it->n_done < it->inputs.size()) {
+    std::vector<bool> finishing(embed_jobs_.size());
+    for (size_t j = 0; j < embed_jobs_.size(); ++j) {
+        embed_job & job = embed_jobs_[j];
+        // A failed decode ends the jobs that were in it; the others wait for the next batch.
+        finishing[j] = rc == 0 ? next[j] == job.inputs.size() : next[j] > job.n_done;
+        job.n_done = next[j];
+    }
+    size_t j = 0;
+    for (auto it = embed_jobs_.begin(); it != embed_jobs_.end(); ++j) {
+        if (!finishing[j]) {
             ++it;
             continue;
         }
@@ -547,7 +696,7 @@ packed:
             ev.embedding = std::move(it->out);
         }
         events.push_back(std::move(ev));
-        n_queued_.fetch_sub(1);
+        leave_queue(it->id_owner);
         it = embed_jobs_.erase(it);
     }
     publish(events);

@@ -28,11 +28,13 @@ struct engine_params {
     int32_t     n_threads     = 0;       // 0: all cores
     int32_t     n_max_waiting = 256;     // queued requests beyond which submit() refuses
     int32_t     flash_attn    = -1;      // llama_flash_attn_type: -1 auto, 0 off, 1 on
+    float       key_share     = 1.0f;    // most of the slots and of the queue one owner may hold
     bool        quiet         = true;    // silence llama.cpp's own logging
 };
 
 struct generation_request {
     int64_t                  id_request = 0;
+    int64_t                  id_owner   = 0;     // the API key that asked: the unit of fair share
     std::vector<int32_t>     prompt;
     int32_t                  max_tokens = 16;
     std::vector<std::string> stop;
@@ -58,6 +60,13 @@ struct engine_stats {
     uint64_t t_schedule_us = 0, t_batch_us = 0, t_decode_us = 0, t_sample_us = 0, t_emit_us = 0;
 };
 
+// Why submit() did or did not take a request.
+enum submit_result : int32_t {
+    SUBMIT_ACCEPTED   = 0,
+    SUBMIT_QUEUE_FULL = 1,   // the model's queue is full
+    SUBMIT_OVER_SHARE = 2,   // this owner already holds its share of the queue
+};
+
 class engine {
 public:
     explicit engine(const engine_params & params);
@@ -65,10 +74,13 @@ public:
     engine(const engine &) = delete;
     engine & operator=(const engine &) = delete;
 
-    // Thread-safe. False when the queue is full. Throws std::invalid_argument on a bad grammar.
-    bool submit(generation_request req);
-    bool submit_embedding(int64_t id_request, std::vector<std::vector<int32_t>> inputs);
+    // Thread-safe. Throws std::invalid_argument on a bad grammar.
+    submit_result submit(generation_request req);
+    submit_result submit_embedding(int64_t id_request, int64_t id_owner,
+                                   std::vector<std::vector<int32_t>> inputs);
     void cancel(int64_t id_request);
+    // Testing: make the next `n` decode calls fail as llama_decode can (no KV room, abort).
+    void fail_next_decodes(int32_t n) { n_fail_decodes_ = n; }
     std::vector<engine_event> take_events();
     void close();
 
@@ -94,20 +106,22 @@ private:
     struct task {
         enum kind_t { TASK_SUBMIT, TASK_EMBED, TASK_CANCEL } kind;
         int64_t id_request;
+        int64_t id_owner;
         std::unique_ptr<generation_request> request;
-        std::unique_ptr<sampler_chain> chain;
+        std::unique_ptr<request_sampler> sampler;
         std::vector<std::vector<int32_t>> inputs;
     };
 
     struct live_request {                 // engine-side state of an admitted generation
         std::unique_ptr<generation_request> request;
-        std::unique_ptr<sampler_chain> chain;
+        std::unique_ptr<request_sampler> sampler;
         text_stream stream;
         int32_t n_prompt = 0;
     };
 
     struct embed_job {
         int64_t id_request;
+        int64_t id_owner;
         std::vector<std::vector<int32_t>> inputs;
         std::vector<float> out;
         size_t n_done = 0;
@@ -116,13 +130,21 @@ private:
 
     void loop();
     void take_tasks(std::vector<task> & incoming);
+    void cancel_embedding(int64_t id_request, std::vector<engine_event> & events);
     void step_generate();
     void step_embed();
+    int32_t decode();
     void decode_plan(const batch_plan & plan, std::vector<int32_t> & logit_index);
     step_outcome sample(int64_t id_request, int32_t index, engine_event & event);
+    step_outcome sample_guarded(int64_t id_request, int32_t index, engine_event & event);
     void finish_events(const std::vector<int64_t> & finished, std::vector<engine_event> & events);
-    void fail_all(const batch_plan & plan, const std::string & error);
+    void fail_plan(const batch_plan & plan, const std::string & error);
+    void fail_everything(const std::string & error);
     void publish(std::vector<engine_event> & events);
+
+    // The queue's bookkeeping, per model and per owner (under mu_tasks_).
+    submit_result enter_queue(int64_t id_owner);
+    void leave_queue(int64_t id_owner);
 
     engine_params  params_;
     llama_model *  model_ = nullptr;
@@ -140,7 +162,10 @@ private:
     std::condition_variable cv_;
     std::vector<task> tasks_;
     bool stop_ = false;
-    std::atomic<int32_t> n_queued_{0};
+    int32_t n_queued_ = 0;
+    std::unordered_map<int64_t, int32_t> n_queued_of_;   // owner -> requests in the queue
+    int32_t n_max_queued_per_owner_ = 0;
+    std::atomic<int32_t> n_fail_decodes_{0};
 
     mutable std::mutex mu_events_;
     std::vector<engine_event> events_;

@@ -30,7 +30,7 @@ struct batch_plan {
     std::vector<plan_admission> admissions;
     std::vector<plan_item>      items;
     std::vector<int64_t>        released;  // cancelled requests, now finished ABORTED
-    int32_t n_released_waiting = 0;        // how many of them had not left the queue yet
+    std::vector<int64_t>        released_waiting;  // those of them that had not left the queue
     int32_t n_tokens = 0;
 
     bool empty() const { return items.empty(); }

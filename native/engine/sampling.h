@@ -38,18 +38,37 @@ struct logprob_entry {
     std::vector<token_logprob> top;
 };
 
-// Owns a sampler chain; throws std::invalid_argument when the grammar does not parse.
-class sampler_chain {
+// The sampler of one request: a llama.cpp chain for the sampling parameters and, apart from
+// it, the grammar. The grammar is checked lazily, as llama-server does: the chain picks a token
+// from the raw distribution and the grammar only vets that one token; the full vocabulary goes
+// through the grammar only when it rejects the pick. A grammar costs one token's check per step
+// instead of a pass over the whole vocabulary, so a large schema cannot slow down its
+// neighbours in the batch. Throws std::invalid_argument when the grammar does not parse.
+class request_sampler {
 public:
-    sampler_chain(const sampling_params & params, const llama_vocab * vocab);
-    ~sampler_chain();
-    sampler_chain(const sampler_chain &) = delete;
-    sampler_chain & operator=(const sampler_chain &) = delete;
+    request_sampler(const sampling_params & params, const llama_vocab * vocab);
+    ~request_sampler();
+    request_sampler(const request_sampler &) = delete;
+    request_sampler & operator=(const request_sampler &) = delete;
 
-    llama_sampler * get() const { return chain_; }
+    // The next token from one row of logits, or LLAMA_TOKEN_NULL when the grammar allows none.
+    // `eog` tokens are suppressed when `suppress_eog`, unless the grammar allows nothing else:
+    // a completed grammar wins over min_tokens / ignore_eos.
+    llama_token sample(const float * logits, int32_t n_vocab, bool suppress_eog,
+                       const std::vector<int32_t> & eog);
+    // Advance the grammar and the penalties' history past `token`.
+    void accept(llama_token token);
 
 private:
-    llama_sampler * chain_ = nullptr;
+    void load(const float * logits, int32_t n_vocab);
+    void suppress(const std::vector<int32_t> & eog);
+    bool grammar_allows(llama_token token);
+    bool grammar_allows_other_than(const std::vector<int32_t> & eog) const;
+
+    llama_sampler * chain_   = nullptr;
+    llama_sampler * grammar_ = nullptr;
+    std::vector<llama_token_data> cur_;
+    llama_token_data_array cur_p_{};
 };
 
 // log-softmax statistics of one row of logits, for the chosen token and the top-n.

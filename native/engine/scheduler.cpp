@@ -36,11 +36,29 @@ void scheduler::release(int64_t id_request) {
     requests_.erase(id_request);
 }
 
+void scheduler::fail(int64_t id_request) {
+    sched_request * req = find(id_request);
+    if (req == nullptr || req->id_slot < 0) {
+        return;
+    }
+    slots_[req->id_slot].cache.clear();
+    finish(*req, REQUEST_STATUS_FINISHED_ERROR);
+}
+
+// Shrinks a count kept per owner, forgetting owners that reach zero (the maps stay small).
+static void count_down(std::unordered_map<int64_t, int32_t> & counts, int64_t owner) {
+    auto it = counts.find(owner);
+    if (it != counts.end() && --it->second <= 0) {
+        counts.erase(it);
+    }
+}
+
 void scheduler::finish(sched_request & req, request_status status) {
     req.status = status;
     if (req.id_slot >= 0) {
         slots_[req.id_slot].id_request = -1;   // the cache stays: a later prompt may reuse it
         req.id_slot = -1;
+        count_down(n_running_of_, req.id_owner);
     }
     running_.erase(std::remove(running_.begin(), running_.end(), req.id_request), running_.end());
 }
@@ -52,7 +70,7 @@ void scheduler::release_finished(batch_plan & plan) {
         if (req.cancel_requested) {
             req.status = REQUEST_STATUS_FINISHED_ABORTED;
             plan.released.push_back(req.id_request);
-            plan.n_released_waiting += 1;
+            plan.released_waiting.push_back(req.id_request);
             it = waiting_.erase(it);
         } else {
             ++it;
@@ -91,15 +109,31 @@ int32_t scheduler::pick_slot(const std::vector<token_t> & prompt, int32_t & n_co
     return best;
 }
 
-void scheduler::admit(batch_plan & plan) {
-    while (!waiting_.empty()) {
-        sched_request & req = *requests_[waiting_.front()];
+// Under its share an owner is admitted in queue order. Past it, only while no owner under
+// its share is waiting: then the slots would stand idle otherwise.
+bool scheduler::may_admit(const sched_request & req, bool respect_share) const {
+    const int32_t cap = params_.n_max_slots_per_owner;
+    if (!respect_share || cap <= 0) {
+        return true;
+    }
+    auto held = n_running_of_.find(req.id_owner);
+    return held == n_running_of_.end() || held->second < cap;
+}
+
+void scheduler::admit(batch_plan & plan, bool respect_share) {
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+        sched_request & req = *requests_[*it];
+        if (!may_admit(req, respect_share)) {
+            ++it;                       // keeps its place in the queue
+            continue;
+        }
         int32_t n_common = 0;
         const int32_t id_slot = pick_slot(req.prompt, n_common);
         if (id_slot < 0) {
             return;
         }
-        waiting_.pop_front();
+        it = waiting_.erase(it);
+        n_running_of_[req.id_owner] += 1;
         // At least the last prompt token is decoded again: its logits give the first sample.
         const int32_t n_keep = std::min(n_common, (int32_t) req.prompt.size() - 1);
         slot_info & s = slots_[id_slot];
@@ -119,7 +153,8 @@ batch_plan scheduler::schedule() {
     batch_plan plan;
     ++n_steps_;
     release_finished(plan);
-    admit(plan);
+    admit(plan, true);
+    admit(plan, false);
 
     int32_t budget = params_.n_batch;
     // Running streams first: one token each, so a new prompt never starves them.

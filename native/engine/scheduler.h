@@ -17,6 +17,7 @@ struct request_limits {
 
 struct sched_request {
     int64_t              id_request;
+    int64_t              id_owner     = 0;  // who asked (an API key): the unit of fair share
     std::vector<token_t> prompt;
     request_limits       limits;
     request_status       status       = REQUEST_STATUS_WAITING;
@@ -39,6 +40,9 @@ struct scheduler_params {
     int32_t n_batch   = 512;   // tokens per decode step at most
     int32_t n_ctx_seq = 2048;  // context per sequence
     int32_t n_max_waiting = 256;
+    // While another owner waits, one owner is admitted into at most this many slots (its
+    // further requests keep their place in the queue). 0: no limit.
+    int32_t n_max_slots_per_owner = 0;
 };
 
 class scheduler {
@@ -56,6 +60,9 @@ public:
 
     // Forget a finished request (after the engine has emitted its last event).
     void release(int64_t id_request);
+    // End a running request with an error, and forget what its slot's cache held: its KV is
+    // gone (the engine clears the sequence), so prefix reuse must not trust it any more.
+    void fail(int64_t id_request);
 
     sched_request *       find(int64_t id_request);
     const slot_info &     slot(int32_t id_slot) const { return slots_[id_slot]; }
@@ -65,7 +72,8 @@ public:
     const scheduler_params & params() const { return params_; }
 
 private:
-    void    admit(batch_plan & plan);
+    void    admit(batch_plan & plan, bool respect_share);
+    bool    may_admit(const sched_request & req, bool respect_share) const;
     void    release_finished(batch_plan & plan);
     int32_t pick_slot(const std::vector<token_t> & prompt, int32_t & n_common) const;
     void    finish(sched_request & req, request_status status);
@@ -74,6 +82,7 @@ private:
     std::vector<slot_info> slots_;
     std::deque<int64_t> waiting_;
     std::vector<int64_t> running_;   // in admission order: prefill goes first-come first-served
+    std::unordered_map<int64_t, int32_t> n_running_of_;   // owner -> slots held
     std::unordered_map<int64_t, std::unique_ptr<sched_request>> requests_;
     uint64_t n_steps_ = 0;
 };

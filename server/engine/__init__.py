@@ -13,6 +13,9 @@ from .._engine import (  # noqa: E402
     STATUS_LENGTH,
     STATUS_RUNNING,
     STATUS_STOPPED,
+    SUBMIT_ACCEPTED,
+    SUBMIT_OVER_SHARE,
+    SUBMIT_QUEUE_FULL,
     Engine,
     SamplingParams,
     Scheduler,
@@ -20,4 +23,5 @@ from .._engine import (  # noqa: E402
 )
 
 __all__ = ["Engine", "SamplingParams", "Scheduler", "TextStream", "FINISH_REASONS",
-           "STATUS_RUNNING", "STATUS_STOPPED", "STATUS_LENGTH", "STATUS_ABORTED", "STATUS_ERROR"]
+           "STATUS_RUNNING", "STATUS_STOPPED", "STATUS_LENGTH", "STATUS_ABORTED", "STATUS_ERROR",
+           "SUBMIT_ACCEPTED", "SUBMIT_QUEUE_FULL", "SUBMIT_OVER_SHARE"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from . import STATUS_ABORTED, STATUS_LENGTH, STATUS_RUNNING
+from . import STATUS_ABORTED, STATUS_ERROR, STATUS_LENGTH, STATUS_RUNNING
 
 STATUS_WAITING = 0
 
@@ -19,6 +19,7 @@ class _Request:
     id: int
     prompt: list[int]
     max_tokens: int
+    owner: int = 0
     status: int = STATUS_WAITING
     slot: int = -1
     n_cached: int = 0
@@ -40,8 +41,11 @@ def _finished(status: int) -> bool:
 
 
 class Scheduler:
-    def __init__(self, n_slots: int, n_batch: int, n_ctx_seq: int, n_max_waiting: int = 256):
+    def __init__(self, n_slots: int, n_batch: int, n_ctx_seq: int, n_max_waiting: int = 256,
+                 n_max_slots_per_owner: int = 0):
         self.n_batch, self.n_ctx_seq, self.n_max_waiting = n_batch, n_ctx_seq, n_max_waiting
+        self.n_max_slots_per_owner = n_max_slots_per_owner
+        self._held: dict[int, int] = {}                    # owner -> slots held
         self._slots = [_Slot() for _ in range(n_slots)]
         self._waiting: deque[int] = deque()
         self._running: list[int] = []
@@ -51,10 +55,10 @@ class Scheduler:
 
     # ---- the interface of server._engine.Scheduler -------------------------------------------
 
-    def enqueue(self, id_request: int, prompt: list[int], max_tokens: int) -> bool:
+    def enqueue(self, id_request: int, prompt: list[int], max_tokens: int, owner: int = 0) -> bool:
         if len(self._waiting) >= self.n_max_waiting or not prompt:
             return False
-        self._requests[id_request] = _Request(id_request, list(prompt), max_tokens)
+        self._requests[id_request] = _Request(id_request, list(prompt), max_tokens, owner)
         self._waiting.append(id_request)
         return True
 
@@ -66,10 +70,11 @@ class Scheduler:
         return True
 
     def schedule(self) -> dict:
-        plan = {"admissions": [], "items": [], "released": [], "n_tokens": 0}
+        plan = {"admissions": [], "items": [], "released": [], "released_waiting": [], "n_tokens": 0}
         self._steps += 1
         self._release_cancelled(plan)
-        self._admit(plan)
+        self._admit(plan, respect_share=True)
+        self._admit(plan, respect_share=False)
         budget = self.n_batch
         for rid in self._running:                          # running streams first, one token each
             req = self._requests[rid]
@@ -128,6 +133,13 @@ class Scheduler:
     def release(self, id_request: int) -> None:
         self._requests.pop(id_request, None)
 
+    def fail(self, id_request: int) -> None:
+        req = self._requests.get(id_request)
+        if req is None or req.slot < 0:
+            return
+        self._slots[req.slot].cache.clear()
+        self._finish(req, STATUS_ERROR)
+
     @property
     def n_waiting(self) -> int:
         return len(self._waiting)
@@ -143,6 +155,9 @@ class Scheduler:
         if req.slot >= 0:
             self._slots[req.slot].request = -1            # the cache stays for later prefix reuse
             req.slot = -1
+            self._held[req.owner] -= 1
+            if not self._held[req.owner]:
+                del self._held[req.owner]
         self._running = [r for r in self._running if r != req.id]
 
     def _release_cancelled(self, plan: dict) -> None:
@@ -150,6 +165,7 @@ class Scheduler:
             self._requests[rid].status = STATUS_ABORTED
             self._waiting.remove(rid)
             plan["released"].append(rid)
+            plan["released_waiting"].append(rid)
         for rid in list(self._running):
             req = self._requests[rid]
             if req.cancel_requested:
@@ -171,13 +187,20 @@ class Scheduler:
                 best, best_common = i, common
         return best, best_common
 
-    def _admit(self, plan: dict) -> None:
-        while self._waiting:
-            req = self._requests[self._waiting[0]]
+    def _may_admit(self, req: _Request, respect_share: bool) -> bool:
+        cap = self.n_max_slots_per_owner
+        return not respect_share or cap <= 0 or self._held.get(req.owner, 0) < cap
+
+    def _admit(self, plan: dict, respect_share: bool) -> None:
+        for rid in list(self._waiting):
+            req = self._requests[rid]
+            if not self._may_admit(req, respect_share):
+                continue                                  # keeps its place in the queue
             slot, common = self._pick_slot(req.prompt)
             if slot < 0:
                 return
-            self._waiting.popleft()
+            self._waiting.remove(rid)
+            self._held[req.owner] = self._held.get(req.owner, 0) + 1
             n_keep = min(common, len(req.prompt) - 1)     # the last prompt token is decoded again
             s = self._slots[slot]
             del s.cache[n_keep:]

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
+import threading
 
 from ..http.errors import ApiError, ErrorKind
-from . import FINISH_REASONS, STATUS_ERROR, STATUS_RUNNING, Engine, SamplingParams
+from . import (FINISH_REASONS, STATUS_ERROR, STATUS_RUNNING, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE,
+               Engine, SamplingParams)
 
 # Event tuple fields (see server/_engine.pyi)
 EV_ID, EV_TEXT, EV_TOKENS, EV_STATUS, EV_PROMPT, EV_CACHED, EV_GENERATED, EV_LOGPROBS, EV_EMBEDDING, EV_ERROR = range(10)
@@ -69,34 +72,52 @@ class ModelRunner:
         self._streams: dict[int, Generation] = {}
         self._ids = itertools.count(1)
         self.closing = False          # set on the loop thread before the engine is freed elsewhere
+        self._leases = 0              # threads using the engine's vocabulary right now
+        self._lease_lock = threading.Condition()
         loop.add_reader(engine.fileno(), self._on_events)
 
+    @contextlib.contextmanager
+    def lease(self):
+        """Use the engine from another thread (tokenizing off the loop); closing waits for it."""
+        with self._lease_lock:
+            if self.closing:
+                raise unloaded()
+            self._leases += 1
+        try:
+            yield self.engine
+        finally:
+            with self._lease_lock:
+                self._leases -= 1
+                self._lease_lock.notify_all()
+
     def generate(self, jobs: list[tuple[list[int], int, SamplingParams]],
-                 stop: list[str]) -> Generation:
-        """Submit one engine request per (prompt, max_tokens, sampling) job; job i is choice i."""
+                 stop: list[str], owner: int = 0) -> Generation:
+        """Submit one engine request per (prompt, max_tokens, sampling) job; job i is choice i.
+        `owner` (the API key) is the unit of the fair share of slots and queue."""
         self.check_open()
         stream = Generation(self.loop)
         for index, (prompt, max_tokens, sampling) in enumerate(jobs):
             id_request = next(self._ids)
             try:
-                accepted = self.engine.submit(id_request, prompt, max_tokens, stop, sampling)
+                verdict = self.engine.submit(id_request, prompt, max_tokens, stop, sampling, owner)
             except ValueError as exc:
                 self.cancel(stream)
                 raise ApiError(ErrorKind.INVALID_REQUEST, str(exc), param="response_format") from None
-            if not accepted:
+            if verdict != SUBMIT_ACCEPTED:
                 self.cancel(stream)
-                raise busy()
+                raise refused(verdict)
             stream.choice[id_request] = index
             stream.n_open += 1
             self._streams[id_request] = stream
         return stream
 
-    def embed(self, inputs: list[list[int]]) -> Generation:
+    def embed(self, inputs: list[list[int]], owner: int = 0) -> Generation:
         self.check_open()
         id_request = next(self._ids)
         stream = Generation(self.loop)
-        if not self.engine.submit_embedding(id_request, inputs):
-            raise busy()
+        verdict = self.engine.submit_embedding(id_request, inputs, owner)
+        if verdict != SUBMIT_ACCEPTED:
+            raise refused(verdict)
         stream.choice[id_request] = 0
         stream.n_open = 1
         self._streams[id_request] = stream
@@ -121,14 +142,18 @@ class ModelRunner:
     def end_all(self, reason: str) -> None:
         """Finish every open request with an error event (on the loop thread), and stop
         listening to the engine: used when the model is unloaded under its requests."""
-        self.closing = True
+        with self._lease_lock:
+            self.closing = True
         self.loop.remove_reader(self.engine.fileno())
         streams, self._streams = self._streams, {}
         for id_request, stream in streams.items():
             stream.push((id_request, b"", 0, STATUS_ERROR, 0, 0, 0, None, None, reason))
 
     def close_engine(self) -> None:
-        """Join the engine's thread and free the model (blocking: call from a worker thread)."""
+        """Join the engine's thread and free the model (blocking: call from a worker thread),
+        once no other thread is using it."""
+        with self._lease_lock:
+            self._lease_lock.wait_for(lambda: self._leases == 0)
         self.engine.close()
 
 
@@ -139,6 +164,14 @@ class ModelRunner:
 
 def unloaded() -> ApiError:
     return ApiError(ErrorKind.UNAVAILABLE, "the model was unloaded", headers=((b"retry-after", b"1"),))
+
+
+def refused(verdict: int) -> ApiError:
+    if verdict == SUBMIT_OVER_SHARE:
+        return ApiError(ErrorKind.RATE_LIMIT, "this API key already holds its share of the model's "
+                        "queue (inference.limits.key_share); retry when some of its requests finish",
+                        headers=((b"retry-after", b"1"),))
+    return busy()
 
 
 def busy() -> ApiError:

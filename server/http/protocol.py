@@ -36,22 +36,29 @@ _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:+=/~-]{1,128}")
 
 
 class RequestIds:
-    """UUIDv4-shaped request ids: a random per-process prefix and a 48-bit counter.
+    """Random UUIDv4 request ids, cheaply.
 
-    uuid.uuid4() costs about 2 us (a getrandom syscall and the UUID object); this
-    costs about 0.1 us, keeps the v4 layout (version and variant nibbles), and ids
-    stay unique across processes through the 74 random prefix bits.
+    uuid.uuid4() costs about 2 us (a getrandom syscall and a UUID object per id). Here the
+    random bytes come from one os.urandom call per 256 ids and are formatted directly; every
+    id is fully random (122 bits), so ids cannot be guessed or enumerated from one another.
     """
 
+    BATCH = 256
+
     def __init__(self):
-        bits = int.from_bytes(os.urandom(16), "big")
-        text = f"{bits:032x}"
-        self.prefix = f"{text[:8]}-{text[8:12]}-4{text[13:16]}-{'89ab'[bits & 3]}{text[17:20]}-"
-        self.counter = bits >> 80
+        self._pool = b""
+        self._at = 0
 
     def next(self) -> bytes:
-        self.counter = (self.counter + 1) & 0xFFFFFFFFFFFF
-        return f"{self.prefix}{self.counter:012x}".encode()
+        at = self._at
+        if at >= len(self._pool):
+            self._pool = os.urandom(16 * self.BATCH)
+            at = 0
+        self._at = at + 16
+        text = self._pool[at:at + 16].hex()
+        variant = "89ab"[self._pool[at + 8] & 3]
+        return (f"{text[:8]}-{text[8:12]}-4{text[13:16]}-{variant}{text[17:20]}-{text[20:32]}"
+                .encode())
 
 
 new_request_id = RequestIds().next
@@ -93,7 +100,6 @@ class HttpProtocol:
     _head_seen = cython.declare(cython.long)
     _head_chunk = cython.declare(cython.long)
     _n_content_length = cython.declare(cython.int)
-    _chunked = cython.declare(cython.bint)
     _body = cython.declare(list)
     _body_len = cython.declare(cython.longlong)
     _max_body = cython.declare(cython.longlong)
@@ -135,7 +141,6 @@ class HttpProtocol:
         self._head_seen = 0
         self._head_chunk = 0
         self._n_content_length = 0
-        self._chunked = False
         self._body = []
         self._body_len = 0
         self._max_body = 0
@@ -189,10 +194,14 @@ class HttpProtocol:
         return None
 
     def pause_writing(self) -> None:
+        """More than the high-water mark is unsent: stop reading (and answering pipelined
+        requests) until the client takes its answers, whatever kind of response it was."""
         self.flow.pause_writing()
+        self.pause_reading()
 
     def resume_writing(self) -> None:
         self.flow.resume_writing()
+        self.pump()                      # answers what waited, then reads again
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -255,7 +264,6 @@ class HttpProtocol:
         self._head_seen = 0
         self._head_chunk = self.n_chunks
         self._n_content_length = 0
-        self._chunked = False
         self._body = []
         self._body_len = 0
         if self.phase != HEAD:           # a pipelined request starts inside a chunk
@@ -269,6 +277,8 @@ class HttpProtocol:
                           f"request target is longer than {self._max_head} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.phase == BODY:
+            return                       # a chunked body's trailer: never a request header
         self._n_headers += 1
         if self._n_headers > self._max_headers:
             raise _Reject(ErrorKind.HEADERS_TOO_LARGE,
@@ -284,15 +294,11 @@ class HttpProtocol:
                 raise _Reject(ErrorKind.INVALID_REQUEST, "duplicate Content-Length header")
             if not value.isdigit() or len(value) > 18:
                 raise _Reject(ErrorKind.INVALID_REQUEST, "malformed Content-Length header")
-        elif name == b"transfer-encoding":
-            self._chunked = True
         previous = self._headers.get(name)
         self._headers[name] = value if previous is None else previous + b", " + value
 
     def on_headers_complete(self) -> None:
-        if self._chunked and self._n_content_length:
-            raise _Reject(ErrorKind.INVALID_REQUEST,
-                          "Content-Length and Transfer-Encoding must not both be sent")
+        # Content-Length with Transfer-Encoding never gets here: llhttp refuses it (smuggling).
         parser = self.parser
         self._method = parser.get_method().decode("ascii", "replace")
         self._keep_alive = parser.should_keep_alive()
@@ -345,11 +351,11 @@ class HttpProtocol:
             return
         self.pumping = True
         try:
-            while self.pipeline and not self.busy and not self.closed:
+            while self.pipeline and not self.busy and not self.closed and not self.flow.paused:
                 self.start(self.pipeline.popleft())
         finally:
             self.pumping = False
-        if not self.pipeline and not self.reading and not self.closed:
+        if not self.pipeline and not self.reading and not self.closed and not self.flow.paused:
             self.resume_reading()
 
     @cython.ccall
@@ -505,7 +511,10 @@ def _split_target(url: bytes) -> tuple[str, str]:
     """Origin-form or absolute-form request target -> (path, query)."""
     if url[:1] != b"/":
         if url[:7].lower() == b"http://" or url[:8].lower() == b"https://":
-            parsed = httptools.parse_url(url)
+            try:
+                parsed = httptools.parse_url(url)
+            except httptools.HttpParserInvalidURLError:
+                raise _Reject(ErrorKind.INVALID_REQUEST, "request target is not a valid URL") from None
             url = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
         else:
             raise _Reject(ErrorKind.INVALID_REQUEST, "request target must be an absolute path")

@@ -61,10 +61,10 @@ async def chat_completions(node, request) -> Response | StreamingResponse:
     body = request.json()
     model = await node.models.get(validate.string(body, "model", max_len=256), "chat")
     gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=True)
-    prompt_text = templates.render(model.formatter, messages_of(body))
-    prompt = model.engine.tokenize(prompt_text, False, True)
+    prompt = await templates.prompt_tokens(model, messages_of(body))
     generate.check_fits(len(prompt), model.context_length, "messages")
-    stream = model.runner.generate(generate.jobs_for([prompt], gen, model.context_length), gen.stop)
+    stream = model.runner.generate(generate.jobs_for([prompt], gen, model.context_length), gen.stop,
+                                   generate.owner_of(request))
     head = responses.envelope("chat.completion", responses.new_id("chatcmpl"), model.id)
     if gen.stream:
         return StreamingResponse(_chunks(model.runner, stream, gen, head), b"text/event-stream")
@@ -72,7 +72,7 @@ async def chat_completions(node, request) -> Response | StreamingResponse:
     choices = await generate.collect(model.runner, stream, gen.n)
     head["choices"] = [{
         "index": i,
-        "message": {"role": "assistant", "content": c.joined()},
+        "message": {"role": "assistant", "content": c.joined(), "refusal": None},
         "logprobs": responses.chat_logprobs(c.logprobs) if gen.logprobs else None,
         "finish_reason": c.finish_reason,
     } for i, c in enumerate(choices)]

@@ -43,10 +43,11 @@ async def completions(node, request) -> Response | StreamingResponse:
     model = await node.models.get(validate.string(body, "model", max_len=256), "chat")
     gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=False)
     echo = validate.boolean(body, "echo")
-    prompts = prompts_of(body, model.engine)
+    prompts = await generate.tokenized(model, prompts_of, body, request)
     for prompt in prompts:
         generate.check_fits(len(prompt), model.context_length)
-    stream = model.runner.generate(generate.jobs_for(prompts, gen, model.context_length), gen.stop)
+    stream = model.runner.generate(generate.jobs_for(prompts, gen, model.context_length), gen.stop,
+                                   generate.owner_of(request))
     head = responses.envelope("text_completion", responses.new_id("cmpl"), model.id)
     n_choices = len(prompts) * gen.n
     if gen.stream:

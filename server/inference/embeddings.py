@@ -11,7 +11,7 @@ from ..http import validate
 from ..http.errors import ApiError, ErrorKind, invalid
 from ..http.response import Response
 from ..http.wire import JSON
-from . import responses
+from . import generate, responses
 
 MAX_INPUTS = 2048
 
@@ -63,9 +63,9 @@ async def embeddings(node, request) -> Response:
         raise invalid(f"this model's embeddings have {model.engine.n_embd} dimensions; "
                       "other sizes are not supported", "dimensions")
     validate.string(body, "user", required=False, max_len=512, allow_empty=True)
-    inputs = inputs_of(body, model)
+    inputs = await generate.tokenized(model, lambda b, _engine: inputs_of(b, model), body, request)
 
-    stream = model.runner.embed(inputs)
+    stream = model.runner.embed(inputs, generate.owner_of(request))
     try:
         event = await stream.__anext__()
     finally:

@@ -3,9 +3,33 @@ and the context-length rules."""
 from __future__ import annotations
 
 from ..engine.runner import Generation
+from . import templates
 from ..http.errors import ApiError, ErrorKind, invalid
 from . import params as gen_params
 from .responses import Choice, engine_failure
+
+
+# Bodies up to this size are tokenized on the loop (microseconds); larger ones on a render
+# thread, so a 1 MiB prompt or 2,048 embedding inputs never stall the other clients.
+OFF_LOOP_BYTES = 16 * 1024
+
+
+async def tokenized(model, parse, body: dict, request):
+    """`parse(body, engine)`: the request's inputs as token lists, off the loop when large."""
+    if len(request.body) <= OFF_LOOP_BYTES:
+        return parse(body, model.engine)
+
+    def run():
+        with model.runner.lease() as engine:
+            return parse(body, engine)
+
+    return await templates.off_loop(run)
+
+
+def owner_of(request) -> int:
+    """Who a request counts against for the fair share of a model: its API key."""
+    key = getattr(request, "key", None)
+    return hash(key.id) if key is not None else 0
 
 
 def check_fits(n_prompt: int, context_length: int, what: str = "prompt") -> None:

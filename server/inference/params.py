@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import orjson
-from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+from llama_cpp.llama_grammar import JSON_GBNF
 
 from ..engine import SamplingParams
 from ..http import validate
 from ..http.errors import invalid
+from .grammar import json_schema_grammar
 
 MAX_N = 16
 MAX_STOP = 4
@@ -117,10 +117,7 @@ def _grammar(body: dict) -> str:
     if not isinstance(schema, dict):
         raise invalid("'response_format.json_schema.schema' must be a JSON Schema object",
                       "response_format")
-    try:
-        return json_schema_to_gbnf(orjson.dumps(schema).decode())
-    except Exception as exc:      # the converter raises several kinds on schemas it cannot express
-        raise invalid(f"unsupported JSON schema: {exc}", "response_format") from None
+    return json_schema_grammar(schema)
 
 
 def parse(body: dict, *, n_vocab: int, chat: bool) -> Generation:

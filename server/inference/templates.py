@@ -1,33 +1,54 @@
-"""Chat prompts from the GGUF's own chat template, rendered in a sandbox.
+"""Chat prompts from the GGUF's own chat template, rendered off the event loop in a sandbox.
 
-llama-cpp-python's Jinja2ChatFormatter renders with jinja2's
-ImmutableSandboxedEnvironment: a template cannot reach Python internals, mutate
-its inputs or load other templates.
+The template is compiled once per model (sandbox.ChatTemplate: bounded time, operations and
+memory). Each chat request renders it, and tokenizes the result, on a small pool of render
+threads: a template is code from a model file running on client data, and a large prompt takes
+milliseconds to tokenize, so neither may run on the loop that serves every other client.
+Whatever goes wrong in a template is a 400 that says so, never a 500.
 """
 from __future__ import annotations
 
-import jinja2
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 from ..http.errors import invalid
+from . import limits
+from .sandbox import ChatTemplate, TemplateFailure
 
 # ChatML, for models whose GGUF carries no template.
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
           "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
+RENDER_THREADS = 2
+_pool = ThreadPoolExecutor(max_workers=RENDER_THREADS, thread_name_prefix="stackd-render")
 
-def formatter_for(engine) -> Jinja2ChatFormatter:
-    template = engine.chat_template or CHATML
+
+def template_for(engine) -> ChatTemplate:
     eos = engine.piece(engine.token_eos).decode("utf-8", "replace") if engine.token_eos >= 0 else ""
     bos = engine.piece(engine.token_bos).decode("utf-8", "replace") if engine.token_bos >= 0 else ""
-    return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+    return ChatTemplate(engine.chat_template or CHATML, bos_token=bos, eos_token=eos)
 
 
-def render(formatter: Jinja2ChatFormatter, messages: list[dict]) -> str:
+def _render_and_tokenize(template: ChatTemplate, messages: list[dict], runner, limit) -> list[int]:
+    text = template.render(messages, limit)
+    with runner.lease():
+        return runner.engine.tokenize(text, False, True)
+
+
+async def prompt_tokens(model, messages: list[dict]) -> list[int]:
+    """The tokens of the rendered conversation, computed on a render thread."""
+    runner = model.runner
+    runner.check_open()
+    loop = asyncio.get_running_loop()
     try:
-        return formatter(messages=messages).prompt
-    except jinja2.exceptions.SecurityError:
-        raise invalid("the chat template tried an operation the sandbox forbids") from None
-    except (jinja2.exceptions.TemplateError, ValueError, TypeError) as exc:
-        raise invalid(f"the chat template rejected these messages: {exc}", "messages") from None
+        return await loop.run_in_executor(_pool, _render_and_tokenize, model.template, messages,
+                                          runner, limits.current)
+    except TemplateFailure as exc:
+        raise invalid(f"the model's chat template failed for these messages: {exc}",
+                      "messages") from None
+
+
+async def off_loop(function, *args):
+    """Run a tokenizing job on the render threads (large completion and embedding inputs)."""
+    return await asyncio.get_running_loop().run_in_executor(_pool, function, *args)

@@ -32,6 +32,7 @@ class EngineSettings:
     n_threads: int = 0
     max_queue: int = 256
     flash_attn: int = -1
+    key_share: float = 1.0
 
 
 @dataclass
@@ -40,7 +41,7 @@ class LoadedModel:
     runner: ModelRunner
     context_length: int
     created: int
-    formatter: object = None  # chat models: the sandboxed Jinja chat template
+    template: object = None   # chat models: the chat template (inference.sandbox.ChatTemplate)
     max_input: int = 0        # embeddings: tokens one input may have
 
     @property
@@ -196,18 +197,20 @@ class ModelManager:
         path = self.store.model_path(manifest)
         embeddings = manifest.kind == "embedding"
 
-        def construct() -> Engine:
-            return Engine(path, embeddings=embeddings, n_slots=s.n_slots, n_ctx_seq=context,
-                          n_batch=s.n_batch, n_threads=s.n_threads, n_max_waiting=s.max_queue,
-                          flash_attn=s.flash_attn)
+        def construct():
+            engine = Engine(path, embeddings=embeddings, n_slots=s.n_slots, n_ctx_seq=context,
+                            n_batch=s.n_batch, n_threads=s.n_threads, n_max_waiting=s.max_queue,
+                            flash_attn=s.flash_attn, key_share=s.key_share)
+            if embeddings:
+                return engine, None
+            from ..inference.templates import template_for
+            return engine, template_for(engine)          # compiling a template takes time too
 
-        engine = await self.loop.run_in_executor(None, construct)
-        model = LoadedModel(manifest, ModelRunner(self.loop, engine), context, int(time.time()))
+        engine, template = await self.loop.run_in_executor(None, construct)
+        model = LoadedModel(manifest, ModelRunner(self.loop, engine), context, int(time.time()),
+                            template=template)
         if embeddings:
             model.max_input = min(engine.n_ctx_train, context) if context else engine.n_ctx_train
-        else:
-            from ..inference.templates import formatter_for
-            model.formatter = formatter_for(engine)
         return model
 
     async def unload(self, model_id: str) -> Manifest:

@@ -14,11 +14,13 @@ import time
 import orjson
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# A client that waits this long has met a hang, not a slow machine: CI runs on 2 busy cores.
+CLIENT_TIMEOUT = 300
 
 
 def cli(*args: str, data_dir: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "server", *args, "--data-dir", data_dir],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+                          cwd=ROOT, capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
 
 
 def create_key(data_dir: str, name: str, permissions: str) -> str:
@@ -73,7 +75,8 @@ class Daemon:
     def request(self, method: str, path: str, *, port: str = "cluster", key: str | None = None,
                 body=None, headers: dict | None = None):
         """-> (status, headers dict with lower-case names, parsed JSON or raw bytes)."""
-        conn = http.client.HTTPConnection("127.0.0.1", getattr(self, f"{port}_port"), timeout=10)
+        conn = http.client.HTTPConnection("127.0.0.1", getattr(self, f"{port}_port"),
+                                          timeout=CLIENT_TIMEOUT)
         sent = dict(headers or {})
         if key is not None:
             sent["Authorization"] = f"Bearer {key}"
@@ -90,7 +93,7 @@ class Daemon:
             return response.status, got, orjson.loads(raw)
         return response.status, got, raw
 
-    def raw(self, data: bytes, port: str = "cluster", wait: float = 5.0) -> bytes:
+    def raw(self, data: bytes, port: str = "cluster", wait: float = 30.0) -> bytes:
         """Send raw bytes; return everything the server sends until it closes or goes quiet."""
         sock = socket.create_connection(("127.0.0.1", getattr(self, f"{port}_port")), timeout=wait)
         try:

@@ -70,7 +70,7 @@ def test_connection_cap(start_daemon):
 
 def test_slow_head_is_cut_off(start_daemon):
     daemon = start_daemon("[http]\nhead_timeout = 1.0\n")
-    sock = socket.create_connection(("127.0.0.1", daemon.cluster_port), timeout=5)
+    sock = socket.create_connection(("127.0.0.1", daemon.cluster_port), timeout=60)
     sock.sendall(b"GET /v1/health HTTP/1.1\r\n")
     started = time.monotonic()
     data = b""
@@ -93,7 +93,7 @@ def test_slow_head_is_cut_off(start_daemon):
 
 def test_idle_keep_alive_is_closed(start_daemon):
     daemon = start_daemon("[http]\nkeepalive_timeout = 1.0\n")
-    sock = socket.create_connection(("127.0.0.1", daemon.cluster_port), timeout=5)
+    sock = socket.create_connection(("127.0.0.1", daemon.cluster_port), timeout=60)
     sock.sendall(b"GET /v1/health HTTP/1.1\r\n" + auth(daemon) + b"\r\n")
     first = sock.recv(65536)
     assert parse_responses(first)[0][0] == 200
@@ -111,7 +111,7 @@ def test_malformed_framing(daemon, request_bytes):
 
 
 def test_half_closed_client_gets_its_response(daemon):
-    sock = socket.create_connection(("127.0.0.1", daemon.cluster_port), timeout=5)
+    sock = socket.create_connection(("127.0.0.1", daemon.cluster_port), timeout=60)
     sock.sendall(b"GET /v1/health HTTP/1.1\r\n" + auth(daemon) + b"\r\n")
     sock.shutdown(socket.SHUT_WR)                 # like `nc -q`: request sent, writing done
     data = b""

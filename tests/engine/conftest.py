@@ -2,7 +2,7 @@ import select
 
 import pytest
 
-from server.engine import STATUS_RUNNING, Engine, SamplingParams
+from server.engine import STATUS_RUNNING, SUBMIT_ACCEPTED, Engine, SamplingParams
 from server.models import defaults
 
 
@@ -13,14 +13,14 @@ class Driver:
         self.engine = engine
         self.next_id = 1
 
-    def submit(self, prompt, max_tokens=32, stop=(), **sampling) -> int:
+    def submit(self, prompt, max_tokens=32, stop=(), owner=0, **sampling) -> int:
         params = SamplingParams()
         params.temperature = 0.0
         for name, value in sampling.items():
             setattr(params, name, value)
         rid = self.next_id
         self.next_id += 1
-        assert self.engine.submit(rid, list(prompt), max_tokens, list(stop), params)
+        assert self.engine.submit(rid, list(prompt), max_tokens, list(stop), params, owner) == SUBMIT_ACCEPTED
         return rid
 
     def wait(self, ids, timeout=120.0, on_event=None) -> dict:

@@ -118,14 +118,14 @@ def test_logprobs_are_probabilities(driver, chat_engine):
 
 
 def test_queue_refusal_when_full(chat_engine):
-    from server.engine import Engine, SamplingParams
+    from server.engine import SUBMIT_ACCEPTED, SUBMIT_QUEUE_FULL, Engine, SamplingParams
     from server.models import defaults
     small = Engine(defaults.smollm2_path(), n_slots=1, n_ctx_seq=256, n_max_waiting=2)
     try:
         p = SamplingParams()
         prompt = chat_prompt(small, "Hi")
-        accepted = [small.submit(i, prompt, 200, [], p) for i in range(1, 6)]
-        assert accepted[:2] == [True, True] and not all(accepted)
+        verdicts = [small.submit(i, prompt, 200, [], p) for i in range(1, 6)]
+        assert verdicts == [SUBMIT_ACCEPTED] * 2 + [SUBMIT_QUEUE_FULL] * 3
         for i in range(1, 6):
             small.cancel(i)
         select.select([small.fileno()], [], [], 5)

@@ -186,3 +186,91 @@ def test_every_request_finishes_and_slots_are_all_free(Scheduler, n_slots):
     assert sorted(decoder.finished) == list(range(20))
     assert all(len(decoder.produced[r]) == r % 5 + 1 for r in range(20))
     assert sched.n_running == 0 and sched.n_waiting == 0
+
+
+# ---- fair share between owners (API keys) --------------------------------------------------
+
+def admitted_owners(plans, owner_of) -> list[int]:
+    return [owner_of[adm[0]] for plan in plans for adm in plan["admissions"]]
+
+
+def test_an_owner_over_its_share_waits_while_another_owner_waits(Scheduler):
+    sched = Scheduler(n_slots=4, n_batch=64, n_ctx_seq=128, n_max_slots_per_owner=2)
+    owner_of = {}
+    for rid in range(1, 7):                          # owner 1 queues six requests first
+        assert sched.enqueue(rid, [1, 2, 3], 50, owner=1)
+        owner_of[rid] = 1
+    assert sched.enqueue(7, [4, 5, 6], 50, owner=2)  # then owner 2 one
+    owner_of[7] = 2
+    first = sched.schedule()
+    # owner 1 gets its share (2 slots), owner 2 is admitted ahead of owner 1's third request,
+    # and the last slot goes back to owner 1: nobody else waits, a slot must not stand idle
+    assert [owner_of[a[0]] for a in first["admissions"]] == [1, 1, 2, 1]
+    assert [a[0] for a in first["admissions"]] == [1, 2, 7, 3]
+
+
+def test_without_a_share_admission_is_first_come_first_served(Scheduler):
+    sched = Scheduler(n_slots=4, n_batch=64, n_ctx_seq=128)
+    for rid in range(1, 7):
+        sched.enqueue(rid, [1, 2, 3], 50, owner=1)
+    sched.enqueue(7, [4, 5, 6], 50, owner=2)
+    assert [a[0] for a in sched.schedule()["admissions"]] == [1, 2, 3, 4]
+
+
+def test_a_freed_slot_goes_to_the_owner_under_its_share(Scheduler):
+    sched = Scheduler(n_slots=2, n_batch=64, n_ctx_seq=128, n_max_slots_per_owner=1)
+    owner_of = {1: 1, 2: 1, 3: 1, 4: 2}
+    for rid in (1, 2, 3):
+        sched.enqueue(rid, [1, 2], 50, owner=1)
+    decoder = FakeDecoder(sched, stop_after={1: 1, 2: 5, 3: 1, 4: 5})
+    plans = [decoder.step()]                         # owner 2 not there yet: both slots to owner 1
+    sched.enqueue(4, [7, 8], 50, owner=2)
+    plans += decoder.run()
+    # request 1 ends first; its slot goes to owner 2, ahead of owner 1's earlier request 3
+    assert admitted_owners(plans, owner_of) == [1, 1, 2, 1]
+
+
+def test_owners_over_share_do_not_leave_slots_idle(Scheduler):
+    sched = Scheduler(n_slots=6, n_batch=64, n_ctx_seq=128, n_max_slots_per_owner=1)
+    for rid in range(1, 5):
+        sched.enqueue(rid, [1, 2], 50, owner=rid % 2)   # two owners, both over share at once
+    assert len(sched.schedule()["admissions"]) == 4
+
+
+def test_a_failed_request_forgets_its_slot_cache(Scheduler):
+    sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=128)
+    decoder = FakeDecoder(sched, stop_after={1: 2})
+    sched.enqueue(1, [5, 6, 7, 8], 10)
+    decoder.run()
+    assert sched.slot_cache(0)[:4] == [5, 6, 7, 8]
+    sched.enqueue(2, [5, 6, 7, 8, 9], 10)
+    decoder.step()                                   # admitted with the prefix reused
+    sched.fail(2)
+    assert sched.slot_cache(0) == [] and sched.n_running == 0
+    sched.release(2)
+    sched.enqueue(3, [5, 6, 7, 8, 9], 10)
+    plan = sched.schedule()
+    assert plan["admissions"] == [(3, 0, 0)]         # nothing reused from a cache that is gone
+
+
+def test_prefix_reuse_ties_go_to_the_least_recently_used_slot_in_both_twins():
+    """Differential: random workloads through both implementations, same plans."""
+    import random
+    rng = random.Random(7)
+    for trial in range(30):
+        native, twin = (S(n_slots=3, n_batch=16, n_ctx_seq=64, n_max_slots_per_owner=rng.choice([0, 1, 2]))
+                        for S in (NativeScheduler, PythonScheduler))
+        decoders = [FakeDecoder(s, stop_after={}) for s in (native, twin)]
+        next_id = 1
+        for step in range(40):
+            if rng.random() < 0.5:
+                prompt = [rng.choice([1, 2, 3]) for _ in range(rng.randint(1, 6))]
+                max_tokens, owner = rng.randint(1, 4), rng.randint(0, 2)
+                assert native.enqueue(next_id, prompt, max_tokens, owner=owner) == \
+                    twin.enqueue(next_id, prompt, max_tokens, owner=owner)
+                next_id += 1
+            if rng.random() < 0.1 and next_id > 1:
+                victim = rng.randint(1, next_id - 1)
+                assert native.cancel(victim) == twin.cancel(victim)
+            plans = [d.step() for d in decoders]
+            assert plans[0] == plans[1], (trial, step)

@@ -24,11 +24,24 @@ class FakeTransport(asyncio.Transport):
         self.reading = True
         self.high = 64 * 1024
         self.paused_writing = False
+        self.flow_control = False     # True: behave like a socket the client does not read
+        self.n_pause_reading = 0
 
     # asyncio.Transport API used by the protocol
     def write(self, data) -> None:
         assert not self.closed, "write after close"
         self.written += data
+        if self.flow_control and not self.paused_writing and len(self.written) > self.high:
+            self.paused_writing = True
+            self.protocol.pause_writing()
+
+    def client_reads(self) -> bytes:
+        """The client takes everything unsent: the buffer drains below the low-water mark."""
+        data = self.take()
+        if self.paused_writing:
+            self.paused_writing = False
+            self.protocol.resume_writing()
+        return data
 
     def close(self) -> None:
         if not self.closed:
@@ -45,6 +58,7 @@ class FakeTransport(asyncio.Transport):
 
     def pause_reading(self) -> None:
         self.reading = False
+        self.n_pause_reading += 1
 
     def resume_reading(self) -> None:
         self.reading = True

@@ -3,7 +3,8 @@ import os
 
 import pytest
 
-from server.engine import STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED, SamplingParams
+from server.engine import (STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED, SUBMIT_ACCEPTED,
+                           SamplingParams)
 from server.engine.runner import ModelRunner
 from server.http.errors import ApiError
 from server.models.manager import LoadedModel
@@ -17,9 +18,9 @@ class FakeEngine:
     def fileno(self):
         return self.read_fd
 
-    def submit(self, id_request, prompt, max_tokens, stop, sampling):
+    def submit(self, id_request, prompt, max_tokens, stop, sampling, owner=0):
         self.submitted.append(id_request)
-        return True
+        return SUBMIT_ACCEPTED
 
     def cancel(self, id_request):
         self.cancelled.append(id_request)

@@ -1,0 +1,130 @@
+"""`response_format` JSON schemas turned into GBNF, within a budget checked before llama.cpp.
+
+A schema's size is not its cost. `{"type": "string", "maxLength": 20000}` is 50 bytes and
+becomes 20,000 nested optional groups, which llama.cpp's recursive grammar parser cannot
+survive (the stack overflows and the process dies); `minItems: 5000000` takes seconds and
+hundreds of MiB to convert; a 3,000-value enum makes every sampled token expensive. So the
+schema is walked first (depth, size, repetition counts, enum sizes, only local `$ref`s), then
+converted, then the grammar itself is measured (rules, bytes, nesting). Every refusal is a 400
+naming the limit and its setting (`inference.limits.*`).
+"""
+from __future__ import annotations
+
+import re
+
+import orjson
+from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+from ..http.errors import invalid
+from . import limits as _limits
+
+PARAM = "response_format"
+REPEAT_KEYWORDS = ("maxLength", "minLength", "maxItems", "minItems", "maxProperties",
+                   "minProperties", "maxContains", "minContains")
+# {m}, {m,} and {m,n} quantifiers in a `pattern`: each becomes a repetition in the grammar.
+QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+# llama.cpp's grammar parser recurses once per nested group; 20,000 levels overflow its stack.
+# This bound is far below that whatever the settings say.
+MAX_GRAMMAR_NESTING = 4096
+
+
+def _too_big(what: str, limit: int, setting: str) -> None:
+    raise invalid(f"the JSON schema in 'response_format' is too large: {what} (the limit is "
+                  f"{limit}, setting inference.limits.{setting})", PARAM)
+
+
+def _check_count(keyword: str, value, max_repeat: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise invalid(f"'{keyword}' in the JSON schema must be a number", PARAM)
+    if value < 0:
+        raise invalid(f"'{keyword}' in the JSON schema must not be negative", PARAM)
+    if value > max_repeat:
+        _too_big(f"'{keyword}' is {value}", max_repeat, "grammar_max_repeat")
+
+
+def _check_node(node: dict, limit: _limits.InferenceLimits) -> None:
+    ref = node.get("$ref")
+    if ref is not None and (not isinstance(ref, str) or not ref.startswith("#")):
+        # The converter would fetch remote references, guarded only by an assert.
+        raise invalid("only local '$ref' references ('#/...') are allowed in the JSON schema", PARAM)
+    for keyword in REPEAT_KEYWORDS:
+        if keyword in node:
+            _check_count(keyword, node[keyword], limit.grammar_max_repeat)
+    enum = node.get("enum")
+    if isinstance(enum, list) and len(enum) > limit.grammar_max_enum:
+        _too_big(f"an enum has {len(enum)} values", limit.grammar_max_enum, "grammar_max_enum")
+    pattern = node.get("pattern")
+    if isinstance(pattern, str):
+        for low, high in QUANTIFIER.findall(pattern):
+            for value in (low, high):
+                if value and int(value) > limit.grammar_max_repeat:
+                    _too_big(f"a pattern repeats {value} times", limit.grammar_max_repeat,
+                             "grammar_max_repeat")
+
+
+def check_schema(schema: dict, limit: _limits.InferenceLimits) -> None:
+    """Walk the schema without recursion: depth, node count, and each node's keywords."""
+    stack = [(schema, 1)]
+    n_nodes = 0
+    while stack:
+        node, depth = stack.pop()
+        n_nodes += 1
+        if n_nodes > limit.schema_max_nodes:
+            _too_big(f"more than {limit.schema_max_nodes} objects and arrays",
+                     limit.schema_max_nodes, "schema_max_nodes")
+        if depth > limit.schema_max_depth:
+            _too_big(f"nested deeper than {limit.schema_max_depth} levels", limit.schema_max_depth,
+                     "schema_max_depth")
+        if isinstance(node, dict):
+            _check_node(node, limit)
+            children = node.values()
+        else:
+            children = node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+
+
+def nesting(gbnf: str) -> int:
+    """The deepest group nesting of a grammar, outside string literals and character classes."""
+    deepest = depth = 0
+    quote = None
+    escaped = False
+    for ch in gbnf:
+        if quote is not None:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif ch == '"':
+            quote = '"'
+        elif ch == "[":
+            quote = "]"
+        elif ch == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == ")":
+            depth -= 1
+    return deepest
+
+
+def check_grammar(gbnf: str, limit: _limits.InferenceLimits) -> None:
+    if len(gbnf) > limit.grammar_max_bytes:
+        _too_big(f"its grammar is {len(gbnf)} bytes", limit.grammar_max_bytes, "grammar_max_bytes")
+    n_rules = gbnf.count("::=")
+    if n_rules > limit.grammar_max_rules:
+        _too_big(f"its grammar has {n_rules} rules", limit.grammar_max_rules, "grammar_max_rules")
+    if nesting(gbnf) > MAX_GRAMMAR_NESTING:
+        _too_big(f"its grammar nests deeper than {MAX_GRAMMAR_NESTING} groups", MAX_GRAMMAR_NESTING,
+                 "grammar_max_repeat")
+
+
+def json_schema_grammar(schema: dict, limit: _limits.InferenceLimits | None = None) -> str:
+    limit = limit or _limits.current
+    check_schema(schema, limit)
+    try:
+        gbnf = json_schema_to_gbnf(orjson.dumps(schema).decode())
+    except Exception as exc:      # the converter raises several kinds on schemas it cannot express
+        raise invalid(f"unsupported JSON schema: {str(exc)[:300]}", PARAM) from None
+    check_grammar(gbnf, limit)
+    return gbnf

@@ -1,0 +1,125 @@
+"""What a hostile or unlucky request must not do to the engine: kill the process, corrupt the
+KV cache for others, monopolize the slots or the queue, or keep working after its client left."""
+import select
+
+import pytest
+
+from server.engine import (STATUS_ABORTED, STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED,
+                           SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE, Engine, SamplingParams)
+from server.inference.grammar import json_schema_grammar
+from server.models import defaults
+
+from .conftest import Driver, chat_prompt
+
+
+def test_min_tokens_yields_to_a_completed_grammar(driver, chat_engine):
+    """It used to abort the process: end-of-generation was masked while the grammar allowed
+    nothing else, and llama.cpp threw on the token it was then given."""
+    grammar = json_schema_grammar({"type": "boolean"})
+    rid = driver.submit(chat_prompt(chat_engine, "Is the sky blue?"), max_tokens=40,
+                        min_tokens=20, grammar=grammar)
+    result = driver.wait([rid])[rid]
+    assert result["status"] == STATUS_STOPPED
+    assert result["text"].strip() in (b"true", b"false")
+
+
+def test_ignore_eos_with_a_grammar_stops_when_the_grammar_is_done(driver, chat_engine):
+    grammar = json_schema_grammar({"type": "string", "maxLength": 5})
+    rid = driver.submit(chat_prompt(chat_engine, "Say hi."), max_tokens=60, ignore_eos=True,
+                        grammar=grammar)
+    result = driver.wait([rid])[rid]
+    assert result["status"] == STATUS_STOPPED and result["text"].startswith(b'"')
+
+
+def test_a_grammar_checked_lazily_gives_the_same_greedy_output(driver, chat_engine):
+    """Greedy output under a grammar that the model follows anyway is what it is without it."""
+    prompt = chat_prompt(chat_engine, "Answer with one word: what color is grass?")
+    free = driver.wait([driver.submit(prompt, max_tokens=12)])
+    text = next(iter(free.values()))["text"]
+    escaped = text.decode().replace("\\", "\\\\").replace('"', '\\"')
+    grammar = f'root ::= "{escaped}"'
+    constrained = driver.wait([driver.submit(prompt, max_tokens=12, grammar=grammar)])
+    assert next(iter(constrained.values()))["text"] == text
+
+
+def test_a_decode_failure_ends_its_plan_and_leaves_the_cache_consistent(driver, chat_engine):
+    shared = "You are a helpful assistant who answers briefly. "
+    prompts = [chat_prompt(chat_engine, shared + q) for q in ("Name a fruit.", "Name a tree.")]
+    baseline = [driver.wait([rid])[rid]["text"] for rid in
+                (driver.submit(p, max_tokens=16) for p in prompts)]
+    # prime the slots with the shared prefix, then fail the next decode under two requests
+    chat_engine.fail_next_decodes(1)
+    failed = driver.wait([driver.submit(p, max_tokens=16) for p in prompts])
+    # the requests in the failed step end with an error (one or both: the second may have
+    # arrived a step later); nothing hangs
+    assert STATUS_ERROR in {r["status"] for r in failed.values()}
+    # the next requests, reusing whatever the scheduler still believes is cached, match
+    again = [driver.wait([rid])[rid]["text"] for rid in
+             (driver.submit(p, max_tokens=16) for p in prompts)]
+    assert again == baseline
+    ids = [driver.submit(p, max_tokens=16) for p in prompts]
+    together = driver.wait(ids)
+    assert [together[rid]["text"] for rid in ids] == baseline
+
+
+def _first_event(driver, rid):
+    while True:
+        ready, _, _ = select.select([driver.engine.fileno()], [], [], 120)
+        assert ready, "no event"
+        for event in driver.engine.take_events():
+            if event[0] == rid:
+                return event
+
+
+def test_one_owner_holds_at_most_its_share_of_the_queue():
+    engine = Engine(defaults.smollm2_path(), n_slots=1, n_ctx_seq=256, n_max_waiting=4,
+                    key_share=0.5)
+    driver = Driver(engine)
+    try:
+        prompt = chat_prompt(engine, "Tell me a long story.")
+        busy = driver.submit(prompt, max_tokens=200, ignore_eos=True, owner=3)
+        assert _first_event(driver, busy)[3] == STATUS_RUNNING      # the only slot is taken
+        p = SamplingParams()
+        verdicts = [engine.submit(100 + i, prompt, 4, [], p, 1) for i in range(3)]
+        assert verdicts == [SUBMIT_ACCEPTED, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE]
+        assert engine.submit(200, prompt, 4, [], p, 2) == SUBMIT_ACCEPTED   # another key is served
+        for rid in (busy, 100, 101, 200):
+            engine.cancel(rid)
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def embed_engine():
+    engine = Engine(defaults.minilm_path(), embeddings=True, n_slots=16, n_ctx_seq=512)
+    yield engine
+    engine.close()
+
+
+def _finish_order(engine, ids, timeout=300.0):
+    order = []
+    while len(order) < len(ids):
+        ready, _, _ = select.select([engine.fileno()], [], [], timeout)
+        assert ready, f"no events; finished so far {order}"
+        for event in engine.take_events():
+            if event[0] in ids and event[3] != STATUS_RUNNING:
+                order.append((event[0], event[3]))
+    return order
+
+
+def test_a_small_embedding_is_not_stuck_behind_a_large_one(embed_engine):
+    words = embed_engine.tokenize("a fairly ordinary sentence to embed", True, False)
+    assert embed_engine.submit_embedding(1, [words] * 1024) == SUBMIT_ACCEPTED
+    assert embed_engine.submit_embedding(2, [words]) == SUBMIT_ACCEPTED
+    order = _finish_order(embed_engine, {1, 2})
+    assert [rid for rid, _ in order] == [2, 1]
+
+
+def test_an_abandoned_embedding_job_stops_between_batches(embed_engine):
+    words = embed_engine.tokenize("a fairly ordinary sentence to embed", True, False)
+    before = embed_engine.stats()["n_tokens_decoded"]
+    assert embed_engine.submit_embedding(3, [words] * 2048) == SUBMIT_ACCEPTED
+    embed_engine.cancel(3)
+    assert _finish_order(embed_engine, {3}) == [(3, STATUS_ABORTED)]
+    decoded = embed_engine.stats()["n_tokens_decoded"] - before
+    assert decoded < len(words) * 2048 // 4       # most of the job never ran
