@@ -94,3 +94,12 @@ def test_request_ids_are_random_uuid4():
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == text
     # not a counter: consecutive ids share no long common prefix
     assert all(a[:8] != b[:8] for a, b in zip(made, made[1:]))
+
+
+def test_a_timeout_is_a_timeout_error(loop):
+    server, protocol, transport = open_conn(loop, head_timeout=10.0)
+    protocol.data_received(b"GET /echo HTTP/1.1\r\nX-Slow: ")
+    protocol.check_deadline(loop.time() + 10.5)
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 408 and error_of(body) == {
+        "code": 408, "type": "timeout_error", "message": error_of(body)["message"]}

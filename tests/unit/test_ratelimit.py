@@ -86,3 +86,14 @@ def test_reset_header_counts_seconds_to_full():
     for _ in range(30):
         last = limiter.admit("k", "a", "cluster")
     assert headers_of(last)[b"x-ratelimit-reset"] == 30
+
+
+def test_a_long_idle_bucket_refills_only_to_its_limit():
+    clock = Clock()
+    limiter = RateLimiter({"inference": 60}, clock=clock)
+    limiter.admit("k1", "a", "inference")
+    clock.now += 600.0                              # ten idle minutes
+    for _ in range(60):
+        limiter.admit("k1", "a", "inference")
+    with pytest.raises(ApiError):
+        limiter.admit("k1", "a", "inference")

@@ -1,0 +1,106 @@
+"""Chat templates in the bounded sandbox: each limit at work, and real templates unharmed."""
+import asyncio
+import threading
+
+import pytest
+
+from server.inference import templates
+from server.inference.limits import InferenceLimits
+from server.inference.sandbox import ChatTemplate, TemplateFailure
+
+LIMITS = InferenceLimits()
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+
+
+def render(source: str, limits: InferenceLimits = LIMITS, messages=MESSAGES) -> str:
+    return ChatTemplate(source, "<s>", "</s>").render(messages, limits)
+
+
+def fails(source: str, needle: str, limits: InferenceLimits = LIMITS) -> None:
+    with pytest.raises(TemplateFailure) as failure:
+        render(source, limits)
+    assert needle in str(failure.value)
+
+
+def test_chatml_renders_as_before():
+    assert render(templates.CHATML) == ("<|im_start|>system\nBe brief.<|im_end|>\n"
+                                        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("source, needle", [
+    ("{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}",
+     "template_max_ops"),
+    ("{% set s = 'ab' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}",
+     "template_max_ops"),
+    ("{{ 'x' * 300000000 }}", "template_max_bytes"),
+    ("{{ ([1] * 100000000) | length }}", "template_max_items"),
+    ("{{ range(200000) | list | length }}", "template_max_items"),
+    ("{{ 'x' | center(1000000000) }}", "template_max_bytes"),
+    ("{{ 'x'.ljust(1000000000) }}", "template_max_bytes"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+     "{% endfor %}", "template_max_bytes"),
+    ("{{ '%999999999d' % 1 }}", "template_max_bytes"),
+    ("{{ '{:999999999}'.format(1) }}", "template_max_bytes"),
+    ("{% set l = ['y' * 100000] * 100 %}{{ l | join }}", "template_max_bytes"),
+    ("{{ ('x' * 1000000).replace('', 'yyyyy') }}", "template_max_bytes"),
+    ("{{ 10 ** 100000000 }}", "power"),
+    ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "recursed"),
+    ("{{ raise_exception('no system role allowed') }}", "no system role allowed"),
+    ("{{ foo.bar.baz }}", "undefined"),
+    ("{% for %}", "does not compile"),
+    ("{{ ''.__class__.__mro__ }}", "unsafe"),
+])
+def test_each_limit_stops_a_hostile_template(source, needle):
+    fails(source, needle)
+
+
+def test_the_time_limit_holds_when_operations_are_plenty():
+    many_ops = InferenceLimits(template_max_ops=10 ** 12, template_timeout=0.2)
+    fails("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+          "template_timeout", many_ops)
+
+
+def test_the_output_is_capped():
+    small = InferenceLimits(template_max_bytes=1000)
+    fails("{% for i in range(100) %}{{ 'x' * 50 }}{% endfor %}", "template_max_bytes", small)
+    assert len(render("{% for i in range(10) %}{{ 'x' * 50 }}{% endfor %}", small)) == 500
+
+
+def test_a_template_that_fails_to_compile_fails_every_render_the_same_way():
+    template = ChatTemplate("{% if %}", "<s>", "</s>")
+    for _ in range(2):
+        with pytest.raises(TemplateFailure):
+            template.render(MESSAGES, LIMITS)
+
+
+def test_loops_over_messages_and_loop_variables_work():
+    source = ("{% for m in messages %}{{ loop.index }}:{{ m['role'] }}={{ m.content | trim }};"
+              "{% endfor %}{{ messages | tojson }}")
+    assert render(source).startswith("1:system=Be brief.;2:user=hi;[{")
+
+
+def test_prompts_are_rendered_and_tokenized_off_the_loop_thread():
+    seen = {}
+
+    class Engine:
+        def tokenize(self, text, add_special, parse_special):
+            seen["thread"] = threading.current_thread().name
+            return [1, 2, 3]
+
+    class Runner:
+        engine = Engine()
+
+        def check_open(self):
+            pass
+
+        def lease(self):
+            import contextlib
+            return contextlib.nullcontext(self.engine)
+
+    class Model:
+        runner = Runner()
+        template = ChatTemplate(templates.CHATML, "<s>", "</s>")
+
+    tokens = asyncio.run(templates.prompt_tokens(Model(), MESSAGES))
+    assert tokens == [1, 2, 3]
+    assert seen["thread"].startswith("stackd-render") and seen["thread"] != threading.main_thread().name
