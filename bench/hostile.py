@@ -1,0 +1,157 @@
+"""How much a hostile client slows everyone else: a bystander's streaming inter-token time,
+unloaded and while each attack of the hostile-request review runs beside it (goal: p50 within
+2x of unloaded). Also the worst /v1/health latency seen on the other port during each attack.
+
+    .venv/bin/python bench/hostile.py [--seconds 10]
+
+The daemon runs with the real default models (4 slots of 512 tokens) plus a copy of the chat
+model whose template is hostile; attacks come from one key, the bystander uses another.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import http.client
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+import orjson
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import loadgen  # noqa: E402
+
+from server.models.store import ModelStore  # noqa: E402
+from tests.blackbox.daemon import Daemon, create_key  # noqa: E402
+from tests.blackbox.gguf_patch import with_chat_template  # noqa: E402
+from tests.blackbox.test_attacks import HOSTILE, HOSTILE_TEMPLATE  # noqa: E402
+
+CHAT = "smollm2-135m-instruct"
+STREAM = {"model": CHAT, "prompt": "Once upon a time, in a small village, there lived", "stream": True,
+          "max_tokens": 64, "temperature": 0, "logit_bias": {"0": -100, "2": -100}}
+
+
+def post(port: int, path: str, key: str, body: dict) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    conn.request("POST", path, orjson.dumps(body), {"Authorization": f"Bearer {key}",
+                                                    "Content-Type": "application/json"})
+    status = conn.getresponse().status
+    conn.close()
+    return status
+
+
+def chat(port, key, content, **extra):
+    return post(port, "/v1/chat/completions", key, {
+        "model": extra.pop("model", CHAT), "messages": [{"role": "user", "content": content}],
+        "max_tokens": 4, **extra})
+
+
+def schema(kind):
+    return {"response_format": {"type": "json_schema", "json_schema": {"schema": kind}}}
+
+
+def attacks(node: Daemon, key: str) -> dict:
+    inf = node.inference_port
+
+    def flood_pipelined():
+        sock = socket.create_connection(("127.0.0.1", node.cluster_port))
+        sock.setblocking(False)
+        data = b"GET /v1/health HTTP/1.1\r\nHost: a\r\n\r\n" * 20000
+        try:
+            sock.send(data)
+        except BlockingIOError:
+            pass
+        time.sleep(2)
+        sock.close()
+
+    def abandoned_embedding():
+        body = orjson.dumps({"model": "all-minilm-l6-v2", "input": ["a sentence to embed"] * 2048})
+        sock = socket.create_connection(("127.0.0.1", inf))
+        sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + key.encode() +
+                     b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(0.3)
+        sock.close()
+
+    return {
+        "maxLength 20000 schema": lambda: chat(inf, key, "hi", **schema({"type": "string", "maxLength": 20000})),
+        "minItems 5,000,000 schema": lambda: chat(inf, key, "hi", **schema({"type": "array", "minItems": 5000000})),
+        "3,000-value enum": lambda: chat(inf, key, "hi", **schema({"enum": [f"v{i}" for i in range(3000)]})),
+        "256-value enum (allowed)": lambda: chat(inf, key, "hi", max_tokens=16,
+                                                 **schema({"enum": [f"value {i}" for i in range(256)]})),
+        "boolean schema + min_tokens": lambda: post(inf, "/v1/completions", key, {
+            "model": CHAT, "prompt": "Yes or no?", "max_tokens": 30, "min_tokens": 20, **schema({"type": "boolean"})}),
+        "template loop": lambda: chat(inf, key, "loop", model=HOSTILE),
+        "template 300 MB string": lambda: chat(inf, key, "mem", model=HOSTILE),
+        "pipelined flood, never read": flood_pipelined,
+        "one key, 17 x n=4, ignore_eos": lambda: [f.result() for f in [
+            concurrent.futures.ThreadPoolExecutor(17).submit(
+                chat, inf, key, "story", n=4, max_tokens=48, ignore_eos=True) for _ in range(17)]],
+        "2,048 embeddings, hung up": abandoned_embedding,
+    }
+
+
+def measure(node: Daemon, key: str, seconds: float, attack=None) -> tuple[float, float, float]:
+    stop = threading.Event()
+    worst_health = [0.0]
+
+    def attacker():
+        while not stop.is_set():
+            attack()
+
+    def prober():
+        while not stop.is_set():
+            t = time.perf_counter()
+            node.request("GET", "/v1/health", key=node.admin_key)
+            worst_health[0] = max(worst_health[0], time.perf_counter() - t)
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=prober, daemon=True)]
+    if attack is not None:
+        threads += [threading.Thread(target=attacker, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    result = asyncio.run(loadgen.run(node.inference_port, STREAM, 1, seconds, key))
+    stop.set()
+    for t in threads:
+        t.join(timeout=120)
+    return result.itl(0.5) * 1000, result.itl(0.95) * 1000, worst_health[0] * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="stackd-hostile-") as tmp:
+        data_dir = os.path.join(tmp, "data")
+        os.makedirs(data_dir, mode=0o700)
+        ModelStore(data_dir).import_file(
+            HOSTILE, with_chat_template(HOSTILE_TEMPLATE, os.path.join(tmp, "h.gguf")), source="local")
+        node = Daemon(data_dir, "[rate_limits]\ninference = 0\ncluster = 0\n"
+                                "[engine]\nslots = 4\nmax_queue = 8\ncontext_length = 512\n", models=True)
+        try:
+            attacker = create_key(data_dir, "attacker", "inference")
+            bystander = create_key(data_dir, "bystander", "inference")
+            time.sleep(1.5)
+            chat(node.inference_port, attacker, "hello", model=HOSTILE)      # load it beforehand
+            base = measure(node, bystander, args.seconds)
+            print(f"{'attack':34s} {'ITL p50':>9s} {'ITL p95':>9s} {'x p50':>6s} {'worst health':>13s}")
+            print(f"{'(none)':34s} {base[0]:8.1f}ms {base[1]:8.1f}ms {1.0:6.2f} {base[2]:11.1f}ms")
+            for name, attack in attacks(node, attacker).items():
+                p50, p95, health = measure(node, bystander, args.seconds, attack)
+                print(f"{name:34s} {p50:8.1f}ms {p95:8.1f}ms {p50 / base[0]:6.2f} {health:11.1f}ms",
+                      flush=True)
+            assert node.proc.poll() is None, "the daemon died"
+        finally:
+            node.stop()
+
+
+if __name__ == "__main__":
+    main()
