@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "engine/engine.h"
+#include "engine/model_facts.h"
 #include "engine/scheduler.h"
 #include "engine/text_stream.h"
 
@@ -225,6 +226,32 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("token_eos", &engine::token_eos)
         .def_property_readonly("n_slots", [](const engine & e) { return e.params().n_slots; })
         .def_property_readonly("n_ctx_seq", [](const engine & e) { return e.params().n_ctx_seq; });
+
+    // A model's vocabulary and metadata without its weights: what the daemon needs to render,
+    // tokenize and validate while the engine itself runs in a worker process.
+    py::class_<model_vocab>(m, "Vocab")
+        .def(py::init([](const std::string & path) {
+                 py::gil_scoped_release release;
+                 return std::make_unique<model_vocab>(path);
+             }),
+             py::arg("model_path"))
+        .def("tokenize",
+             [](const model_vocab & v, const std::string & text, bool add_special, bool parse_special) {
+                 return tokenize_text(v.vocab(), text, add_special, parse_special);
+             },
+             py::call_guard<py::gil_scoped_release>(), py::arg("text"), py::arg("add_special") = true,
+             py::arg("parse_special") = false)
+        .def("piece", [](const model_vocab & v, int32_t token) {
+                 return py::bytes(token_piece(v.vocab(), token));
+             })
+        .def("meta", [](const model_vocab & v, const std::string & key) { return model_meta(v.model(), key); })
+        .def_property_readonly("chat_template", [](const model_vocab & v) { return model_chat_template(v.model()); })
+        .def_property_readonly("description", [](const model_vocab & v) { return model_description(v.model()); })
+        .def_property_readonly("n_ctx_train", [](const model_vocab & v) { return llama_model_n_ctx_train(v.model()); })
+        .def_property_readonly("n_embd", [](const model_vocab & v) { return llama_model_n_embd(v.model()); })
+        .def_property_readonly("n_vocab", [](const model_vocab & v) { return llama_vocab_n_tokens(v.vocab()); })
+        .def_property_readonly("token_bos", [](const model_vocab & v) { return llama_vocab_bos(v.vocab()); })
+        .def_property_readonly("token_eos", [](const model_vocab & v) { return llama_vocab_eos(v.vocab()); });
 
     py::class_<py_scheduler>(m, "Scheduler")
         .def(py::init<int32_t, int32_t, int32_t, int32_t, int32_t>(), py::arg("n_slots"),

@@ -1,5 +1,7 @@
 #include "engine.h"
 
+#include "model_facts.h"
+
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -14,12 +16,6 @@ namespace {
 uint64_t now_us() {
     return (uint64_t) std::chrono::duration_cast<std::chrono::microseconds>(
         std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-void quiet_log(ggml_log_level level, const char * text, void *) {
-    if (level == GGML_LOG_LEVEL_ERROR) {
-        fputs(text, stderr);
-    }
 }
 
 void batch_add(llama_batch & batch, int32_t token, int32_t pos, int32_t seq, bool logits) {
@@ -52,7 +48,7 @@ engine::engine(const engine_params & params)
     : params_(params), sched_(scheduler_params_of(params)),
       n_max_queued_per_owner_(share_of(params.key_share, params.n_max_waiting)) {
     if (params_.quiet) {
-        llama_log_set(quiet_log, nullptr);
+        quiet_llama_log();
     }
     llama_backend_init();
 
@@ -230,42 +226,19 @@ engine_stats engine::stats() const {
 }
 
 std::vector<int32_t> engine::tokenize(const std::string & text, bool add_special, bool parse_special) const {
-    std::vector<int32_t> tokens(text.size() + 8);
-    int32_t n = llama_tokenize(vocab_, text.data(), (int32_t) text.size(), tokens.data(),
-                               (int32_t) tokens.size(), add_special, parse_special);
-    if (n < 0) {
-        tokens.resize(-n);
-        n = llama_tokenize(vocab_, text.data(), (int32_t) text.size(), tokens.data(),
-                           (int32_t) tokens.size(), add_special, parse_special);
-    }
-    tokens.resize(std::max(n, 0));
-    return tokens;
+    return tokenize_text(vocab_, text, add_special, parse_special);
 }
 
 std::string engine::meta(const std::string & key) const {
-    char buf[512];
-    const int32_t n = llama_model_meta_val_str(model_, key.c_str(), buf, sizeof(buf));
-    if (n < 0) {
-        return {};
-    }
-    if ((size_t) n < sizeof(buf)) {
-        return std::string(buf, n);
-    }
-    std::string big(n + 1, '\0');
-    llama_model_meta_val_str(model_, key.c_str(), big.data(), big.size());
-    big.resize(n);
-    return big;
+    return model_meta(model_, key);
 }
 
 std::string engine::chat_template() const {
-    const char * tmpl = llama_model_chat_template(model_, nullptr);
-    return tmpl != nullptr ? std::string(tmpl) : std::string();
+    return model_chat_template(model_);
 }
 
 std::string engine::description() const {
-    char buf[256];
-    const int32_t n = llama_model_desc(model_, buf, sizeof(buf));
-    return n > 0 ? std::string(buf, std::min<size_t>(n, sizeof(buf) - 1)) : std::string();
+    return model_description(model_);
 }
 
 // ---- the scheduler thread ------------------------------------------------------------------

@@ -1,27 +1,6 @@
-"""The native engine (server._engine), re-exported.
+"""The engine: the native module (`native`, which loads llama.cpp once per process), the runner
+that bridges an engine to the event loop, and the worker process an engine can run in.
 
-llama_cpp is imported first on purpose: it loads llama.cpp's shared libraries from
-its own directory, and our module's `libllama.so.0` dependency then binds to that
-same copy by soname. One llama.cpp per process (see CMakeLists.txt).
+This package imports nothing itself, so a worker process can use `wire` and `worker` without
+loading llama-cpp-python (seconds and tens of MiB it does not need).
 """
-import llama_cpp  # noqa: F401  (load order matters, see above)
-
-from .._engine import (  # noqa: E402
-    FINISH_REASONS,
-    STATUS_ABORTED,
-    STATUS_ERROR,
-    STATUS_LENGTH,
-    STATUS_RUNNING,
-    STATUS_STOPPED,
-    SUBMIT_ACCEPTED,
-    SUBMIT_OVER_SHARE,
-    SUBMIT_QUEUE_FULL,
-    Engine,
-    SamplingParams,
-    Scheduler,
-    TextStream,
-)
-
-__all__ = ["Engine", "SamplingParams", "Scheduler", "TextStream", "FINISH_REASONS",
-           "STATUS_RUNNING", "STATUS_STOPPED", "STATUS_LENGTH", "STATUS_ABORTED", "STATUS_ERROR",
-           "SUBMIT_ACCEPTED", "SUBMIT_QUEUE_FULL", "SUBMIT_OVER_SHARE"]

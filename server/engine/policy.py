@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from . import STATUS_ABORTED, STATUS_ERROR, STATUS_LENGTH, STATUS_RUNNING
+from .native import STATUS_ABORTED, STATUS_ERROR, STATUS_LENGTH, STATUS_RUNNING
 
 STATUS_WAITING = 0
 

@@ -13,8 +13,8 @@ import itertools
 import threading
 
 from ..http.errors import ApiError, ErrorKind
-from . import (FINISH_REASONS, STATUS_ERROR, STATUS_RUNNING, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE,
-               Engine, SamplingParams)
+from .native import (FINISH_REASONS, STATUS_ERROR, STATUS_RUNNING, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE,
+                     Engine, SamplingParams)
 
 # Event tuple fields (see server/_engine.pyi)
 EV_ID, EV_TEXT, EV_TOKENS, EV_STATUS, EV_PROMPT, EV_CACHED, EV_GENERATED, EV_LOGPROBS, EV_EMBEDDING, EV_ERROR = range(10)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from llama_cpp.llama_grammar import JSON_GBNF
 
-from ..engine import SamplingParams
+from ..engine.native import SamplingParams
 from ..http import validate
 from ..http.errors import invalid
 from .grammar import json_schema_grammar

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..system import readings
-from ..engine import Engine
+from ..engine.native import Engine
 from ..engine.runner import ModelRunner
 from ..http.errors import ApiError, ErrorKind, invalid
 from .store import Manifest, ModelStore, valid_model_id

@@ -2,7 +2,7 @@ import select
 
 import pytest
 
-from server.engine import STATUS_RUNNING, SUBMIT_ACCEPTED, Engine, SamplingParams
+from server.engine.native import STATUS_RUNNING, SUBMIT_ACCEPTED, Engine, SamplingParams
 from server.models import defaults
 
 

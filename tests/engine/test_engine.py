@@ -5,7 +5,7 @@ import time
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from server.engine import STATUS_ABORTED, STATUS_LENGTH, STATUS_STOPPED
+from server.engine.native import STATUS_ABORTED, STATUS_LENGTH, STATUS_STOPPED
 
 from .conftest import chat_prompt
 
@@ -118,7 +118,7 @@ def test_logprobs_are_probabilities(driver, chat_engine):
 
 
 def test_queue_refusal_when_full(chat_engine):
-    from server.engine import SUBMIT_ACCEPTED, SUBMIT_QUEUE_FULL, Engine, SamplingParams
+    from server.engine.native import SUBMIT_ACCEPTED, SUBMIT_QUEUE_FULL, Engine, SamplingParams
     from server.models import defaults
     small = Engine(defaults.smollm2_path(), n_slots=1, n_ctx_seq=256, n_max_waiting=2)
     try:

@@ -4,7 +4,7 @@ import select
 
 import pytest
 
-from server.engine import (STATUS_ABORTED, STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED,
+from server.engine.native import (STATUS_ABORTED, STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED,
                            SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE, Engine, SamplingParams)
 from server.inference.grammar import json_schema_grammar
 from server.models import defaults

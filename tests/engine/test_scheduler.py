@@ -2,8 +2,8 @@
 Every test runs twice: against the native scheduler and against its Python twin."""
 import pytest
 
-from server.engine import STATUS_ABORTED, STATUS_LENGTH, STATUS_RUNNING, STATUS_STOPPED
-from server.engine import Scheduler as NativeScheduler
+from server.engine.native import STATUS_ABORTED, STATUS_LENGTH, STATUS_RUNNING, STATUS_STOPPED
+from server.engine.native import Scheduler as NativeScheduler
 from server.engine.policy import Scheduler as PythonScheduler
 
 

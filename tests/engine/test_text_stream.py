@@ -1,5 +1,5 @@
 """Incremental detokenization: whole UTF-8 characters only, stop strings never leak."""
-from server.engine import TextStream
+from server.engine.native import TextStream
 
 
 def feed(stream, pieces):

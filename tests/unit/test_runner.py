@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from server.engine import (STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED, SUBMIT_ACCEPTED,
+from server.engine.native import (STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED, SUBMIT_ACCEPTED,
                            SamplingParams)
 from server.engine.runner import ModelRunner
 from server.http.errors import ApiError

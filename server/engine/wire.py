@@ -1,0 +1,115 @@
+"""Framed messages between the daemon and an engine worker process.
+
+A frame is `<u32 body length><u32 header length><header: JSON object><tail: raw bytes>`. The
+header names its message (`op`) and its fields; the tail carries what JSON would bloat (the
+float32 vectors of embedding results). Bytes fields (generated text, token pieces) travel as
+latin-1 strings, which map every byte to one code point and back.
+
+Nothing here executes what it decodes: the worker runs llama.cpp on files that came from a
+registry, so the daemon treats what it sends as data of a fixed shape (no pickle).
+"""
+from __future__ import annotations
+
+import struct
+
+import orjson
+
+HEADER = struct.Struct("<II")
+MAX_FRAME = 256 << 20              # a 2,048-input embedding result is ~3 MiB; a prompt ~1 MiB
+
+
+class WireError(ValueError):
+    """A frame that breaks the format: the other side is not speaking it (or is broken)."""
+
+
+def frame(message: dict, tail: bytes = b"") -> bytes:
+    head = orjson.dumps(message)
+    return HEADER.pack(len(head) + len(tail), len(head)) + head + tail
+
+
+class FrameReader:
+    """Accumulates received bytes and yields whole frames as (header dict, tail bytes)."""
+
+    def __init__(self):
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[dict, bytes]]:
+        buf = self.buffer
+        buf += data
+        frames = []
+        at = 0
+        while len(buf) - at >= HEADER.size:
+            total, n_head = HEADER.unpack_from(buf, at)
+            if total > MAX_FRAME or n_head > total:
+                raise WireError(f"bad frame: {total} bytes, header {n_head}")
+            end = at + HEADER.size + total
+            if len(buf) < end:
+                break
+            start = at + HEADER.size
+            try:
+                header = orjson.loads(bytes(buf[start:start + n_head]))
+            except orjson.JSONDecodeError as exc:
+                raise WireError(f"bad frame header: {exc}") from None
+            if not isinstance(header, dict):
+                raise WireError("frame header is not an object")
+            frames.append((header, bytes(buf[start + n_head:end])))
+            at = end
+        del buf[:at]
+        return frames
+
+
+def text(data: bytes) -> str:
+    return data.decode("latin-1")
+
+
+def data(text_: str) -> bytes:
+    return text_.encode("latin-1")
+
+
+# ---- engine events ---------------------------------------------------------------------------
+# An event crosses as [id, text, n_tokens, status, n_prompt, n_cached, n_generated, logprobs,
+# n_embedding_floats, error]; embedding vectors follow in the tail, in event order.
+
+def _logprobs_out(entries):
+    if not entries:
+        return None
+    return [[token, logprob, text(piece), [[t, lp, text(p)] for t, lp, p in top]]
+            for token, logprob, piece, top in entries]
+
+
+def _logprobs_in(entries):
+    if not entries:
+        return None
+    return [(token, logprob, data(piece), [(t, lp, data(p)) for t, lp, p in top])
+            for token, logprob, piece, top in entries]
+
+
+def encode_events(events) -> tuple[list, bytes]:
+    items, vectors = [], []
+    for ev in events:
+        embedding = ev[8]
+        n_floats = 0
+        if embedding is not None:
+            raw = embedding.astype("<f4", copy=False).tobytes()
+            vectors.append(raw)
+            n_floats = len(raw) // 4
+        items.append([ev[0], text(ev[1]), ev[2], ev[3], ev[4], ev[5], ev[6], _logprobs_out(ev[7]),
+                      n_floats, ev[9]])
+    return items, b"".join(vectors)
+
+
+def decode_events(items: list, tail: bytes) -> list[tuple]:
+    import numpy as np
+
+    events, at = [], 0
+    for item in items:
+        if not isinstance(item, list) or len(item) != 10:
+            raise WireError("bad event")
+        rid, text_, n_tokens, status, n_prompt, n_cached, n_generated, logprobs, n_floats, error = item
+        embedding = None
+        if n_floats:
+            embedding = np.frombuffer(tail, dtype="<f4", count=n_floats, offset=at).copy()
+            at += 4 * n_floats
+        events.append((rid, data(text_), n_tokens, status, n_prompt, n_cached, n_generated,
+                       _logprobs_in(logprobs), embedding, error))
+    return events
