@@ -85,11 +85,12 @@ class Server:
             self.proc.kill()
 
 
-def start_stackd(slots: int, context: int, threads: int) -> Server:
+def start_stackd(slots: int, context: int, threads: int, isolation: str = "worker") -> Server:
     data = tempfile.mkdtemp(prefix="stackd-bench-")
     with open(os.path.join(data, "config.toml"), "w") as f:
         f.write(f"[http]\naccess_log = false\n[rate_limits]\ninference = 0\n"
                 f"[engine]\nslots = {slots}\ncontext_length = {context}\nthreads = {threads}\n"
+                f"isolation = \"{isolation}\"\n"
                 f"[models]\npreload = [\"{defaults.CHAT_MODEL}\"]\n")
     port, cluster_port = free_port(), free_port()
     server = Server("stackd", [sys.executable, "-m", "server", "serve", "--data-dir", data,
@@ -140,6 +141,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--skip-llama-cpp-python", action="store_true")
+    parser.add_argument("--isolation", default="worker,inline",
+                        help="stackd engine isolation modes to run: worker, inline or both")
     args = parser.parse_args()
     slots = args.clients
 
@@ -147,8 +150,11 @@ def main() -> None:
     python = None if args.skip_llama_cpp_python else peers.llama_cpp_python_server()
     results: dict[str, dict[int, loadgen.LoadResult]] = {}
 
-    starters = [("stackd", lambda: start_stackd(slots, args.context, args.threads)),
-                ("llama-server", lambda: start_llama_server(binary, slots, args.context, args.threads))]
+    modes = [m.strip() for m in args.isolation.split(",") if m.strip()]
+    starters = [("stackd" if mode == modes[0] else f"stackd ({mode})",
+                 lambda mode=mode: start_stackd(slots, args.context, args.threads, mode))
+                for mode in modes]
+    starters.append(("llama-server", lambda: start_llama_server(binary, slots, args.context, args.threads)))
     if python:
         starters.append(("llama-cpp-python", lambda: start_llama_cpp_python(python, args.context,
                                                                             args.threads)))
@@ -162,7 +168,7 @@ def main() -> None:
                 print(row(f"{name} c=1", results[name][1]), flush=True)
         finally:
             server.stop()
-            if name == "stackd":
+            if name.startswith("stackd"):
                 shutil.rmtree(server.data, ignore_errors=True)
 
     ours, peer = results["stackd"], results["llama-server"]
@@ -176,6 +182,10 @@ def main() -> None:
               f"llama-cpp-python's server (target >= 5x)")
     print(f"  TTFT p50 at c={c}: {ours[c].ttft(0.5) / peer[c].ttft(0.5):.2f}x llama-server's (target <= 1.0x)")
     print(f"  ITL p50 at c=1:  {ours[1].itl(0.5) / peer[1].itl(0.5):.2f}x llama-server's (target <= 1.05x)")
+    for mode in modes[1:]:
+        other = results[f"stackd ({mode})"]
+        print(f"  stackd {modes[0]} vs {mode}: tokens/s at c={c} {ours[c].tokens_per_second() / other[c].tokens_per_second():.3f}x "
+              f"(target >= 0.98x), ITL p50 at c=1 {ours[1].itl(0.5) / other[1].itl(0.5):.3f}x (target <= 1.03x)")
 
 
 if __name__ == "__main__":

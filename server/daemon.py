@@ -24,6 +24,7 @@ from .inference.limits import configure as configure_inference_limits
 from .metrics import Metrics
 from .models import routes as model_routes
 from .node import Node
+from .system.sd_notify import Notifier
 
 log = logging.getLogger("server")
 
@@ -75,7 +76,7 @@ async def serve(settings: config.Settings) -> int:
         print(f"stackd: cannot load the models: {exc}", file=sys.stderr, flush=True)
         return 1
     if stop.is_set():               # asked to stop while loading: never start listening
-        node.models.close()
+        await node.models.aclose()
         print("stackd: stopped", flush=True)
         return 0
 
@@ -92,12 +93,16 @@ async def serve(settings: config.Settings) -> int:
         print(f"stackd: first start: admin API key written to {admin_key_path}", flush=True)
     print(f"stackd: inference listening on http://{_url_host(host)}:{inference_port}", flush=True)
     print(f"stackd: cluster listening on http://{_url_host(host)}:{cluster_port}", flush=True)
+    notifier = Notifier()
+    notifier.ready()
+    notifier.start_watchdog(loop)
 
     await stop.wait()
+    notifier.stopping()
     grace = settings["http.shutdown_grace"]
     print(f"stackd: shutting down (grace {grace:g} s)", flush=True)
     await http.shutdown(grace)
-    node.models.close()
+    await node.models.aclose()
     print("stackd: stopped", flush=True)
     return 0
 
@@ -115,7 +120,7 @@ async def load_models(loop, settings: config.Settings):
         n_slots=engine["slots"], context_length=engine["context_length"], n_batch=engine["batch"],
         n_threads=engine["threads"], max_queue=engine["max_queue"],
         flash_attn={"auto": -1, "off": 0, "on": 1}[engine["flash_attn"]],
-        key_share=inference_limits.key_share),
+        key_share=inference_limits.key_share, isolation=engine["isolation"]),
         memory_reserve=settings["models.memory_reserve_mb"] * MIB,
         autoload=settings["models.autoload"])
     for model_id in settings["models.preload"]:

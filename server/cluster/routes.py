@@ -61,7 +61,24 @@ def nodes(node, request) -> Response:
         "uptime_seconds": node.uptime_seconds(),
         "system_uptime_seconds": int(readings.system_uptime()),
         "loaded_models": node.loaded_models,
+        "memory_pss_bytes": readings.pss_bytes(os.getpid()),
+        "models": _model_processes(node),
     }]})
+
+
+def _model_processes(node) -> list[dict]:
+    """Each loaded model's engine: where it runs, its memory, and how often it was restarted."""
+    if node.models is None:
+        return []
+    out = []
+    for model_id, model in node.models.loaded.items():
+        engine = model.runner.engine
+        out.append({"id": model_id, "isolation": engine.isolation, "pid": engine.pid,
+                    "state": node.models.state(model_id),
+                    "memory_pss_bytes": readings.pss_bytes(engine.pid) if engine.pid else None,
+                    "restarts": model.restarts,
+                    "last_exit": node.models.last_exits.get(model_id)})
+    return out
 
 
 def power_contract(node, request) -> Response:
@@ -95,9 +112,26 @@ def _engine_metrics(node) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
+def _worker_metrics(node) -> bytes:
+    if node.models is None or not node.models.loaded:
+        return b""
+    out = ["# HELP stackd_model_restarts_total Times a model's worker process was restarted after dying.",
+           "# TYPE stackd_model_restarts_total counter"]
+    out += [f'stackd_model_restarts_total{{model="{m}"}} {model.restarts}'
+            for m, model in node.models.loaded.items()]
+    out += ["# HELP stackd_model_memory_pss_bytes Proportional set size of a model's worker process.",
+            "# TYPE stackd_model_memory_pss_bytes gauge"]
+    for m, model in node.models.loaded.items():
+        pid = model.runner.engine.pid
+        pss = readings.pss_bytes(pid) if pid else None
+        if pss is not None:
+            out.append(f'stackd_model_memory_pss_bytes{{model="{m}"}} {pss}')
+    return ("\n".join(out) + "\n").encode()
+
+
 def metrics(node, request) -> Response:
     gauges = {"stackd_uptime_seconds": ("Seconds since the daemon started.", node.uptime_seconds())}
-    return Response(200, node.metrics.render(gauges) + _engine_metrics(node),
+    return Response(200, node.metrics.render(gauges) + _engine_metrics(node) + _worker_metrics(node),
                     b"text/plain; version=0.0.4; charset=utf-8")
 
 

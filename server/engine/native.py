@@ -20,8 +20,9 @@ from .._engine import (  # noqa: E402
     SamplingParams,
     Scheduler,
     TextStream,
+    Vocab,
 )
 
 __all__ = ["Engine", "SamplingParams", "Scheduler", "TextStream", "FINISH_REASONS",
            "STATUS_RUNNING", "STATUS_STOPPED", "STATUS_LENGTH", "STATUS_ABORTED", "STATUS_ERROR",
-           "SUBMIT_ACCEPTED", "SUBMIT_QUEUE_FULL", "SUBMIT_OVER_SHARE"]
+           "SUBMIT_ACCEPTED", "SUBMIT_QUEUE_FULL", "SUBMIT_OVER_SHARE", "Vocab"]

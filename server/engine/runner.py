@@ -1,8 +1,9 @@
 """One loaded model on the event loop's side: submit work, receive events.
 
-The engine's thread signals an eventfd after each step; the loop watches it with
-add_reader (no polling, no thread hop through call_soon_threadsafe) and hands each
-event to the stream of the request it belongs to.
+The engine (in this process: its eventfd; in a worker: the worker's socket) is watched with
+add_reader (no polling, no thread hop through call_soon_threadsafe) and each event goes to the
+stream of the request it belongs to. Errors are EngineErrors with a code; the inference layer
+maps them to HTTP in one place (server/inference/failures.py).
 """
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import contextlib
 import itertools
 import threading
 
-from ..http.errors import ApiError, ErrorKind
+from .errors import EngineError, ErrorCode
 from .native import (FINISH_REASONS, STATUS_ERROR, STATUS_RUNNING, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE,
-                     Engine, SamplingParams)
+                     SUBMIT_QUEUE_FULL, SamplingParams)
 
 # Event tuple fields (see server/_engine.pyi)
 EV_ID, EV_TEXT, EV_TOKENS, EV_STATUS, EV_PROMPT, EV_CACHED, EV_GENERATED, EV_LOGPROBS, EV_EMBEDDING, EV_ERROR = range(10)
@@ -66,9 +67,11 @@ def finish_reason(status: int) -> str | None:
 
 
 class ModelRunner:
-    def __init__(self, loop: asyncio.AbstractEventLoop, engine: Engine):
+    """Bridges one model's engine client (in this process or a worker) to the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, engine):
         self.loop = loop
-        self.engine = engine
+        self.engine = engine          # clients.InlineEngine or clients.WorkerEngine
         self._streams: dict[int, Generation] = {}
         self._ids = itertools.count(1)
         self.closing = False          # set on the loop thread before the engine is freed elsewhere
@@ -81,7 +84,7 @@ class ModelRunner:
         """Use the engine from another thread (tokenizing off the loop); closing waits for it."""
         with self._lease_lock:
             if self.closing:
-                raise unloaded()
+                raise EngineError(ErrorCode.UNLOADED, "the model was unloaded")
             self._leases += 1
         try:
             yield self.engine
@@ -90,44 +93,56 @@ class ModelRunner:
                 self._leases -= 1
                 self._lease_lock.notify_all()
 
-    def generate(self, jobs: list[tuple[list[int], int, SamplingParams]],
-                 stop: list[str], owner: int = 0) -> Generation:
+    async def generate(self, jobs: list[tuple[list[int], int, SamplingParams]],
+                       stop: list[str], owner: int = 0) -> Generation:
         """Submit one engine request per (prompt, max_tokens, sampling) job; job i is choice i.
-        `owner` (the API key) is the unit of the fair share of slots and queue."""
+        `owner` (the API key) is the unit of the fair share of slots and queue. All choices are
+        taken or none."""
         self.check_open()
         stream = Generation(self.loop)
+        submitted = []
         for index, (prompt, max_tokens, sampling) in enumerate(jobs):
-            id_request = next(self._ids)
-            try:
-                verdict = self.engine.submit(id_request, prompt, max_tokens, stop, sampling, owner)
-            except ValueError as exc:
-                self.cancel(stream)
-                raise ApiError(ErrorKind.INVALID_REQUEST, str(exc), param="response_format") from None
-            if verdict != SUBMIT_ACCEPTED:
-                self.cancel(stream)
-                raise refused(verdict)
-            stream.choice[id_request] = index
-            stream.n_open += 1
-            self._streams[id_request] = stream
+            rid = next(self._ids)
+            stream.choice[rid] = index
+            self._streams[rid] = stream            # events may arrive before the verdict
+            submitted.append((rid, prompt, max_tokens, sampling))
+        stream.n_open = len(submitted)
+        try:
+            verdict, error = await self.engine.submit_jobs(submitted, stop, owner)
+        except BaseException:
+            self._forget(stream)
+            raise
+        if verdict != SUBMIT_ACCEPTED:
+            self._forget(stream)
+            raise refused(verdict, error)
         return stream
 
-    def embed(self, inputs: list[list[int]], owner: int = 0) -> Generation:
+    async def embed(self, inputs: list[list[int]], owner: int = 0) -> Generation:
         self.check_open()
-        id_request = next(self._ids)
+        rid = next(self._ids)
         stream = Generation(self.loop)
-        verdict = self.engine.submit_embedding(id_request, inputs, owner)
-        if verdict != SUBMIT_ACCEPTED:
-            raise refused(verdict)
-        stream.choice[id_request] = 0
+        stream.choice[rid] = 0
         stream.n_open = 1
-        self._streams[id_request] = stream
+        self._streams[rid] = stream
+        try:
+            verdict = await self.engine.submit_embedding(rid, inputs, owner)
+        except BaseException:
+            self._forget(stream)
+            raise
+        if verdict != SUBMIT_ACCEPTED:
+            self._forget(stream)
+            raise refused(verdict, None)
         return stream
+
+    def _forget(self, stream: Generation) -> None:
+        for rid in stream.choice:
+            self._streams.pop(rid, None)
 
     def cancel(self, stream: Generation) -> None:
         """The client went away (or the request failed): free the slots at the next step."""
-        for id_request in stream.choice:
-            if self._streams.pop(id_request, None) is not None:
-                self.engine.cancel(id_request)
+        for rid in stream.choice:
+            if self._streams.pop(rid, None) is not None:
+                self.engine.cancel(rid)
 
     def _on_events(self) -> None:
         streams = self._streams
@@ -139,41 +154,35 @@ class ModelRunner:
                 del streams[event[EV_ID]]
             stream.push(event)
 
-    def end_all(self, reason: str) -> None:
+    def end_all(self, error: EngineError) -> None:
         """Finish every open request with an error event (on the loop thread), and stop
         listening to the engine: used when the model is unloaded under its requests."""
         with self._lease_lock:
             self.closing = True
-        self.loop.remove_reader(self.engine.fileno())
+        if not self.engine.lost:
+            self.loop.remove_reader(self.engine.fileno())
         streams, self._streams = self._streams, {}
-        for id_request, stream in streams.items():
-            stream.push((id_request, b"", 0, STATUS_ERROR, 0, 0, 0, None, None, reason))
+        for rid, stream in streams.items():
+            stream.push((rid, b"", 0, STATUS_ERROR, 0, 0, 0, None, None, error))
 
-    def close_engine(self) -> None:
-        """Join the engine's thread and free the model (blocking: call from a worker thread),
-        once no other thread is using it."""
-        with self._lease_lock:
-            self._lease_lock.wait_for(lambda: self._leases == 0)
-        self.engine.close()
-
+    async def close(self, grace: float = 10.0) -> None:
+        """Close the engine once no other thread uses it (the worker: ask it to exit)."""
+        def unused():
+            with self._lease_lock:
+                self._lease_lock.wait_for(lambda: self._leases == 0)
+        await self.loop.run_in_executor(None, unused)
+        await self.engine.aclose(grace)
 
     def check_open(self) -> None:
         if self.closing:
-            raise unloaded()
+            raise EngineError(ErrorCode.UNLOADED, "the model was unloaded")
 
 
-def unloaded() -> ApiError:
-    return ApiError(ErrorKind.UNAVAILABLE, "the model was unloaded", headers=((b"retry-after", b"1"),))
-
-
-def refused(verdict: int) -> ApiError:
+def refused(verdict: int, error: str | None) -> EngineError:
     if verdict == SUBMIT_OVER_SHARE:
-        return ApiError(ErrorKind.RATE_LIMIT, "this API key already holds its share of the model's "
-                        "queue (inference.limits.key_share); retry when some of its requests finish",
-                        headers=((b"retry-after", b"1"),))
-    return busy()
-
-
-def busy() -> ApiError:
-    return ApiError(ErrorKind.UNAVAILABLE, "the model's request queue is full; retry shortly",
-                    headers=((b"retry-after", b"1"),))
+        return EngineError(ErrorCode.OVER_SHARE, "this API key already holds its share of the "
+                           "model's queue (inference.limits.key_share); retry when some of its "
+                           "requests finish")
+    if verdict == SUBMIT_QUEUE_FULL:
+        return EngineError(ErrorCode.QUEUE_FULL, "the model's request queue is full; retry shortly")
+    return EngineError(ErrorCode.INVALID_GRAMMAR, f"the response format's grammar was refused: {error}")

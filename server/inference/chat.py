@@ -63,7 +63,7 @@ async def chat_completions(node, request) -> Response | StreamingResponse:
     gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=True)
     prompt = await templates.prompt_tokens(model, messages_of(body))
     generate.check_fits(len(prompt), model.context_length, "messages")
-    stream = model.runner.generate(generate.jobs_for([prompt], gen, model.context_length), gen.stop,
+    stream = await model.runner.generate(generate.jobs_for([prompt], gen, model.context_length), gen.stop,
                                    generate.owner_of(request))
     head = responses.envelope("chat.completion", responses.new_id("chatcmpl"), model.id)
     if gen.stream:

@@ -46,7 +46,7 @@ async def completions(node, request) -> Response | StreamingResponse:
     prompts = await generate.tokenized(model, prompts_of, body, request)
     for prompt in prompts:
         generate.check_fits(len(prompt), model.context_length)
-    stream = model.runner.generate(generate.jobs_for(prompts, gen, model.context_length), gen.stop,
+    stream = await model.runner.generate(generate.jobs_for(prompts, gen, model.context_length), gen.stop,
                                    generate.owner_of(request))
     head = responses.envelope("text_completion", responses.new_id("cmpl"), model.id)
     n_choices = len(prompts) * gen.n

@@ -11,7 +11,7 @@ from ..http import validate
 from ..http.errors import ApiError, ErrorKind, invalid
 from ..http.response import Response
 from ..http.wire import JSON
-from . import generate, responses
+from . import failures, generate
 
 MAX_INPUTS = 2048
 
@@ -65,13 +65,13 @@ async def embeddings(node, request) -> Response:
     validate.string(body, "user", required=False, max_len=512, allow_empty=True)
     inputs = await generate.tokenized(model, lambda b, _engine: inputs_of(b, model), body, request)
 
-    stream = model.runner.embed(inputs, generate.owner_of(request))
+    stream = await model.runner.embed(inputs, generate.owner_of(request))
     try:
         event = await stream.__anext__()
     finally:
         model.runner.cancel(stream)
     if event[EV_EMBEDDING] is None:
-        raise responses.engine_failure(event[EV_ERROR])
+        raise failures.of_event(event[EV_ERROR])
     vectors = event[EV_EMBEDDING].reshape(len(inputs), model.engine.n_embd)
     data = [{"object": "embedding", "index": i, "embedding": _encode(v, encoding)}
             for i, v in enumerate(vectors)]

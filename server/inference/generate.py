@@ -6,7 +6,8 @@ from ..engine.runner import Generation
 from . import templates
 from ..http.errors import ApiError, ErrorKind, invalid
 from . import params as gen_params
-from .responses import Choice, engine_failure
+from .failures import of_event
+from .responses import Choice
 
 
 # Bodies up to this size are tokenized on the loop (microseconds); larger ones on a render
@@ -64,7 +65,7 @@ async def follow(runner, stream: Generation, choices: list[Choice]):
             choice = choices[index]
             choice.add(event)
             if failed(choice):
-                raise engine_failure(choice.error)
+                raise of_event(choice.error)
             yield index, choice, event
     finally:
         runner.cancel(stream)            # no-op once every choice has finished

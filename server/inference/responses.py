@@ -9,7 +9,6 @@ import orjson
 from .. import __version__
 from ..engine.runner import (EV_CACHED, EV_GENERATED, EV_LOGPROBS, EV_PROMPT, EV_STATUS, EV_TEXT,
                              finish_reason)
-from ..http.errors import ApiError, ErrorKind
 
 SYSTEM_FINGERPRINT = f"stackd-{__version__}"
 SSE_DONE = b"data: [DONE]\n\n"
@@ -47,16 +46,6 @@ class Choice:
 
     def joined(self) -> str:
         return b"".join(self.text).decode("utf-8", "replace")
-
-
-UNLOADED_MARKERS = ("unloaded", "shutting down")
-
-
-def engine_failure(message: str | None) -> ApiError:
-    if message and any(marker in message for marker in UNLOADED_MARKERS):
-        return ApiError(ErrorKind.UNAVAILABLE, f"the request was ended: {message}",
-                        headers=((b"retry-after", b"1"),))
-    return ApiError(ErrorKind.INTERNAL, f"generation failed: {message or 'engine error'}")
 
 
 def usage(choices: list[Choice], prompts_counted: list[int]) -> dict:

@@ -7,6 +7,7 @@ from ..http.routing import Endpoint
 from .chat import chat_completions
 from .completions import completions
 from .embeddings import embeddings
+from .failures import answers_engine_errors
 
 INFERENCE = "inference"
 
@@ -21,9 +22,9 @@ def get_model(node, request) -> Response:
 
 
 ROUTES = {
-    ("POST", "/v1/chat/completions"): Endpoint(chat_completions, perm.INFERENCE, INFERENCE),
-    ("POST", "/v1/completions"): Endpoint(completions, perm.INFERENCE, INFERENCE),
-    ("POST", "/v1/embeddings"): Endpoint(embeddings, perm.INFERENCE, INFERENCE),
+    ("POST", "/v1/chat/completions"): Endpoint(answers_engine_errors(chat_completions), perm.INFERENCE, INFERENCE),
+    ("POST", "/v1/completions"): Endpoint(answers_engine_errors(completions), perm.INFERENCE, INFERENCE),
+    ("POST", "/v1/embeddings"): Endpoint(answers_engine_errors(embeddings), perm.INFERENCE, INFERENCE),
     ("GET", "/v1/models"): Endpoint(list_models, perm.INFERENCE, INFERENCE),
     ("GET", "/v1/models/:id"): Endpoint(get_model, perm.INFERENCE, INFERENCE),
 }

@@ -14,13 +14,20 @@ import time
 from dataclasses import dataclass, field
 
 from ..system import readings
-from ..engine.native import Engine
+from ..engine.clients import InlineEngine, WorkerEngine, describe_exit, exit_record
+from ..engine.errors import EngineError, ErrorCode
+from ..engine.native import Engine, Vocab
 from ..engine.runner import ModelRunner
 from ..http.errors import ApiError, ErrorKind, invalid
 from .store import Manifest, ModelStore, valid_model_id
 
 MIB = 1 << 20
 MIN_CONTEXT = 32
+# Supervision of worker processes: restart after 1 s, 2 s, 4 s ... at most 60 s; after this many
+# crashes within the window the model is left `failed` (with the last exit) until loaded again.
+RESTART_BACKOFF_MAX = 60.0
+CRASH_LIMIT = 5
+CRASH_WINDOW = 300.0
 BUFFER_OVERHEAD = 192 * MIB     # compute graph, output logits and scratch, beyond weights and KV
 
 
@@ -33,6 +40,7 @@ class EngineSettings:
     max_queue: int = 256
     flash_attn: int = -1
     key_share: float = 1.0
+    isolation: str = "worker"      # worker: each model's engine in a supervised process; inline
 
 
 @dataclass
@@ -43,6 +51,8 @@ class LoadedModel:
     created: int
     template: object = None   # chat models: the chat template (inference.sandbox.ChatTemplate)
     max_input: int = 0        # embeddings: tokens one input may have
+    restarts: int = 0         # times its worker was restarted after dying
+    last_exit: dict | None = None
 
     @property
     def id(self) -> str:
@@ -79,7 +89,10 @@ class ModelManager:
     transitions: dict[str, str] = field(default_factory=dict)   # id -> loading / unloading / failed
     errors: dict[str, str] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)               # load order: "most recent chat model"
+    crashes: dict[str, list[float]] = field(default_factory=dict)  # id -> monotonic crash times
+    last_exits: dict[str, dict] = field(default_factory=dict)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    _closing: bool = False
 
     # ---- what is there -------------------------------------------------------------------------
 
@@ -108,6 +121,12 @@ class ModelManager:
                "sha256": manifest.sha256, "file": manifest.file, "source": manifest.source}
         if manifest.id in self.errors:
             out["error"] = self.errors[manifest.id]
+        if model is not None:
+            out["isolation"] = model.runner.engine.isolation
+            out["pid"] = model.runner.engine.pid
+            out["restarts"] = model.restarts
+        if manifest.id in self.last_exits:
+            out["last_exit"] = self.last_exits[manifest.id]
         return out
 
     def listing(self) -> list[dict]:
@@ -120,8 +139,16 @@ class ModelManager:
     # ---- use -----------------------------------------------------------------------------------
 
     async def get(self, model_id: str, kind: str) -> LoadedModel:
+        state = self.state(model_id)
+        if state == "restarting":
+            raise EngineError(ErrorCode.RESTARTING, f"the worker of '{model_id}' died and is being "
+                              "restarted; retry shortly")
+        if state == "failed" and model_id in self.last_exits:
+            raise EngineError(ErrorCode.FAILED, f"'{model_id}' failed: its worker "
+                              f"{self.last_exits[model_id]['reason']} {CRASH_LIMIT} times within "
+                              f"{CRASH_WINDOW:g} s; POST /v1/models/load starts it again")
         model = self.loaded.get(model_id)
-        if model is None or self.state(model_id) == "unloading":
+        if model is None or state == "unloading":
             manifest = self.manifest(model_id)
             if not self.autoload or self.state(model_id) == "unloading":
                 raise ApiError(ErrorKind.UNAVAILABLE, f"the model '{model_id}' is not loaded; "
@@ -181,6 +208,7 @@ class ModelManager:
             self.admit(manifest, context)
             self.transitions[model_id] = "loading"
             self.errors.pop(model_id, None)
+            self.crashes.pop(model_id, None)
             try:
                 model = await self._construct(manifest, context)
             except Exception as exc:
@@ -196,22 +224,79 @@ class ModelManager:
         s = self.settings
         path = self.store.model_path(manifest)
         embeddings = manifest.kind == "embedding"
+        params = dict(model_path=path, embeddings=embeddings, n_slots=s.n_slots, n_ctx_seq=context,
+                      n_batch=s.n_batch, n_threads=s.n_threads, n_max_waiting=s.max_queue,
+                      flash_attn=s.flash_attn, key_share=s.key_share)
 
-        def construct():
-            engine = Engine(path, embeddings=embeddings, n_slots=s.n_slots, n_ctx_seq=context,
-                            n_batch=s.n_batch, n_threads=s.n_threads, n_max_waiting=s.max_queue,
-                            flash_attn=s.flash_attn, key_share=s.key_share)
+        def chat_template(facts):
             if embeddings:
-                return engine, None
+                return None
             from ..inference.templates import template_for
-            return engine, template_for(engine)          # compiling a template takes time too
+            return template_for(facts)                    # compiling a template takes time too
 
-        engine, template = await self.loop.run_in_executor(None, construct)
-        model = LoadedModel(manifest, ModelRunner(self.loop, engine), context, int(time.time()),
+        if s.isolation == "inline":
+            def construct():
+                engine = Engine(**params)
+                return InlineEngine(engine), chat_template(engine)
+            client, template = await self.loop.run_in_executor(None, construct)
+        else:
+            def vocabulary():
+                vocab = Vocab(path)
+                return vocab, chat_template(vocab)
+            vocab, template = await self.loop.run_in_executor(None, vocabulary)
+            client = await WorkerEngine.start(self.loop, params, vocab)
+            client.on_lost = self._worker_lost
+        model = LoadedModel(manifest, ModelRunner(self.loop, client), context, int(time.time()),
                             template=template)
         if embeddings:
-            model.max_input = min(engine.n_ctx_train, context) if context else engine.n_ctx_train
+            model.max_input = min(client.n_ctx_train, context) if context else client.n_ctx_train
         return model
+
+    # ---- supervision of worker processes ---------------------------------------------------------
+
+    def _worker_lost(self, client) -> None:
+        """A worker died (its socket reached EOF; its requests have their error events)."""
+        for model in self.loaded.values():
+            if model.runner.engine is client and not self._closing:
+                self.loop.create_task(self._restart(model, client.exit_status))
+                return
+
+    def _record_crash(self, model_id: str, status) -> int:
+        now = time.monotonic()
+        recent = [t for t in self.crashes.get(model_id, []) if now - t < CRASH_WINDOW] + [now]
+        self.crashes[model_id] = recent
+        self.last_exits[model_id] = exit_record(status)
+        return len(recent)
+
+    async def _restart(self, model: LoadedModel, status) -> None:
+        model_id = model.id
+        model.runner.end_all(EngineError(ErrorCode.WORKER_LOST, f"the model's worker process died "
+                                         f"({describe_exit(status)})"))
+        n_crashes = self._record_crash(model_id, status)
+        restarts = model.restarts
+        self.transitions[model_id] = "restarting"
+        while not self._closing:
+            if n_crashes >= CRASH_LIMIT:
+                self.loaded.pop(model_id, None)
+                self.order = [m for m in self.order if m != model_id]
+                self.transitions[model_id] = "failed"
+                self.errors[model_id] = (f"its worker {self.last_exits[model_id]['reason']} "
+                                         f"{n_crashes} times within {CRASH_WINDOW:g} s")
+                return
+            await asyncio.sleep(min(RESTART_BACKOFF_MAX, 2.0 ** (n_crashes - 1)))
+            async with self._lock(model_id):
+                if self.loaded.get(model_id) is not model or self._closing:
+                    return                                # unloaded or reloaded meanwhile
+                try:
+                    fresh = await self._construct(model.manifest, model.context_length)
+                except Exception as exc:
+                    n_crashes = self._record_crash(model_id, None)
+                    self.last_exits[model_id]["reason"] = f"failed to start: {exc}"
+                    continue
+                fresh.restarts = restarts + 1
+                self.loaded[model_id] = fresh
+                self.transitions.pop(model_id, None)
+                return
 
     async def unload(self, model_id: str) -> Manifest:
         manifest = self.manifest(model_id)
@@ -221,21 +306,25 @@ class ModelManager:
                 await self._unload_locked(model)
             self.transitions.pop(model_id, None)
             self.errors.pop(model_id, None)
+            self.crashes.pop(model_id, None)
         return manifest
 
     async def _unload_locked(self, model: LoadedModel) -> None:
         self.transitions[model.id] = "unloading"
         try:
-            model.runner.end_all("the model was unloaded")
-            await self.loop.run_in_executor(None, model.runner.close_engine)
+            model.runner.end_all(EngineError(ErrorCode.UNLOADED, "the model was unloaded"))
+            await model.runner.close()
         finally:
             self.loaded.pop(model.id, None)
             self.order = [m for m in self.order if m != model.id]
             self.transitions.pop(model.id, None)
 
-    def close(self) -> None:
-        for model in self.loaded.values():
-            model.runner.end_all("the server is shutting down")
-            model.runner.close_engine()
+    async def aclose(self, grace: float = 10.0) -> None:
+        """Shutting down: every request still open ends, every engine closes (workers exit 0)."""
+        self._closing = True
+        models = list(self.loaded.values())
+        for model in models:
+            model.runner.end_all(EngineError(ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
+        await asyncio.gather(*(model.runner.close(grace) for model in models))
         self.loaded.clear()
         self.order.clear()

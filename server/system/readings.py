@@ -76,3 +76,16 @@ class Thermometer:
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def pss_bytes(pid: int) -> int | None:
+    """Proportional set size of a process: its private pages plus its share of shared ones, so
+    the PSS of a daemon and its workers add up without counting shared libraries twice."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None

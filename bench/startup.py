@@ -1,0 +1,137 @@
+"""Device fit: time from spawn to the first answered request, and the memory of the whole
+process tree (PSS summed over the daemon and its workers, so shared pages count once), stackd
+against llama-server, at equal slots, context and threads, chat model only. Medians of N runs.
+
+    .venv/bin/python bench/startup.py [--runs 3] [--slots 16] [--context 1024] [--threads 2]
+
+Targets (engine-worker issue): the tree's PSS <= llama-server's + 50 MB, the first answer
+<= 1.5x llama-server's.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import peers  # noqa: E402
+from inference import free_port  # noqa: E402
+
+from server.models import defaults  # noqa: E402
+from server.system.readings import pss_bytes  # noqa: E402
+
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
+
+
+def tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def first_answer(port: int, model: str, key: str | None, proc, started: float) -> float:
+    body = json.dumps({**CHAT, "model": model})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    while True:
+        if proc.poll() is not None:
+            sys.exit("server exited early")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("POST", "/v1/chat/completions", body, headers)
+            if conn.getresponse().status == 200:
+                return time.perf_counter() - started
+        except OSError:
+            pass
+        time.sleep(0.01)
+
+
+def run_stackd(args) -> tuple[float, int]:
+    data = tempfile.mkdtemp(prefix="stackd-startup-")
+    key = "sk-startup-bench-key"
+    try:
+        with open(os.path.join(data, "config.toml"), "w") as f:
+            f.write(f"[http]\naccess_log = false\n[engine]\nslots = {args.slots}\n"
+                    f"context_length = {args.context}\nthreads = {args.threads}\n"
+                    f"isolation = \"{args.isolation}\"\n"
+                    f"[models]\npreload = [\"{defaults.CHAT_MODEL}\"]\n")
+        subprocess.run([sys.executable, "-m", "server", "models", "defaults", "--data-dir", data],
+                       cwd=ROOT, check=True, capture_output=True)
+        from server.auth.keys import KeyStore
+        store = KeyStore(data)
+        _, key = store.create("bench", frozenset({"inference"}))
+        port = free_port()
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--data-dir", data,
+                                 "--inference-port", str(port), "--cluster-port", str(free_port())],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            seconds = first_answer(port, defaults.CHAT_MODEL, key, proc, started)
+            time.sleep(0.5)
+            memory = sum(pss_bytes(p) or 0 for p in tree(proc.pid))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        return seconds, memory
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def run_llama_server(args, binary: str) -> tuple[float, int]:
+    port = free_port()
+    started = time.perf_counter()
+    proc = subprocess.Popen([binary, "-m", defaults.smollm2_path(), "--host", "127.0.0.1", "--port",
+                             str(port), "-np", str(args.slots), "-c", str(args.slots * args.context),
+                             "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        seconds = first_answer(port, "smollm2", None, proc, started)
+        time.sleep(0.5)
+        memory = sum(pss_bytes(p) or 0 for p in tree(proc.pid))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    return seconds, memory
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--slots", type=int, default=16)
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--isolation", default="worker")
+    args = parser.parse_args()
+    binary = peers.llama_server()
+    results = {"stackd": [], "llama-server": []}
+    for _ in range(args.runs):
+        results["stackd"].append(run_stackd(args))
+        results["llama-server"].append(run_llama_server(args, binary))
+    medians = {name: (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
+               for name, runs in results.items()}
+    for name, (seconds, memory) in medians.items():
+        print(f"  {name:14s} first answer {seconds:6.2f} s   process tree PSS {memory / 1e6:7.1f} MB")
+    ours, peer = medians["stackd"], medians["llama-server"]
+    print(f"  first answer: {ours[0] / peer[0]:.2f}x llama-server's (target <= 1.5x); "
+          f"PSS: {(ours[1] - peer[1]) / 1e6:+.1f} MB (target <= +50 MB)   "
+          f"[{args.slots} slots x {args.context}, {args.threads} threads, isolation {args.isolation}]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,326 @@
+"""One engine interface, two places to run it: in this process, or in a worker process.
+
+Both give the runner the same surface: `submit_jobs` / `submit_embedding` (coroutines that
+answer with a SUBMIT_* verdict), `cancel`, `fileno` + `take_events` (the loop watches the fd
+and drains events in batches), `stats`, `aclose`, and the model's facts (`n_vocab`, `tokenize`,
+`piece`, ...). With a worker the facts come from a vocab-only load kept in the daemon, so
+rendering, tokenizing and validating a request never wait on the worker.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from .errors import EngineError, ErrorCode
+from .native import STATUS_ERROR, SUBMIT_ACCEPTED, Engine, SamplingParams, Vocab
+from .wire import FrameReader, WireError, decode_events, frame
+
+SAMPLING_FIELDS = tuple(name for name in dir(SamplingParams) if not name.startswith("_"))
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def sampling_fields(params: SamplingParams) -> dict:
+    return {name: getattr(params, name) for name in SAMPLING_FIELDS}
+
+
+class InlineEngine:
+    """The native engine in this process (engine.isolation = inline: for profiling)."""
+
+    isolation = "inline"
+    lost = False
+    pid = None
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def __getattr__(self, name):                  # the model's facts, fileno, take_events, ...
+        return getattr(self.engine, name)
+
+    async def submit_jobs(self, jobs, stop: list[str], owner: int) -> tuple[int, str | None]:
+        accepted = []
+        for rid, prompt, max_tokens, sampling in jobs:
+            try:
+                verdict = self.engine.submit(rid, prompt, max_tokens, stop, sampling, owner)
+            except ValueError as exc:
+                verdict, error = -1, str(exc)
+            else:
+                error = None
+            if verdict != SUBMIT_ACCEPTED:
+                for done in accepted:
+                    self.engine.cancel(done)
+                return verdict, error
+            accepted.append(rid)
+        return SUBMIT_ACCEPTED, None
+
+    async def submit_embedding(self, rid: int, inputs, owner: int) -> int:
+        return self.engine.submit_embedding(rid, inputs, owner)
+
+    async def aclose(self, grace: float = 0.0) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
+
+
+class WorkerEngine:
+    """The engine in a supervised child process, over a socketpair the loop watches."""
+
+    isolation = "worker"
+
+    def __init__(self, loop, proc: subprocess.Popen, sock: socket.socket, vocab: Vocab, facts: dict):
+        self.loop = loop
+        self.proc = proc
+        self.pid = proc.pid
+        self.sock = sock
+        self.vocab = vocab
+        self.n_vocab, self.n_embd = facts["n_vocab"], facts["n_embd"]
+        self.n_ctx_train, self.n_slots, self.n_ctx_seq = facts["n_ctx_train"], facts["n_slots"], facts["n_ctx_seq"]
+        self.reader = FrameReader()
+        self.outbox = bytearray()
+        self.in_flight: set[int] = set()          # requests whose last event has not come
+        self.verdicts: dict[int, asyncio.Future] = {}
+        self.seq = itertools.count(1)
+        self.lost = False
+        self.exit_status: int | None = None
+        self._stats: dict = {}
+        self.on_lost = None                       # called once on the loop when the worker dies
+
+    # ---- starting ------------------------------------------------------------------------------
+
+    @classmethod
+    async def start(cls, loop, params: dict, vocab: Vocab) -> "WorkerEngine":
+        """Spawn a worker for `params` (Engine's keyword arguments) and wait until it serves.
+        Spawned from the loop's thread: PR_SET_PDEATHSIG follows the spawning thread."""
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "GGML_NO_BACKTRACE": "1",
+               "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "server.engine.worker", str(theirs.fileno()), str(os.getpid())],
+                pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        try:
+            await loop.sock_sendall(ours, frame({"op": "start", "engine": params}))
+            reader = FrameReader()
+            while True:
+                data = await loop.sock_recv(ours, 1 << 16)
+                if not data:
+                    raise EngineError(ErrorCode.WORKER_LOST,
+                                      f"the worker exited while loading ({describe_exit(proc.wait())})")
+                frames = reader.feed(data)
+                if frames:
+                    break
+        except BaseException:
+            ours.close()
+            _reap(proc)
+            raise
+        message = frames[0][0]
+        if message.get("op") != "ready":
+            ours.close()
+            _reap(proc)
+            raise RuntimeError(message.get("error") or "the worker could not load the model")
+        engine = cls(loop, proc, ours, vocab, message["facts"])
+        engine.reader = reader
+        return engine
+
+    # ---- the model's facts, from the vocabulary kept here ------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.vocab.tokenize(text, add_special, parse_special)
+
+    def piece(self, token: int) -> bytes:
+        return self.vocab.piece(token)
+
+    @property
+    def chat_template(self) -> str:
+        return self.vocab.chat_template
+
+    @property
+    def token_bos(self) -> int:
+        return self.vocab.token_bos
+
+    @property
+    def token_eos(self) -> int:
+        return self.vocab.token_eos
+
+    # ---- work ---------------------------------------------------------------------------------------
+
+    async def submit_jobs(self, jobs, stop: list[str], owner: int) -> tuple[int, str | None]:
+        ids = [job[0] for job in jobs]
+        reply = await self._ask({"op": "submit", "stop": stop, "owner": owner, "jobs": [
+            [rid, prompt, max_tokens, sampling_fields(sampling)] for rid, prompt, max_tokens, sampling in jobs]},
+            ids)
+        return reply["verdict"], reply.get("error")
+
+    async def submit_embedding(self, rid: int, inputs, owner: int) -> int:
+        reply = await self._ask({"op": "embed", "id": rid, "owner": owner, "inputs": inputs}, [rid])
+        return reply["verdict"]
+
+    async def _ask(self, message: dict, ids: list[int]) -> dict:
+        if self.lost:
+            raise EngineError(ErrorCode.WORKER_LOST, "the model's worker process is not running")
+        seq = message["seq"] = next(self.seq)
+        future = self.verdicts[seq] = self.loop.create_future()
+        self.in_flight.update(ids)                # events may come before the verdict
+        self._send(frame(message))
+        try:
+            reply = await future
+        finally:
+            self.verdicts.pop(seq, None)
+        if reply["verdict"] != SUBMIT_ACCEPTED:
+            self.in_flight.difference_update(ids)
+        return reply
+
+    def cancel(self, rid: int) -> None:
+        if not self.lost:
+            self._send(frame({"op": "cancel", "id": rid}))
+
+    def fail_next_decodes(self, n: int) -> None:
+        self._send(frame({"op": "fail_next_decodes", "n": n}))
+
+    def stats(self) -> dict:
+        return dict(self._stats)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    # ---- the socket ---------------------------------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        """Never blocks the loop: what the socket does not take now waits for a writable event
+        (a frozen worker fills its buffer; its supervisor kills it, and the bytes go with it)."""
+        if self.lost:
+            return
+        if not self.outbox:
+            try:
+                sent = self.sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                return                             # dead: the reader sees EOF and reports it
+            data = data[sent:]
+            if not data:
+                return
+            self.loop.add_writer(self.sock.fileno(), self._flush)
+        self.outbox += data
+
+    def _flush(self) -> None:
+        try:
+            sent = self.sock.send(self.outbox)
+        except BlockingIOError:
+            return
+        except OSError:
+            sent = len(self.outbox)
+        del self.outbox[:sent]
+        if not self.outbox:
+            self.loop.remove_writer(self.sock.fileno())
+
+    def take_events(self) -> list:
+        """Everything the worker sent since the last call; at EOF, an error event for every
+        request still in flight, and the worker is reported lost."""
+        events = []
+        while not self.lost:
+            try:
+                data = self.sock.recv(1 << 20)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                events += self._lose()
+                break
+            try:
+                frames = self.reader.feed(data)
+            except WireError:
+                events += self._lose()
+                break
+            for message, tail in frames:
+                events += self._dispatch(message, tail)
+        return events
+
+    def _dispatch(self, message: dict, tail: bytes) -> list:
+        op = message.get("op")
+        if op == "events":
+            events = decode_events(message["events"], tail)
+            for event in events:
+                if event[3] > 1:                   # a finished kind: the request is done
+                    self.in_flight.discard(event[0])
+            return events
+        if op == "verdict":
+            future = self.verdicts.get(message.get("seq"))
+            if future is not None and not future.done():
+                future.set_result(message)
+        elif op == "stats":
+            self._stats = message.get("stats") or {}
+        return []
+
+    def _lose(self) -> list:
+        self.lost = True
+        self.loop.remove_reader(self.sock.fileno())
+        if self.outbox:
+            self.loop.remove_writer(self.sock.fileno())
+            self.outbox.clear()
+        if self.proc.poll() is None:               # closed its socket yet alive: of no use now
+            self.proc.kill()
+        self.exit_status = self.proc.wait()
+        error = EngineError(ErrorCode.WORKER_LOST, "the model's worker process died "
+                            f"({describe_exit(self.exit_status)}); it is being restarted")
+        for future in self.verdicts.values():
+            if not future.done():
+                future.set_exception(error)
+        events = [(rid, b"", 0, STATUS_ERROR, 0, 0, 0, None, None, error) for rid in self.in_flight]
+        self.in_flight.clear()
+        if self.on_lost is not None:
+            self.loop.call_soon(self.on_lost, self)
+        return events
+
+    # ---- stopping -----------------------------------------------------------------------------------
+
+    async def aclose(self, grace: float = 10.0) -> None:
+        """Ask the worker to close its engine and exit; kill it after `grace` seconds."""
+        if not self.lost:
+            self.lost = True
+            self.loop.remove_reader(self.sock.fileno())
+            try:
+                self.sock.setblocking(True)
+                self.sock.sendall(self.outbox + frame({"op": "close"}))
+            except OSError:
+                pass
+        self.exit_status = await self.loop.run_in_executor(None, _reap, self.proc, grace)
+        self.sock.close()
+
+    def kill(self) -> None:
+        """A frozen or misbehaving worker: no grace (its EOF then ends its requests)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+
+def _reap(proc: subprocess.Popen, wait: float = 5.0) -> int:
+    try:
+        return proc.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def describe_exit(status: int | None) -> str:
+    if status is None:
+        return "still running"
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit code {status}"
+
+
+def exit_record(status: int | None) -> dict:
+    return {"reason": describe_exit(status),
+            "signal": signal.Signals(-status).name if status is not None and status < 0 else None,
+            "exit_code": status if status is not None and status >= 0 else None,
+            "at": int(time.time())}

@@ -1,0 +1,26 @@
+"""Why the engine could not do what was asked: one code per cause, from where it happens to the
+one place that maps codes to HTTP (server/inference/failures.py). Nobody matches messages."""
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.Enum):
+    UNLOADED = "unloaded"                  # the model was unloaded under the request
+    SHUTTING_DOWN = "shutting_down"        # the daemon is stopping
+    WORKER_LOST = "worker_lost"            # the model's worker process died
+    RESTARTING = "restarting"              # the worker is being restarted
+    FAILED = "failed"                      # the worker gave up after repeated crashes
+    QUEUE_FULL = "queue_full"              # the model's queue is full
+    OVER_SHARE = "over_share"              # this key holds its share of the queue
+    INVALID_GRAMMAR = "invalid_grammar"    # llama.cpp could not parse the grammar
+    DECODE_FAILED = "decode_failed"        # llama.cpp failed the step (the engine's own errors)
+
+
+class EngineError(Exception):
+    __slots__ = ("code", "message")
+
+    def __init__(self, code: ErrorCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message

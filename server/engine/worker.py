@@ -1,0 +1,185 @@
+"""The engine worker: one model's llama.cpp engine in a process of its own.
+
+    python -m server.engine.worker FD
+
+FD is this end of a socketpair with the daemon. The first frame is the engine's parameters;
+the worker loads the model, answers `ready` with the model's facts, then serves frames
+(submit, embed, cancel, close) and forwards the engine's events, waking on the socket and on
+the engine's eventfd (poll, no busy loop, no thread per request). Stats go out once a second.
+
+It exits when the daemon says close (after closing the engine), when the daemon's end of the
+socket closes, or when the daemon dies (PR_SET_PDEATHSIG, set here at start). It imports only
+what it needs: not llama-cpp-python, not the HTTP layer.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import socket
+import sys
+import time
+
+from .wire import FrameReader, encode_events, frame
+
+PR_SET_PDEATHSIG = 1
+STATS_INTERVAL = 1.0
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL when the daemon thread that spawned us dies (the daemon spawns from its main
+    thread, which lives as long as it does); and if it died already, go now."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (AttributeError, OSError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+class Worker:
+    def __init__(self, sock: socket.socket, engine):
+        self.sock = sock
+        self.engine = engine
+        self.reader = FrameReader()
+        self.outbox = bytearray()
+        self.running = True
+
+    # ---- messages from the daemon --------------------------------------------------------------
+
+    def handle(self, message: dict) -> None:
+        op = message.get("op")
+        if op == "submit":
+            self.submit(message)
+        elif op == "embed":
+            verdict = self.engine.submit_embedding(message["id"], message["inputs"], message["owner"])
+            self.send({"op": "verdict", "seq": message["seq"], "verdict": verdict})
+        elif op == "cancel":
+            self.engine.cancel(message["id"])
+        elif op == "fail_next_decodes":
+            self.engine.fail_next_decodes(message["n"])
+        elif op == "close":
+            self.running = False
+
+    def submit(self, message: dict) -> None:
+        from .._engine import SUBMIT_ACCEPTED, SamplingParams
+
+        accepted, verdict, error = [], SUBMIT_ACCEPTED, None
+        for rid, prompt, max_tokens, fields in message["jobs"]:
+            sampling = SamplingParams()
+            for name, value in fields.items():
+                setattr(sampling, name, value)
+            try:
+                verdict = self.engine.submit(rid, prompt, max_tokens, message["stop"], sampling,
+                                             message["owner"])
+            except ValueError as exc:          # a grammar llama.cpp cannot parse
+                verdict, error = -1, str(exc)
+            if verdict != SUBMIT_ACCEPTED:
+                for done in accepted:          # all of a request's choices, or none
+                    self.engine.cancel(done)
+                break
+            accepted.append(rid)
+        self.send({"op": "verdict", "seq": message["seq"], "verdict": verdict, "error": error})
+
+    # ---- to the daemon ---------------------------------------------------------------------------
+
+    def send(self, message: dict, tail: bytes = b"") -> None:
+        self.outbox += frame(message, tail)
+
+    def forward_events(self) -> None:
+        events = self.engine.take_events()
+        if events:
+            items, tail = encode_events(events)
+            self.send({"op": "events", "events": items}, tail)
+
+    def flush(self) -> None:
+        while self.outbox:
+            try:
+                sent = self.sock.send(self.outbox)
+            except BlockingIOError:
+                return
+            del self.outbox[:sent]
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        poller = select.poll()
+        sock_fd, events_fd = self.sock.fileno(), self.engine.fileno()
+        poller.register(events_fd, select.POLLIN)
+        next_stats = time.monotonic()
+        while self.running:
+            poller.register(sock_fd, select.POLLIN | (select.POLLOUT if self.outbox else 0))
+            for fd, _ in poller.poll(STATS_INTERVAL * 1000):
+                if fd == events_fd:
+                    self.forward_events()
+                elif not self.receive():
+                    return                     # the daemon closed its end: nothing to serve
+            now = time.monotonic()
+            if now >= next_stats:
+                self.send({"op": "stats", "stats": self.engine.stats()})
+                next_stats = now + STATS_INTERVAL
+            self.flush()
+
+    def receive(self) -> bool:
+        try:
+            data = self.sock.recv(1 << 20)
+        except BlockingIOError:
+            return True
+        except ConnectionError:
+            return False
+        if not data:
+            return False
+        for message, _ in self.reader.feed(data):
+            self.handle(message)
+        return True
+
+
+def main(fd: int, parent: int) -> int:
+    die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # the daemon's terminal: the daemon decides
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+    sock = socket.socket(fileno=fd)
+    reader = FrameReader()
+    frames = []
+    while not frames:
+        data = sock.recv(1 << 20)
+        if not data:
+            return 1
+        frames = reader.feed(data)
+    config = frames[0][0]
+    crash_file = os.environ.get("STACKD_TEST_WORKER_CRASH_FILE")
+    if crash_file and os.path.exists(crash_file):
+        os.abort()                                 # testing: a worker that dies on every start
+
+    from .._engine import Engine
+
+    try:
+        engine = Engine(**config["engine"])
+    except Exception as exc:                        # a model that does not load: say why, exit
+        sock.sendall(frame({"op": "failed", "error": str(exc)}))
+        return 2
+    sock.sendall(frame({"op": "ready", "facts": {
+        "n_vocab": engine.n_vocab, "n_embd": engine.n_embd, "n_ctx_train": engine.n_ctx_train,
+        "n_slots": engine.n_slots, "n_ctx_seq": engine.n_ctx_seq, "pid": os.getpid()}}))
+    sock.setblocking(False)
+    worker = Worker(sock, engine)
+    worker.reader = reader
+    for message, _ in frames[1:]:
+        worker.handle(message)
+    try:
+        worker.serve()
+    finally:
+        engine.close()
+        worker.forward_events()
+        sock.setblocking(True)
+        try:
+            worker.flush()
+            sock.sendall(frame({"op": "closed"}))
+        except OSError:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))
