@@ -108,7 +108,7 @@ def _engine_metrics(node) -> bytes:
     for name, help_text in ENGINE_COUNTERS.items():
         out += [f"# HELP stackd_engine_{name}_total {help_text}",
                 f"# TYPE stackd_engine_{name}_total counter"]
-        out += [f'stackd_engine_{name}_total{{model="{m}"}} {s[name]}' for m, s in stats.items()]
+        out += [f'stackd_engine_{name}_total{{model="{m}"}} {s.get(name, 0)}' for m, s in stats.items()]
     return ("\n".join(out) + "\n").encode()
 
 

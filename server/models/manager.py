@@ -272,6 +272,7 @@ class ModelManager:
         model_id = model.id
         model.runner.end_all(EngineError(ErrorCode.WORKER_LOST, f"the model's worker process died "
                                          f"({describe_exit(status)})"))
+        await model.runner.engine.aclose(0)               # reaped already: frees the socket
         n_crashes = self._record_crash(model_id, status)
         restarts = model.restarts
         self.transitions[model_id] = "restarting"

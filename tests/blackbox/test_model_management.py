@@ -124,11 +124,20 @@ def test_unload_ends_in_flight_requests_cleanly(idle):
                                        body={"model": CHAT, "prompt": "Once", "max_tokens": 2000,
                                              "ignore_eos": True})
 
+    def sampled() -> int:
+        metrics = idle.request("GET", "/metrics", key=idle.admin_key)[2].decode()
+        return sum(int(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                   if line.startswith("stackd_engine_n_tokens_sampled_total") and CHAT in line)
+
+    before = sampled()
     worker = threading.Thread(target=long_request)
     worker.start()
-    time.sleep(1.0)
+    deadline = time.monotonic() + 300
+    while sampled() == before:                  # generating (workers report once a second)
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
     assert manage(idle, "unload", {"model": CHAT})[0] == 200
-    worker.join(30)
+    worker.join(300)
     status, _, body = result["reply"]
     assert status == 503 and "unloaded" in body["error"]["message"]
     assert idle.request("GET", "/v1/health", key=idle.admin_key)[0] == 200

@@ -14,9 +14,11 @@ EMBED = "all-minilm-l6-v2"
 CONFIG = "[rate_limits]\ninference = 0\n[engine]\nslots = 8\ncontext_length = 1024\n"
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    daemon = Daemon(str(tmp_path_factory.mktemp("openai") / "data"), CONFIG, models=True)
+@pytest.fixture(scope="module", params=["worker", "inline"])
+def daemon(tmp_path_factory, request):
+    """The whole module runs against each engine isolation mode."""
+    daemon = Daemon(str(tmp_path_factory.mktemp("openai") / "data"),
+                    CONFIG + f'isolation = "{request.param}"\n', models=True)
     yield daemon
     daemon.stop()
 
@@ -218,13 +220,26 @@ def test_bad_embedding_inputs(daemon, value):
     assert status == 400 and "input" in reply["error"]["message"]
 
 
+def sampled_tokens(daemon) -> int:
+    """The chat engine's count of sampled tokens (workers report theirs once a second)."""
+    metrics = daemon.request("GET", "/metrics", key=daemon.admin_key)[2].decode()
+    line = next(l for l in metrics.splitlines()
+                if l.startswith("stackd_engine_n_tokens_sampled_total") and CHAT in l)
+    return int(line.rsplit(" ", 1)[1])
+
+
 def test_abandoned_stream_frees_its_slot(client, daemon):
-    stream = ask(client, "Write a long essay.", max_tokens=500, stream=True,
+    import time
+    stream = ask(client, "Write a long essay.", max_tokens=900, stream=True,
                  extra_body={"ignore_eos": True})
     next(iter(stream))
     stream.close()
     reply = ask(client, "Hi", max_tokens=3, temperature=0)
     assert reply.choices[0].message.content is not None
+    time.sleep(2.5)
+    settled = sampled_tokens(daemon)
+    time.sleep(2.5)
+    assert sampled_tokens(daemon) == settled       # nothing is generating for the closed stream
 
 
 def test_the_daemon_maps_one_copy_of_llama_cpp(daemon):
