@@ -128,23 +128,11 @@ PYBIND11_MODULE(_engine, m) {
     m.attr("SUBMIT_QUEUE_FULL") = (int) SUBMIT_QUEUE_FULL;
     m.attr("SUBMIT_OVER_SHARE") = (int) SUBMIT_OVER_SHARE;
 
-    py::class_<sampling_params>(m, "SamplingParams")
-        .def(py::init<>())
-        .def_readwrite("temperature", &sampling_params::temperature)
-        .def_readwrite("top_p", &sampling_params::top_p)
-        .def_readwrite("top_k", &sampling_params::top_k)
-        .def_readwrite("min_p", &sampling_params::min_p)
-        .def_readwrite("seed", &sampling_params::seed)
-        .def_readwrite("presence_penalty", &sampling_params::presence_penalty)
-        .def_readwrite("frequency_penalty", &sampling_params::frequency_penalty)
-        .def_readwrite("repeat_penalty", &sampling_params::repeat_penalty)
-        .def_readwrite("penalty_last_n", &sampling_params::penalty_last_n)
-        .def_readwrite("logit_bias", &sampling_params::logit_bias)
-        .def_readwrite("grammar", &sampling_params::grammar)
-        .def_readwrite("logprobs", &sampling_params::logprobs)
-        .def_readwrite("n_top_logprobs", &sampling_params::n_top_logprobs)
-        .def_readwrite("min_tokens", &sampling_params::min_tokens)
-        .def_readwrite("ignore_eos", &sampling_params::ignore_eos);
+    py::class_<sampling_params> sampling(m, "SamplingParams");
+    sampling.def(py::init<>());
+#define STACKD_SAMPLING_BINDING(type, name, init) sampling.def_readwrite(#name, &sampling_params::name);
+    STACKD_SAMPLING_FIELDS(STACKD_SAMPLING_BINDING)
+#undef STACKD_SAMPLING_BINDING
 
     py::class_<engine>(m, "Engine")
         .def(py::init([](const std::string & model_path, bool embeddings, int32_t n_slots,

@@ -9,22 +9,32 @@
 
 #include "llama.h"
 
+using logit_bias_list = std::vector<std::pair<int32_t, float>>;
+
+// The one list of a request's sampling parameters: the struct below, the Python bindings
+// (native/bindings.cpp) and the worker's wire format (server/engine/clients.py reads the
+// bound names) all come from it. X(type, name, default).
+#define STACKD_SAMPLING_FIELDS(X)                                                        \
+    X(float,           temperature,       1.0f)         /* 0: greedy */                  \
+    X(float,           top_p,             1.0f)                                          \
+    X(int32_t,         top_k,             0)            /* 0: off */                     \
+    X(float,           min_p,             0.0f)                                          \
+    X(uint32_t,        seed,              LLAMA_DEFAULT_SEED)                            \
+    X(float,           presence_penalty,  0.0f)                                          \
+    X(float,           frequency_penalty, 0.0f)                                          \
+    X(float,           repeat_penalty,    1.0f)                                          \
+    X(int32_t,         penalty_last_n,    64)                                            \
+    X(logit_bias_list, logit_bias,        {})                                            \
+    X(std::string,     grammar,           {})           /* GBNF; empty: none */          \
+    X(bool,            logprobs,          false)                                         \
+    X(int32_t,         n_top_logprobs,    0)                                             \
+    X(int32_t,         min_tokens,        0)            /* end of generation waits */    \
+    X(bool,            ignore_eos,        false)
+
 struct sampling_params {
-    float    temperature       = 1.0f;   // 0: greedy
-    float    top_p             = 1.0f;
-    int32_t  top_k             = 0;      // 0: off
-    float    min_p             = 0.0f;
-    uint32_t seed              = LLAMA_DEFAULT_SEED;
-    float    presence_penalty  = 0.0f;
-    float    frequency_penalty = 0.0f;
-    float    repeat_penalty    = 1.0f;
-    int32_t  penalty_last_n    = 64;
-    std::vector<std::pair<int32_t, float>> logit_bias;
-    std::string grammar;                 // GBNF; empty: none
-    bool     logprobs          = false;
-    int32_t  n_top_logprobs    = 0;
-    int32_t  min_tokens        = 0;      // end-of-generation is suppressed until this many
-    bool     ignore_eos        = false;
+#define STACKD_SAMPLING_MEMBER(type, name, init) type name = init;
+    STACKD_SAMPLING_FIELDS(STACKD_SAMPLING_MEMBER)
+#undef STACKD_SAMPLING_MEMBER
 };
 
 struct token_logprob {

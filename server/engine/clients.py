@@ -18,10 +18,9 @@ import sys
 import time
 
 from .errors import EngineError, ErrorCode
-from .native import STATUS_ERROR, SUBMIT_ACCEPTED, Engine, SamplingParams, Vocab
+from .native import SAMPLING_FIELDS, STATUS_ERROR, SUBMIT_ACCEPTED, Engine, SamplingParams, Vocab
 from .wire import FrameReader, WireError, decode_events, frame
 
-SAMPLING_FIELDS = tuple(name for name in dir(SamplingParams) if not name.startswith("_"))
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

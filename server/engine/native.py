@@ -23,6 +23,9 @@ from .._engine import (  # noqa: E402
     Vocab,
 )
 
-__all__ = ["Engine", "SamplingParams", "Scheduler", "TextStream", "FINISH_REASONS",
+# The sampling parameters' names, as the native module binds them (its one list, in sampling.h).
+SAMPLING_FIELDS = tuple(name for name in dir(SamplingParams) if not name.startswith("_"))
+
+__all__ = ["SAMPLING_FIELDS", "Engine", "SamplingParams", "Scheduler", "TextStream", "FINISH_REASONS",
            "STATUS_RUNNING", "STATUS_STOPPED", "STATUS_LENGTH", "STATUS_ABORTED", "STATUS_ERROR",
            "SUBMIT_ACCEPTED", "SUBMIT_QUEUE_FULL", "SUBMIT_OVER_SHARE", "Vocab"]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from llama_cpp.llama_grammar import JSON_GBNF
 
-from ..engine.native import SamplingParams
+from ..engine.native import SAMPLING_FIELDS, SamplingParams
 from ..http import validate
 from ..http.errors import invalid
 from .grammar import json_schema_grammar
@@ -54,9 +54,7 @@ class Generation:
 
 def _copy(p: SamplingParams) -> SamplingParams:
     q = SamplingParams()
-    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-                 "frequency_penalty", "repeat_penalty", "penalty_last_n", "logit_bias", "grammar",
-                 "logprobs", "n_top_logprobs", "min_tokens", "ignore_eos"):
+    for name in SAMPLING_FIELDS:
         setattr(q, name, getattr(p, name))
     return q
 
