@@ -100,6 +100,7 @@ public:
     }
     void release(int64_t id) { sched_.release(id); }
     void fail(int64_t id) { sched_.fail(id); }
+    void set_active_slots(int32_t n) { sched_.set_active_slots(n); }
     int32_t n_waiting() const { return sched_.n_waiting(); }
     int32_t n_running() const { return sched_.n_running(); }
 
@@ -172,6 +173,7 @@ PYBIND11_MODULE(_engine, m) {
              },
              py::arg("id"), py::arg("inputs"), py::arg("owner") = 0)
         .def("fail_next_decodes", &engine::fail_next_decodes)
+        .def("set_compute_scale", &engine::set_compute_scale)
         .def("cancel", &engine::cancel)
         .def("take_events",
              [](engine & e) {
@@ -248,6 +250,7 @@ PYBIND11_MODULE(_engine, m) {
         .def("enqueue", &py_scheduler::enqueue, py::arg("id"), py::arg("prompt"),
              py::arg("max_tokens"), py::arg("owner") = 0)
         .def("fail", &py_scheduler::fail)
+        .def("set_active_slots", &py_scheduler::set_active_slots)
         .def("cancel", &py_scheduler::cancel)
         .def("schedule", &py_scheduler::schedule)
         .def("apply", &py_scheduler::apply)

@@ -52,6 +52,12 @@ DEFAULTS: dict = {
     "inference": {
         "limits": InferenceLimits.defaults(),
     },
+    "power": {
+        "idle_mw": 2000,          # this node's draw with its engines idle
+        "max_mw": 15000,          # this node's draw at full compute
+        "min_voltage_mv": 5000,   # the input voltages this node accepts from a power module
+        "max_voltage_mv": 20000,
+    },
     "models": {
         "preload": ["smollm2-135m-instruct", "all-minilm-l6-v2"],
         "autoload": True,         # an inference request loads a stored model when it fits
@@ -163,6 +169,11 @@ def _check(values: dict) -> None:
     for name, value in values["inference"]["limits"].items():
         if value <= 0:
             raise ConfigError(f"setting inference.limits.{name}: must be positive")
+    power = values["power"]
+    if not 0 < power["idle_mw"] <= power["max_mw"]:
+        raise ConfigError("settings power.idle_mw and power.max_mw: need 0 < idle_mw <= max_mw")
+    if not 0 < power["min_voltage_mv"] <= power["max_voltage_mv"]:
+        raise ConfigError("settings power.min_voltage_mv and power.max_voltage_mv: need 0 < min <= max")
     if values["inference"]["limits"]["key_share"] > 1:
         raise ConfigError("setting inference.limits.key_share: must be a fraction from 0 to 1")
 

@@ -72,6 +72,7 @@ async def serve(settings: config.Settings) -> int:
     try:
         node.models = await load_models(loop, settings)
         node.pulls = pull_service(node.models.store, settings)
+        node.power = power_contracts(node, loop)
     except Exception as exc:        # a model that will not load is fatal at start, and said plainly
         print(f"stackd: cannot load the models: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -128,6 +129,16 @@ async def load_models(loop, settings: config.Settings):
         print(f"stackd: loaded {model.kind} model {model.id} "
               f"(context {model.context_length}, {model.engine.n_slots} slots)", flush=True)
     return manager
+
+
+def power_contracts(node: Node, loop):
+    from .cluster.power import NodeBudget, PowerContracts, PowerSettings
+
+    settings = PowerSettings(**node.settings["power"])
+    me = NodeBudget(node.identity.node_id, settings.idle_mw, settings.max_mw)
+    return PowerContracts(settings, node.settings.data_dir, nodes=lambda: [me],
+                          apply_scale=lambda scales: node.models.set_compute_scale(
+                              scales.get(me.node_id, 1.0)), loop=loop)
 
 
 def pull_service(store, settings: config.Settings):

@@ -23,6 +23,7 @@ class Node:
     started: float = field(default_factory=time.monotonic)
     models: object = None                 # models.manager.ModelManager, once the loop runs
     pulls: object = None                  # models.pulling.PullService
+    power: object = None                  # cluster.power.PowerContracts
     health_cache: tuple | None = None
 
     @property

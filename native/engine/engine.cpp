@@ -62,6 +62,7 @@ engine::engine(const engine_params & params)
 
     const int32_t n_threads = params_.n_threads > 0 ? params_.n_threads
                                                     : (int32_t) std::max(1u, std::thread::hardware_concurrency());
+    n_threads_full_ = n_threads;
     llama_context_params cp = llama_context_default_params();
     cp.n_threads = cp.n_threads_batch = n_threads;
     cp.no_perf = true;
@@ -259,6 +260,7 @@ void engine::loop() {
         // Nothing may leave this thread as an exception: std::terminate would end the whole
         // process. The per-request boundary is in sample_guarded(); this one is the last resort.
         try {
+            apply_compute_scale();
             take_tasks(incoming);
             incoming.clear();
             if (params_.embeddings) {
@@ -405,6 +407,23 @@ void engine::step_generate() {
     stats_.t_decode_us += delta.t_decode_us;
     stats_.t_sample_us += delta.t_sample_us;
     stats_.t_emit_us += delta.t_emit_us;
+}
+
+void engine::set_compute_scale(float scale) {
+    compute_scale_ = std::min(1.0f, std::max(0.0f, scale));
+    cv_.notify_one();
+}
+
+// On the engine thread, between steps: llama.cpp takes a new thread count for the next decode.
+void engine::apply_compute_scale() {
+    const float scale = compute_scale_.load();
+    if (scale == compute_scale_applied_) {
+        return;
+    }
+    compute_scale_applied_ = scale;
+    const int32_t n_threads = std::max(1, (int32_t) std::lround(n_threads_full_ * scale));
+    llama_set_n_threads(ctx_, n_threads, n_threads);
+    sched_.set_active_slots(scale >= 1.0f ? 0 : std::max(1, (int32_t) std::lround(params_.n_slots * scale)));
 }
 
 int32_t engine::decode() {

@@ -79,6 +79,9 @@ public:
     submit_result submit_embedding(int64_t id_request, int64_t id_owner,
                                    std::vector<std::vector<int32_t>> inputs);
     void cancel(int64_t id_request);
+    // Throttle to a share of full compute (a power contract): threads and admitted slots in
+    // proportion, never below one of each. Applied between steps.
+    void set_compute_scale(float scale);
     // Testing: make the next `n` decode calls fail as llama_decode can (no KV room, abort).
     void fail_next_decodes(int32_t n) { n_fail_decodes_ = n; }
     std::vector<engine_event> take_events();
@@ -166,6 +169,10 @@ private:
     std::unordered_map<int64_t, int32_t> n_queued_of_;   // owner -> requests in the queue
     int32_t n_max_queued_per_owner_ = 0;
     std::atomic<int32_t> n_fail_decodes_{0};
+    std::atomic<float> compute_scale_{1.0f};
+    float compute_scale_applied_ = 1.0f;
+    int32_t n_threads_full_ = 1;
+    void apply_compute_scale();
 
     mutable std::mutex mu_events_;
     std::vector<engine_event> events_;

@@ -127,6 +127,9 @@ void scheduler::admit(batch_plan & plan, bool respect_share) {
             ++it;                       // keeps its place in the queue
             continue;
         }
+        if (n_active_slots_ > 0 && (int32_t) running_.size() >= n_active_slots_) {
+            return;
+        }
         int32_t n_common = 0;
         const int32_t id_slot = pick_slot(req.prompt, n_common);
         if (id_slot < 0) {

@@ -63,6 +63,8 @@ public:
     // End a running request with an error, and forget what its slot's cache held: its KV is
     // gone (the engine clears the sequence), so prefix reuse must not trust it any more.
     void fail(int64_t id_request);
+    // Power budget: admit into at most `n` slots at once (running requests keep theirs).
+    void set_active_slots(int32_t n) { n_active_slots_ = n; }
 
     sched_request *       find(int64_t id_request);
     const slot_info &     slot(int32_t id_slot) const { return slots_[id_slot]; }
@@ -85,4 +87,5 @@ private:
     std::unordered_map<int64_t, int32_t> n_running_of_;   // owner -> slots held
     std::unordered_map<int64_t, std::unique_ptr<sched_request>> requests_;
     uint64_t n_steps_ = 0;
+    int32_t n_active_slots_ = 0;     // 0: all of them
 };

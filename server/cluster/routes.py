@@ -6,7 +6,6 @@ import socket
 
 
 from ..auth import permissions as perm
-from ..http.errors import ApiError, ErrorKind
 from ..http.response import Response, json_response
 from ..http.routing import Endpoint
 from ..system import readings
@@ -62,6 +61,7 @@ def nodes(node, request) -> Response:
         "system_uptime_seconds": int(readings.system_uptime()),
         "loaded_models": node.loaded_models,
         "memory_pss_bytes": readings.pss_bytes(os.getpid()),
+        "power": node.power.allocation(node.identity.node_id) if node.power else None,
         "models": _model_processes(node),
     }]})
 
@@ -82,9 +82,12 @@ def _model_processes(node) -> list[dict]:
 
 
 def power_contract(node, request) -> Response:
-    raise ApiError(ErrorKind.NOT_IMPLEMENTED,
-                   "power contract negotiation is not available yet on this node: it arrives with "
-                   "multi-node cluster support")
+    """A power module's controller posts its capabilities; the answer is the sink's request."""
+    return json_response(node.power.negotiate(request.json()))
+
+
+def power_contract_in_force(node, request) -> Response:
+    return json_response(node.power.in_force())
 
 
 ENGINE_COUNTERS = {
@@ -141,5 +144,6 @@ ROUTES = {
     ("GET", "/v1/cluster"): Endpoint(cluster_status, perm.CLUSTER_READ, CLUSTER),
     ("GET", "/v1/nodes"): Endpoint(nodes, perm.CLUSTER_READ, CLUSTER),
     ("POST", "/v1/power/contract"): Endpoint(power_contract, perm.CLUSTER_WRITE, CLUSTER),
+    ("GET", "/v1/power/contract"): Endpoint(power_contract_in_force, perm.CLUSTER_READ, CLUSTER),
     ("GET", "/metrics"): Endpoint(metrics, perm.CLUSTER_READ, CLUSTER),
 }

@@ -182,6 +182,9 @@ class WorkerEngine:
     def fail_next_decodes(self, n: int) -> None:
         self._send(frame({"op": "fail_next_decodes", "n": n}))
 
+    def set_compute_scale(self, scale: float) -> None:
+        self._send(frame({"op": "compute", "scale": scale}))
+
     def stats(self) -> dict:
         return dict(self._stats)
 

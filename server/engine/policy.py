@@ -46,6 +46,7 @@ class Scheduler:
         self.n_batch, self.n_ctx_seq, self.n_max_waiting = n_batch, n_ctx_seq, n_max_waiting
         self.n_max_slots_per_owner = n_max_slots_per_owner
         self._held: dict[int, int] = {}                    # owner -> slots held
+        self._active_slots = 0                             # power budget: 0 = all slots
         self._slots = [_Slot() for _ in range(n_slots)]
         self._waiting: deque[int] = deque()
         self._running: list[int] = []
@@ -133,6 +134,9 @@ class Scheduler:
     def release(self, id_request: int) -> None:
         self._requests.pop(id_request, None)
 
+    def set_active_slots(self, n: int) -> None:
+        self._active_slots = n
+
     def fail(self, id_request: int) -> None:
         req = self._requests.get(id_request)
         if req is None or req.slot < 0:
@@ -196,6 +200,8 @@ class Scheduler:
             req = self._requests[rid]
             if not self._may_admit(req, respect_share):
                 continue                                  # keeps its place in the queue
+            if self._active_slots > 0 and len(self._running) >= self._active_slots:
+                return
             slot, common = self._pick_slot(req.prompt)
             if slot < 0:
                 return

@@ -59,6 +59,8 @@ class Worker:
             self.engine.cancel(message["id"])
         elif op == "fail_next_decodes":
             self.engine.fail_next_decodes(message["n"])
+        elif op == "compute":
+            self.engine.set_compute_scale(message["scale"])
         elif op == "close":
             self.running = False
 

@@ -92,6 +92,7 @@ class ModelManager:
     crashes: dict[str, list[float]] = field(default_factory=dict)  # id -> monotonic crash times
     last_exits: dict[str, dict] = field(default_factory=dict)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    compute_scale: float = 1.0                                     # the power contract's share
     _closing: bool = False
 
     # ---- what is there -------------------------------------------------------------------------
@@ -246,11 +247,19 @@ class ModelManager:
             vocab, template = await self.loop.run_in_executor(None, vocabulary)
             client = await WorkerEngine.start(self.loop, params, vocab)
             client.on_lost = self._worker_lost
+        if self.compute_scale < 1.0:
+            client.set_compute_scale(self.compute_scale)
         model = LoadedModel(manifest, ModelRunner(self.loop, client), context, int(time.time()),
                             template=template)
         if embeddings:
             model.max_input = min(client.n_ctx_train, context) if context else client.n_ctx_train
         return model
+
+    def set_compute_scale(self, scale: float) -> None:
+        """The power contract's share of full compute, for every engine now and later."""
+        self.compute_scale = scale
+        for model in self.loaded.values():
+            model.runner.engine.set_compute_scale(scale)
 
     # ---- supervision of worker processes ---------------------------------------------------------
 

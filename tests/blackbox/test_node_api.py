@@ -112,14 +112,6 @@ def _eventually(check, seconds: float = 60.0) -> bool:
     return False
 
 
-# ---- reserved and not-yet-available operations ---------------------------------------------
-
-def test_power_contract_is_a_clear_error_not_a_stub(daemon):
-    status, _, body = daemon.request("POST", "/v1/power/contract", key=daemon.admin_key,
-                                     body={"modules": []})
-    assert status == 501 and body["error"]["type"] == "not_implemented_error"
-
-
 @pytest.mark.parametrize("port", ["inference", "cluster"])
 def test_model_management_is_on_both_ports_and_validates(daemon, port):
     status, _, body = daemon.request("POST", "/v1/models/load", port=port, key=daemon.admin_key,

@@ -123,3 +123,18 @@ def test_an_abandoned_embedding_job_stops_between_batches(embed_engine):
     assert _finish_order(embed_engine, {3}) == [(3, STATUS_ABORTED)]
     decoded = embed_engine.stats()["n_tokens_decoded"] - before
     assert decoded < len(words) * 2048 // 4       # most of the job never ran
+
+
+def test_a_reduced_power_budget_admits_fewer_slots():
+    engine = Engine(defaults.smollm2_path(), n_slots=4, n_ctx_seq=256)
+    driver = Driver(engine)
+    try:
+        engine.set_compute_scale(0.25)                 # one slot of four, one thread
+        prompt = chat_prompt(engine, "Name a color.")
+        first, second = driver.submit(prompt, max_tokens=6), driver.submit(prompt, max_tokens=6)
+        order = []
+        driver.wait([first, second], on_event=lambda e: order.append((e[0], e[3] != STATUS_RUNNING)))
+        # the second is admitted only once the first has finished
+        assert order.index((first, True)) < next(i for i, (rid, _) in enumerate(order) if rid == second)
+    finally:
+        engine.close()

@@ -274,3 +274,13 @@ def test_prefix_reuse_ties_go_to_the_least_recently_used_slot_in_both_twins():
                 assert native.cancel(victim) == twin.cancel(victim)
             plans = [d.step() for d in decoders]
             assert plans[0] == plans[1], (trial, step)
+
+
+def test_a_power_budget_caps_the_slots_admitted(Scheduler):
+    sched = Scheduler(n_slots=4, n_batch=64, n_ctx_seq=128)
+    sched.set_active_slots(2)
+    for rid in range(1, 5):
+        sched.enqueue(rid, [1, 2], 50)
+    assert [a[0] for a in sched.schedule()["admissions"]] == [1, 2]
+    sched.set_active_slots(0)                        # full power again: the rest come in
+    assert [a[0] for a in sched.schedule()["admissions"]] == [3, 4]
