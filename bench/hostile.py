@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import http.client
 import os
 import socket
 import sys
@@ -37,13 +36,7 @@ STREAM = {"model": CHAT, "prompt": "Once upon a time, in a small village, there 
           "max_tokens": 64, "temperature": 0, "logit_bias": {"0": -100, "2": -100}}
 
 
-def post(port: int, path: str, key: str, body: dict) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    conn.request("POST", path, orjson.dumps(body), {"Authorization": f"Bearer {key}",
-                                                    "Content-Type": "application/json"})
-    status = conn.getresponse().status
-    conn.close()
-    return status
+post = loadgen.post_json
 
 
 def chat(port, key, content, **extra):

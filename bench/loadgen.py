@@ -123,3 +123,14 @@ async def run(port: int, body: dict, clients: int, seconds: float, key: str | No
 
     await asyncio.gather(*(client() for _ in range(clients)))
     return LoadResult(clients, time.perf_counter() - started, results)
+
+
+def post_json(port: int, path: str, key: str, body: dict) -> int:
+    """One blocking JSON POST; its status (for benches that drive load beside the measurement)."""
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", path, orjson.dumps(body), {"Authorization": f"Bearer {key}",
+                                                    "Content-Type": "application/json"})
+    status = conn.getresponse().status
+    conn.close()
+    return status

@@ -15,7 +15,6 @@ import tempfile
 import threading
 import time
 
-import orjson
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -27,15 +26,6 @@ from tests.blackbox.daemon import Daemon  # noqa: E402
 CHAT = "smollm2-135m-instruct"
 STREAM = {"model": CHAT, "prompt": "Once upon a time", "stream": True, "max_tokens": 200,
           "temperature": 0, "logit_bias": {"0": -100, "2": -100}}
-
-
-def post(port: int, key: str, path: str, body: dict) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", path, orjson.dumps(body), {"Authorization": f"Bearer {key}",
-                                                    "Content-Type": "application/json"})
-    status = conn.getresponse().status
-    conn.close()
-    return status
 
 
 def probe(node: Daemon, stop: threading.Event, worst: list) -> None:
@@ -57,9 +47,9 @@ def main() -> None:
             big_prompt = "the quick brown fox jumps over the lazy dog " * (1 << 20 // 44)
             loads = {
                 "idle (stream only)": None,
-                "1 MiB completion prompt": lambda: post(node.inference_port, node.admin_key, "/v1/completions",
+                "1 MiB completion prompt": lambda: loadgen.post_json(node.inference_port, "/v1/completions", node.admin_key,
                                                         {"model": CHAT, "prompt": big_prompt, "max_tokens": 1}),
-                "2,048 embedding inputs": lambda: post(node.inference_port, node.admin_key, "/v1/embeddings", {
+                "2,048 embedding inputs": lambda: loadgen.post_json(node.inference_port, "/v1/embeddings", node.admin_key, {
                     "model": "all-minilm-l6-v2", "input": ["a sentence of ordinary length to embed"] * 2048}),
             }
             for name, load in loads.items():

@@ -77,37 +77,32 @@ def run_stackd(args) -> tuple[float, int]:
         store = KeyStore(data)
         _, key = store.create("bench", frozenset({"inference"}))
         port = free_port()
-        started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--data-dir", data,
-                                 "--inference-port", str(port), "--cluster-port", str(free_port())],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            seconds = first_answer(port, defaults.CHAT_MODEL, key, proc, started)
-            time.sleep(0.5)
-            memory = sum(pss_bytes(p) or 0 for p in tree(proc.pid))
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-        return seconds, memory
+        return spawn_and_measure([sys.executable, "-m", "server", "serve", "--data-dir", data,
+                                  "--inference-port", str(port), "--cluster-port", str(free_port())],
+                                 port, defaults.CHAT_MODEL, key)
     finally:
         shutil.rmtree(data, ignore_errors=True)
 
 
-def run_llama_server(args, binary: str) -> tuple[float, int]:
-    port = free_port()
+def spawn_and_measure(cmd: list[str], port: int, model: str, key: str | None) -> tuple[float, int]:
+    """Seconds from spawn to the first answer, and the process tree's PSS once it serves."""
     started = time.perf_counter()
-    proc = subprocess.Popen([binary, "-m", defaults.smollm2_path(), "--host", "127.0.0.1", "--port",
-                             str(port), "-np", str(args.slots), "-c", str(args.slots * args.context),
-                             "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        seconds = first_answer(port, "smollm2", None, proc, started)
+        seconds = first_answer(port, model, key, proc, started)
         time.sleep(0.5)
-        memory = sum(pss_bytes(p) or 0 for p in tree(proc.pid))
+        return seconds, sum(pss_bytes(p) or 0 for p in tree(proc.pid))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
-    return seconds, memory
+
+
+def run_llama_server(args, binary: str) -> tuple[float, int]:
+    port = free_port()
+    return spawn_and_measure([binary, "-m", defaults.smollm2_path(), "--host", "127.0.0.1", "--port",
+                              str(port), "-np", str(args.slots), "-c", str(args.slots * args.context),
+                              "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"],
+                             port, "smollm2", None)
 
 
 def main() -> None:
