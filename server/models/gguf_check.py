@@ -29,11 +29,12 @@ import struct
 import sys
 from collections import Counter
 from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-__all__ = ["GGUFError", "GGUFInfo", "check_gguf"]
+__all__ = ["GGUFError", "GGUFInfo", "Metadata", "check_gguf"]
 
 
 class GGUFError(ValueError):
@@ -136,8 +137,12 @@ def _q(text: str, limit: int = 120) -> str:
 
 # ------------------------------------------------------------------ public API
 
-def check_gguf(path: str, *, max_file_bytes: int = 1 << 40) -> GGUFInfo:
-    """Check the GGUF file at ``path`` and describe it; raise GGUFError if it is refused."""
+def check_gguf(path: str, *, max_file_bytes: int = 1 << 40,
+               extra_checks: tuple[Callable[["Metadata"], None], ...] = ()) -> GGUFInfo:
+    """Check the GGUF file at ``path`` and describe it; raise GGUFError if it is refused.
+
+    Each of ``extra_checks`` (e.g. the vocabulary rules of vocab_check.py) is called with a
+    read-only view of the metadata once the structure is known to be sound."""
     fd = -1
     try:
         try:
@@ -150,7 +155,11 @@ def check_gguf(path: str, *, max_file_bytes: int = 1 << 40) -> GGUFInfo:
         size = st.st_size
         if size > max_file_bytes:
             raise GGUFError(f"file is {size} bytes, over the limit of {max_file_bytes} bytes")
-        return _Parser(_Source(fd, size)).parse()
+        parser = _Parser(_Source(fd, size))
+        info = parser.parse()
+        for check in extra_checks:
+            check(Metadata(parser))
+        return info
     except GGUFError:
         raise
     except MemoryError:
@@ -546,6 +555,52 @@ class _Parser:
         pool = [t for t in tensors if t.n_dims == 2] or tensors
         most_common = Counter(t.ggml_type for t in pool).most_common(1)[0][0]
         return _GGML_TYPE_NAMES[most_common]
+
+
+class Metadata:
+    """Typed, bounded reads of the metadata of a file that passed the structural check."""
+
+    def __init__(self, parser: _Parser) -> None:
+        self._p = parser
+
+    def type_name(self, key: str) -> str | None:
+        """"string", "uint32", "array of string", ... or None when the key is absent."""
+        entry = self._p.meta.get(key)
+        if entry is None:
+            return None
+        vtype, value = entry
+        return f"array of {_TYPE_NAMES[value.etype]}" if vtype == _T_ARRAY else _TYPE_NAMES[vtype]
+
+    def string(self, key: str) -> str | None:
+        return self._p._string(key, strict=False)
+
+    def integer(self, key: str) -> int | None:
+        return self._p._integer(key)
+
+    def count(self, key: str) -> int:
+        """Elements of an array key (0 for anything else)."""
+        entry = self._p.meta.get(key)
+        return entry[1].count if entry is not None and entry[0] == _T_ARRAY else 0
+
+    def strings(self, key: str) -> Iterator[bytes]:
+        """The elements of an array of strings, as raw bytes (already bounds-checked)."""
+        vtype, arr = self._p.meta[key]
+        if vtype != _T_ARRAY or arr.etype != _T_STRING:
+            raise GGUFError(f"metadata key {_q(key)} must be an array of strings")
+        view, pos = self._p.src.view, arr.offset
+        for _ in range(arr.count):
+            buf, i = view(pos, 8, key)
+            n = _U64.unpack_from(buf, i)[0]
+            buf, i = view(pos + 8, n, key)
+            yield buf[i:i + n]
+            pos += 8 + n
+
+    def raw_array(self, key: str) -> bytes:
+        """The bytes of an array of fixed-size scalars."""
+        vtype, arr = self._p.meta[key]
+        if vtype != _T_ARRAY or arr.etype not in _SCALARS:
+            raise GGUFError(f"metadata key {_q(key)} must be an array of numbers")
+        return self._p.src.read(arr.offset, arr.count * _SCALARS[arr.etype].size, key)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,27 +4,18 @@ import json
 import os
 import struct
 
-import gguf
-import numpy as np
 import pytest
 
 from tests.models.registry_server import MEDIA_MODEL, MEDIA_PARAMS, MEDIA_TEMPLATE, RegistryServer
+
+from tests.models.tiny import write_tiny
 
 from .daemon import cli
 
 
 def tiny_gguf_bytes(tmp_path, name="tiny.gguf", rows=16) -> bytes:
     path = tmp_path / name
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(256)
-    writer.add_embedding_length(8)
-    writer.add_block_count(1)
-    writer.add_head_count(2)
-    writer.add_tensor("token_embd.weight", np.ones((rows, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_tiny(path, rows=rows)
     return path.read_bytes()
 
 

@@ -2,26 +2,14 @@
 import hashlib
 import os
 
-import gguf
 import pytest
 
 from server.models.store import ModelStore, StoreError, file_sha256, valid_model_id
+from tests.models.tiny import write_tiny
 
 
-def tiny_gguf(path, arch="llama") -> str:
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_context_length(128)
-    writer.add_embedding_length(8)
-    writer.add_block_count(1)
-    writer.add_head_count(2)
-    writer.add_head_count_kv(1)
-    import numpy as np
-    writer.add_tensor("token_embd.weight", np.zeros((16, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return str(path)
+def tiny_gguf(path, **kwargs) -> str:
+    return write_tiny(path, context_length=128, **kwargs)
 
 
 @pytest.mark.parametrize("model_id", ["smollm2-135m-instruct", "all-minilm-l6-v2", "library/smollm2:latest",
