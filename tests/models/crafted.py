@@ -8,9 +8,14 @@ in llama-vocab.cpp: an abort of the whole process, not an exception).
 """
 from __future__ import annotations
 
+import shutil
 import struct
 
+import orjson
+
 from server.models.defaults import smollm2_path
+from server.models.gguf_check import check_gguf
+from server.models.store import Manifest, ModelStore, file_sha256
 
 TOKENS_KEY = b"tokenizer.ggml.tokens"
 _T_ARRAY, _T_STRING = 9, 8
@@ -53,3 +58,21 @@ def duplicate_token_copy(path) -> tuple[int, int]:
     with open(path, "wb") as f:
         f.write(crafted)
     return i, j
+
+
+def old_store_manifest(store: ModelStore, path: str, model_id: str) -> Manifest:
+    """Put `path` into `store` the way an older version did: the blob, and a manifest with
+    the GGUF facts but no vocabulary check (no `vocab_checked` field at all)."""
+    digest = file_sha256(path)
+    shutil.copyfile(path, store.blob_path(digest))
+    info = check_gguf(store.blob_path(digest))
+    manifest = Manifest(id=model_id, file=f"blobs/sha256-{digest}", size=info.file_size, sha256=digest,
+                        architecture=info.architecture, kind=info.kind, quantization=info.quantization,
+                        parameter_count=info.parameter_count, context_length=info.context_length,
+                        n_layer=info.block_count, n_embd=info.embedding_length,
+                        n_head_kv=info.head_count_kv, n_head=info.head_count, source="registry")
+    raw = manifest.to_json()
+    raw.pop("vocab_checked", None)
+    with open(store._manifest_path(model_id), "wb") as f:
+        f.write(orjson.dumps(raw))
+    return store.get(model_id)

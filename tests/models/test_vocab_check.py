@@ -1,0 +1,124 @@
+"""server/models/vocab_check.py: what llama-vocab.cpp asserts or throws, refused before a load.
+
+The rules are tested on tiny GGUFs written by gguf.GGUFWriter with one thing wrong; the
+child-process load is tested on the real llama.cpp, including a vocabulary that makes it
+abort (the child dies, this process does not)."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from server.models import vocab_check
+from server.models.gguf_check import GGUFError
+from server.models.vocab_check import VocabError, check_model_file, load_in_child
+
+from .tiny import WORDS, vocabulary, write_tiny
+
+
+def custom_gguf(path, tokenizer: dict | None) -> str:
+    """A tiny llama GGUF whose tokenizer.* keys are exactly `tokenizer` (values typed by
+    GGUFWriter's add_key_value)."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(64)
+    writer.add_embedding_length(8)
+    writer.add_block_count(1)
+    for key, (value, vtype, *sub) in (tokenizer or {}).items():
+        writer.add_key_value(key, value, vtype, sub_type=sub[0] if sub else None)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+T = gguf.GGUFValueType
+TOKENS = ["<unk>", "<s>", "</s>", *WORDS]
+
+
+def spm(**overrides) -> dict:
+    keys = {"tokenizer.ggml.model": ("llama", T.STRING),
+            "tokenizer.ggml.tokens": (TOKENS, T.ARRAY, T.STRING),
+            "tokenizer.ggml.scores": ([0.0] * len(TOKENS), T.ARRAY, T.FLOAT32),
+            "tokenizer.ggml.token_type": ([1] * len(TOKENS), T.ARRAY, T.INT32)}
+    keys.update(overrides)
+    return {k: v for k, v in keys.items() if v is not None}
+
+
+@pytest.mark.parametrize("tokenizer,message", [
+    (None, "has no tokenizer"),
+    (spm(**{"tokenizer.ggml.model": (7, T.UINT32)}), "must be a string"),
+    (spm(**{"tokenizer.ggml.model": ("sentencepiece-ish", T.STRING)}), "unknown tokenizer model"),
+    (spm(**{"tokenizer.ggml.tokens": None}), "vocabulary is missing"),
+    (spm(**{"tokenizer.ggml.tokens": ([1, 2, 3], T.ARRAY, T.INT32)}), "must be an array of string"),
+    (spm(**{"tokenizer.ggml.tokens": (TOKENS + ["▁the"], T.ARRAY, T.STRING),
+            "tokenizer.ggml.scores": ([0.0] * 12, T.ARRAY, T.FLOAT32),
+            "tokenizer.ggml.token_type": ([1] * 12, T.ARRAY, T.INT32)}), "'▁the' twice"),
+    # llama.cpp renames an empty token "[EMPTY_<id>]": a real token of that name collides
+    (spm(**{"tokenizer.ggml.tokens": (["<unk>", "", "[EMPTY_1]"], T.ARRAY, T.STRING),
+            "tokenizer.ggml.scores": None, "tokenizer.ggml.token_type": None}), "'[EMPTY_1]' twice"),
+    (spm(**{"tokenizer.ggml.scores": ([0.0] * 3, T.ARRAY, T.FLOAT32)}), "3 entries for 11 tokens"),
+    (spm(**{"tokenizer.ggml.scores": (["x"] * 11, T.ARRAY, T.STRING)}), "tokenizer.ggml.scores"),
+    (spm(**{"tokenizer.ggml.token_type": ([1] * 11, T.ARRAY, T.UINT8)}), "tokenizer.ggml.token_type"),
+    (spm(**{"tokenizer.ggml.token_type": ([1] * 2, T.ARRAY, T.INT32)}), "2 entries for 11 tokens"),
+    (spm(**{"tokenizer.ggml.suppress_tokens": ([1.0], T.ARRAY, T.FLOAT32)}), "suppress_tokens"),
+    (spm(**{"tokenizer.ggml.model": ("gpt2", T.STRING)}), "merges is missing"),
+    (spm(**{"tokenizer.ggml.model": ("gpt2", T.STRING),
+            "tokenizer.ggml.merges": ([1, 2], T.ARRAY, T.INT32)}), "tokenizer.ggml.merges"),
+    (spm(**{"tokenizer.ggml.model": ("t5", T.STRING),
+            "tokenizer.ggml.precompiled_charsmap": ([200, 0, 0, 0, 1], T.ARRAY, T.UINT8)}), "charsmap"),
+])
+def test_rules_refuse_what_llama_vocab_cpp_asserts_or_throws(tmp_path, tokenizer, message):
+    path = custom_gguf(tmp_path / "m.gguf", tokenizer)
+    with pytest.raises(VocabError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        check_model_file(path, load=False)
+
+
+def test_a_vocabulary_without_tokens_is_fine_for_no_vocab_models(tmp_path):
+    path = custom_gguf(tmp_path / "m.gguf", {"tokenizer.ggml.model": ("no_vocab", T.STRING)})
+    assert check_model_file(path, load=False).architecture == "llama"
+
+
+def test_a_vocab_error_is_a_gguf_error():
+    # callers that refuse a bad GGUF (pull, import) refuse a bad vocabulary the same way
+    assert issubclass(VocabError, GGUFError)
+
+
+# ---------------------------------------------------------------- llama.cpp in a child
+
+def test_llama_cpp_loads_a_good_vocabulary_in_a_child(tmp_path):
+    path = write_tiny(tmp_path / "ok.gguf")
+    assert load_in_child(path) == len(vocabulary()[0])
+
+
+def test_an_abort_in_llama_cpp_kills_only_the_child(tmp_path):
+    tokens, _, _ = vocabulary()
+    tokens[-1] = tokens[-2]
+    path = write_tiny(tmp_path / "dup.gguf", tokens=tokens)
+    with pytest.raises(VocabError) as e:
+        load_in_child(path)                # the rules are skipped: llama.cpp itself is asked
+    assert "crashed (signal 6)" in str(e.value)
+    assert "GGML_ASSERT(id_to_token.size() == token_to_id.size())" in str(e.value)
+    assert "/vendor/" not in str(e.value)  # build paths are not the user's business
+
+
+def test_what_the_rules_miss_the_child_refuses(tmp_path):
+    # an SPM vocabulary without byte tokens: structurally fine, rules fine, llama.cpp throws
+    path = write_tiny(tmp_path / "nobytes.gguf", tokens=["<unk>", "<s>", "</s>", *WORDS])
+    check_model_file(path, load=False)
+    with pytest.raises(VocabError, match="cannot load the vocabulary.*error loading model vocabulary"):
+        check_model_file(path)
+
+
+def test_a_child_that_does_not_finish_is_a_refusal(tmp_path):
+    with pytest.raises(VocabError, match="did not finish"):
+        load_in_child(write_tiny(tmp_path / "ok.gguf"), timeout=0.001)
+
+
+def test_last_words_pick_the_assert_and_drop_build_paths():
+    log = (b"llama_model_loader: - kv 1 ...\n"
+           b"/tmp/pip-wheel-x/vendor/llama.cpp/src/llama-vocab.cpp:2544: GGML_ASSERT(a == b) failed\n"
+           b"Aborted\n")
+    assert vocab_check.last_words(log) == "llama-vocab.cpp:2544: GGML_ASSERT(a == b) failed"
+    assert vocab_check.last_words(b"") == "no message"
