@@ -577,6 +577,11 @@ class Metadata:
     def integer(self, key: str) -> int | None:
         return self._p._integer(key)
 
+    def scalar(self, key: str) -> int | float | None:
+        """A number or bool key's value as stored (None when absent or not a scalar)."""
+        entry = self._p.meta.get(key)
+        return entry[1] if entry is not None and entry[0] in _SCALARS else None
+
     def count(self, key: str) -> int:
         """Elements of an array key (0 for anything else)."""
         entry = self._p.meta.get(key)

@@ -11,7 +11,9 @@ throws on the rest. Two checks, both before the model reaches the daemon's llama
    `tokenizer.ggml.tokens` an array of strings with no string twice (an empty token
    counts as "[EMPTY_<id>]", as llama.cpp renames it); scores (int32 or float32) and token
    types (int32) at least as long as the vocabulary; BPE merges present as strings; a T5
-   charsmap that fits its own header; suppress tokens as int32.
+   charsmap that fits its own header; suppress tokens as int32; a BOS / EOS / separator
+   token for each one the tokenizer adds to every text (the tokenizer asserts it has them);
+   for SentencePiece, a token for each of the 256 bytes (its fallback for unknown pieces).
 2. `load_in_child`: llama.cpp itself loads the vocabulary (`vocab_only`) and tokenizes a
    short text in a child process (vocab_load.py). Whatever the rules miss, including an
    assert in the tokenizer's set-up, kills only that child, and a dead or failing child
@@ -33,11 +35,28 @@ from .gguf_check import GGUFError, GGUFInfo, Metadata
 LOAD_TIMEOUT = 120.0            # seconds for the child's vocab-only load (a busy machine included)
 CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vocab_load.py")
 
-# tokenizer.ggml.model values llama-vocab.cpp knows (anything else throws "unknown tokenizer")
-NO_VOCAB = frozenset({"no_vocab", "none"})
-TOKENIZER_MODELS = NO_VOCAB | {"llama", "bert", "gpt2", "hybriddna", "whitespace", "t5", "rwkv",
-                               "test", "plamo2", "gemma4"}
+# tokenizer.ggml.model values llama-vocab.cpp knows (anything else throws "unknown tokenizer");
+# of those, the ones without a tokenizer that turns text into tokens are refused too: with
+# them llama.cpp aborts (GGML_ABORT / "Tokenizer not initialized") on the first text.
+TOKENIZER_MODELS = frozenset({"llama", "bert", "gpt2", "hybriddna", "whitespace", "t5", "rwkv", "plamo2",
+                              "gemma4"})
+TEXTLESS_MODELS = frozenset({"no_vocab", "none", "test"})
 NEEDS_MERGES = frozenset({"gpt2", "hybriddna", "whitespace", "gemma4"})
+
+# Special tokens: each tokenizer model's default (bos, eos, sep) ids, and whether it adds
+# BOS / EOS to every text unless tokenizer.ggml.add_{bos,eos}_token says otherwise (a BPE
+# tokenizer adds BOS only after the pre-tokenizers below). llama.cpp's tokenizer asserts
+# (aborts) when it must add a token the vocabulary does not have.
+_SPECIAL_DEFAULTS = {
+    "llama": (1, 2, None), "bert": (101, None, 102), "gpt2": (11, 11, None), "hybriddna": (11, 11, None),
+    "whitespace": (11, 11, None), "t5": (None, 1, None), "plamo2": (1, 2, None),
+}
+_ADDS_BY_DEFAULT = {            # tokenizer model -> (adds BOS, adds EOS)
+    "llama": (True, False), "bert": (True, False), "gpt2": (False, False), "hybriddna": (False, False),
+    "whitespace": (False, False), "gemma4": (True, False), "t5": (False, True),
+}
+BPE_PRE_ADDING_BOS = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                                "midm-2.0", "lfm2", "jina-v5-nano", "tekken", "chameleon"})
 
 # llama.cpp's log lines that say why, most telling first
 _LAST_WORDS = (re.compile(r"GGML_ASSERT|GGML_ABORT|terminate called|what\(\)"),
@@ -63,8 +82,6 @@ def check_model_file(path: str, *, load: bool = True) -> GGUFInfo:
 
 def check_rules(meta: Metadata) -> None:
     model = _tokenizer_model(meta)
-    if model in NO_VOCAB:
-        return
     if model in NEEDS_MERGES and not (model == "gpt2" and meta.string("tokenizer.ggml.pre") == "kimi-k2"):
         _require_type(meta, "tokenizer.ggml.merges", ("array of string",), f"a {model} tokenizer's merges")
     if model == "t5" and meta.type_name("tokenizer.ggml.precompiled_charsmap") is not None:
@@ -75,7 +92,10 @@ def check_rules(meta: Metadata) -> None:
     _check_parallel(meta, "tokenizer.ggml.token_type", ("array of int32",), n_tokens)
     if meta.type_name("tokenizer.ggml.suppress_tokens") not in (None, "array of int32"):
         raise VocabError("metadata key 'tokenizer.ggml.suppress_tokens' must be an array of int32")
-    _check_unique(meta)
+    texts = _check_unique(meta)
+    _check_special_tokens(meta, model, n_tokens)
+    if model == "llama":
+        _check_byte_fallback(texts)
 
 
 def _tokenizer_model(meta: Metadata) -> str:
@@ -86,6 +106,9 @@ def _tokenizer_model(meta: Metadata) -> str:
     if kind != "string":
         raise VocabError(f"metadata key 'tokenizer.ggml.model' must be a string, not {kind}")
     model = meta.string("tokenizer.ggml.model")
+    if model in TEXTLESS_MODELS:
+        raise VocabError(f"the model has no text tokenizer (tokenizer.ggml.model is {model!r}); llama.cpp "
+                         "aborts on the first text it is given")
     if model not in TOKENIZER_MODELS:
         raise VocabError(f"unknown tokenizer model {model[:64]!r}; llama.cpp knows "
                          f"{', '.join(sorted(TOKENIZER_MODELS))}")
@@ -117,7 +140,8 @@ def _check_charsmap(meta: Metadata) -> None:
         raise VocabError(f"the T5 charsmap ({len(raw)} bytes) is shorter than its own header says")
 
 
-def _check_unique(meta: Metadata) -> None:
+def _check_unique(meta: Metadata) -> dict[bytes, int]:
+    """Every token text once; returns text -> id."""
     first_id: dict[bytes, int] = {}
     for token_id, text in enumerate(meta.strings("tokenizer.ggml.tokens")):
         if not text:
@@ -127,6 +151,51 @@ def _check_unique(meta: Metadata) -> None:
             shown = text[:60].decode("utf-8", "replace")
             raise VocabError(f"the vocabulary holds the token {shown!r} twice (ids {seen} and "
                              f"{token_id}); llama.cpp aborts loading such a vocabulary")
+    return first_id
+
+
+def _check_byte_fallback(texts: dict[bytes, int]) -> None:
+    """SentencePiece spells a piece it has no token for byte by byte, as "<0xAB>" tokens (or
+    the byte itself); a byte with neither makes llama.cpp's tokenizer throw out of the C API,
+    which ends the process, on the first text that holds it."""
+    missing = [b for b in range(256) if b"<0x%02X>" % b not in texts and bytes([b]) not in texts]
+    if missing:
+        raise VocabError(f"the SentencePiece vocabulary has no token for {len(missing)} of the 256 bytes "
+                         f"(e.g. <0x{missing[0]:02X}>); llama.cpp aborts on the first text holding one")
+
+
+def _special_id(meta: Metadata, name: str, default: int | None, n_tokens: int) -> int | None:
+    """The id llama.cpp ends up with: a default outside the vocabulary is dropped, a uint32
+    key inside it wins."""
+    token = default if default is not None and default < n_tokens else None
+    key = f"tokenizer.ggml.{name}_token_id"
+    if meta.type_name(key) == "uint32" and meta.scalar(key) < n_tokens:
+        token = meta.scalar(key)
+    return token
+
+
+def _adds(meta: Metadata, which: str, default: bool) -> bool:
+    key = f"tokenizer.ggml.add_{which}_token"
+    return bool(meta.scalar(key)) if meta.type_name(key) == "bool" else default
+
+
+def _check_special_tokens(meta: Metadata, model: str, n_tokens: int) -> None:
+    bos_default, eos_default, sep_default = _SPECIAL_DEFAULTS.get(model, (None, None, None))
+    add_bos, add_eos = _ADDS_BY_DEFAULT.get(model, (False, False))
+    if model in NEEDS_MERGES and meta.type_name("tokenizer.ggml.pre") == "string":
+        add_bos = add_bos or meta.string("tokenizer.ggml.pre") in BPE_PRE_ADDING_BOS
+    needed = []
+    if model == "bert":          # WordPiece wraps every text in BOS ... SEP, whatever the flags say
+        needed = [("bos", bos_default), ("seperator", sep_default)]
+    elif model in _ADDS_BY_DEFAULT:
+        add_bos = add_bos if model == "gemma4" else _adds(meta, "bos", add_bos)   # gemma4: forced on
+        needed = [("bos", bos_default)] * add_bos + [("eos", eos_default)] * _adds(meta, "eos", add_eos)
+    for name, default in needed:
+        if _special_id(meta, name, default, n_tokens) is None:
+            shown = "separator" if name == "seperator" else name.upper()
+            raise VocabError(f"the tokenizer adds a {shown} token to every text but the vocabulary has "
+                             f"none (tokenizer.ggml.{name}_token_id missing or outside the {n_tokens} "
+                             f"tokens); llama.cpp aborts on the first text it tokenizes")
 
 
 # ------------------------------------------------------------------ llama.cpp in a child

@@ -22,7 +22,10 @@ def custom_gguf(path, tokenizer: dict | None) -> str:
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_context_length(64)
     writer.add_embedding_length(8)
+    writer.add_feed_forward_length(16)
     writer.add_block_count(1)
+    writer.add_head_count(2)
+    writer.add_layer_norm_rms_eps(1e-5)
     for key, (value, vtype, *sub) in (tokenizer or {}).items():
         writer.add_key_value(key, value, vtype, sub_type=sub[0] if sub else None)
     writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
@@ -75,9 +78,75 @@ def test_rules_refuse_what_llama_vocab_cpp_asserts_or_throws(tmp_path, tokenizer
         check_model_file(path, load=False)
 
 
-def test_a_vocabulary_without_tokens_is_fine_for_no_vocab_models(tmp_path):
-    path = custom_gguf(tmp_path / "m.gguf", {"tokenizer.ggml.model": ("no_vocab", T.STRING)})
-    assert check_model_file(path, load=False).architecture == "llama"
+def words(tokens: list[str], model: str = "llama", **extra) -> dict:
+    keys = {"tokenizer.ggml.model": (model, T.STRING), "tokenizer.ggml.tokens": (tokens, T.ARRAY, T.STRING)}
+    if model == "gpt2":
+        keys["tokenizer.ggml.merges"] = (["a b"], T.ARRAY, T.STRING)
+    return {**keys, **extra}
+
+
+NO = (False, T.BOOL)
+SPM_WORDS = vocabulary()[0]                 # <unk> <s> </s>, the 256 byte tokens, a few words
+# Found by tests/fuzz: an SPM vocabulary of one token has no BOS (the default id 1 is outside
+# it) and no byte tokens; llama.cpp's tokenizer aborts on the first text, with
+# GGML_ASSERT(special_bos_id != LLAMA_TOKEN_NULL), or with an uncaught std::out_of_range
+# once BOS is turned off.
+CASES = {
+    "spm of one token": (words(["a"]), "adds a BOS"),
+    "spm of one token, adding no BOS": (words(["a"], **{"tokenizer.ggml.add_bos_token": NO}),
+                                        "no token for 255 of the 256 bytes"),
+    "spm with byte tokens": (words(SPM_WORDS), None),
+    "spm with a BOS id outside, its default inside": (words(SPM_WORDS, **{
+        "tokenizer.ggml.bos_token_id": (100000, T.UINT32)}), None),
+    "bpe of ten tokens": (words(list("abcdefghij"), "gpt2"), None),
+    "bpe of ten tokens, adding BOS": (words(list("abcdefghij"), "gpt2", **{
+        "tokenizer.ggml.pre": ("llama-bpe", T.STRING)}), "adds a BOS"),
+    "bpe naming its BOS": (words(list("abcdefghij"), "gpt2", **{
+        "tokenizer.ggml.bos_token_id": (3, T.UINT32)}), None),
+    "bpe adding no BOS": (words(list("abcdefghij"), "gpt2", **{
+        "tokenizer.ggml.pre": ("llama-bpe", T.STRING), "tokenizer.ggml.add_bos_token": NO}), None),
+    "bert without a separator": (words(["a", "b"], "bert", **{"tokenizer.ggml.bos_token_id": (0, T.UINT32)}),
+                                 "adds a separator"),
+    "t5 without an EOS": (words(["a"], "t5"), "adds a EOS"),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_special_tokens_and_byte_fallback(tmp_path, name):
+    tokenizer, message = CASES[name]
+    path = custom_gguf(tmp_path / "m.gguf", tokenizer)
+    if message is None:
+        check_model_file(path, load=False)
+    else:
+        with pytest.raises(VocabError, match=message):
+            check_model_file(path, load=False)
+
+
+ABORT = r"crashed \(signal 6\): .*(GGML_ASSERT\(.*(bos|eos).* != LLAMA_TOKEN_NULL\)|what\(\))"
+
+
+@pytest.mark.parametrize("name", ["spm of one token", "spm of one token, adding no BOS", "spm with byte tokens",
+                                  "bpe of ten tokens", "bpe of ten tokens, adding BOS", "bpe adding no BOS"])
+def test_the_rules_match_what_llama_cpp_does(tmp_path, name):
+    tokenizer, message = CASES[name]
+    path = custom_gguf(tmp_path / "m.gguf", tokenizer)
+    if message is None:
+        assert load_in_child(path) == len(tokenizer["tokenizer.ggml.tokens"][0])
+    else:
+        with pytest.raises(VocabError, match=ABORT):
+            load_in_child(path)
+
+
+@pytest.mark.parametrize("model", ["no_vocab", "none", "test"])
+def test_a_model_without_a_text_tokenizer_is_refused(tmp_path, model):
+    # found by tests/fuzz: a "no_vocab" model loads, then llama.cpp aborts on the first text
+    # ("Tokenizer not initialized")
+    path = custom_gguf(tmp_path / "m.gguf", {"tokenizer.ggml.model": (model, T.STRING)})
+    with pytest.raises(VocabError, match="no text tokenizer"):
+        check_model_file(path, load=False)
+    if model == "no_vocab":
+        with pytest.raises(VocabError, match="crashed.*Tokenizer not initialized"):
+            load_in_child(path)
 
 
 def test_a_vocab_error_is_a_gguf_error():
@@ -104,10 +173,10 @@ def test_an_abort_in_llama_cpp_kills_only_the_child(tmp_path):
 
 
 def test_what_the_rules_miss_the_child_refuses(tmp_path):
-    # an SPM vocabulary without byte tokens: structurally fine, rules fine, llama.cpp throws
-    path = write_tiny(tmp_path / "nobytes.gguf", tokens=["<unk>", "<s>", "</s>", *WORDS])
+    # sound structure and vocabulary, but an architecture this llama.cpp does not know
+    path = write_tiny(tmp_path / "arch.gguf", arch="nosucharch")
     check_model_file(path, load=False)
-    with pytest.raises(VocabError, match="cannot load the vocabulary.*error loading model vocabulary"):
+    with pytest.raises(VocabError, match="failed \\(exit status 1\\): .*unknown model architecture"):
         check_model_file(path)
 
 
