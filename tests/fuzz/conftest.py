@@ -1,6 +1,12 @@
+import os
+
 import pytest
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from .budget import TOTAL_SECONDS
+
+# hypothesis keeps caches on disk: under build/ (ignored by git), not in a new top-level folder
+set_hypothesis_home_dir(os.path.join(os.path.dirname(__file__), "..", "..", "build", "hypothesis"))
 
 # relative cost of each target (a share of the time budget), by test function name
 WEIGHTS = {"test_llama_cpp_never_aborts_on_a_vocabulary_the_rules_accept": 2.0}
