@@ -79,6 +79,7 @@ _MIN_KV_BYTES = 8 + 1 + 4 + 1            # key length, 1-byte key, type, u8 valu
 _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, 1-byte name, n_dims, 1 dim, type, offset
 
 _WINDOW = 1 << 20
+_WHOLE_ARRAY_BYTES = 64 << 20        # Metadata.strings reads an array this size at once
 
 # ------------------------------------------------------------------ value types
 
@@ -220,11 +221,11 @@ class _Str:
 
 
 class _Arr:
-    """A metadata array value, located but not read."""
-    __slots__ = ("etype", "count", "offset")
+    """A metadata array value, located but not read: its elements are at [offset, end)."""
+    __slots__ = ("etype", "count", "offset", "end")
 
     def __init__(self, etype: int, count: int, offset: int) -> None:
-        self.etype, self.count, self.offset = etype, count, offset
+        self.etype, self.count, self.offset, self.end = etype, count, offset, offset
 
 
 class _Tensor:
@@ -369,6 +370,7 @@ class _Parser:
                 self._array(key, depth + 1)
         else:
             self.pos += count * _SCALARS[etype].size  # fits: checked above
+        value.end = self.pos
         return value
 
     def _skip_strings(self, count: int, key: str) -> None:
@@ -592,7 +594,12 @@ class Metadata:
         vtype, arr = self._p.meta[key]
         if vtype != _T_ARRAY or arr.etype != _T_STRING:
             raise GGUFError(f"metadata key {_q(key)} must be an array of strings")
-        view, pos = self._p.src.view, arr.offset
+        if arr.end - arr.offset <= _WHOLE_ARRAY_BYTES:      # one read: a vocabulary is a few MB
+            raw, base = self._p.src.read(arr.offset, arr.end - arr.offset, key), arr.offset
+            view = lambda at, n, what: (raw, at - base)             # noqa: E731
+        else:                                                     # larger: through the window
+            view = self._p.src.view
+        pos = arr.offset
         for _ in range(arr.count):
             buf, i = view(pos, 8, key)
             n = _U64.unpack_from(buf, i)[0]

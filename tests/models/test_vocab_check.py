@@ -191,3 +191,13 @@ def test_last_words_pick_the_assert_and_drop_build_paths():
            b"Aborted\n")
     assert vocab_check.last_words(log) == "llama-vocab.cpp:2544: GGML_ASSERT(a == b) failed"
     assert vocab_check.last_words(b"") == "no message"
+
+
+@pytest.mark.parametrize("whole_array_bytes", [64 << 20, 0])
+def test_tokens_are_read_the_same_at_once_or_through_the_window(tmp_path, monkeypatch, whole_array_bytes):
+    from server.models import gguf_check
+    monkeypatch.setattr(gguf_check, "_WHOLE_ARRAY_BYTES", whole_array_bytes)
+    tokens, _, _ = vocabulary()
+    tokens[-1] = tokens[-2]
+    with pytest.raises(VocabError, match=f"twice \\(ids {len(tokens) - 2} and {len(tokens) - 1}\\)"):
+        check_model_file(write_tiny(tmp_path / "dup.gguf", tokens=tokens), load=False)
