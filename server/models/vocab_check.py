@@ -13,7 +13,8 @@ throws on the rest. Two checks, both before the model reaches the daemon's llama
    types (int32) at least as long as the vocabulary; BPE merges present as strings; a T5
    charsmap that fits its own header; suppress tokens as int32; a BOS / EOS / separator
    token for each one the tokenizer adds to every text (the tokenizer asserts it has them);
-   for SentencePiece, a token for each of the 256 bytes (its fallback for unknown pieces).
+   for SentencePiece, a token for each of the 256 bytes (its fallback for unknown pieces); for
+   RWKV, a one-byte token for the first byte of every token (else its tokenizer never ends).
 2. `load_in_child`: llama.cpp itself loads the vocabulary (`vocab_only`) and tokenizes a
    short text in a child process (vocab_load.py). Whatever the rules miss, including an
    assert in the tokenizer's set-up, kills only that child, and a dead or failing child
@@ -96,6 +97,8 @@ def check_rules(meta: Metadata) -> None:
     _check_special_tokens(meta, model, n_tokens)
     if model == "llama":
         _check_byte_fallback(texts)
+    if model == "rwkv":
+        _check_rwkv_prefixes(texts)
 
 
 def _tokenizer_model(meta: Metadata) -> str:
@@ -162,6 +165,44 @@ def _check_byte_fallback(texts: dict[bytes, int]) -> None:
     if missing:
         raise VocabError(f"the SentencePiece vocabulary has no token for {len(missing)} of the 256 bytes "
                          f"(e.g. <0x{missing[0]:02X}>); llama.cpp aborts on the first text holding one")
+
+
+def _check_rwkv_prefixes(texts: dict[bytes, int]) -> None:
+    """RWKV's tokenizer takes the longest token that matches, walking a trie byte by byte; when
+    a text starts with the first byte of some token but no token matches there, it neither
+    moves on nor stops, and grows its output until memory runs out. It always moves on when
+    every first byte of a token is a token by itself."""
+    pieces = [_unescape_rwkv(text) for text in texts]
+    singles = {piece for piece in pieces if len(piece) == 1}
+    for piece in pieces:
+        if len(piece) > 1 and piece[:1] not in singles:
+            raise VocabError(f"the RWKV vocabulary has the token {piece[:40]!r} but no token {piece[:1]!r}; "
+                             "llama.cpp's RWKV tokenizer loops until memory runs out on a text starting "
+                             f"with {piece[:1]!r} that the token does not continue")
+
+
+def _unescape_rwkv(escaped: bytes) -> bytes:
+    """llama_unescape_rwkv_token: \\t \\n \\r, \\xHH (with its lax hex digits), \\<c> is c."""
+    out = bytearray()
+    escaping, hex_left, acc = False, 0, 0
+    for c in escaped:
+        if hex_left:
+            acc = ((acc << 4) + ((c - 97 + 10) if c >= 97 else (c - 48))) & 0xFF
+            hex_left -= 1
+            if not hex_left:
+                out.append(acc)
+                acc = 0
+        elif escaping:
+            escaping = False
+            if c == 0x78:                                  # x
+                hex_left = 2
+            else:
+                out.append({0x74: 9, 0x6E: 10, 0x72: 13}.get(c, c))
+        elif c == 0x5C:                                    # backslash
+            escaping = True
+        else:
+            out.append(c)
+    return bytes(out)
 
 
 def _special_id(meta: Metadata, name: str, default: int | None, n_tokens: int) -> int | None:

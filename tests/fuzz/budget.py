@@ -16,11 +16,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 TOTAL_SECONDS = float(os.environ.get("STACKD_FUZZ_SECONDS", "60"))
 
 
-def fuzz(strategy, check, *, seconds: float, batch: int = 50) -> int:
+def fuzz(strategy, check, *, seconds: float, batch: int = 50, shrink: bool = True) -> int:
     """Run `check(value)` on values drawn from `strategy` for about `seconds` (at least one
-    batch); returns how many examples ran."""
+    batch); returns how many examples ran. `shrink=False` for a costly check: a failure is
+    then reported as found, not minimised."""
     @settings(max_examples=batch, deadline=None, database=None, print_blob=True,
-              phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck))
+              phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
+              suppress_health_check=list(HealthCheck))
     @given(strategy)
     def one_batch(value) -> None:
         check(value)

@@ -108,6 +108,12 @@ CASES = {
     "bert without a separator": (words(["a", "b"], "bert", **{"tokenizer.ggml.bos_token_id": (0, T.UINT32)}),
                                  "adds a separator"),
     "t5 without an EOS": (words(["a"], "t5"), "adds a EOS"),
+    # found by tests/fuzz: RWKV's tokenizer never moves past "H" in "Hello" when "Ht" is a token
+    # and "H" is not; it grows its output until std::bad_alloc
+    "rwkv with Ht but no H": (words(["Ht", "e"], "rwkv"), "token b'Ht' but no token b'H'"),
+    "rwkv with Ht and H": (words(["Ht", "H"], "rwkv"), None),
+    "rwkv, escaped": (words(["\\x48t", "\\x0a"], "rwkv"), "token b'Ht' but no token b'H'"),
+    "rwkv, escaped, with H": (words(["\\x48t", "H"], "rwkv"), None),
 }
 
 
