@@ -16,6 +16,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "fuzz: a time-bounded fuzz target (tests/fuzz, `make fuzz`)")
 
 
+@pytest.hookimpl(trylast=True)         # after -k / -m deselection: shares of what runs
 def pytest_collection_modifyitems(config, items):
     fuzz = [item for item in items if item.get_closest_marker("fuzz")]
     total = sum(WEIGHTS.get(item.originalname, 1.0) for item in fuzz) or 1.0
