@@ -10,12 +10,16 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 DATA_DIR ?= data
 PYTEST_ARGS ?=
+# seconds of fuzzing: the fuzz targets' share of `make test`, in all; `make fuzz`'s hypothesis
+# run (then atheris runs as long again)
+TEST_FUZZ_SECONDS ?= 60
+FUZZ_SECONDS ?= 600
 
 NATIVE_INPUTS := setup.py server/native.py $(wildcard server/*.py server/http/*.py server/auth/*.py) \
                  CMakeLists.txt $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null)
 MINILM := $(VENV)/share/stackd/models/all-minilm-l6-v2.gguf
 
-.PHONY: setup run test test-deps bench clean
+.PHONY: setup run test test-deps bench fuzz clean
 
 setup: $(VENV)/.native $(MINILM) $(DATA_DIR)/models/.defaults
 
@@ -59,8 +63,17 @@ test-deps:
 
 # The protocol and unit suites run twice: compiled, then on the Python twins.
 test: setup test-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	STACKD_FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) $(PY) -m pytest $(PYTEST_ARGS)
 	STACKD_PURE_PYTHON=1 $(PY) -m pytest tests/protocol tests/unit $(PYTEST_ARGS)
+
+# Fuzzing on demand: the hypothesis targets of tests/fuzz for FUZZ_SECONDS in all, then the
+# atheris targets (GGUF bytes, manifests, request JSON) for FUZZ_SECONDS / 3 each. A crash
+# leaves its input in build/fuzz/crash-<target>-*.
+fuzz: setup
+	STACKD_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest tests/fuzz $(PYTEST_ARGS)
+	for target in gguf manifest params; do \
+	  $(PY) -m tests.fuzz.atheris_targets $$target $$(( $(FUZZ_SECONDS) / 3 )) || exit 1; \
+	done
 
 bench: setup
 	$(PY) bench/http_health.py

@@ -9,6 +9,7 @@ import asyncio
 import sys
 
 from ..http.errors import ApiError
+from .gguf_check import GGUFError
 from .store import ModelStore, StoreError
 
 BAR = 30
@@ -36,6 +37,9 @@ def main(args, settings) -> int:
         return 1
     except StoreError as exc:
         print(f"stackd: {exc}", file=sys.stderr)
+        return 1
+    except GGUFError as exc:
+        print(f"stackd: model refused: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -29,11 +29,12 @@ import struct
 import sys
 from collections import Counter
 from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-__all__ = ["GGUFError", "GGUFInfo", "check_gguf"]
+__all__ = ["GGUFError", "GGUFInfo", "Metadata", "check_gguf"]
 
 
 class GGUFError(ValueError):
@@ -78,6 +79,7 @@ _MIN_KV_BYTES = 8 + 1 + 4 + 1            # key length, 1-byte key, type, u8 valu
 _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, 1-byte name, n_dims, 1 dim, type, offset
 
 _WINDOW = 1 << 20
+_WHOLE_ARRAY_BYTES = 64 << 20        # Metadata.strings reads an array this size at once
 
 # ------------------------------------------------------------------ value types
 
@@ -136,8 +138,12 @@ def _q(text: str, limit: int = 120) -> str:
 
 # ------------------------------------------------------------------ public API
 
-def check_gguf(path: str, *, max_file_bytes: int = 1 << 40) -> GGUFInfo:
-    """Check the GGUF file at ``path`` and describe it; raise GGUFError if it is refused."""
+def check_gguf(path: str, *, max_file_bytes: int = 1 << 40,
+               extra_checks: tuple[Callable[["Metadata"], None], ...] = ()) -> GGUFInfo:
+    """Check the GGUF file at ``path`` and describe it; raise GGUFError if it is refused.
+
+    Each of ``extra_checks`` (e.g. the vocabulary rules of vocab_check.py) is called with a
+    read-only view of the metadata once the structure is known to be sound."""
     fd = -1
     try:
         try:
@@ -150,7 +156,11 @@ def check_gguf(path: str, *, max_file_bytes: int = 1 << 40) -> GGUFInfo:
         size = st.st_size
         if size > max_file_bytes:
             raise GGUFError(f"file is {size} bytes, over the limit of {max_file_bytes} bytes")
-        return _Parser(_Source(fd, size)).parse()
+        parser = _Parser(_Source(fd, size))
+        info = parser.parse()
+        for check in extra_checks:
+            check(Metadata(parser))
+        return info
     except GGUFError:
         raise
     except MemoryError:
@@ -211,11 +221,11 @@ class _Str:
 
 
 class _Arr:
-    """A metadata array value, located but not read."""
-    __slots__ = ("etype", "count", "offset")
+    """A metadata array value, located but not read: its elements are at [offset, end)."""
+    __slots__ = ("etype", "count", "offset", "end")
 
     def __init__(self, etype: int, count: int, offset: int) -> None:
-        self.etype, self.count, self.offset = etype, count, offset
+        self.etype, self.count, self.offset, self.end = etype, count, offset, offset
 
 
 class _Tensor:
@@ -360,6 +370,7 @@ class _Parser:
                 self._array(key, depth + 1)
         else:
             self.pos += count * _SCALARS[etype].size  # fits: checked above
+        value.end = self.pos
         return value
 
     def _skip_strings(self, count: int, key: str) -> None:
@@ -546,6 +557,62 @@ class _Parser:
         pool = [t for t in tensors if t.n_dims == 2] or tensors
         most_common = Counter(t.ggml_type for t in pool).most_common(1)[0][0]
         return _GGML_TYPE_NAMES[most_common]
+
+
+class Metadata:
+    """Typed, bounded reads of the metadata of a file that passed the structural check."""
+
+    def __init__(self, parser: _Parser) -> None:
+        self._p = parser
+
+    def type_name(self, key: str) -> str | None:
+        """"string", "uint32", "array of string", ... or None when the key is absent."""
+        entry = self._p.meta.get(key)
+        if entry is None:
+            return None
+        vtype, value = entry
+        return f"array of {_TYPE_NAMES[value.etype]}" if vtype == _T_ARRAY else _TYPE_NAMES[vtype]
+
+    def string(self, key: str) -> str | None:
+        return self._p._string(key, strict=False)
+
+    def integer(self, key: str) -> int | None:
+        return self._p._integer(key)
+
+    def scalar(self, key: str) -> int | float | None:
+        """A number or bool key's value as stored (None when absent or not a scalar)."""
+        entry = self._p.meta.get(key)
+        return entry[1] if entry is not None and entry[0] in _SCALARS else None
+
+    def count(self, key: str) -> int:
+        """Elements of an array key (0 for anything else)."""
+        entry = self._p.meta.get(key)
+        return entry[1].count if entry is not None and entry[0] == _T_ARRAY else 0
+
+    def strings(self, key: str) -> Iterator[bytes]:
+        """The elements of an array of strings, as raw bytes (already bounds-checked)."""
+        vtype, arr = self._p.meta[key]
+        if vtype != _T_ARRAY or arr.etype != _T_STRING:
+            raise GGUFError(f"metadata key {_q(key)} must be an array of strings")
+        if arr.end - arr.offset <= _WHOLE_ARRAY_BYTES:      # one read: a vocabulary is a few MB
+            raw, base = self._p.src.read(arr.offset, arr.end - arr.offset, key), arr.offset
+            view = lambda at, n, what: (raw, at - base)             # noqa: E731
+        else:                                                     # larger: through the window
+            view = self._p.src.view
+        pos = arr.offset
+        for _ in range(arr.count):
+            buf, i = view(pos, 8, key)
+            n = _U64.unpack_from(buf, i)[0]
+            buf, i = view(pos + 8, n, key)
+            yield buf[i:i + n]
+            pos += 8 + n
+
+    def raw_array(self, key: str) -> bytes:
+        """The bytes of an array of fixed-size scalars."""
+        vtype, arr = self._p.meta[key]
+        if vtype != _T_ARRAY or arr.etype not in _SCALARS:
+            raise GGUFError(f"metadata key {_q(key)} must be an array of numbers")
+        return self._p.src.read(arr.offset, arr.count * _SCALARS[arr.etype].size, key)
 
 
 def main(argv: list[str] | None = None) -> int:

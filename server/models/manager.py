@@ -19,6 +19,7 @@ from ..engine.errors import EngineError, ErrorCode
 from ..engine.native import Engine, Vocab
 from ..engine.runner import ModelRunner
 from ..http.errors import ApiError, ErrorKind, invalid
+from .gguf_check import GGUFError
 from .store import Manifest, ModelStore, valid_model_id
 
 MIB = 1 << 20
@@ -199,6 +200,11 @@ class ModelManager:
 
     async def load(self, model_id: str, context_length: int | None = None) -> LoadedModel:
         manifest = self.manifest(model_id)
+        try:       # a model from an older store was never vocabulary-checked: llama.cpp could abort
+            manifest = await self.loop.run_in_executor(None, self.store.ensure_loadable, manifest)
+        except GGUFError as exc:
+            raise ApiError(ErrorKind.INVALID_REQUEST, f"the model '{model_id}' cannot be loaded: {exc}",
+                           param="model") from None
         context = self.context_for(manifest, context_length)
         async with self._lock(model_id):
             current = self.loaded.get(model_id)

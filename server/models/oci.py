@@ -11,7 +11,8 @@ Safety rules kept here, not by callers:
 - every file name is derived from a digest that matched DIGEST_RE; nothing the server
   sends ever names a file;
 - a blob is in its final place only after its size and sha256 were verified;
-- credentials (basic auth and bearer tokens) go to the registry's own host only;
+- credentials (basic auth and bearer tokens) go to the registry's own origin only (scheme,
+  host and port: another port of the same host is another server);
 - redirects are followed by hand: http/https only, at most 5, and the Authorization header
   is dropped as soon as a redirect leaves the registry's origin.
 """
@@ -35,7 +36,8 @@ from dataclasses import dataclass
 import httpcore2._async.http11
 import httpx2 as httpx
 
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+# Every pattern here is used with fullmatch: match() with "$" also accepts a trailing "\n".
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 MEDIA_MODEL = "application/vnd.ollama.image.model"   # the GGUF layer
 
 MANIFEST_DOCKER_V2 = "application/vnd.docker.distribution.manifest.v2+json"
@@ -71,8 +73,8 @@ class PullError(Exception):
 
 # ---------------------------------------------------------------- references
 
-_COMPONENT_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
-_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+_COMPONENT_RE = re.compile(r"[a-z0-9]+(?:[._-][a-z0-9]+)*")
+_TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 MAX_REFERENCE = 200
 
 
@@ -87,7 +89,7 @@ class Reference:
         # path() is always safe to put in a URL
         if not (_component_ok(self.namespace) and "." not in self.namespace
                 and self.namespace != "localhost" and _component_ok(self.name)
-                and isinstance(self.tag, str) and _TAG_RE.match(self.tag) and ".." not in self.tag):
+                and isinstance(self.tag, str) and _TAG_RE.fullmatch(self.tag) and ".." not in self.tag):
             raise PullError(f"invalid model reference {self.namespace!r}/{self.name!r}:{self.tag!r}", 400)
 
     def path(self) -> str:
@@ -102,7 +104,7 @@ class Reference:
 
 
 def _component_ok(text: str) -> bool:
-    return isinstance(text, str) and 1 <= len(text) <= 64 and ".." not in text and _COMPONENT_RE.match(text) is not None
+    return isinstance(text, str) and 1 <= len(text) <= 64 and ".." not in text and _COMPONENT_RE.fullmatch(text) is not None
 
 
 def parse_reference(text: str) -> Reference:
@@ -118,7 +120,7 @@ def parse_reference(text: str) -> Reference:
         raise bad("only ASCII letters, digits and . _ - / : are allowed")
     path, sep, tag = text.partition(":")
     if sep:
-        if not _TAG_RE.match(tag) or ".." in tag:
+        if not _TAG_RE.fullmatch(tag) or ".." in tag:
             raise bad("the tag must be 1-128 of [A-Za-z0-9._-], not starting with . or -")
     else:
         tag = "latest"
@@ -182,7 +184,7 @@ def _parse_descriptor(obj: object, where: str) -> Layer:
     media, digest, size = obj.get("mediaType"), obj.get("digest"), obj.get("size")
     if not isinstance(media, str) or not media or len(media) > 255:
         raise PullError(f"invalid manifest: {where} has no valid mediaType")
-    if not isinstance(digest, str) or not DIGEST_RE.match(digest):
+    if not isinstance(digest, str) or not DIGEST_RE.fullmatch(digest):
         raise PullError(f"invalid manifest: {where} has an invalid digest {str(digest)[:80]!r} "
                         "(only sha256:<64 lowercase hex> is accepted)")
     if type(size) is not int or size < 0:
@@ -305,9 +307,6 @@ class RegistryClient:
     def _url(self, ref: Reference, kind: str, what: str) -> httpx.URL:
         return self.base.copy_with(path=f"{self.base.path.rstrip('/')}/v2/{ref.path()}/{kind}/{what}")
 
-    def _same_host(self, url: httpx.URL) -> bool:
-        return url.scheme == self.base.scheme and url.host.lower() == self.base.host.lower()
-
     def _basic_header(self) -> str:
         userpass = f"{self.username}:{self.password or ''}".encode()
         return "Basic " + base64.b64encode(userpass).decode("ascii")
@@ -387,7 +386,7 @@ class RegistryClient:
         if params.get("service"):
             query["service"] = params["service"]
         headers = {}
-        if self.username is not None and self._same_host(realm):
+        if self.username is not None and _origin(realm) == _origin(self.base):   # scheme, host and port
             headers["Authorization"] = self._basic_header()
         try:
             async with self._client.stream("GET", realm.copy_merge_params(query), headers=headers) as r:
@@ -438,7 +437,7 @@ class RegistryClient:
             await response.aclose()
         manifest = parse_manifest(raw)
         claimed = response.headers.get("Docker-Content-Digest", "")
-        if DIGEST_RE.match(claimed) and claimed != "sha256:" + hashlib.sha256(raw).hexdigest():
+        if DIGEST_RE.fullmatch(claimed) and claimed != "sha256:" + hashlib.sha256(raw).hexdigest():
             raise PullError("the manifest does not match its Docker-Content-Digest")
         return manifest
 
@@ -447,7 +446,7 @@ class RegistryClient:
     async def fetch_blob(self, ref: Reference, layer: Layer, blobs_dir: str, *,
                          progress: Callable[[int, int], None] | None = None,
                          disk_reserve: int = 1 << 30) -> str:
-        if not isinstance(layer.digest, str) or not DIGEST_RE.match(layer.digest):
+        if not isinstance(layer.digest, str) or not DIGEST_RE.fullmatch(layer.digest):
             raise PullError(f"invalid digest {str(layer.digest)[:80]!r}", 400)
         if type(layer.size) is not int or layer.size < 0:
             raise PullError(f"invalid size for {layer.digest}", 400)

@@ -2,8 +2,9 @@
 
 The OCI mechanics (manifests, bearer challenge, verified and resumable blob downloads,
 shared in-flight downloads) live in oci.py. This module adds the store's side: the GGUF
-layer is checked with gguf_check before any manifest names it, and a file that fails the
-check is deleted, so a crafted model never reaches llama.cpp.
+layer is checked with gguf_check and its vocabulary with vocab_check (llama.cpp loads it
+in a child process) before any manifest names it, and a file that fails either check is
+deleted, so a crafted model never reaches the daemon's llama.cpp.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from ..http.errors import ApiError, ErrorKind
 from . import oci
 from .gguf_check import GGUFError
+from .vocab_check import VocabError
 from .store import Manifest, ModelStore
 
 GIB = 1 << 30
@@ -91,7 +93,7 @@ class PullService:
                 os.unlink(self.store.blob_path(hex_digest))
             except FileNotFoundError:
                 pass
-            raise ApiError(ErrorKind.INVALID_REQUEST,
-                           f"pull refused: {ref} is not a valid GGUF model: {exc}") from None
+            why = "cannot be loaded by llama.cpp" if isinstance(exc, VocabError) else "is not a valid GGUF model"
+            raise ApiError(ErrorKind.INVALID_REQUEST, f"pull refused: {ref} {why}: {exc}") from None
         self.store.put(manifest)
         return manifest

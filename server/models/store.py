@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 import orjson
 
 from ..system.files import write_private_file
-from . import gguf_check
+from . import vocab_check
+from .gguf_check import GGUFError
 
 MODEL_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}(/[a-z0-9][a-z0-9._-]{0,63})?(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?")
 HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -54,6 +55,7 @@ class Manifest:
     reference: str | None = None   # registry reference it was pulled from
     extra: dict = field(default_factory=dict)   # media type -> digest of template/params layers
     created: int = 0
+    vocab_checked: bool = False    # false in manifests of older stores: checked before a load
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -69,6 +71,7 @@ def file_sha256(path: str) -> str:
 
 class ModelStore:
     def __init__(self, data_dir: str):
+        os.makedirs(data_dir, mode=0o700, exist_ok=True)   # keys live here too: private from birth
         self.root = os.path.join(data_dir, "models")
         self.blobs = os.path.join(self.root, "blobs")
         self.manifests = os.path.join(self.root, "manifests")
@@ -141,16 +144,28 @@ class ModelStore:
 
     def manifest_for_blob(self, model_id: str, hex_digest: str, *, source: str,
                           reference: str | None = None, extra: dict | None = None) -> Manifest:
-        """Check a blob already in the store as a GGUF and describe it (raises GGUFError)."""
+        """Check a blob already in the store as a model llama.cpp can load, and describe it
+        (raises GGUFError). The default models are the project's own pinned files: their
+        vocabulary gets the rules, not the slower load in a child process."""
         path = self.blob_path(hex_digest)
-        info = gguf_check.check_gguf(path)
+        info = vocab_check.check_model_file(path, load=source != "default")
         return Manifest(
             id=model_id, file=os.path.relpath(path, self.root), size=info.file_size, sha256=hex_digest,
             architecture=info.architecture, kind=info.kind, quantization=info.quantization,
             parameter_count=info.parameter_count, context_length=info.context_length,
             n_layer=info.block_count, n_embd=info.embedding_length, n_head_kv=info.head_count_kv,
             n_head=info.head_count, source=source, reference=reference, extra=dict(extra or {}),
-            created=int(time.time()))
+            created=int(time.time()), vocab_checked=True)
+
+    def ensure_loadable(self, manifest: Manifest) -> Manifest:
+        """Before a load: a manifest written by an older version was never vocabulary-checked;
+        check its model now (raises GGUFError) and record that it passed."""
+        if manifest.vocab_checked:
+            return manifest
+        vocab_check.check_model_file(self.model_path(manifest), load=manifest.source != "default")
+        manifest.vocab_checked = True
+        self.put(manifest)
+        return manifest
 
     def import_file(self, model_id: str, path: str, *, source: str = "default") -> Manifest:
         """Bring a local GGUF into the store (hard link when possible, else a copy)."""
@@ -160,13 +175,19 @@ class ModelStore:
             return existing
         hex_digest = file_sha256(path)
         blob = self.blob_path(hex_digest)
-        if not os.path.exists(blob):
+        added = not os.path.exists(blob)
+        if added:
             tmp = f"{blob}.partial"
             try:
                 os.link(path, tmp)
             except OSError:
                 shutil.copyfile(path, tmp)
             os.replace(tmp, blob)
-        manifest = self.manifest_for_blob(model_id, hex_digest, source=source)
+        try:
+            manifest = self.manifest_for_blob(model_id, hex_digest, source=source)
+        except GGUFError:
+            if added:                       # refused: nothing of it stays in the store
+                os.unlink(blob)
+            raise
         self.put(manifest)
         return manifest

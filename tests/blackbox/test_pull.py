@@ -1,30 +1,25 @@
 """Pulling through the daemon's API and the CLI, from a real registry on loopback."""
 import hashlib
+import http.client
 import json
 import os
+import stat
 import struct
 
-import gguf
-import numpy as np
 import pytest
 
 from tests.models.registry_server import MEDIA_MODEL, MEDIA_PARAMS, MEDIA_TEMPLATE, RegistryServer
+
+from server.models.store import ModelStore
+from tests.models.crafted import duplicate_token_copy, old_store_manifest
+from tests.models.tiny import write_tiny
 
 from .daemon import cli
 
 
 def tiny_gguf_bytes(tmp_path, name="tiny.gguf", rows=16) -> bytes:
     path = tmp_path / name
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(256)
-    writer.add_embedding_length(8)
-    writer.add_block_count(1)
-    writer.add_head_count(2)
-    writer.add_tensor("token_embd.weight", np.ones((rows, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_tiny(path, rows=rows)
     return path.read_bytes()
 
 
@@ -162,3 +157,83 @@ def test_a_pull_killed_with_the_daemon_resumes_with_a_range_request(start_daemon
     finally:
         registry.release.set()
         registry.stop()
+
+
+# ---- a model llama.cpp cannot load is refused at the door, never aborted at load
+
+@pytest.fixture(scope="module")
+def duplicate_token_smollm2(tmp_path_factory):
+    """The default SmolLM2 GGUF with one token overwritten by another: sound as a GGUF,
+    but llama.cpp's vocabulary loader aborts the process on it."""
+    path = tmp_path_factory.mktemp("crafted") / "smollm2-dup.gguf"
+    duplicate_token_copy(path)
+    return path
+
+
+def post_slowly(daemon, path, body, key, port="cluster"):
+    """One request with no client timeout a busy machine can hit (a 90 MB pull is silent
+    until it is checked)."""
+    conn = http.client.HTTPConnection("127.0.0.1", getattr(daemon, f"{port}_port"), timeout=600)
+    try:
+        conn.request("POST", path, body=json.dumps(body),
+                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def still_serving(daemon) -> None:
+    assert daemon.proc.poll() is None
+    assert daemon.request("GET", "/v1/health", key=daemon.admin_key)[0] == 200
+    status, _, listing = daemon.request("GET", "/v1/models", port="inference", key=daemon.admin_key)
+    assert status == 200 and "smollm2-135m-instruct" in {m["id"] for m in listing["data"]}
+
+
+def test_a_pulled_vocabulary_llama_cpp_cannot_load_is_refused(daemon, registry, duplicate_token_smollm2):
+    data = duplicate_token_smollm2.read_bytes()
+    registry.push_model("library/smollm2-dup", "latest", [(MEDIA_MODEL, data)])
+    status, body = post_slowly(daemon, "/v1/models/pull", {"model": "smollm2-dup"}, daemon.admin_key)
+    assert status == 400, body
+    assert body["error"]["type"] == "invalid_request_error"
+    assert "cannot be loaded by llama.cpp" in body["error"]["message"]
+    assert "twice" in body["error"]["message"]
+    blobs = os.listdir(os.path.join(daemon.data_dir, "models", "blobs"))
+    assert f"sha256-{hashlib.sha256(data).hexdigest()}" not in blobs
+    # naming it afterwards is a plain "not in the store", never a load
+    status, _, body = daemon.request("POST", "/v1/chat/completions", port="inference", key=daemon.admin_key,
+                                     body={"model": "smollm2-dup:latest",
+                                           "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 404, body
+    still_serving(daemon)
+
+
+def test_cli_pull_refuses_it_too(registry, duplicate_token_smollm2, tmp_path):
+    registry.push_model("library/smollm2-dup", "cli", [(MEDIA_MODEL, duplicate_token_smollm2.read_bytes())])
+    data = str(tmp_path / "data")
+    done = cli("models", "pull", "smollm2-dup:cli", "--registry", registry.url, data_dir=data)
+    assert done.returncode == 1 and "cannot be loaded by llama.cpp" in done.stderr
+    assert "smollm2-dup" not in cli("models", "list", data_dir=data).stdout
+
+
+def test_a_model_from_an_older_store_is_checked_before_it_loads(start_daemon, duplicate_token_smollm2, tmp_path):
+    data_dir = tmp_path / "data"
+    old_store_manifest(ModelStore(str(data_dir)), str(duplicate_token_smollm2), "old/smollm2-dup:latest")
+    daemon = start_daemon("[models]\npreload = []\n[rate_limits]\ncluster = 0\n", data_dir=data_dir, models=True)
+    for _ in range(2):                    # an autoload, then an explicit load: each a 400, no abort
+        status, body = post_slowly(daemon, "/v1/chat/completions", {
+            "model": "old/smollm2-dup:latest", "messages": [{"role": "user", "content": "hi"}]},
+            daemon.admin_key, port="inference")
+        assert status == 400, body
+        assert "cannot be loaded" in body["error"]["message"] and "twice" in body["error"]["message"]
+        status, body = post_slowly(daemon, "/v1/models/load", {"model": "old/smollm2-dup:latest"},
+                                   daemon.admin_key)
+        assert status == 400, body
+    still_serving(daemon)
+
+
+def test_a_data_dir_made_by_the_models_cli_is_private(tmp_path):
+    # `make setup` creates the data dir through `models defaults`; `models list` takes the same path
+    data = tmp_path / "fresh"
+    assert cli("models", "list", data_dir=str(data)).returncode == 0
+    assert stat.S_IMODE(os.stat(data).st_mode) == 0o700

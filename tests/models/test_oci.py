@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import time
 
@@ -614,3 +615,44 @@ def test_manifest_digest_header_mismatch_is_refused(bad, tmp_path):
     bad._send = send
     with pytest.raises(PullError, match="Docker-Content-Digest"):
         pull_from(bad, tmp_path / "b")
+
+
+# ------------------------------------------------------------------ patterns match whole strings
+
+NEWLINE_DIGEST = digest_of(GGUF) + "\n"        # re.match(r"...$") would accept it
+
+
+def test_a_digest_with_a_trailing_newline_is_an_invalid_manifest(bad, tmp_path):
+    bad.manifests["library/tiny:latest"] = json.dumps({
+        "schemaVersion": 2, "mediaType": oci.MANIFEST_DOCKER_V2,
+        "layers": [{"mediaType": MEDIA_MODEL, "digest": NEWLINE_DIGEST, "size": len(GGUF)}]}).encode()
+    bad.blobs[NEWLINE_DIGEST] = GGUF
+    with pytest.raises(PullError) as e:
+        pull_from(bad, tmp_path / "b")
+    assert e.value.status == 502 and "invalid digest" in e.value.message
+    assert bad.seen("/blobs/") == [] and not os.path.exists(tmp_path / "b")
+    with pytest.raises(PullError) as e:
+        fetch(bad, Layer(MEDIA_MODEL, NEWLINE_DIGEST, len(GGUF)), tmp_path / "c")
+    assert e.value.status == 400 and not os.path.exists(tmp_path / "c")
+
+
+@pytest.mark.parametrize("namespace,name,tag", [("library", "tiny\n", "latest"), ("library\n", "tiny", "latest"),
+                                                ("library", "tiny", "latest\n")])
+def test_a_reference_with_a_trailing_newline_is_refused(namespace, name, tag):
+    with pytest.raises(PullError) as e:
+        oci.Reference(namespace, name, tag)
+    assert e.value.status == 400
+
+
+# ------------------------------------------------------------------ credentials: one exact origin
+
+def test_credentials_never_go_to_another_port_of_the_same_host(bad, tmp_path):
+    with MisbehavingRegistry("127.0.0.1") as token_server:      # same host, another port
+        assert token_server.port != bad.port
+        bad.add_model("library/tiny", "latest", [(MEDIA_MODEL, GGUF)])
+        bad.require_bearer(token_server.url + "/token", token="tok-foreign")
+        events = pull_from(bad, tmp_path / "b", username="alice", password="s3cret")
+        assert events[-1]["status"] == "success"
+        token_requests = token_server.seen("/token")
+        assert token_requests and all("authorization" not in r[2] for r in token_requests)
+    assert all(r[2].get("authorization") in (None, "Bearer tok-foreign") for r in bad.requests)
