@@ -1,29 +1,39 @@
-"""The runner between the loop and an engine, with a fake engine: no model."""
+"""The runner between the loop and an engine client, with a fake client: no model."""
 import os
 
 import pytest
 
+from server.engine.errors import EngineError, ErrorCode
 from server.engine.native import (STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED, SUBMIT_ACCEPTED,
-                           SamplingParams)
+                                  SUBMIT_OVER_SHARE, SUBMIT_QUEUE_FULL, SamplingParams)
 from server.engine.runner import ModelRunner
-from server.http.errors import ApiError
+from server.inference.failures import api_error
 from server.models.manager import LoadedModel
 
 
-class FakeEngine:
-    def __init__(self):
+class FakeClient:
+    """The engine-client interface (clients.InlineEngine / WorkerEngine) over a pipe."""
+
+    lost = False
+
+    def __init__(self, verdict=SUBMIT_ACCEPTED):
         self.read_fd, self.write_fd = os.pipe()
         self.submitted, self.cancelled, self.events = [], [], []
+        self.verdict = verdict
 
     def fileno(self):
         return self.read_fd
 
-    def submit(self, id_request, prompt, max_tokens, stop, sampling, owner=0):
-        self.submitted.append(id_request)
-        return SUBMIT_ACCEPTED
+    async def submit_jobs(self, jobs, stop, owner):
+        self.submitted += [job[0] for job in jobs]
+        return self.verdict, None
 
-    def cancel(self, id_request):
-        self.cancelled.append(id_request)
+    async def submit_embedding(self, rid, inputs, owner):
+        self.submitted.append(rid)
+        return self.verdict
+
+    def cancel(self, rid):
+        self.cancelled.append(rid)
 
     def take_events(self):
         os.read(self.read_fd, 64)
@@ -40,9 +50,10 @@ def event(rid, text=b"", status=STATUS_RUNNING, error=None):
 
 
 def test_events_reach_their_choice_and_the_stream_ends(loop):
-    engine = FakeEngine()
+    engine = FakeClient()
     runner = ModelRunner(loop, engine)
-    stream = runner.generate([([1, 2], 4, SamplingParams()), ([1, 2], 4, SamplingParams())], [])
+    stream = loop.run_until_complete(
+        runner.generate([([1, 2], 4, SamplingParams()), ([1, 2], 4, SamplingParams())], []))
     first, second = engine.submitted
     engine.emit(event(second, b"b"), event(first, b"a", STATUS_STOPPED), event(second, b"!", STATUS_STOPPED))
 
@@ -55,19 +66,35 @@ def test_events_reach_their_choice_and_the_stream_ends(loop):
 
 
 def test_unload_ends_open_streams_and_refuses_the_engine_afterwards(loop):
-    engine = FakeEngine()
+    engine = FakeClient()
     runner = ModelRunner(loop, engine)
-    stream = runner.generate([([1], 4, SamplingParams())], [])
+    stream = loop.run_until_complete(runner.generate([([1], 4, SamplingParams())], []))
     model = LoadedModel(manifest=None, runner=runner, context_length=64, created=0)
     assert model.engine is engine
-    runner.end_all("the model was unloaded")
+    runner.end_all(EngineError(ErrorCode.UNLOADED, "the model was unloaded"))
 
     async def last():
         return [e async for e in stream][-1]
 
     assert loop.run_until_complete(last())[3] == STATUS_ERROR
-    for touch in (lambda: model.engine, lambda: runner.generate([([1], 1, SamplingParams())], []),
-                  lambda: runner.embed([[1]])):
-        with pytest.raises(ApiError) as refused:
+    for touch in (lambda: model.engine,
+                  lambda: loop.run_until_complete(runner.generate([([1], 1, SamplingParams())], [])),
+                  lambda: loop.run_until_complete(runner.embed([[1]]))):
+        with pytest.raises(EngineError) as refused:
             touch()
-        assert refused.value.kind.status == 503
+        assert refused.value.code is ErrorCode.UNLOADED
+        assert api_error(refused.value).kind.status == 503
+
+
+@pytest.mark.parametrize("verdict, code, status", [(SUBMIT_QUEUE_FULL, ErrorCode.QUEUE_FULL, 503),
+                                                   (SUBMIT_OVER_SHARE, ErrorCode.OVER_SHARE, 429)])
+def test_a_refused_submission_leaves_nothing_behind(loop, verdict, code, status):
+    engine = FakeClient(verdict)
+    runner = ModelRunner(loop, engine)
+    with pytest.raises(EngineError) as refused:
+        loop.run_until_complete(runner.generate([([1], 4, SamplingParams())] * 3, []))
+    assert refused.value.code is code and api_error(refused.value).kind.status == status
+    assert dict(api_error(refused.value).headers)[b"retry-after"] == b"1"
+    engine.emit(event(engine.submitted[0], b"late"))  # an event for a refused choice is dropped
+    loop.run_until_complete(__import__("asyncio").sleep(0.01))
+    assert runner._streams == {}
