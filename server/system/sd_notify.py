@@ -18,6 +18,8 @@ class Notifier:
         path = environ.get("NOTIFY_SOCKET", "")
         self.address = "\0" + path[1:] if path.startswith("@") else path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) if self.address else None
+        if self.sock is not None:
+            self.sock.setblocking(False)   # a listener that stops reading must never stall the loop
         usec = environ.get("WATCHDOG_USEC", "")
         pid = environ.get("WATCHDOG_PID", "")
         mine = not pid or pid == str(os.getpid())

@@ -62,3 +62,10 @@ def test_without_systemd_nothing_happens():
     notifier = Notifier({})
     notifier.ready()
     notifier.stopping()
+
+
+def test_a_listener_that_stops_reading_never_blocks_the_sender(tmp_path):
+    _, path = fake_systemd(tmp_path)                 # bound, never read
+    notifier = Notifier({"NOTIFY_SOCKET": path})
+    for _ in range(5000):                            # far past the socket's queue
+        notifier.notify("WATCHDOG=1")
