@@ -19,7 +19,7 @@ NATIVE_INPUTS := setup.py server/native.py $(wildcard server/*.py server/http/*.
                  CMakeLists.txt $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null)
 MINILM := $(VENV)/share/stackd/models/all-minilm-l6-v2.gguf
 
-.PHONY: setup run test test-deps bench fuzz clean
+.PHONY: setup run test test-deps bench fuzz clean mutate
 
 setup: $(VENV)/.native $(MINILM) $(DATA_DIR)/models/.defaults
 
@@ -75,9 +75,26 @@ fuzz: setup
 	  $(PY) -m tests.fuzz.atheris_targets $$target $$(( $(FUZZ_SECONDS) / 3 )) || exit 1; \
 	done
 
+# Mutation testing, on demand (not part of `make test`: it reruns the fast suites once per
+# mutant). mutmut mutates a copy of server/ in mutants/; STACKD_PURE_PYTHON=1 makes the
+# Cython-compiled modules load that copy's Python twins, not the .so built beside them.
+# Only the admission functions of manager.py are tested (the rest of the file is loading).
+MUTATE_TARGETS := 'server.auth.*' 'server.http.validate.*' 'server.inference.params.*' \
+                  'server.inference.grammar.*' 'server.models.store.*' \
+                  'server.models.manager.x_kv_bytes_per_token__mutmut_*' \
+                  'server.models.manager.*context_for__mutmut_*' \
+                  'server.models.manager.*estimate__mutmut_*' \
+                  'server.models.manager.*admit__mutmut_*'
+MUTATE_JOBS ?= 2
+
+mutate: setup
+	rm -rf mutants
+	STACKD_PURE_PYTHON=1 $(VENV)/bin/mutmut run --max-children $(MUTATE_JOBS) $(MUTATE_TARGETS)
+	$(PY) tests/mutation/score.py
+
 bench: setup
 	$(PY) bench/http_health.py
 
 clean:
-	rm -rf build $(VENV) server/**/*.so server/*.so
+	rm -rf build mutants $(VENV) server/**/*.so server/*.so
 	find server -name '*.c' -delete
