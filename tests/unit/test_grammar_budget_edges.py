@@ -1,0 +1,162 @@
+"""The grammar budget at each of its edges: a schema exactly at a limit converts, one past it is
+a 400 on 'response_format' that names the limit, its value and its setting."""
+import pytest
+
+from server.http.errors import ApiError, ErrorKind
+from server.inference import grammar, limits
+from server.inference.grammar import check_grammar, json_schema_grammar, nesting
+
+SMALL = limits.InferenceLimits(schema_max_depth=4, schema_max_nodes=6, grammar_max_repeat=5,
+                               grammar_max_enum=3, grammar_max_rules=40, grammar_max_bytes=4000)
+
+
+def refusal(schema, limit=SMALL) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        json_schema_grammar(schema, limit)
+    error = caught.value
+    assert error.kind is ErrorKind.INVALID_REQUEST and error.param == "response_format"
+    return error
+
+
+def over_budget(schema, setting, limit=SMALL) -> str:
+    message = refusal(schema, limit).message
+    assert message.startswith("the JSON schema in 'response_format' is too large: ")
+    value = getattr(limit, setting)
+    assert f"(the limit is {value}, setting inference.limits.{setting})" in message
+    return message
+
+
+def nested_arrays(levels: int) -> dict:
+    schema = {"type": "string"}
+    for _ in range(levels - 1):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def test_the_limits_given_are_the_limits_used():
+    json_schema_grammar({"type": "string", "maxLength": 6})        # the default budget allows it
+    over_budget({"type": "string", "maxLength": 6}, "grammar_max_repeat")
+
+
+def test_without_limits_the_configured_ones_apply(monkeypatch):
+    monkeypatch.setattr(limits, "current", SMALL)
+    with pytest.raises(ApiError) as caught:
+        json_schema_grammar({"type": "string", "maxLength": 6})
+    assert "grammar_max_repeat" in caught.value.message
+
+
+@pytest.mark.parametrize("keyword", ["maxLength", "minLength", "maxItems", "minItems",
+                                     "maxProperties", "minProperties", "maxContains", "minContains"])
+def test_every_repetition_keyword_counts_up_to_its_limit(keyword):
+    kind = "string" if "Length" in keyword else "object" if "Properties" in keyword else "array"
+    json_schema_grammar({"type": kind, keyword: 5}, SMALL)
+    json_schema_grammar({"type": kind, keyword: 0}, SMALL)
+    message = over_budget({"type": kind, keyword: 6}, "grammar_max_repeat")
+    assert f"'{keyword}' is 6" in message
+
+
+@pytest.mark.parametrize("value", [True, "5", None, [5]])
+def test_a_repetition_count_must_be_a_number(value):
+    message = refusal({"type": "string", "maxLength": value}).message
+    assert message == "'maxLength' in the JSON schema must be a number"
+
+
+def test_a_repetition_count_must_not_be_negative():
+    assert refusal({"type": "string", "minLength": -1}).message == \
+        "'minLength' in the JSON schema must not be negative"
+
+
+def test_an_enum_counts_up_to_its_limit():
+    json_schema_grammar({"enum": ["a", "b", "c"]}, SMALL)
+    message = over_budget({"enum": ["a", "b", "c", "d"]}, "grammar_max_enum")
+    assert "an enum has 4 values" in message
+
+
+@pytest.mark.parametrize("pattern", ["^a{5}$", "^a{0,5}$", "^a{5,}$", "^a{ 2 , 5 }$"])
+def test_pattern_quantifiers_up_to_the_limit_convert(pattern):
+    json_schema_grammar({"type": "string", "pattern": pattern}, SMALL)
+
+
+@pytest.mark.parametrize("pattern, value", [("^a{6}$", 6), ("^a{1,6}$", 6), ("^a{6,}$", 6),
+                                            ("^a{ 7 , 9 }$", 7)])
+def test_pattern_quantifiers_past_the_limit_are_refused(pattern, value):
+    message = over_budget({"type": "string", "pattern": pattern}, "grammar_max_repeat")
+    assert f"a pattern repeats {value} times" in message
+
+
+@pytest.mark.parametrize("ref", ["https://example.com/s.json", "s.json#/a", 5])
+def test_only_local_references_are_allowed(ref):
+    message = refusal({"$ref": ref}).message
+    assert message == "only local '$ref' references ('#/...') are allowed in the JSON schema"
+
+
+def test_a_local_reference_converts():
+    gbnf = json_schema_grammar({"$defs": {"b": {"type": "boolean"}}, "$ref": "#/$defs/b"}, SMALL)
+    assert "true" in gbnf
+
+
+def test_depth_counts_the_root_as_level_one():
+    json_schema_grammar(nested_arrays(4), SMALL)
+    message = over_budget(nested_arrays(5), "schema_max_depth")
+    assert "nested deeper than 4 levels" in message
+
+
+def test_lists_count_as_levels_and_as_nodes():
+    # root object, its anyOf list and the two schemas in it: 4 nodes on 3 levels
+    json_schema_grammar({"anyOf": [{"type": "string"}, {"type": "null"}]}, SMALL)
+    deep = {"anyOf": [{"anyOf": [{"type": "string"}]}]}           # dict, list, dict, list, dict
+    over_budget(deep, "schema_max_depth")
+
+
+def test_node_count_up_to_its_limit():
+    six = {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "boolean"},
+                     {"type": "integer"}]}                          # 1 + list + 4 = 6 nodes
+    json_schema_grammar(six, SMALL)
+    seven = {"anyOf": [*six["anyOf"], {"type": "number"}]}
+    message = over_budget(seven, "schema_max_nodes")
+    assert "more than 6 objects and arrays" in message
+
+
+def test_keywords_are_checked_in_every_nested_schema():
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {
+        "type": "string", "maxLength": 6}}}}
+    over_budget(schema, "grammar_max_repeat", limits.InferenceLimits(grammar_max_repeat=5))
+
+
+def test_the_converted_grammar_is_measured_in_bytes_and_rules():
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(5)}}
+    gbnf = json_schema_grammar(wide, limits.InferenceLimits())
+    size, rules = len(gbnf), gbnf.count("::=")
+    json_schema_grammar(wide, limits.InferenceLimits(grammar_max_bytes=size, grammar_max_rules=rules))
+    message = over_budget(wide, "grammar_max_bytes", limits.InferenceLimits(grammar_max_bytes=size - 1))
+    assert f"its grammar is {size} bytes" in message
+    message = over_budget(wide, "grammar_max_rules", limits.InferenceLimits(grammar_max_rules=rules - 1))
+    assert f"its grammar has {rules} rules" in message
+
+
+def test_a_schema_the_converter_cannot_express_is_a_400_with_a_bounded_message():
+    assert refusal({"type": "frob"}).message.startswith("unsupported JSON schema: ")
+    long = refusal({"$ref": "#/definitions/" + "x" * 400}).message
+    assert long.startswith("unsupported JSON schema: ") and len(long) == 25 + 300
+
+
+def test_nesting_counts_groups_outside_literals_and_classes():
+    assert nesting('root ::= "a"') == 0
+    assert nesting("root ::= (a (b) (c (d)))") == 3
+    assert nesting('root ::= "((" ( "x" )') == 1                  # parentheses in a literal
+    assert nesting('root ::= "\\"((" (x)') == 1                   # after an escaped quote
+    assert nesting("root ::= [(] ([)] x)") == 1                   # parentheses in a class
+    assert nesting("root ::= [\\](] (x)") == 1                    # after an escaped bracket
+    assert nesting("root ::= (a) (b) ((c))") == 2                 # siblings do not add up
+
+
+def test_a_grammar_nested_deeper_than_llama_cpp_survives_is_refused():
+    limit = limits.InferenceLimits(grammar_max_bytes=1 << 20)
+    depth = grammar.MAX_GRAMMAR_NESTING
+    check_grammar("root ::= " + "(" * depth + '"a"' + ")" * depth, limit)
+    with pytest.raises(ApiError) as caught:
+        check_grammar("root ::= " + "(" * (depth + 1) + '"a"' + ")" * (depth + 1), limit)
+    assert caught.value.param == "response_format"
+    assert caught.value.message == (
+        f"the JSON schema in 'response_format' is too large: its grammar nests deeper than {depth} "
+        f"groups (the limit is {depth}, setting inference.limits.grammar_max_repeat)")
