@@ -5,28 +5,16 @@ import os
 import stat
 import time
 
-import gguf
-import numpy as np
 import orjson
 import pytest
 
 from server.models import store as store_module
 from server.models.store import Manifest, ModelStore, StoreError, file_sha256, valid_model_id
+from tests.models.tiny import write_tiny
 
 
-def tiny_gguf(path, context=128, rows=16) -> str:
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(context)
-    writer.add_embedding_length(8)
-    writer.add_block_count(3)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
-    writer.add_tensor("token_embd.weight", np.zeros((rows, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return str(path)
+def tiny_gguf(path, rows=16) -> str:
+    return write_tiny(path, context_length=128, rows=rows)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +84,7 @@ def test_import_describes_the_gguf(store, source):
     assert manifest.size == os.path.getsize(source) and manifest.sha256 == digest
     assert manifest.file == f"blobs/sha256-{digest}"
     assert (manifest.architecture, manifest.kind, manifest.context_length) == ("llama", "chat", 128)
-    assert (manifest.n_layer, manifest.n_embd, manifest.n_head, manifest.n_head_kv) == (3, 8, 4, 2)
+    assert (manifest.n_layer, manifest.n_embd, manifest.n_head) == (1, 8, 2)
     assert manifest.extra == {} and before <= manifest.created <= int(time.time())
     assert store.get("tiny") == manifest
     assert stat.S_IMODE(os.stat(manifest_file(store, "tiny")).st_mode) == 0o600
