@@ -29,15 +29,78 @@ py::object logprobs_to_python(const std::vector<logprob_entry> & entries) {
     return out;
 }
 
-// (id, text, n_tokens, status, n_prompt, n_cached, n_generated, logprobs, embedding, error)
-py::tuple event_to_python(engine_event & ev) {
-    py::object embedding = py::none();
-    if (!ev.embedding.empty()) {
-        embedding = py::array_t<float>((py::ssize_t) ev.embedding.size(), ev.embedding.data());
+py::object embedding_to_python(const std::vector<float> & embedding) {
+    if (embedding.empty()) {
+        return py::none();
     }
-    return py::make_tuple(ev.id_request, py::bytes(ev.text), ev.n_tokens, (int) ev.status,
-                          ev.n_prompt, ev.n_cached, ev.n_generated, logprobs_to_python(ev.logprobs),
-                          embedding, ev.error.empty() ? py::object(py::none()) : py::str(ev.error));
+    return py::array_t<float>((py::ssize_t) embedding.size(), embedding.data());
+}
+
+// Counter names and help, as the C++ list has them (see engine/counters.h).
+py::list counters_to_python() {
+    py::list out;
+#define COUNTER_ENTRY(field, name, labels, help) out.append(py::make_tuple(#field, name, labels, help));
+    ENGINE_COUNTERS(COUNTER_ENTRY)
+#undef COUNTER_ENTRY
+    return out;
+}
+
+py::dict stats_to_python(const engine_stats & s) {
+    py::dict d;
+#define COUNTER_VALUE(field, name, labels, help) d[#field] = s.field;
+    ENGINE_COUNTERS(COUNTER_VALUE)
+#undef COUNTER_VALUE
+    return d;
+}
+
+token_logprob token_logprob_from_python(const py::handle & obj) {
+    const py::sequence t = obj.cast<py::sequence>();
+    return {t[0].cast<int32_t>(), t[1].cast<float>(), t[2].cast<std::string>()};
+}
+
+// The shape logprobs_to_python() gives, back (an event that crossed a process boundary).
+std::vector<logprob_entry> logprobs_from_python(const py::object & obj) {
+    std::vector<logprob_entry> out;
+    if (obj.is_none()) {
+        return out;
+    }
+    for (const py::handle entry : obj) {
+        const py::sequence e = entry.cast<py::sequence>();
+        logprob_entry le{token_logprob_from_python(e), {}};
+        for (const py::handle alt : e[3]) {
+            le.top.push_back(token_logprob_from_python(alt));
+        }
+        out.push_back(std::move(le));
+    }
+    return out;
+}
+
+// An event made on the Python side: a request ended by the runner itself, an event that
+// crossed from a worker process, a test's fake.
+engine_event make_event(int64_t id_request, int status, const std::string & text, int32_t n_tokens,
+                        int32_t n_prompt, int32_t n_cached, int32_t n_generated, const std::string & error,
+                        const py::object & logprobs, const py::object & embedding) {
+    if (status < REQUEST_STATUS_WAITING || status > REQUEST_STATUS_FINISHED_ERROR) {
+        throw std::invalid_argument("unknown request status");
+    }
+    engine_event ev;
+    ev.id_request = id_request;
+    ev.status = (request_status) status;
+    ev.text = text;
+    ev.n_tokens = n_tokens;
+    ev.n_prompt = n_prompt;
+    ev.n_cached = n_cached;
+    ev.n_generated = n_generated;
+    ev.error = error;
+    ev.logprobs = logprobs_from_python(logprobs);
+    if (!embedding.is_none()) {
+        const auto array = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(embedding);
+        if (!array) {
+            throw std::invalid_argument("embedding must be an array of floats");
+        }
+        ev.embedding.assign(array.data(), array.data() + array.size());
+    }
+    return ev;
 }
 
 py::dict plan_to_python(const batch_plan & plan) {
@@ -134,6 +197,33 @@ PYBIND11_MODULE(_engine, m) {
 #define STACKD_SAMPLING_BINDING(type, name, init) sampling.def_readwrite(#name, &sampling_params::name);
     STACKD_SAMPLING_FIELDS(STACKD_SAMPLING_BINDING)
 #undef STACKD_SAMPLING_BINDING
+    m.attr("COUNTERS") = counters_to_python();
+
+    // What the engine reports about a request after a step; the finishing event has a
+    // finished status (and `error` when that status is FINISHED_ERROR).
+    py::class_<engine_event>(m, "Event")
+        .def(py::init(&make_event), py::kw_only(), py::arg("id_request"),
+             py::arg("status") = (int) REQUEST_STATUS_RUNNING, py::arg("text") = std::string(),
+             py::arg("n_tokens") = 0, py::arg("n_prompt") = 0, py::arg("n_cached") = 0,
+             py::arg("n_generated") = 0, py::arg("error") = std::string(), py::arg("logprobs") = py::none(),
+             py::arg("embedding") = py::none())
+        .def_readonly("id_request", &engine_event::id_request)
+        .def_property_readonly("text", [](const engine_event & e) { return py::bytes(e.text); })
+        .def_readonly("n_tokens", &engine_event::n_tokens)
+        .def_property_readonly("status", [](const engine_event & e) { return (int) e.status; })
+        .def_readonly("n_prompt", &engine_event::n_prompt)
+        .def_readonly("n_cached", &engine_event::n_cached)
+        .def_readonly("n_generated", &engine_event::n_generated)
+        .def_property_readonly("logprobs", [](const engine_event & e) { return logprobs_to_python(e.logprobs); })
+        .def_property_readonly("embedding", [](const engine_event & e) { return embedding_to_python(e.embedding); })
+        .def_property_readonly("error", [](const engine_event & e) {
+            return e.error.empty() ? py::object(py::none()) : py::object(py::str(e.error));
+        })
+        .def("__repr__", [](const engine_event & e) {
+            return "<Event request " + std::to_string(e.id_request) + " status " +
+                   std::to_string((int) e.status) + " tokens " + std::to_string(e.n_generated) + ">";
+        });
+
 
     py::class_<engine>(m, "Engine")
         .def(py::init([](const std::string & model_path, bool embeddings, int32_t n_slots,
@@ -180,26 +270,13 @@ PYBIND11_MODULE(_engine, m) {
                  std::vector<engine_event> events = e.take_events();
                  py::list out(events.size());
                  for (size_t i = 0; i < events.size(); ++i) {
-                     out[i] = event_to_python(events[i]);
+                     out[i] = py::cast(std::move(events[i]));
                  }
                  return out;
              })
         .def("fileno", &engine::event_fd)
         .def("close", &engine::close, py::call_guard<py::gil_scoped_release>())
-        .def("stats",
-             [](const engine & e) {
-                 const engine_stats s = e.stats();
-                 py::dict d;
-                 d["n_steps"] = s.n_steps;
-                 d["n_tokens_decoded"] = s.n_tokens_decoded;
-                 d["n_tokens_sampled"] = s.n_tokens_sampled;
-                 d["t_schedule_us"] = s.t_schedule_us;
-                 d["t_batch_us"] = s.t_batch_us;
-                 d["t_decode_us"] = s.t_decode_us;
-                 d["t_sample_us"] = s.t_sample_us;
-                 d["t_emit_us"] = s.t_emit_us;
-                 return d;
-             })
+        .def("stats", [](const engine & e) { return stats_to_python(e.stats()); })
         .def("tokenize", &engine::tokenize, py::call_guard<py::gil_scoped_release>(),
              py::arg("text"), py::arg("add_special") = true,
              py::arg("parse_special") = false)

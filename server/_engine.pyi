@@ -1,5 +1,5 @@
 """Type stubs for the native engine module (native/bindings.cpp)."""
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -13,8 +13,38 @@ SUBMIT_ACCEPTED: int
 SUBMIT_QUEUE_FULL: int
 SUBMIT_OVER_SHARE: int
 
-# (id, text, n_tokens, status, n_prompt, n_cached, n_generated, logprobs, embedding, error)
-Event = tuple[int, bytes, int, int, int, int, int, list | None, np.ndarray | None, str | None]
+# (field, Prometheus name after "stackd_", labels, help), from native/engine/counters.h
+COUNTERS: list[tuple[str, str, str, str]]
+
+class EngineStats(TypedDict):
+    """Engine.stats(); tests/observe checks these names against COUNTERS."""
+    n_steps: int
+    n_tokens_decoded: int
+    n_tokens_sampled: int
+    t_schedule_us: int
+    t_batch_us: int
+    t_decode_us: int
+    t_sample_us: int
+    t_emit_us: int
+
+# A logprobs entry: (token, logprob, piece, [(token, logprob, piece) of the top alternatives])
+LogprobEntry = tuple[int, float, bytes, list[tuple[int, float, bytes]]]
+
+class Event:
+    """What the engine reports about one request after a step (read-only)."""
+    id_request: int
+    text: bytes                        # UTF-8 released by this event
+    n_tokens: int                      # tokens generated in this event
+    status: int                        # STATUS_*; anything but STATUS_RUNNING finishes
+    n_prompt: int
+    n_cached: int                      # prompt tokens reused from the KV cache
+    n_generated: int
+    logprobs: list[LogprobEntry] | None
+    embedding: np.ndarray | None       # embedding requests: n_inputs * n_embd floats
+    error: str | None
+    def __init__(self, *, id_request: int, status: int = ..., text: bytes = b"", n_tokens: int = 0,
+                 n_prompt: int = 0, n_cached: int = 0, n_generated: int = 0, error: str = "",
+                 logprobs: list[LogprobEntry] | None = None, embedding: np.ndarray | None = None) -> None: ...
 
 class SamplingParams:
     temperature: float
@@ -48,7 +78,7 @@ class Engine:
     def take_events(self) -> list[Event]: ...
     def fileno(self) -> int: ...
     def close(self) -> None: ...
-    def stats(self) -> dict[str, int]: ...
+    def stats(self) -> EngineStats: ...
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
     def piece(self, token: int) -> bytes: ...
     def meta(self, key: str) -> str: ...

@@ -399,14 +399,7 @@ void engine::step_generate() {
     delta.n_tokens_decoded = plan.n_tokens;
     delta.n_tokens_sampled = outcomes.size();
     std::lock_guard<std::mutex> lock(mu_stats_);
-    stats_.n_steps += delta.n_steps;
-    stats_.n_tokens_decoded += delta.n_tokens_decoded;
-    stats_.n_tokens_sampled += delta.n_tokens_sampled;
-    stats_.t_schedule_us += delta.t_schedule_us;
-    stats_.t_batch_us += delta.t_batch_us;
-    stats_.t_decode_us += delta.t_decode_us;
-    stats_.t_sample_us += delta.t_sample_us;
-    stats_.t_emit_us += delta.t_emit_us;
+    stats_ += delta;
 }
 
 void engine::set_compute_scale(float scale) {

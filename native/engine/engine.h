@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "counters.h"
 #include "llama.h"
 #include "sampling.h"
 #include "scheduler.h"
@@ -52,12 +53,6 @@ struct engine_event {
     std::vector<logprob_entry> logprobs;
     std::vector<float>         embedding;         // embedding requests: n_inputs * n_embd
     std::string                error;
-};
-
-// Where a step's time goes, accumulated since start (microseconds).
-struct engine_stats {
-    uint64_t n_steps = 0, n_tokens_decoded = 0, n_tokens_sampled = 0;
-    uint64_t t_schedule_us = 0, t_batch_us = 0, t_decode_us = 0, t_sample_us = 0, t_emit_us = 0;
 };
 
 // Why submit() did or did not take a request.

@@ -250,8 +250,8 @@ class WorkerEngine:
         if op == "events":
             events = decode_events(message["events"], tail)
             for event in events:
-                if event[3] > 1:                   # a finished kind: the request is done
-                    self.in_flight.discard(event[0])
+                if event.status > 1:               # a finished kind: the request is done
+                    self.in_flight.discard(event.id_request)
             return events
         if op == "verdict":
             future = self.verdicts.get(message.get("seq"))

@@ -7,6 +7,7 @@ same copy by soname. One llama.cpp per process (see CMakeLists.txt).
 import llama_cpp  # noqa: F401  (load order matters, see above)
 
 from .._engine import (  # noqa: E402
+    COUNTERS,
     FINISH_REASONS,
     STATUS_ABORTED,
     STATUS_ERROR,
@@ -17,6 +18,7 @@ from .._engine import (  # noqa: E402
     SUBMIT_OVER_SHARE,
     SUBMIT_QUEUE_FULL,
     Engine,
+    Event,
     SamplingParams,
     Scheduler,
     TextStream,
@@ -26,6 +28,7 @@ from .._engine import (  # noqa: E402
 # The sampling parameters' names, as the native module binds them (its one list, in sampling.h).
 SAMPLING_FIELDS = tuple(name for name in dir(SamplingParams) if not name.startswith("_"))
 
-__all__ = ["SAMPLING_FIELDS", "Engine", "SamplingParams", "Scheduler", "TextStream", "FINISH_REASONS",
+__all__ = ["SAMPLING_FIELDS", "Engine", "Event", "COUNTERS", "SamplingParams", "Scheduler", "TextStream",
+           "FINISH_REASONS",
            "STATUS_RUNNING", "STATUS_STOPPED", "STATUS_LENGTH", "STATUS_ABORTED", "STATUS_ERROR",
            "SUBMIT_ACCEPTED", "SUBMIT_QUEUE_FULL", "SUBMIT_OVER_SHARE", "Vocab"]

@@ -15,10 +15,7 @@ import threading
 
 from .errors import EngineError, ErrorCode
 from .native import (FINISH_REASONS, STATUS_ERROR, STATUS_RUNNING, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE,
-                     SUBMIT_QUEUE_FULL, SamplingParams)
-
-# Event tuple fields (see server/_engine.pyi)
-EV_ID, EV_TEXT, EV_TOKENS, EV_STATUS, EV_PROMPT, EV_CACHED, EV_GENERATED, EV_LOGPROBS, EV_EMBEDDING, EV_ERROR = range(10)
+                     SUBMIT_QUEUE_FULL, Event, SamplingParams)
 
 
 class Generation:
@@ -57,7 +54,7 @@ class Generation:
             finally:
                 self._waiter = None
         event = self._events.popleft()
-        if event[EV_STATUS] != STATUS_RUNNING:
+        if event.status != STATUS_RUNNING:
             self.n_open -= 1
         return event
 
@@ -147,11 +144,11 @@ class ModelRunner:
     def _on_events(self) -> None:
         streams = self._streams
         for event in self.engine.take_events():
-            stream = streams.get(event[EV_ID])
+            stream = streams.get(event.id_request)
             if stream is None:
                 continue                   # cancelled already
-            if event[EV_STATUS] != STATUS_RUNNING:
-                del streams[event[EV_ID]]
+            if event.status != STATUS_RUNNING:
+                del streams[event.id_request]
             stream.push(event)
 
     def end_all(self, error: EngineError) -> None:
@@ -163,7 +160,7 @@ class ModelRunner:
             self.loop.remove_reader(self.engine.fileno())
         streams, self._streams = self._streams, {}
         for rid, stream in streams.items():
-            stream.push((rid, b"", 0, STATUS_ERROR, 0, 0, 0, None, None, error))
+            stream.push(Event(id_request=rid, status=STATUS_ERROR, error=error))
 
     async def close(self, grace: float = 10.0) -> None:
         """Close the engine once no other thread uses it (the worker: ask it to exit)."""

@@ -67,8 +67,10 @@ def data(text_: str) -> bytes:
 
 
 # ---- engine events ---------------------------------------------------------------------------
-# An event crosses as [id, text, n_tokens, status, n_prompt, n_cached, n_generated, logprobs,
-# n_embedding_floats, error]; embedding vectors follow in the tail, in event order.
+# An event crosses as an object with the Event's field names (text latin-1, the embedding as
+# its number of floats, n_embedding); embedding vectors follow in the tail, in event order.
+
+EVENT_FIELDS = ("id_request", "n_tokens", "status", "n_prompt", "n_cached", "n_generated")
 
 def _logprobs_out(entries):
     if not entries:
@@ -87,29 +89,37 @@ def _logprobs_in(entries):
 def encode_events(events) -> tuple[list, bytes]:
     items, vectors = [], []
     for ev in events:
-        embedding = ev[8]
+        embedding = ev.embedding
         n_floats = 0
         if embedding is not None:
             raw = embedding.astype("<f4", copy=False).tobytes()
             vectors.append(raw)
             n_floats = len(raw) // 4
-        items.append([ev[0], text(ev[1]), ev[2], ev[3], ev[4], ev[5], ev[6], _logprobs_out(ev[7]),
-                      n_floats, ev[9]])
+        item = {name: getattr(ev, name) for name in EVENT_FIELDS}
+        item.update(text=text(ev.text), logprobs=_logprobs_out(ev.logprobs), n_embedding=n_floats,
+                    error=ev.error or "")
+        items.append(item)
     return items, b"".join(vectors)
 
 
-def decode_events(items: list, tail: bytes) -> list[tuple]:
+def decode_events(items: list, tail: bytes) -> list:
     import numpy as np
+
+    from .native import Event
 
     events, at = [], 0
     for item in items:
-        if not isinstance(item, list) or len(item) != 10:
+        if not isinstance(item, dict) or not all(isinstance(item.get(name), int) for name in EVENT_FIELDS):
             raise WireError("bad event")
-        rid, text_, n_tokens, status, n_prompt, n_cached, n_generated, logprobs, n_floats, error = item
+        n_floats = item.get("n_embedding", 0)
         embedding = None
         if n_floats:
-            embedding = np.frombuffer(tail, dtype="<f4", count=n_floats, offset=at).copy()
+            embedding = np.frombuffer(tail, dtype="<f4", count=n_floats, offset=at)
             at += 4 * n_floats
-        events.append((rid, data(text_), n_tokens, status, n_prompt, n_cached, n_generated,
-                       _logprobs_in(logprobs), embedding, error))
+        try:
+            events.append(Event(**{name: item[name] for name in EVENT_FIELDS}, text=data(item["text"]),
+                                error=item["error"], logprobs=_logprobs_in(item["logprobs"]),
+                                embedding=embedding))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WireError(f"bad event: {exc}") from None
     return events

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 
-from ..engine.runner import EV_LOGPROBS, EV_TEXT
 from ..http import validate
 from ..http.errors import ApiError, invalid
 from ..http.response import Response, StreamingResponse, json_response
@@ -95,8 +94,8 @@ async def _chunks(runner, stream, gen: params.Generation, head: dict):
             yield chunk(i, {"role": "assistant", "content": ""})
         async with contextlib.aclosing(generate.follow(runner, stream, choices)) as events:
             async for index, choice, event in events:
-                text = event[EV_TEXT]
-                entries = event[EV_LOGPROBS]
+                text = event.text
+                entries = event.logprobs
                 if text or entries:
                     logprobs = responses.chat_logprobs(entries) if gen.logprobs and entries else None
                     yield chunk(index, {"content": text.decode("utf-8", "replace")}, None, logprobs)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 
-from ..engine.runner import EV_LOGPROBS, EV_TEXT
 from ..http import validate
 from ..http.errors import ApiError, invalid
 from ..http.response import Response, StreamingResponse, json_response
@@ -76,10 +75,10 @@ async def _chunks(runner, stream, gen: params.Generation, head: dict, n_choices:
     try:
         async with contextlib.aclosing(generate.follow(runner, stream, choices)) as events:
             async for index, choice, event in events:
-                entries = event[EV_LOGPROBS]
+                entries = event.logprobs
                 logprobs = responses.completion_logprobs(entries) if gen.logprobs and entries else None
                 yield responses.sse({**head, "choices": [{
-                    "text": event[EV_TEXT].decode("utf-8", "replace"), "index": index,
+                    "text": event.text.decode("utf-8", "replace"), "index": index,
                     "logprobs": logprobs, "finish_reason": choice.finish_reason}], **usage_field})
         if gen.include_usage:
             yield responses.sse({**head, "choices": [],

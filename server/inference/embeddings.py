@@ -6,7 +6,6 @@ import base64
 import numpy as np
 import orjson
 
-from ..engine.runner import EV_EMBEDDING, EV_ERROR, EV_PROMPT
 from ..http import validate
 from ..http.errors import ApiError, ErrorKind, invalid
 from ..http.response import Response
@@ -70,12 +69,13 @@ async def embeddings(node, request) -> Response:
         event = await stream.__anext__()
     finally:
         model.runner.cancel(stream)
-    if event[EV_EMBEDDING] is None:
-        raise failures.of_event(event[EV_ERROR])
-    vectors = event[EV_EMBEDDING].reshape(len(inputs), model.engine.n_embd)
+    embedding = event.embedding
+    if embedding is None:
+        raise failures.of_event(event.error)
+    vectors = embedding.reshape(len(inputs), model.engine.n_embd)
     data = [{"object": "embedding", "index": i, "embedding": _encode(v, encoding)}
             for i, v in enumerate(vectors)]
-    n_tokens = event[EV_PROMPT]
+    n_tokens = event.n_prompt
     body = {"object": "list", "data": data, "model": model.id,
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
     return Response(200, orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), JSON)

@@ -61,7 +61,7 @@ async def follow(runner, stream: Generation, choices: list[Choice]):
     error, a client that went away) frees the request's slots."""
     try:
         async for event in stream:
-            index = stream.choice[event[0]]
+            index = stream.choice[event.id_request]
             choice = choices[index]
             choice.add(event)
             if failed(choice):

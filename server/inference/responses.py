@@ -7,8 +7,7 @@ import time
 import orjson
 
 from .. import __version__
-from ..engine.runner import (EV_CACHED, EV_GENERATED, EV_LOGPROBS, EV_PROMPT, EV_STATUS, EV_TEXT,
-                             finish_reason)
+from ..engine.runner import finish_reason
 
 SYSTEM_FINGERPRINT = f"stackd-{__version__}"
 SSE_DONE = b"data: [DONE]\n\n"
@@ -35,14 +34,15 @@ class Choice:
         self.error: str | None = None
 
     def add(self, event) -> None:
-        self.text.append(event[EV_TEXT])
-        if event[EV_LOGPROBS]:
-            self.logprobs.extend(event[EV_LOGPROBS])
-        self.n_prompt, self.n_cached, self.n_generated = event[EV_PROMPT], event[EV_CACHED], event[EV_GENERATED]
-        reason = finish_reason(event[EV_STATUS])
+        self.text.append(event.text)
+        entries = event.logprobs
+        if entries:
+            self.logprobs.extend(entries)
+        self.n_prompt, self.n_cached, self.n_generated = event.n_prompt, event.n_cached, event.n_generated
+        reason = finish_reason(event.status)
         if reason is not None:
             self.finish_reason = reason
-            self.error = event[-1]
+            self.error = event.error
 
     def joined(self) -> str:
         return b"".join(self.text).decode("utf-8", "replace")

@@ -30,16 +30,16 @@ class Driver:
             ready, _, _ = select.select([self.engine.fileno()], [], [], timeout)
             assert ready, f"no events for {pending}"
             for event in self.engine.take_events():
-                if event[0] not in results:
+                if event.id_request not in results:
                     continue
-                result = results[event[0]]
-                result["text"] += event[1]
+                result = results[event.id_request]
+                result["text"] += event.text
                 result["events"].append(event)
                 if on_event:
                     on_event(event)
-                if event[3] != STATUS_RUNNING:
-                    result["status"] = event[3]
-                    pending.discard(event[0])
+                if event.status != STATUS_RUNNING:
+                    result["status"] = event.status
+                    pending.discard(event.id_request)
         return results
 
 

@@ -59,7 +59,7 @@ def test_max_tokens_finishes_with_length(driver, chat_engine):
                         ignore_eos=True)
     result = driver.wait([rid])[rid]
     assert result["status"] == STATUS_LENGTH
-    assert sum(e[2] for e in result["events"]) == 5
+    assert sum(e.n_tokens for e in result["events"]) == 5
 
 
 def test_stop_string_is_never_emitted(driver, chat_engine):
@@ -94,7 +94,7 @@ def test_prefix_reuse_reports_cached_tokens(driver, chat_engine):
     driver.wait([rid])
     rid = driver.submit(second, max_tokens=4)
     events = driver.wait([rid])[rid]["events"]
-    assert events[-1][5] >= len(chat_engine.tokenize(system, False, True)) - 2
+    assert events[-1].n_cached >= len(chat_engine.tokenize(system, False, True)) - 2
 
 
 def test_json_schema_grammar_output_parses(driver, chat_engine):
@@ -110,7 +110,7 @@ def test_json_schema_grammar_output_parses(driver, chat_engine):
 def test_logprobs_are_probabilities(driver, chat_engine):
     rid = driver.submit(chat_prompt(chat_engine, "Hi"), max_tokens=3, logprobs=True, n_top_logprobs=3)
     events = driver.wait([rid])[rid]["events"]
-    entries = [entry for e in events if e[7] for entry in e[7]]
+    entries = [entry for e in events if e.logprobs for entry in e.logprobs]
     assert entries
     for token, logprob, piece, top in entries:
         assert logprob <= 0.0 and len(top) == 3

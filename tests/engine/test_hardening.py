@@ -67,7 +67,7 @@ def _first_event(driver, rid):
         ready, _, _ = select.select([driver.engine.fileno()], [], [], 120)
         assert ready, "no event"
         for event in driver.engine.take_events():
-            if event[0] == rid:
+            if event.id_request == rid:
                 return event
 
 
@@ -78,7 +78,7 @@ def test_one_owner_holds_at_most_its_share_of_the_queue():
     try:
         prompt = chat_prompt(engine, "Tell me a long story.")
         busy = driver.submit(prompt, max_tokens=200, ignore_eos=True, owner=3)
-        assert _first_event(driver, busy)[3] == STATUS_RUNNING      # the only slot is taken
+        assert _first_event(driver, busy).status == STATUS_RUNNING      # the only slot is taken
         p = SamplingParams()
         verdicts = [engine.submit(100 + i, prompt, 4, [], p, 1) for i in range(3)]
         assert verdicts == [SUBMIT_ACCEPTED, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE]
@@ -102,8 +102,8 @@ def _finish_order(engine, ids, timeout=300.0):
         ready, _, _ = select.select([engine.fileno()], [], [], timeout)
         assert ready, f"no events; finished so far {order}"
         for event in engine.take_events():
-            if event[0] in ids and event[3] != STATUS_RUNNING:
-                order.append((event[0], event[3]))
+            if event.id_request in ids and event.status != STATUS_RUNNING:
+                order.append((event.id_request, event.status))
     return order
 
 
@@ -133,7 +133,7 @@ def test_a_reduced_power_budget_admits_fewer_slots():
         prompt = chat_prompt(engine, "Name a color.")
         first, second = driver.submit(prompt, max_tokens=6), driver.submit(prompt, max_tokens=6)
         order = []
-        driver.wait([first, second], on_event=lambda e: order.append((e[0], e[3] != STATUS_RUNNING)))
+        driver.wait([first, second], on_event=lambda e: order.append((e.id_request, e.status != STATUS_RUNNING)))
         # the second is admitted only once the first has finished
         assert order.index((first, True)) < next(i for i, (rid, _) in enumerate(order) if rid == second)
     finally:

@@ -5,7 +5,8 @@ import pytest
 
 from server.engine.errors import EngineError, ErrorCode
 from server.engine.native import (STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED, SUBMIT_ACCEPTED,
-                                  SUBMIT_OVER_SHARE, SUBMIT_QUEUE_FULL, SamplingParams)
+                                  SUBMIT_OVER_SHARE, SUBMIT_QUEUE_FULL, Event,
+                                  SamplingParams)
 from server.engine.runner import ModelRunner
 from server.inference.failures import api_error
 from server.models.manager import LoadedModel
@@ -46,7 +47,8 @@ class FakeClient:
 
 
 def event(rid, text=b"", status=STATUS_RUNNING, error=None):
-    return (rid, text, 1, status, 3, 0, 1, None, None, error)
+    return Event(id_request=rid, text=text, n_tokens=1, status=status, n_prompt=3, n_generated=1,
+                 error=error or "")
 
 
 def test_events_reach_their_choice_and_the_stream_ends(loop):
@@ -58,7 +60,7 @@ def test_events_reach_their_choice_and_the_stream_ends(loop):
     engine.emit(event(second, b"b"), event(first, b"a", STATUS_STOPPED), event(second, b"!", STATUS_STOPPED))
 
     async def drain():
-        return [(stream.choice[e[0]], e[1]) async for e in stream]
+        return [(stream.choice[e.id_request], e.text) async for e in stream]
 
     assert loop.run_until_complete(drain()) == [(1, b"b"), (0, b"a"), (1, b"!")]
     runner.cancel(stream)
@@ -76,7 +78,7 @@ def test_unload_ends_open_streams_and_refuses_the_engine_afterwards(loop):
     async def last():
         return [e async for e in stream][-1]
 
-    assert loop.run_until_complete(last())[3] == STATUS_ERROR
+    assert loop.run_until_complete(last()).status == STATUS_ERROR
     for touch in (lambda: model.engine,
                   lambda: loop.run_until_complete(runner.generate([([1], 1, SamplingParams())], [])),
                   lambda: loop.run_until_complete(runner.embed([[1]]))):

@@ -1,0 +1,31 @@
+// The engine's counters, listed once. The stats struct, the Python dict that stats()
+// returns, the Prometheus names and help text and the stub's EngineStats all come from
+// this list (tests/observe checks the stub against it).
+#pragma once
+
+#include <cstdint>
+
+// X(field, Prometheus name after "stackd_", Prometheus labels, help)
+#define ENGINE_COUNTERS(X)                                                                         \
+    X(n_steps, "engine_n_steps_total", "", "Decode steps run.")                                     \
+    X(n_tokens_decoded, "engine_n_tokens_decoded_total", "", "Tokens decoded (prompt and generated).") \
+    X(n_tokens_sampled, "engine_n_tokens_sampled_total", "", "Tokens sampled.")                     \
+    X(t_schedule_us, "engine_t_schedule_us_total", "", "Microseconds spent scheduling.")            \
+    X(t_batch_us, "engine_t_batch_us_total", "", "Microseconds spent building batches.")            \
+    X(t_decode_us, "engine_t_decode_us_total", "", "Microseconds spent in llama_decode.")           \
+    X(t_sample_us, "engine_t_sample_us_total", "", "Microseconds spent sampling and detokenizing.") \
+    X(t_emit_us, "engine_t_emit_us_total", "", "Microseconds spent emitting events.")
+
+// A snapshot of the counters (plain numbers), and the sum of two.
+struct engine_stats {
+#define ENGINE_STATS_FIELD(field, name, labels, help) uint64_t field = 0;
+    ENGINE_COUNTERS(ENGINE_STATS_FIELD)
+#undef ENGINE_STATS_FIELD
+
+    engine_stats & operator+=(const engine_stats & other) {
+#define ENGINE_STATS_ADD(field, name, labels, help) field += other.field;
+        ENGINE_COUNTERS(ENGINE_STATS_ADD)
+#undef ENGINE_STATS_ADD
+        return *this;
+    }
+};

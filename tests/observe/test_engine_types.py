@@ -1,0 +1,66 @@
+"""The stub (server/_engine.pyi) against the compiled module: the counter list and the event's
+fields have one source of truth in C++, and the stub must say the same."""
+import ast
+import os
+
+import pytest
+
+from server.engine import native
+from server.engine.native import STATUS_ERROR, STATUS_RUNNING, Event
+
+STUB = os.path.join(os.path.dirname(native.__file__), "..", "_engine.pyi")
+
+
+def stub_fields(class_name: str) -> list[str]:
+    tree = ast.parse(open(STUB).read())
+    [node] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    return [n.target.id for n in node.body if isinstance(n, ast.AnnAssign)]
+
+
+def test_stub_counters_are_the_native_list():
+    assert stub_fields("EngineStats") == [field for field, _, _, _ in native.COUNTERS]
+
+
+def test_counter_names_are_prometheus_names():
+    for field, name, labels, help_text in native.COUNTERS:
+        assert name.replace("_", "").isalnum() and name.islower(), name
+        assert help_text.endswith("."), field
+        assert labels == "" or labels.count('="') == 1, labels
+
+
+def test_stub_event_fields_are_the_native_fields():
+    native_fields = {name for name in dir(Event) if not name.startswith("_")}
+    assert set(stub_fields("Event")) == native_fields
+
+
+def test_events_made_in_python_read_by_name():
+    event = Event(id_request=7, status=STATUS_ERROR, error="the model was unloaded")
+    assert (event.id_request, event.status, event.text, event.error) == (7, STATUS_ERROR, b"",
+                                                                          "the model was unloaded")
+    assert event.logprobs is None and event.embedding is None
+    assert Event(id_request=1).status == STATUS_RUNNING and Event(id_request=1).error is None
+    with pytest.raises(AttributeError):
+        event.status = STATUS_RUNNING                   # read-only
+    with pytest.raises(ValueError):
+        Event(id_request=1, status=99)
+
+
+def test_an_event_crosses_the_worker_wire_by_name():
+    import numpy as np
+
+    from server.engine import wire
+
+    logprobs = [(5, -0.25, b"hi", [(5, -0.25, b"hi"), (7, -1.5, b"\xff")])]
+    sent = [Event(id_request=3, status=STATUS_RUNNING, text=b"caf\xc3\xa9", n_tokens=1, n_prompt=4,
+                  n_cached=2, n_generated=1, logprobs=logprobs),
+            Event(id_request=4, status=STATUS_ERROR, error="boom", embedding=np.arange(6, dtype=np.float32))]
+    items, tail = wire.encode_events(sent)
+    [(header, got_tail)] = wire.FrameReader().feed(wire.frame({"op": "events", "events": items}, tail))
+    got = wire.decode_events(header["events"], got_tail)
+    for a, b in zip(sent, got):
+        for name in ("id_request", "status", "text", "n_tokens", "n_prompt", "n_cached", "n_generated",
+                     "logprobs", "error"):
+            assert getattr(a, name) == getattr(b, name), name
+    assert got[1].embedding.tolist() == list(range(6)) and got[0].embedding is None
+    with pytest.raises(wire.WireError):
+        wire.decode_events([{"id_request": 1}], b"")
