@@ -75,6 +75,88 @@ std::vector<logprob_entry> logprobs_from_python(const py::object & obj) {
     return out;
 }
 
+py::object timings_to_python(const request_timings & t) {
+    if (!t.known) {
+        return py::none();
+    }
+    return py::cast(t);
+}
+
+py::list histograms_meta() {
+    py::list out;
+#define HISTOGRAM_ENTRY(field, name, divisor, help) out.append(py::make_tuple(#field, name, help));
+    ENGINE_HISTOGRAMS(HISTOGRAM_ENTRY)
+#undef HISTOGRAM_ENTRY
+    return out;
+}
+
+py::list gauges_meta() {
+    py::list out;
+#define GAUGE_ENTRY(field, name, help) out.append(py::make_tuple(#field, name, help));
+    ENGINE_GAUGES(GAUGE_ENTRY)
+#undef GAUGE_ENTRY
+    return out;
+}
+
+// (bounds in Prometheus units, counts per bucket with the last above every bound, sum)
+py::tuple histogram_to_python(const histogram & h, double divisor) {
+    py::list bounds, counts;
+    for (size_t i = 0; i < h.n_bounds(); ++i) {
+        bounds.append((double) h.bounds()[i] / divisor);
+    }
+    for (size_t i = 0; i <= h.n_bounds(); ++i) {
+        counts.append(h.count_at(i));
+    }
+    return py::make_tuple(bounds, counts, (double) h.sum() / divisor);
+}
+
+py::dict metrics_to_python(engine_observer & obs) {
+    py::dict histograms, gauges;
+    const engine_histograms & h = obs.histograms();
+    const engine_gauges & g = obs.gauges();
+#define HISTOGRAM_VALUE(field, name, divisor, help) histograms[#field] = histogram_to_python(h.field, divisor);
+    ENGINE_HISTOGRAMS(HISTOGRAM_VALUE)
+#undef HISTOGRAM_VALUE
+#define GAUGE_VALUE(field, name, help) gauges[#field] = g.field.load(std::memory_order_relaxed);
+    ENGINE_GAUGES(GAUGE_VALUE)
+#undef GAUGE_VALUE
+    py::dict out;
+    out["histograms"] = histograms;
+    out["gauges"] = gauges;
+    return out;
+}
+
+py::dict trace_record_to_python(const trace_record & r) {
+    static const char * const kinds[] = {"step", "prefill", "request"};
+    py::dict d;
+    d["kind"] = kinds[r.kind];
+    d["t_begin_us"] = r.t_begin_us;
+    d["t_end_us"] = r.t_end_us;
+    if (r.kind == TRACE_STEP) {
+        static const char * const phases[] = {"schedule", "batch", "decode", "sample", "emit"};
+        py::dict phase_us;
+        for (int p = 0; p < N_PHASES; ++p) {
+            phase_us[phases[p]] = r.d_us[p];
+        }
+        d["phase_us"] = phase_us;
+        d["n_items"] = r.n_items;
+        d["n_tokens"] = r.n_tokens;
+        d["n_sampled"] = r.n_sampled;
+        return d;
+    }
+    d["id_request"] = r.id_request;
+    d["n_tokens"] = r.n_tokens;
+    if (r.kind == TRACE_REQUEST) {
+        d["status"] = (int) r.status;
+        d["t_admit_us"] = r.t_admit_us;
+        d["t_first_us"] = r.t_first_us;
+        d["t_last_us"] = r.t_last_us;
+        d["n_prompt"] = r.n_prompt;
+        d["n_cached"] = r.n_cached;
+    }
+    return d;
+}
+
 // An event made on the Python side: a request ended by the runner itself, an event that
 // crossed from a worker process, a test's fake.
 engine_event make_event(int64_t id_request, int status, const std::string & text, int32_t n_tokens,
@@ -198,6 +280,15 @@ PYBIND11_MODULE(_engine, m) {
     STACKD_SAMPLING_FIELDS(STACKD_SAMPLING_BINDING)
 #undef STACKD_SAMPLING_BINDING
     m.attr("COUNTERS") = counters_to_python();
+    m.attr("HISTOGRAMS") = histograms_meta();
+    m.attr("GAUGES") = gauges_meta();
+
+    // A finished request's durations on the engine's clock (microseconds).
+    py::class_<request_timings>(m, "Timings")
+        .def_readonly("t_queue_us", &request_timings::t_queue_us)
+        .def_readonly("t_prompt_us", &request_timings::t_prompt_us)
+        .def_readonly("t_first_token_us", &request_timings::t_first_token_us)
+        .def_readonly("t_predicted_us", &request_timings::t_predicted_us);
 
     // What the engine reports about a request after a step; the finishing event has a
     // finished status (and `error` when that status is FINISHED_ERROR).
@@ -219,6 +310,7 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("error", [](const engine_event & e) {
             return e.error.empty() ? py::object(py::none()) : py::object(py::str(e.error));
         })
+        .def_property_readonly("timings", [](const engine_event & e) { return timings_to_python(e.timings); })
         .def("__repr__", [](const engine_event & e) {
             return "<Event request " + std::to_string(e.id_request) + " status " +
                    std::to_string((int) e.status) + " tokens " + std::to_string(e.n_generated) + ">";
@@ -277,6 +369,21 @@ PYBIND11_MODULE(_engine, m) {
         .def("fileno", &engine::event_fd)
         .def("close", &engine::close, py::call_guard<py::gil_scoped_release>())
         .def("stats", [](const engine & e) { return stats_to_python(e.stats()); })
+        .def("metrics", [](engine & e) { return metrics_to_python(e.observer()); })
+        .def("trace_start", [](engine & e) { return e.observer().trace().start(); })
+        .def("trace_stop",
+             [](engine & e) {
+                 std::vector<trace_record> records;
+                 {
+                     py::gil_scoped_release release;
+                     records = e.observer().trace().stop();
+                 }
+                 py::list out;
+                 for (const trace_record & r : records) {
+                     out.append(trace_record_to_python(r));
+                 }
+                 return out;
+             })
         .def("tokenize", &engine::tokenize, py::call_guard<py::gil_scoped_release>(),
              py::arg("text"), py::arg("add_special") = true,
              py::arg("parse_special") = false)

@@ -26,6 +26,43 @@ class EngineStats(TypedDict):
     t_decode_us: int
     t_sample_us: int
     t_emit_us: int
+    n_prompt_tokens: int
+    n_generation_tokens: int
+    n_prefix_cache_hit_tokens: int
+    n_finished_stop: int
+    n_finished_length: int
+    n_cancelled: int
+    n_errors: int
+
+# (field, Prometheus name after "stackd_", help), from native/engine/timings.h
+HISTOGRAMS: list[tuple[str, str, str]]
+GAUGES: list[tuple[str, str, str]]
+
+class EngineHistograms(TypedDict):
+    """Engine.metrics()["histograms"]: (bounds, counts per bucket + one above all, sum)."""
+    queue_time: tuple[list[float], list[int], float]
+    time_to_first_token: tuple[list[float], list[int], float]
+    inter_token_latency: tuple[list[float], list[int], float]
+    e2e_request_latency: tuple[list[float], list[int], float]
+    request_prompt_tokens: tuple[list[float], list[int], float]
+    request_generation_tokens: tuple[list[float], list[int], float]
+
+class EngineGauges(TypedDict):
+    num_requests_running: float
+    num_requests_waiting: float
+    kv_cache_usage_ratio: float
+    slots_busy: float
+
+class EngineMetrics(TypedDict):
+    histograms: EngineHistograms
+    gauges: EngineGauges
+
+class Timings:
+    """A finished request's durations on the engine's steady clock (microseconds)."""
+    t_queue_us: int              # submitted -> slot
+    t_prompt_us: int             # slot -> first token
+    t_first_token_us: int        # submitted -> first token
+    t_predicted_us: int          # first token -> last token
 
 # A logprobs entry: (token, logprob, piece, [(token, logprob, piece) of the top alternatives])
 LogprobEntry = tuple[int, float, bytes, list[tuple[int, float, bytes]]]
@@ -42,6 +79,7 @@ class Event:
     logprobs: list[LogprobEntry] | None
     embedding: np.ndarray | None       # embedding requests: n_inputs * n_embd floats
     error: str | None
+    timings: Timings | None            # the finishing event only
     def __init__(self, *, id_request: int, status: int = ..., text: bytes = b"", n_tokens: int = 0,
                  n_prompt: int = 0, n_cached: int = 0, n_generated: int = 0, error: str = "",
                  logprobs: list[LogprobEntry] | None = None, embedding: np.ndarray | None = None) -> None: ...
@@ -79,6 +117,9 @@ class Engine:
     def fileno(self) -> int: ...
     def close(self) -> None: ...
     def stats(self) -> EngineStats: ...
+    def metrics(self) -> EngineMetrics: ...
+    def trace_start(self) -> bool: ...            # False: a recording already runs
+    def trace_stop(self) -> list[dict[str, Any]]: ...
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
     def piece(self, token: int) -> bytes: ...
     def meta(self, key: str) -> str: ...

@@ -14,7 +14,15 @@
     X(t_batch_us, "engine_t_batch_us_total", "", "Microseconds spent building batches.")            \
     X(t_decode_us, "engine_t_decode_us_total", "", "Microseconds spent in llama_decode.")           \
     X(t_sample_us, "engine_t_sample_us_total", "", "Microseconds spent sampling and detokenizing.") \
-    X(t_emit_us, "engine_t_emit_us_total", "", "Microseconds spent emitting events.")
+    X(t_emit_us, "engine_t_emit_us_total", "", "Microseconds spent emitting events.")              \
+    X(n_prompt_tokens, "prompt_tokens_total", "", "Prompt tokens of admitted requests, cached or computed.") \
+    X(n_generation_tokens, "generation_tokens_total", "", "Tokens generated.")                     \
+    X(n_prefix_cache_hit_tokens, "prefix_cache_hit_tokens_total", "",                               \
+      "Prompt tokens reused from the KV cache instead of computed.")                                \
+    X(n_finished_stop, "request_success_total", "finished_reason=\"stop\"", "Requests finished, by finish reason.") \
+    X(n_finished_length, "request_success_total", "finished_reason=\"length\"", "Requests finished, by finish reason.") \
+    X(n_cancelled, "requests_cancelled_total", "", "Requests cancelled before they finished.")      \
+    X(n_errors, "engine_errors_total", "", "Requests the engine failed (a decode error or a refused queue entry).")
 
 // A snapshot of the counters (plain numbers), and the sum of two.
 struct engine_stats {

@@ -46,7 +46,8 @@ scheduler_params scheduler_params_of(const engine_params & p) {
 
 engine::engine(const engine_params & params)
     : params_(params), sched_(scheduler_params_of(params)),
-      n_max_queued_per_owner_(share_of(params.key_share, params.n_max_waiting)) {
+      n_max_queued_per_owner_(share_of(params.key_share, params.n_max_waiting)),
+      obs_(params.n_slots, params.n_ctx_seq, params.embeddings) {
     if (params_.quiet) {
         quiet_llama_log();
     }
@@ -222,8 +223,10 @@ std::vector<engine_event> engine::take_events() {
 }
 
 engine_stats engine::stats() const {
+    engine_stats s = obs_.counters();
     std::lock_guard<std::mutex> lock(mu_stats_);
-    return stats_;
+    s += stats_;
+    return s;
 }
 
 std::vector<int32_t> engine::tokenize(const std::string & text, bool add_special, bool parse_special) const {
@@ -275,6 +278,8 @@ void engine::loop() {
             incoming.clear();
             fail_everything("engine error");
         }
+        const int32_t n_queued = [&] { std::lock_guard<std::mutex> lock(mu_tasks_); return n_queued_; }();
+        obs_.after_step(sched_, n_queued, (int32_t) embed_jobs_.size());
     }
 }
 
@@ -288,6 +293,7 @@ void engine::take_tasks(std::vector<task> & incoming) {
             continue;
         }
         if (t.kind == task::TASK_EMBED) {
+            obs_.queued(t.id_request, t.t_submit_us, n_tokens_of(t.inputs));
             embed_jobs_.push_back({t.id_request, t.id_owner, std::move(t.inputs), {}, 0, 0});
             continue;
         }
@@ -306,9 +312,11 @@ void engine::take_tasks(std::vector<task> & incoming) {
             ev.id_request = id;
             ev.status = REQUEST_STATUS_FINISHED_ERROR;
             ev.error = "the request could not be queued (empty prompt or full queue)";
+            obs_.finished(id, ev.status);
             events.push_back(std::move(ev));
             continue;
         }
+        obs_.queued(id, t.t_submit_us, live.n_prompt);
         live_.emplace(id, std::move(live));
     }
     publish(events);
@@ -322,6 +330,7 @@ void engine::cancel_embedding(int64_t id_request, std::vector<engine_event> & ev
             engine_event ev;
             ev.id_request = id_request;
             ev.status = REQUEST_STATUS_FINISHED_ABORTED;
+            ev.timings = obs_.finished(id_request, ev.status);
             events.push_back(std::move(ev));
             embed_jobs_.erase(it);
             return;
@@ -337,6 +346,7 @@ void engine::step_generate() {
 
     for (const plan_admission & adm : plan.admissions) {
         leave_queue(live_.at(adm.id_request).request->id_owner);
+        obs_.admitted(adm);
         llama_memory_seq_rm(llama_get_memory(ctx_), adm.id_slot, adm.n_keep, -1);
     }
     for (int64_t id : plan.released_waiting) {
@@ -346,6 +356,7 @@ void engine::step_generate() {
         engine_event ev;
         ev.id_request = id;
         ev.status = REQUEST_STATUS_FINISHED_ABORTED;
+        ev.timings = obs_.finished(id, ev.status);
         events.push_back(std::move(ev));
         live_.erase(id);
         sched_.release(id);
@@ -398,6 +409,7 @@ void engine::step_generate() {
     delta.n_steps = 1;
     delta.n_tokens_decoded = plan.n_tokens;
     delta.n_tokens_sampled = outcomes.size();
+    obs_.step(plan, t0, delta);
     std::lock_guard<std::mutex> lock(mu_stats_);
     stats_ += delta;
 }
@@ -474,6 +486,7 @@ step_outcome engine::sample(int64_t id_request, int32_t index, engine_event & ev
     }
     const bool suppress_eog = sp.ignore_eos || req.n_generated < sp.min_tokens;
     const int32_t token = live.sampler->sample(logits, n_vocab, suppress_eog, eog_tokens_);
+    obs_.token(id_request);
 
     ev.id_request = id_request;
     ev.n_tokens = 1;
@@ -515,6 +528,7 @@ void engine::finish_events(const std::vector<int64_t> & finished, std::vector<en
         for (auto it = events.rbegin(); it != events.rend(); ++it) {
             if (it->id_request == id) {
                 it->status = req->status;
+                it->timings = obs_.finished(id, req->status);
                 it->text += live.stream.flush();
                 break;
             }
@@ -538,6 +552,7 @@ void engine::fail_plan(const batch_plan & plan, const std::string & error) {
         ev.id_request = item.id_request;
         ev.status = REQUEST_STATUS_FINISHED_ERROR;
         ev.error = error;
+        ev.timings = obs_.finished(item.id_request, ev.status);
         events.push_back(std::move(ev));
         llama_memory_seq_rm(mem, item.id_slot, -1, -1);
         sched_.fail(item.id_request);
@@ -560,6 +575,7 @@ void engine::fail_everything(const std::string & error) {
         ev.id_request = id;
         ev.status = REQUEST_STATUS_FINISHED_ERROR;
         ev.error = error;
+        ev.timings = obs_.finished(ev.id_request, ev.status);
         events.push_back(std::move(ev));
     }
     for (const embed_job & job : embed_jobs_) {
@@ -568,6 +584,7 @@ void engine::fail_everything(const std::string & error) {
         ev.id_request = job.id_request;
         ev.status = REQUEST_STATUS_FINISHED_ERROR;
         ev.error = error;
+        ev.timings = obs_.finished(ev.id_request, ev.status);
         events.push_back(std::move(ev));
     }
     live_.clear();
@@ -627,6 +644,7 @@ void engine::step_embed() {
         ev.id_request = embed_jobs_.front().id_request;
         ev.status = REQUEST_STATUS_FINISHED_ERROR;
         ev.error = "input is longer than the model's context";
+        ev.timings = obs_.finished(ev.id_request, ev.status);
         events.push_back(std::move(ev));
         leave_queue(embed_jobs_.front().id_owner);
         embed_jobs_.erase(embed_jobs_.begin());
@@ -680,6 +698,7 @@ void engine::step_embed() {
             ev.status = REQUEST_STATUS_FINISHED_STOPPED;
             ev.embedding = std::move(it->out);
         }
+        ev.timings = obs_.finished(ev.id_request, ev.status);
         events.push_back(std::move(ev));
         leave_queue(it->id_owner);
         it = embed_jobs_.erase(it);

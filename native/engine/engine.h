@@ -16,6 +16,7 @@
 
 #include "counters.h"
 #include "llama.h"
+#include "observer.h"
 #include "sampling.h"
 #include "scheduler.h"
 #include "text_stream.h"
@@ -53,6 +54,7 @@ struct engine_event {
     std::vector<logprob_entry> logprobs;
     std::vector<float>         embedding;         // embedding requests: n_inputs * n_embd
     std::string                error;
+    request_timings            timings;           // the finishing event: where the time went
 };
 
 // Why submit() did or did not take a request.
@@ -84,6 +86,7 @@ public:
 
     int event_fd() const { return efd_; }
     engine_stats stats() const;
+    engine_observer & observer() { return obs_; }   // histograms, gauges, the trace
 
     // The model, for callers (thread-safe: read-only after load).
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
@@ -108,6 +111,7 @@ private:
         std::unique_ptr<generation_request> request;
         std::unique_ptr<request_sampler> sampler;
         std::vector<std::vector<int32_t>> inputs;
+        uint64_t t_submit_us = steady_now_us();
     };
 
     struct live_request {                 // engine-side state of an admitted generation
@@ -175,4 +179,5 @@ private:
 
     mutable std::mutex mu_stats_;
     engine_stats stats_;
+    engine_observer obs_;
 };

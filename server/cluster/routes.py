@@ -1,4 +1,5 @@
-"""The cluster group (port 5381), single node: health, topology, status, nodes, metrics."""
+"""The cluster group (port 5381), single node: health, topology, status, nodes, metrics,
+the engine trace."""
 from __future__ import annotations
 
 import os
@@ -6,8 +7,11 @@ import socket
 
 
 from ..auth import permissions as perm
+from ..http import validate
+from ..http.errors import ApiError, ErrorKind
 from ..http.response import Response, json_response
 from ..http.routing import Endpoint
+from ..observe import prometheus, trace
 from ..system import readings
 
 CLUSTER = "cluster"
@@ -90,29 +94,12 @@ def power_contract_in_force(node, request) -> Response:
     return json_response(node.power.in_force())
 
 
-ENGINE_COUNTERS = {
-    "n_steps": "Decode steps run.",
-    "n_tokens_decoded": "Tokens decoded (prompt and generated).",
-    "n_tokens_sampled": "Tokens sampled.",
-    "t_schedule_us": "Microseconds spent scheduling.",
-    "t_batch_us": "Microseconds spent building batches.",
-    "t_decode_us": "Microseconds spent in llama_decode.",
-    "t_sample_us": "Microseconds spent sampling and detokenizing.",
-    "t_emit_us": "Microseconds spent emitting events.",
-}
-
-
-def _engine_metrics(node) -> bytes:
-    if node.models is None or not node.models.loaded:
-        return b""
-    # stats() reads only counters under the engine's lock: safe even while a model unloads
-    stats = {model_id: m.runner.engine.stats() for model_id, m in node.models.loaded.items()}
-    out = []
-    for name, help_text in ENGINE_COUNTERS.items():
-        out += [f"# HELP stackd_engine_{name}_total {help_text}",
-                f"# TYPE stackd_engine_{name}_total counter"]
-        out += [f'stackd_engine_{name}_total{{model="{m}"}} {s.get(name, 0)}' for m, s in stats.items()]
-    return ("\n".join(out) + "\n").encode()
+def _engines(node) -> dict:
+    """The loaded models' engines. Their counters, histograms and trace stay readable while a
+    model unloads (the observer outlives the freed model), so runner.engine is read directly."""
+    if node.models is None:
+        return {}
+    return {model_id: m.runner.engine for model_id, m in node.models.loaded.items()}
 
 
 def _worker_metrics(node) -> bytes:
@@ -134,8 +121,20 @@ def _worker_metrics(node) -> bytes:
 
 def metrics(node, request) -> Response:
     gauges = {"stackd_uptime_seconds": ("Seconds since the daemon started.", node.uptime_seconds())}
-    return Response(200, node.metrics.render(gauges) + _engine_metrics(node) + _worker_metrics(node),
+    return Response(200, node.metrics.render(gauges) + prometheus.render(_engines(node)) + _worker_metrics(node),
                     b"text/plain; version=0.0.4; charset=utf-8")
+
+
+async def debug_trace(node, request) -> Response:
+    body = request.json()
+    seconds = trace.seconds_of(body)
+    model_id = validate.string(body, "model", required=False, max_len=256)
+    engines = _engines(node)
+    if model_id is not None:
+        if model_id not in engines:
+            raise ApiError(ErrorKind.MODEL_NOT_FOUND, f"the model '{model_id}' is not loaded", param="model")
+        engines = {model_id: engines[model_id]}
+    return json_response(await trace.record(node, engines, seconds))
 
 
 ROUTES = {
@@ -146,4 +145,5 @@ ROUTES = {
     ("POST", "/v1/power/contract"): Endpoint(power_contract, perm.CLUSTER_WRITE, CLUSTER),
     ("GET", "/v1/power/contract"): Endpoint(power_contract_in_force, perm.CLUSTER_READ, CLUSTER),
     ("GET", "/metrics"): Endpoint(metrics, perm.CLUSTER_READ, CLUSTER),
+    ("POST", "/v1/debug/trace"): Endpoint(debug_trace, perm.CLUSTER_WRITE, CLUSTER),
 }

@@ -85,6 +85,7 @@ class WorkerEngine:
         self.lost = False
         self.exit_status: int | None = None
         self._stats: dict = {}
+        self._metrics: dict | None = None         # histograms and gauges, pushed with the stats
         self.on_lost = None                       # called once on the loop when the worker dies
 
     # ---- starting ------------------------------------------------------------------------------
@@ -188,6 +189,10 @@ class WorkerEngine:
     def stats(self) -> dict:
         return dict(self._stats)
 
+    def metrics(self) -> dict | None:
+        """The engine's histograms and gauges as of its last push (None before the first)."""
+        return self._metrics
+
     def fileno(self) -> int:
         return self.sock.fileno()
 
@@ -259,6 +264,7 @@ class WorkerEngine:
                 future.set_result(message)
         elif op == "stats":
             self._stats = message.get("stats") or {}
+            self._metrics = message.get("metrics")
         return []
 
     def _lose(self) -> list:

@@ -9,6 +9,8 @@ import llama_cpp  # noqa: F401  (load order matters, see above)
 from .._engine import (  # noqa: E402
     COUNTERS,
     FINISH_REASONS,
+    GAUGES,
+    HISTOGRAMS,
     STATUS_ABORTED,
     STATUS_ERROR,
     STATUS_LENGTH,
@@ -22,13 +24,13 @@ from .._engine import (  # noqa: E402
     SamplingParams,
     Scheduler,
     TextStream,
+    Timings,
     Vocab,
 )
 
 # The sampling parameters' names, as the native module binds them (its one list, in sampling.h).
 SAMPLING_FIELDS = tuple(name for name in dir(SamplingParams) if not name.startswith("_"))
 
-__all__ = ["SAMPLING_FIELDS", "Engine", "Event", "COUNTERS", "SamplingParams", "Scheduler", "TextStream",
-           "FINISH_REASONS",
-           "STATUS_RUNNING", "STATUS_STOPPED", "STATUS_LENGTH", "STATUS_ABORTED", "STATUS_ERROR",
-           "SUBMIT_ACCEPTED", "SUBMIT_QUEUE_FULL", "SUBMIT_OVER_SHARE", "Vocab"]
+__all__ = ["SAMPLING_FIELDS", "Engine", "Event", "COUNTERS", "HISTOGRAMS", "GAUGES", "Timings", "SamplingParams",
+           "Scheduler", "TextStream", "FINISH_REASONS", "STATUS_RUNNING", "STATUS_STOPPED", "STATUS_LENGTH",
+           "STATUS_ABORTED", "STATUS_ERROR", "SUBMIT_ACCEPTED", "SUBMIT_QUEUE_FULL", "SUBMIT_OVER_SHARE", "Vocab"]

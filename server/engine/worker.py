@@ -119,7 +119,7 @@ class Worker:
                     return                     # the daemon closed its end: nothing to serve
             now = time.monotonic()
             if now >= next_stats:
-                self.send({"op": "stats", "stats": self.engine.stats()})
+                self.send({"op": "stats", "stats": self.engine.stats(), "metrics": self.engine.metrics()})
                 next_stats = now + STATS_INTERVAL
             self.flush()
 

@@ -6,6 +6,7 @@ import contextlib
 from ..http import validate
 from ..http.errors import ApiError, invalid
 from ..http.response import Response, StreamingResponse, json_response
+from ..observe.timings import timings
 from . import generate, params, responses, templates
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -76,6 +77,7 @@ async def chat_completions(node, request) -> Response | StreamingResponse:
         "finish_reason": c.finish_reason,
     } for i, c in enumerate(choices)]
     head["usage"] = responses.usage(choices, [0])
+    head["timings"] = timings(choices, [0])
     return json_response(head)
 
 
@@ -84,14 +86,15 @@ async def _chunks(runner, stream, gen: params.Generation, head: dict):
     usage_field = {"usage": None} if gen.include_usage else {}
     choices = [responses.Choice() for _ in range(gen.n)]
 
-    def chunk(index: int, delta: dict, reason=None, logprobs=None) -> bytes:
+    def chunk(index: int, delta: dict, reason=None, logprobs=None, **extra) -> bytes:
         return responses.sse({**head, "choices": [{"index": index, "delta": delta,
                                                     "logprobs": logprobs, "finish_reason": reason}],
-                              **usage_field})
+                              **usage_field, **extra})
 
     try:
         for i in range(gen.n):
             yield chunk(i, {"role": "assistant", "content": ""})
+        n_open = gen.n
         async with contextlib.aclosing(generate.follow(runner, stream, choices)) as events:
             async for index, choice, event in events:
                 text = event.text
@@ -100,9 +103,13 @@ async def _chunks(runner, stream, gen: params.Generation, head: dict):
                     logprobs = responses.chat_logprobs(entries) if gen.logprobs and entries else None
                     yield chunk(index, {"content": text.decode("utf-8", "replace")}, None, logprobs)
                 if choice.finish_reason is not None:
-                    yield chunk(index, {}, choice.finish_reason)
+                    n_open -= 1
+                    last = n_open == 0 and not gen.include_usage   # the timings go in the last chunk
+                    extra = {"timings": timings(choices, [0])} if last else {}
+                    yield chunk(index, {}, choice.finish_reason, **extra)
         if gen.include_usage:
-            yield responses.sse({**head, "choices": [], "usage": responses.usage(choices, [0])})
+            yield responses.sse({**head, "choices": [], "usage": responses.usage(choices, [0]),
+                                 "timings": timings(choices, [0])})
         yield responses.SSE_DONE
     except ApiError as exc:              # the head is sent: report in the stream, then end it
         yield responses.sse(exc.body())

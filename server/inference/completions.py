@@ -6,6 +6,7 @@ import contextlib
 from ..http import validate
 from ..http.errors import ApiError, invalid
 from ..http.response import Response, StreamingResponse, json_response
+from ..observe.timings import timings
 from . import generate, params, responses
 
 MAX_PROMPTS = 64
@@ -62,6 +63,7 @@ async def completions(node, request) -> Response | StreamingResponse:
         "finish_reason": c.finish_reason,
     } for i, c in enumerate(choices)]
     head["usage"] = responses.usage(choices, list(range(0, n_choices, gen.n)))
+    head["timings"] = timings(choices, list(range(0, n_choices, gen.n)))
     return json_response(head)
 
 
@@ -72,17 +74,25 @@ def _echo_text(engine, prompt: list[int]) -> str:
 async def _chunks(runner, stream, gen: params.Generation, head: dict, n_choices: int):
     usage_field = {"usage": None} if gen.include_usage else {}
     choices = [responses.Choice() for _ in range(n_choices)]
+    prompts_counted = list(range(0, n_choices, gen.n))
+    n_open = n_choices
     try:
         async with contextlib.aclosing(generate.follow(runner, stream, choices)) as events:
             async for index, choice, event in events:
                 entries = event.logprobs
                 logprobs = responses.completion_logprobs(entries) if gen.logprobs and entries else None
+                extra = {}
+                if choice.finish_reason is not None:
+                    n_open -= 1
+                    if n_open == 0 and not gen.include_usage:   # the timings go in the last chunk
+                        extra = {"timings": timings(choices, prompts_counted)}
                 yield responses.sse({**head, "choices": [{
                     "text": event.text.decode("utf-8", "replace"), "index": index,
-                    "logprobs": logprobs, "finish_reason": choice.finish_reason}], **usage_field})
+                    "logprobs": logprobs, "finish_reason": choice.finish_reason}], **usage_field,
+                    **extra})
         if gen.include_usage:
-            yield responses.sse({**head, "choices": [],
-                                 "usage": responses.usage(choices, list(range(0, n_choices, gen.n)))})
+            yield responses.sse({**head, "choices": [], "usage": responses.usage(choices, prompts_counted),
+                                 "timings": timings(choices, prompts_counted)})
         yield responses.SSE_DONE
     except ApiError as exc:              # the head is sent: report in the stream, then end it
         yield responses.sse(exc.body())

@@ -24,7 +24,8 @@ def sse(obj) -> bytes:
 class Choice:
     """What one choice has produced so far."""
 
-    __slots__ = ("text", "finish_reason", "logprobs", "n_prompt", "n_cached", "n_generated", "error")
+    __slots__ = ("text", "finish_reason", "logprobs", "n_prompt", "n_cached", "n_generated", "error",
+                 "timings")
 
     def __init__(self):
         self.text: list[bytes] = []
@@ -32,6 +33,7 @@ class Choice:
         self.logprobs: list = []
         self.n_prompt = self.n_cached = self.n_generated = 0
         self.error: str | None = None
+        self.timings = None               # server._engine.Timings, from the finishing event
 
     def add(self, event) -> None:
         self.text.append(event.text)
@@ -43,6 +45,7 @@ class Choice:
         if reason is not None:
             self.finish_reason = reason
             self.error = event.error
+            self.timings = event.timings
 
     def joined(self) -> str:
         return b"".join(self.text).decode("utf-8", "replace")

@@ -64,3 +64,9 @@ def test_an_event_crosses_the_worker_wire_by_name():
     assert got[1].embedding.tolist() == list(range(6)) and got[0].embedding is None
     with pytest.raises(wire.WireError):
         wire.decode_events([{"id_request": 1}], b"")
+
+
+def test_stub_histograms_and_gauges_are_the_native_lists():
+    assert stub_fields("EngineHistograms") == [field for field, _, _ in native.HISTOGRAMS]
+    assert stub_fields("EngineGauges") == [field for field, _, _ in native.GAUGES]
+    assert set(stub_fields("Timings")) == {n for n in dir(native.Timings) if not n.startswith("_")}

@@ -1,0 +1,77 @@
+"""The engines' counters, histograms and gauges as Prometheus text, one series per model.
+
+Names, labels and help come from the native lists (server._engine COUNTERS, HISTOGRAMS,
+GAUGES: native/engine/counters.h and timings.h), so nothing here repeats them.
+"""
+from __future__ import annotations
+
+from ..engine.native import COUNTERS, GAUGES, HISTOGRAMS
+
+PREFIX = "stackd_"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _header(out: list[str], name: str, kind: str, help_text: str) -> None:
+    out.append(f"# HELP {PREFIX}{name} {help_text}")
+    out.append(f"# TYPE {PREFIX}{name} {kind}")
+
+
+def _counters(out: list[str], stats: dict[str, dict]) -> None:
+    seen = set()
+    for _, name, _, help_text in COUNTERS:            # one header per name (labelled counters share it)
+        if name in seen:
+            continue
+        seen.add(name)
+        _header(out, name, "counter", help_text)
+        for field, other, labels, _ in COUNTERS:
+            if other != name:
+                continue
+            extra = f",{labels}" if labels else ""
+            out += [f'{PREFIX}{name}{{model="{m}"{extra}}} {s.get(field, 0)}' for m, s in stats.items()]
+
+
+def _histograms(out: list[str], metrics: dict[str, dict]) -> None:
+    for field, name, help_text in HISTOGRAMS:
+        _header(out, name, "histogram", help_text)
+        for model, m in metrics.items():
+            bounds, counts, total = m["histograms"][field]
+            cumulative = 0
+            for bound, count in zip(bounds, counts):
+                cumulative += count
+                out.append(f'{PREFIX}{name}_bucket{{model="{model}",le="{bound:g}"}} {cumulative}')
+            cumulative += counts[-1]
+            out.append(f'{PREFIX}{name}_bucket{{model="{model}",le="+Inf"}} {cumulative}')
+            out.append(f'{PREFIX}{name}_sum{{model="{model}"}} {total:.6f}')
+            out.append(f'{PREFIX}{name}_count{{model="{model}"}} {cumulative}')
+
+
+def _gauges(out: list[str], metrics: dict[str, dict]) -> None:
+    for field, name, help_text in GAUGES:
+        _header(out, name, "gauge", help_text)
+        out += [f'{PREFIX}{name}{{model="{model}"}} {_number(m["gauges"][field])}'
+                for model, m in metrics.items()]
+
+
+def render(engines: dict) -> bytes:
+    """engines: model id -> engine (inline, or a worker's client, whose figures are those of its
+    last push, once a second). Every series is there for every model, even at zero, once the
+    engine has reported."""
+    stats, metrics = {}, {}
+    for model_id, engine in engines.items():
+        label = _escape(model_id)
+        stats[label] = engine.stats()
+        reported = engine.metrics()
+        if reported is not None:
+            metrics[label] = reported
+    out: list[str] = []
+    _counters(out, stats)
+    _histograms(out, metrics)
+    _gauges(out, metrics)
+    return ("\n".join(out) + "\n").encode()
