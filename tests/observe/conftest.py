@@ -55,15 +55,18 @@ class Client:
         conn.close()
         return response.status, raw
 
-    def metrics(self) -> dict[str, float]:
-        """Every sample of /metrics: 'name{labels}' -> value."""
+    def metrics_text(self) -> str:
         conn = http.client.HTTPConnection("127.0.0.1", self.daemon.cluster_port)
         conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {self.key}"})
         response = conn.getresponse()
         text = response.read().decode()
         conn.close()
         assert response.status == 200
-        return parse_prometheus(text)
+        return text
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics: 'name{labels}' -> value."""
+        return parse_prometheus(self.metrics_text())
 
     def open_stream(self, body: dict) -> socket.socket:
         """Start a streaming completion on a raw socket and read until its first token."""
@@ -120,19 +123,19 @@ def run_together(*calls):
     return results
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def daemon(tmp_path_factory):
     started = Daemon(str(tmp_path_factory.mktemp("observe") / "data"), CONFIG, models=True)
     yield started
     started.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def client(daemon):
     return Client(daemon)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reader_key(daemon):
     key = create_key(daemon.data_dir, "reader", "cluster:read,inference")
     for _ in range(600):                 # the daemon rereads its key file within half a second
