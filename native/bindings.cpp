@@ -161,7 +161,7 @@ py::dict trace_record_to_python(const trace_record & r) {
 // crossed from a worker process, a test's fake.
 engine_event make_event(int64_t id_request, int status, const std::string & text, int32_t n_tokens,
                         int32_t n_prompt, int32_t n_cached, int32_t n_generated, const std::string & error,
-                        const py::object & logprobs, const py::object & embedding) {
+                        const py::object & logprobs, const py::object & embedding, const py::object & timings) {
     if (status < REQUEST_STATUS_WAITING || status > REQUEST_STATUS_FINISHED_ERROR) {
         throw std::invalid_argument("unknown request status");
     }
@@ -181,6 +181,9 @@ engine_event make_event(int64_t id_request, int status, const std::string & text
             throw std::invalid_argument("embedding must be an array of floats");
         }
         ev.embedding.assign(array.data(), array.data() + array.size());
+    }
+    if (!timings.is_none()) {
+        ev.timings = timings.cast<request_timings>();
     }
     return ev;
 }
@@ -285,6 +288,11 @@ PYBIND11_MODULE(_engine, m) {
 
     // A finished request's durations on the engine's clock (microseconds).
     py::class_<request_timings>(m, "Timings")
+        .def(py::init([](int64_t queue, int64_t prompt, int64_t first_token, int64_t predicted) {
+                 return request_timings{true, queue, prompt, first_token, predicted};
+             }),
+             py::kw_only(), py::arg("t_queue_us"), py::arg("t_prompt_us"), py::arg("t_first_token_us"),
+             py::arg("t_predicted_us"))
         .def_readonly("t_queue_us", &request_timings::t_queue_us)
         .def_readonly("t_prompt_us", &request_timings::t_prompt_us)
         .def_readonly("t_first_token_us", &request_timings::t_first_token_us)
@@ -297,7 +305,7 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("status") = (int) REQUEST_STATUS_RUNNING, py::arg("text") = std::string(),
              py::arg("n_tokens") = 0, py::arg("n_prompt") = 0, py::arg("n_cached") = 0,
              py::arg("n_generated") = 0, py::arg("error") = std::string(), py::arg("logprobs") = py::none(),
-             py::arg("embedding") = py::none())
+             py::arg("embedding") = py::none(), py::arg("timings") = py::none())
         .def_readonly("id_request", &engine_event::id_request)
         .def_property_readonly("text", [](const engine_event & e) { return py::bytes(e.text); })
         .def_readonly("n_tokens", &engine_event::n_tokens)

@@ -63,6 +63,8 @@ class Timings:
     t_prompt_us: int             # slot -> first token
     t_first_token_us: int        # submitted -> first token
     t_predicted_us: int          # first token -> last token
+    def __init__(self, *, t_queue_us: int, t_prompt_us: int, t_first_token_us: int,
+                 t_predicted_us: int) -> None: ...
 
 # A logprobs entry: (token, logprob, piece, [(token, logprob, piece) of the top alternatives])
 LogprobEntry = tuple[int, float, bytes, list[tuple[int, float, bytes]]]
@@ -82,7 +84,8 @@ class Event:
     timings: Timings | None            # the finishing event only
     def __init__(self, *, id_request: int, status: int = ..., text: bytes = b"", n_tokens: int = 0,
                  n_prompt: int = 0, n_cached: int = 0, n_generated: int = 0, error: str = "",
-                 logprobs: list[LogprobEntry] | None = None, embedding: np.ndarray | None = None) -> None: ...
+                 logprobs: list[LogprobEntry] | None = None, embedding: np.ndarray | None = None,
+                 timings: Timings | None = None) -> None: ...
 
 class SamplingParams:
     temperature: float

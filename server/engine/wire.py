@@ -71,6 +71,7 @@ def data(text_: str) -> bytes:
 # its number of floats, n_embedding); embedding vectors follow in the tail, in event order.
 
 EVENT_FIELDS = ("id_request", "n_tokens", "status", "n_prompt", "n_cached", "n_generated")
+TIMINGS_FIELDS = ("t_queue_us", "t_prompt_us", "t_first_token_us", "t_predicted_us")
 
 def _logprobs_out(entries):
     if not entries:
@@ -96,8 +97,10 @@ def encode_events(events) -> tuple[list, bytes]:
             vectors.append(raw)
             n_floats = len(raw) // 4
         item = {name: getattr(ev, name) for name in EVENT_FIELDS}
+        timings = ev.timings
         item.update(text=text(ev.text), logprobs=_logprobs_out(ev.logprobs), n_embedding=n_floats,
-                    error=ev.error or "")
+                    error=ev.error or "",
+                    timings=None if timings is None else {n: getattr(timings, n) for n in TIMINGS_FIELDS})
         items.append(item)
     return items, b"".join(vectors)
 
@@ -105,7 +108,7 @@ def encode_events(events) -> tuple[list, bytes]:
 def decode_events(items: list, tail: bytes) -> list:
     import numpy as np
 
-    from .native import Event
+    from .native import Event, Timings
 
     events, at = [], 0
     for item in items:
@@ -119,7 +122,8 @@ def decode_events(items: list, tail: bytes) -> list:
         try:
             events.append(Event(**{name: item[name] for name in EVENT_FIELDS}, text=data(item["text"]),
                                 error=item["error"], logprobs=_logprobs_in(item["logprobs"]),
-                                embedding=embedding))
+                                embedding=embedding,
+                                timings=None if item.get("timings") is None else Timings(**item["timings"])))
         except (KeyError, TypeError, ValueError) as exc:
             raise WireError(f"bad event: {exc}") from None
     return events

@@ -53,7 +53,8 @@ def test_an_event_crosses_the_worker_wire_by_name():
     logprobs = [(5, -0.25, b"hi", [(5, -0.25, b"hi"), (7, -1.5, b"\xff")])]
     sent = [Event(id_request=3, status=STATUS_RUNNING, text=b"caf\xc3\xa9", n_tokens=1, n_prompt=4,
                   n_cached=2, n_generated=1, logprobs=logprobs),
-            Event(id_request=4, status=STATUS_ERROR, error="boom", embedding=np.arange(6, dtype=np.float32))]
+            Event(id_request=4, status=STATUS_ERROR, error="boom", embedding=np.arange(6, dtype=np.float32),
+                  timings=native.Timings(t_queue_us=1, t_prompt_us=2, t_first_token_us=3, t_predicted_us=4))]
     items, tail = wire.encode_events(sent)
     [(header, got_tail)] = wire.FrameReader().feed(wire.frame({"op": "events", "events": items}, tail))
     got = wire.decode_events(header["events"], got_tail)
@@ -62,6 +63,7 @@ def test_an_event_crosses_the_worker_wire_by_name():
                      "logprobs", "error"):
             assert getattr(a, name) == getattr(b, name), name
     assert got[1].embedding.tolist() == list(range(6)) and got[0].embedding is None
+    assert got[0].timings is None and got[1].timings.t_predicted_us == 4
     with pytest.raises(wire.WireError):
         wire.decode_events([{"id_request": 1}], b"")
 
