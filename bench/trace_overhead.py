@@ -48,7 +48,7 @@ def worker(module: str | None, trace_on: bool, n_tokens: int, n_requests: int, t
         spec.loader.exec_module(native)
         server._engine = native
     import select
-    from server.engine import STATUS_RUNNING, Engine, SamplingParams
+    from server.engine.native import STATUS_RUNNING, Engine, SamplingParams
     from server.models import defaults
 
     engine = Engine(defaults.smollm2_path(), n_slots=n_requests, n_ctx_seq=512, n_threads=threads)
