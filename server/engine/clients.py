@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from .errors import EngineError, ErrorCode
+from .errors import EndedEvent, EngineError, ErrorCode
 from .native import SAMPLING_FIELDS, STATUS_ERROR, SUBMIT_ACCEPTED, Engine, SamplingParams, Vocab
 from .wire import FrameReader, WireError, decode_events, frame
 
@@ -281,7 +281,7 @@ class WorkerEngine:
         for future in self.verdicts.values():
             if not future.done():
                 future.set_exception(error)
-        events = [(rid, b"", 0, STATUS_ERROR, 0, 0, 0, None, None, error) for rid in self.in_flight]
+        events = [EndedEvent(rid, STATUS_ERROR, error) for rid in self.in_flight]
         self.in_flight.clear()
         if self.on_lost is not None:
             self.loop.call_soon(self.on_lost, self)

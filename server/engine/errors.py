@@ -24,3 +24,16 @@ class EngineError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class EndedEvent:
+    """The last event of a request the daemon side ends itself (its model unloaded, its worker
+    lost): the native Event's field names, with the typed EngineError as `error`."""
+
+    __slots__ = ("id_request", "status", "error")
+    text = b""
+    n_tokens = n_prompt = n_cached = n_generated = 0
+    logprobs = embedding = timings = None
+
+    def __init__(self, id_request: int, status: int, error: EngineError):
+        self.id_request, self.status, self.error = id_request, status, error

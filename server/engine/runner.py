@@ -13,9 +13,9 @@ import contextlib
 import itertools
 import threading
 
-from .errors import EngineError, ErrorCode
+from .errors import EndedEvent, EngineError, ErrorCode
 from .native import (FINISH_REASONS, STATUS_ERROR, STATUS_RUNNING, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE,
-                     SUBMIT_QUEUE_FULL, Event, SamplingParams)
+                     SUBMIT_QUEUE_FULL, SamplingParams)
 
 
 class Generation:
@@ -160,7 +160,7 @@ class ModelRunner:
             self.loop.remove_reader(self.engine.fileno())
         streams, self._streams = self._streams, {}
         for rid, stream in streams.items():
-            stream.push(Event(id_request=rid, status=STATUS_ERROR, error=error))
+            stream.push(EndedEvent(rid, STATUS_ERROR, error))
 
     async def close(self, grace: float = 10.0) -> None:
         """Close the engine once no other thread uses it (the worker: ask it to exit)."""
