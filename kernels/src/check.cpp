@@ -180,3 +180,26 @@ STACKD_API int stackd_kernels_time(int64_t k, int64_t rows, int64_t tokens, int 
     ggml_backend_free(cpu);
     return 0;
 }
+
+// Whether our device takes a weight of this type and shape for an op (0: MUL_MAT,
+// 1: MUL_MAT_ID, 2: GET_ROWS), asked the way llama.cpp's loader asks: the op built on the
+// weight placed in our buffer type, then the device's supports_op.
+STACKD_API int stackd_kernels_accepts(int type, int64_t ne0, int64_t ne1, int64_t ne2, int op) {
+    ggml_init_params params = {ggml_tensor_overhead() * 8, nullptr, true};
+    ggml_context *ctx = ggml_init(params);
+    ggml_tensor *w = ggml_new_tensor_3d(ctx, (ggml_type)type, ne0, ne1, ne2);
+    ggml_tensor *node = nullptr;
+    if (op == 0) {
+        node = ggml_mul_mat(ctx, w, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, ne0, 512, ne2));
+    } else if (op == 1) {
+        ggml_tensor *x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, ne0, 2, 512);
+        node = ggml_mul_mat_id(ctx, w, x, ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, 512));
+    } else {
+        node = ggml_get_rows(ctx, w, ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 512));
+    }
+    w->buffer = ggml_backend_buft_alloc_buffer(repack_buffer_type(), 0);
+    const bool ok = ggml_backend_dev_supports_op(ggml_backend_reg_dev_get(backend_reg(), 0), node);
+    ggml_backend_buffer_free(w->buffer);
+    ggml_free(ctx);
+    return ok;
+}

@@ -17,7 +17,7 @@ namespace stackd {
 
 namespace {
 
-constexpr int kTile = 8;  // 32 vector registers: 8 nibble vectors + 8 accumulators + temps
+constexpr int kTile = 2;  // 32 vector registers: 8 nibble vectors + 9 accumulators a token + temps
 
 inline int32_t quad(const ActBlock &a, int chunk) {
     int32_t v;
@@ -40,8 +40,11 @@ template <int TT>
 inline void pair_tile(const Q4x8Block *w0, const Q4x8Block *w1, int64_t nb, const ActBlock *act,
                       float *out) {
     const __m512i low = _mm512_set1_epi8(0x0F);
-    __m512 acc[TT];
-    for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_ps();
+    __m512 lane[TT][8], summs[TT];
+    for (int t = 0; t < TT; t++) {
+        for (int c = 0; c < 8; c++) lane[t][c] = _mm512_setzero_ps();
+        summs[t] = _mm512_setzero_ps();
+    }
     for (int64_t b = 0; b < nb; b++) {
         const __m512 dw = pair_fp16(w0[b].d, w1[b].d);
         const __m512 mw = pair_fp16(w0[b].m, w1[b].m);
@@ -53,23 +56,33 @@ inline void pair_tile(const Q4x8Block *w0, const Q4x8Block *w1, int64_t nb, cons
         }
         for (int t = 0; t < TT; t++) {
             const ActBlock &a = act[t * nb + b];
-            __m512i s32 = _mm512_setzero_si512();
-            for (int c = 0; c < 8; c++)
-                s32 = _mm512_dpbusd_epi32(s32, u[c], _mm512_set1_epi32(quad(a, c)));
             const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a.d));
-            acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s32), acc[t]);
-            acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s), acc[t]);
+            for (int c = 0; c < 8; c++) {
+                const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[c],
+                                                        _mm512_set1_epi32(quad(a, c)));
+                lane[t][c] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), lane[t][c]);
+            }
+            summs[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s), summs[t]);
         }
     }
-    for (int t = 0; t < TT; t++) _mm512_storeu_ps(out + 16 * t, acc[t]);
+    for (int t = 0; t < TT; t++) {
+        const __m512 *l = lane[t];
+        const __m512 sum = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+            _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])));
+        _mm512_storeu_ps(out + 16 * t, _mm512_add_ps(sum, summs[t]));
+    }
 }
 
 // One group (8 rows) against TT tokens at 256 bits; out receives TT x 8 floats.
 template <int TT>
 inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0F);
-    __m256 acc[TT];
-    for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
+    __m256 lane[TT][8], summs[TT];
+    for (int t = 0; t < TT; t++) {
+        for (int c = 0; c < 8; c++) lane[t][c] = _mm256_setzero_ps();
+        summs[t] = _mm256_setzero_ps();
+    }
     for (int64_t b = 0; b < nb; b++) {
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wg[b].d));
         const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wg[b].m));
@@ -81,15 +94,22 @@ inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, flo
         }
         for (int t = 0; t < TT; t++) {
             const ActBlock &a = act[t * nb + b];
-            __m256i s32 = _mm256_setzero_si256();
-            for (int c = 0; c < 8; c++)
-                s32 = _mm256_dpbusd_epi32(s32, u[c], _mm256_set1_epi32(quad(a, c)));
             const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d));
-            acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s32), acc[t]);
-            acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), acc[t]);
+            for (int c = 0; c < 8; c++) {
+                const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[c],
+                                                        _mm256_set1_epi32(quad(a, c)));
+                lane[t][c] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), lane[t][c]);
+            }
+            summs[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), summs[t]);
         }
     }
-    for (int t = 0; t < TT; t++) _mm256_storeu_ps(out + 8 * t, acc[t]);
+    for (int t = 0; t < TT; t++) {
+        const __m256 *l = lane[t];
+        const __m256 sum = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
+            _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])));
+        _mm256_storeu_ps(out + 8 * t, _mm256_add_ps(sum, summs[t]));
+    }
 }
 
 void run_pair(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g, const ActBlock *act,

@@ -8,17 +8,27 @@ namespace stackd {
 
 namespace {
 
-// The exact int32 dot product of row r's block with one activation block.
-int32_t block_dot(const Q4x8Block &w, int r, const ActBlock &a) {
+// The exact int32 dot product of positions 4*chunk .. 4*chunk+3 of row r's block.
+int32_t chunk_dot(const Q4x8Block &w, int r, int chunk, const ActBlock &a) {
+    const int shift = chunk >= 4 ? 4 : 0;
     int32_t sum = 0;
-    for (int chunk = 0; chunk < 8; chunk++) {
-        const int shift = chunk >= 4 ? 4 : 0;
-        for (int i = 0; i < 4; i++) {
-            const int u = (w.qs[32 * (chunk % 4) + 4 * r + i] >> shift) & 0x0F;
-            sum += u * a.q[4 * chunk + i];
-        }
-    }
+    for (int i = 0; i < 4; i++)
+        sum += ((w.qs[32 * (chunk % 4) + 4 * r + i] >> shift) & 0x0F) * a.q[4 * chunk + i];
     return sum;
+}
+
+// One row against one token: ggml's lane accumulation and final reduction order.
+float row_dot(const Q4x8Block *wg, int64_t nb, int r, const ActBlock *a) {
+    float lane[8] = {};
+    float summs = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const float scale = ggml_fp16_to_fp32(wg[b].d[r]) * a[b].d;
+        for (int c = 0; c < 8; c++)
+            lane[c] = std::fma(scale, (float)chunk_dot(wg[b], r, c, a[b]), lane[c]);
+        summs = std::fma(ggml_fp16_to_fp32(wg[b].m[r]), a[b].s, summs);
+    }
+    return (((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]))) +
+           summs;
 }
 
 }  // namespace
@@ -26,20 +36,10 @@ int32_t block_dot(const Q4x8Block &w, int r, const ActBlock &a) {
 void gemm_scalar(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
                  const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
     for (int64_t g = g_begin; g < g_end; g++) {
-        const Q4x8Block *wg = w + g * nb;
         for (int64_t t = 0; t < n_tokens; t++) {
-            const ActBlock *a = act + t * nb;
-            float acc[kRowsPerGroup] = {};
-            for (int64_t b = 0; b < nb; b++) {
-                for (int r = 0; r < kRowsPerGroup; r++) {
-                    const float dw = ggml_fp16_to_fp32(wg[b].d[r]);
-                    const float mw = ggml_fp16_to_fp32(wg[b].m[r]);
-                    const float scale = dw * a[b].d;
-                    acc[r] = std::fma(scale, (float)block_dot(wg[b], r, a[b]), acc[r]);
-                    acc[r] = std::fma(mw, a[b].s, acc[r]);
-                }
-            }
-            store_group(dst + t * dst_stride, acc, g * kRowsPerGroup, rows);
+            float out[kRowsPerGroup];
+            for (int r = 0; r < kRowsPerGroup; r++) out[r] = row_dot(w + g * nb, nb, r, act + t * nb);
+            store_group(dst + t * dst_stride, out, g * kRowsPerGroup, rows);
         }
     }
 }

@@ -1,11 +1,17 @@
 // The matmul kernels: one entry point per SIMD path, all computing the same arithmetic.
 //
-// For row r and token t, every path accumulates, block by block in K order,
-//     acc = fma(d_w[r] * d_a[t], (float) isum,  acc)     isum: exact int32 dot of the block
-//     acc = fma(m_w[r],          s_a[t],        acc)
-// starting from 0. Each (row, token) result is therefore a fixed sequence of IEEE operations
-// that depends on neither the number of tokens in the call, nor the tile a token falls in,
-// nor the thread that computes it: batch-invariant, and identical across paths.
+// That arithmetic is ggml's own: the operations of ggml-cpu's x86 ggml_vec_dot_q4_1_q8_1
+// (AVX2/AVX-512 build), in the same order, so our result is bit for bit ggml's. For row r
+// and token t, over K-blocks b in order:
+//     lane[c] = fma(d_w[r] * d_a[t], (float) isum_c, lane[c])   c = 0..7, isum_c the exact
+//                                                               int32 dot of positions 4c..4c+3
+//     summs   = fma(m_w[r], s_a[t], summs)
+// then  result = ((lane0 + lane4) + (lane2 + lane6)) + ((lane1 + lane5) + (lane3 + lane7)) + summs.
+// ggml keeps one row in a vector's lanes and reduces it at the end; we keep eight or sixteen
+// rows in the lanes, one vector per c, so the unpacked weights and each broadcast activation
+// serve all those rows at once. Each (row, token) result is a fixed sequence of IEEE
+// operations that depends on neither the number of tokens in the call, nor the tile a token
+// falls in, nor the thread that computes it: batch-invariant, and identical across paths.
 #pragma once
 
 #include <cstdint>
