@@ -55,8 +55,10 @@ class BuildExt(build_ext):
         # CMake also builds kernels/ as a plain shared library (loaded with ctypes by
         # server/engine/accel.py), which setuptools does not know to copy in place.
         built = os.path.join(self.build_lib, "server", KERNELS_LIBRARY)
-        if os.path.exists(built):
-            shutil.copyfile(built, os.path.join("server", KERNELS_LIBRARY))
+        if os.path.exists(built):  # replaced, not rewritten: a running process may map it
+            target = os.path.join("server", KERNELS_LIBRARY)
+            shutil.copyfile(built, target + ".tmp")
+            os.replace(target + ".tmp", target)
 
 
 extensions = cythonize(

@@ -106,6 +106,7 @@ struct BackendContext {
     int n_threads;
     int fixed_path;  // -1: follow the process-wide path
     std::vector<ActBlock> scratch;
+    std::vector<ggml_tensor *> nodes;
 };
 
 const char *backend_name(ggml_backend_t) { return "STACKD"; }
@@ -118,11 +119,13 @@ void backend_free(ggml_backend_t backend) {
 ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     auto *ctx = static_cast<BackendContext *>(backend->context);
     const Path path = ctx->fixed_path >= 0 ? (Path)ctx->fixed_path : current_path();
+    std::vector<ggml_tensor *> &nodes = ctx->nodes;
+    nodes.clear();
     for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
         ggml_tensor *node = ggml_graph_node(graph, i);
         if ((node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) continue;
         switch (node->op) {
-            case GGML_OP_MUL_MAT: mul_mat(node, path, ctx->n_threads, ctx->scratch); break;
+            case GGML_OP_MUL_MAT: nodes.push_back(node); break;
             case GGML_OP_NONE:
             case GGML_OP_RESHAPE:
             case GGML_OP_VIEW:
@@ -131,6 +134,8 @@ ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
             default: return GGML_STATUS_FAILED;
         }
     }
+    if (!nodes.empty())
+        mul_mat_nodes(nodes.data(), (int)nodes.size(), path, ctx->n_threads, ctx->scratch);
     return GGML_STATUS_SUCCESS;
 }
 
@@ -287,7 +292,7 @@ ggml_backend_buffer_type_t repack_buffer_type() {
 ggml_backend_t backend_new(Path path) {
     const int threads = (int)std::max(1u, std::thread::hardware_concurrency());
     return new ggml_backend{backend_guid(), kBackendInterface, &compute_device(),
-                            new BackendContext{threads, (int)path, {}}};
+                            new BackendContext{threads, (int)path, {}, {}}};
 }
 
 void set_path(Path path) { g_path.store((int)path); }
