@@ -46,7 +46,11 @@ def main(mode: str, n_prompts: int, max_tokens: int) -> None:
     path = accel.register(mode)  # before the model loads
     from server.engine import Engine
     from server.models import defaults
-    engine = Engine(defaults.smollm2_path(), n_slots=STREAMS, n_ctx_seq=512, n_batch=256)
+    # One thread: the comparison is of our matmul with ggml's, which no thread count changes
+    # (test_ops.py runs both on two threads); one thread keeps 2,560 single-stream steps
+    # from waiting on thread barriers when the machine is busy.
+    engine = Engine(defaults.smollm2_path(), n_slots=STREAMS, n_ctx_seq=512, n_batch=256,
+                    n_threads=1)
     batch = prompts(engine, n_prompts)
     alone = [generate(engine, [p], max_tokens, 1 + i)[0] for i, p in enumerate(batch)]
     together = []
