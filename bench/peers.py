@@ -28,6 +28,10 @@ SERVER_EXTRAS = ["uvicorn==0.54.0", "fastapi", "sse-starlette", "starlette-conte
 
 
 def _sdist(tmp: str) -> str:
+    # The kernels build (kernels/fetch_ggml_source.py) already fetched this very sdist.
+    fetched = os.path.join(ROOT, "build", "ggml-src", f"llama_cpp_python-{llama_wheel.VERSION}.tar.gz")
+    if os.path.exists(fetched):
+        return fetched
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                     "--disable-pip-version-check", "-d", tmp,
                     f"llama-cpp-python=={llama_wheel.VERSION}"], check=True, stdout=sys.stderr)
