@@ -28,7 +28,7 @@ PROMPT_TOKENS, GEN_TOKENS = 32, 128
 
 
 def run_streams(engine, n: int, first_id: int) -> dict:
-    from server.engine import STATUS_RUNNING, SamplingParams
+    from server.engine.native import STATUS_RUNNING, SUBMIT_ACCEPTED, SamplingParams
     params = SamplingParams()
     params.temperature = 0.0
     params.ignore_eos = True
@@ -39,7 +39,7 @@ def run_streams(engine, n: int, first_id: int) -> dict:
     ids = list(range(first_id, first_id + n))
     start = time.perf_counter()
     for rid in ids:
-        assert engine.submit(rid, prompt, GEN_TOKENS, [], params)
+        assert engine.submit(rid, prompt, GEN_TOKENS, [], params) == SUBMIT_ACCEPTED
     first, pending, last = {}, set(ids), start
     while pending:
         select.select([engine.fileno()], [], [])
@@ -57,7 +57,7 @@ def run_streams(engine, n: int, first_id: int) -> dict:
 def child(mode: str, streams: list[int], threads: int) -> None:
     from server.engine import accel
     path = accel.register(mode)
-    from server.engine import Engine
+    from server.engine.native import Engine
     from server.models import defaults
     engine = Engine(defaults.smollm2_path(), n_slots=max(streams), n_ctx_seq=256, n_batch=512,
                     n_threads=threads, flash_attn=1)

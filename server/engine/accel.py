@@ -2,19 +2,19 @@
 
 `register(mode)` adds our ACCEL backend device to ggml's registry; every model loaded after
 it puts its Q4_1 matmul weights in our repacked buffer and runs those matmuls on our kernels.
-Call it once per process, before the first model loads (the daemon does; an engine worker
-process would do the same first thing). A model loaded earlier keeps ggml's own kernels.
+Call it in the process that runs the engine, before its model loads: an engine worker
+(server/engine/worker.py) does so first thing, the daemon before an inline engine
+(models/manager.py). A model loaded earlier keeps ggml's own kernels.
 
-llama_cpp is imported first: it loads ggml's shared libraries, and our library's
-libggml.so.0 dependency then binds to that same copy by soname (as server._engine does),
-so the device lands in the registry libllama reads.
+One ggml per process: our library's runpath names the directory llama-cpp-python loads
+llama.cpp from, as server._engine's does, so whichever loads first, the other binds to the
+same libggml.so.0 by soname and the device lands in the registry libllama reads. Loading it
+does not need llama_cpp's Python package (a worker does without it).
 """
 from __future__ import annotations
 
 import ctypes
 import os
-
-import llama_cpp  # noqa: F401  (load order matters, see above)
 
 LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "libstackd_kernels.so")

@@ -24,13 +24,13 @@ def prompts(engine, n: int) -> list[list[int]]:
 
 
 def generate(engine, batch: list[list[int]], max_tokens: int, first_id: int) -> list[list[int]]:
-    from server.engine import STATUS_RUNNING, SamplingParams
+    from server.engine.native import STATUS_RUNNING, SUBMIT_ACCEPTED, SamplingParams
     params = SamplingParams()
     params.temperature = 0.0
     params.ignore_eos = True
     ids = list(range(first_id, first_id + len(batch)))
     for rid, prompt in zip(ids, batch):
-        assert engine.submit(rid, prompt, max_tokens, [], params)
+        assert engine.submit(rid, prompt, max_tokens, [], params) == SUBMIT_ACCEPTED
     tokens = {rid: [] for rid in ids}
     pending = set(ids)
     while pending:
@@ -44,7 +44,7 @@ def generate(engine, batch: list[list[int]], max_tokens: int, first_id: int) -> 
 
 def main(mode: str, n_prompts: int, max_tokens: int) -> None:
     path = accel.register(mode)  # before the model loads
-    from server.engine import Engine
+    from server.engine.native import Engine
     from server.models import defaults
     # One thread: the comparison is of our matmul with ggml's, which no thread count changes
     # (test_ops.py runs both on two threads); one thread keeps 2,560 single-stream steps

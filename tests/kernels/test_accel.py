@@ -70,3 +70,36 @@ def test_auto_registers_an_accel_device_in_llamas_ggml():
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="engine.kernels"):
         accel.register("fastest")
+
+
+def serve_and_read_maps(tmp_path, kernels: str) -> tuple[str, list[str]]:
+    """Start the daemon (engines in worker processes, the default) with the chat model, and
+    return its own memory map and its children's."""
+    import signal
+    data = tmp_path / kernels
+    data.mkdir()
+    (data / "config.toml").write_text(f'[engine]\nkernels = "{kernels}"\n'
+                                      '[models]\npreload = ["smollm2-135m-instruct"]\n')
+    proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--data-dir", str(data),
+                             "--inference-port", "0", "--cluster-port", "0"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stdout:                  # no time bound: a slow machine is still right
+            if "loaded chat model" in line:
+                break
+        children = open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()
+        own = open(f"/proc/{proc.pid}/maps").read()
+        return own, [open(f"/proc/{c}/maps").read() for c in children]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
+
+
+def test_daemon_registers_in_the_engine_worker_only(tmp_path):
+    if not accel.cpu_supports("avx2"):
+        pytest.skip("this CPU lacks AVX2: auto registers nothing")
+    own, workers = serve_and_read_maps(tmp_path, "auto")
+    assert "libstackd_kernels.so" not in own
+    assert workers and all("libstackd_kernels.so" in maps for maps in workers)
+    own, workers = serve_and_read_maps(tmp_path, "off")
+    assert workers and not any("libstackd_kernels.so" in maps for maps in workers)
