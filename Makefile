@@ -16,7 +16,8 @@ TEST_FUZZ_SECONDS ?= 60
 FUZZ_SECONDS ?= 600
 
 NATIVE_INPUTS := setup.py server/native.py $(wildcard server/*.py server/http/*.py server/auth/*.py) \
-                 CMakeLists.txt $(shell find native -name '*.cpp' -o -name '*.h' 2>/dev/null)
+                 CMakeLists.txt $(shell find native kernels -name '*.cpp' -o -name '*.h' 2>/dev/null) \
+                 kernels/CMakeLists.txt kernels/fetch_ggml_source.py
 MINILM := $(VENV)/share/stackd/models/all-minilm-l6-v2.gguf
 
 .PHONY: setup run test test-deps bench fuzz clean mutate

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 
@@ -20,6 +21,7 @@ from setuptools.command.build_ext import build_ext
 
 # The module list lives in server/native.py, which also enforces it at start-up.
 COMPILED_MODULES = runpy.run_path(os.path.join("server", "native.py"))["COMPILED_MODULES"]
+KERNELS_LIBRARY = "libstackd_kernels.so"
 CYTHON_MODULES = [name.replace(".", "/") + ".py" for name in COMPILED_MODULES]
 
 
@@ -47,6 +49,16 @@ class BuildExt(build_ext):
             "-DCMAKE_BUILD_TYPE=Release",
         ])
         subprocess.check_call(["cmake", "--build", build_dir, "--parallel", str(os.cpu_count() or 2)])
+
+    def copy_extensions_to_source(self):
+        super().copy_extensions_to_source()
+        # CMake also builds kernels/ as a plain shared library (loaded with ctypes by
+        # server/engine/accel.py), which setuptools does not know to copy in place.
+        built = os.path.join(self.build_lib, "server", KERNELS_LIBRARY)
+        if os.path.exists(built):  # replaced, not rewritten: a running process may map it
+            target = os.path.join("server", KERNELS_LIBRARY)
+            shutil.copyfile(built, target + ".tmp")
+            os.replace(target + ".tmp", target)
 
 
 extensions = cythonize(

@@ -3,6 +3,8 @@
 * llama-server: llama.cpp's own server, built from the llama.cpp source inside
   llama-cpp-python's source distribution (the same version this project runs), with
   the same CPU flags as our wheel (native/llama_wheel.py), into .wheelhouse/.
+* llama-batched-bench: llama.cpp's batched decode benchmark (no HTTP, no sampling), built
+  the same way from the same source, beside llama-server.
 * llama-cpp-python's server: the same wheel we run, plus its [server] extras, in a
   separate virtual environment (.wheelhouse/bench-venv) so they stay out of ours.
 
@@ -26,6 +28,10 @@ SERVER_EXTRAS = ["uvicorn==0.54.0", "fastapi", "sse-starlette", "starlette-conte
 
 
 def _sdist(tmp: str) -> str:
+    # The kernels build (kernels/fetch_ggml_source.py) already fetched this very sdist.
+    fetched = os.path.join(ROOT, "build", "ggml-src", f"llama_cpp_python-{llama_wheel.VERSION}.tar.gz")
+    if os.path.exists(fetched):
+        return fetched
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                     "--disable-pip-version-check", "-d", tmp,
                     f"llama-cpp-python=={llama_wheel.VERSION}"], check=True, stdout=sys.stderr)
@@ -33,9 +39,18 @@ def _sdist(tmp: str) -> str:
 
 
 def llama_server() -> str:
+    return llama_cpp_tool("llama-server")
+
+
+def llama_batched_bench() -> str:
+    return llama_cpp_tool("llama-batched-bench")
+
+
+def llama_cpp_tool(target: str) -> str:
+    """A llama.cpp program built from the sdist's source with our wheel's CPU flags."""
     args = llama_wheel.cmake_args()
     out_dir = llama_wheel.wheel_dir(args).replace("llama-cpp-python-", "llama-server-")
-    binary = os.path.join(out_dir, "llama-server")
+    binary = os.path.join(out_dir, target)
     if os.path.exists(binary):
         return binary
     os.makedirs(out_dir, exist_ok=True)
@@ -48,9 +63,9 @@ def llama_server() -> str:
         subprocess.run(["cmake", "-S", source, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
                         "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF",
                         "-DLLAMA_OPENSSL=OFF", *flags], check=True, stdout=sys.stderr)
-        subprocess.run(["cmake", "--build", build, "--target", "llama-server", "--parallel",
+        subprocess.run(["cmake", "--build", build, "--target", target, "--parallel",
                         str(os.cpu_count() or 2)], check=True, stdout=sys.stderr)
-        os.replace(os.path.join(build, "bin", "llama-server"), binary)
+        os.replace(os.path.join(build, "bin", target), binary)
     return binary
 
 
@@ -70,4 +85,5 @@ def llama_cpp_python_server() -> str:
 
 if __name__ == "__main__":
     print(llama_server())
+    print(llama_batched_bench())
     print(llama_cpp_python_server())

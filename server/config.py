@@ -47,6 +47,7 @@ DEFAULTS: dict = {
         "threads": 0,             # 0: every core
         "max_queue": 256,         # waiting requests per model beyond which 503
         "flash_attn": "auto",     # auto, on, off
+        "kernels": "auto",        # our repacked Q4_1 matmul (kernels/): auto (when the CPU has AVX2), off
         "isolation": "worker",    # worker: each model's engine in a supervised process; inline
     },
     "inference": {
@@ -164,6 +165,8 @@ def _check(values: dict) -> None:
         raise ConfigError("setting engine.threads: must be 0 (every core) or more")
     if engine["flash_attn"] not in ("auto", "on", "off"):
         raise ConfigError("setting engine.flash_attn: must be auto, on or off")
+    if engine["kernels"] not in ("auto", "off"):
+        raise ConfigError("setting engine.kernels: must be auto or off")
     if engine["isolation"] not in ("worker", "inline"):
         raise ConfigError("setting engine.isolation: must be worker or inline")
     for name, value in values["inference"]["limits"].items():

@@ -121,7 +121,8 @@ async def load_models(loop, settings: config.Settings):
         n_slots=engine["slots"], context_length=engine["context_length"], n_batch=engine["batch"],
         n_threads=engine["threads"], max_queue=engine["max_queue"],
         flash_attn={"auto": -1, "off": 0, "on": 1}[engine["flash_attn"]],
-        key_share=inference_limits.key_share, isolation=engine["isolation"]),
+        key_share=inference_limits.key_share, isolation=engine["isolation"],
+        kernels=engine["kernels"]),
         memory_reserve=settings["models.memory_reserve_mb"] * MIB,
         autoload=settings["models.autoload"])
     for model_id in settings["models.preload"]:

@@ -91,7 +91,7 @@ class WorkerEngine:
     # ---- starting ------------------------------------------------------------------------------
 
     @classmethod
-    async def start(cls, loop, params: dict, vocab: Vocab) -> "WorkerEngine":
+    async def start(cls, loop, params: dict, vocab: Vocab, kernels: str = "off") -> "WorkerEngine":
         """Spawn a worker for `params` (Engine's keyword arguments) and wait until it serves.
         Spawned from the loop's thread: PR_SET_PDEATHSIG follows the spawning thread."""
         ours, theirs = socket.socketpair()
@@ -105,7 +105,7 @@ class WorkerEngine:
             theirs.close()
         ours.setblocking(False)
         try:
-            await loop.sock_sendall(ours, frame({"op": "start", "engine": params}))
+            await loop.sock_sendall(ours, frame({"op": "start", "engine": params, "kernels": kernels}))
             reader = FrameReader()
             while True:
                 data = await loop.sock_recv(ours, 1 << 16)

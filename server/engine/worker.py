@@ -154,6 +154,8 @@ def main(fd: int, parent: int) -> int:
     if crash_file and os.path.exists(crash_file):
         os.abort()                                 # testing: a worker that dies on every start
 
+    from . import accel
+    accel.register(config.get("kernels", "off"))   # engine.kernels: before the model loads
     from .._engine import Engine
 
     try:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..system import readings
+from ..engine import accel
 from ..engine.clients import InlineEngine, WorkerEngine, describe_exit, exit_record
 from ..engine.errors import EngineError, ErrorCode
 from ..engine.native import Engine, Vocab
@@ -42,6 +43,7 @@ class EngineSettings:
     flash_attn: int = -1
     key_share: float = 1.0
     isolation: str = "worker"      # worker: each model's engine in a supervised process; inline
+    kernels: str = "auto"          # our Q4_1 matmul (server/engine/accel.py): auto | off
 
 
 @dataclass
@@ -243,6 +245,7 @@ class ModelManager:
 
         if s.isolation == "inline":
             def construct():
+                accel.register(s.kernels)                  # this process runs the engine
                 engine = Engine(**params)
                 return InlineEngine(engine), chat_template(engine)
             client, template = await self.loop.run_in_executor(None, construct)
@@ -251,7 +254,7 @@ class ModelManager:
                 vocab = Vocab(path)
                 return vocab, chat_template(vocab)
             vocab, template = await self.loop.run_in_executor(None, vocabulary)
-            client = await WorkerEngine.start(self.loop, params, vocab)
+            client = await WorkerEngine.start(self.loop, params, vocab, kernels=s.kernels)
             client.on_lost = self._worker_lost
         if self.compute_scale < 1.0:
             client.set_compute_scale(self.compute_scale)

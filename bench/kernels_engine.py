@@ -1,0 +1,122 @@
+"""Engine level (no HTTP, no sampling cost to speak of): decode and prefill tokens/s with our
+kernels on and off, and llama.cpp's own llama-batched-bench on the same model, side by side.
+
+Same model file (the default SmolLM2-135M Q4_1), threads, 32-token prompts, 128 generated
+tokens per sequence, 1/16/32 parallel sequences, flash attention on. Each stackd mode runs in
+its own process (kernel registration is per process). For stackd, prefill tok/s is the prompt
+tokens over the time to every stream's first token, decode tok/s the remaining tokens over the
+time from there to the last one; llama-batched-bench reports the same split (S_PP, S_TG).
+
+    .venv/bin/python bench/kernels_engine.py [--threads 2] [--streams 1,16,32]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+PROMPT_TOKENS, GEN_TOKENS = 32, 128
+
+
+def run_streams(engine, n: int, first_id: int) -> dict:
+    from server.engine.native import STATUS_RUNNING, SUBMIT_ACCEPTED, SamplingParams
+    params = SamplingParams()
+    params.temperature = 0.0
+    params.ignore_eos = True
+    prompt = engine.tokenize("Once upon a time, in a small village at the edge of a great forest, "
+                             "there lived a curious young girl who loved to explore every single "
+                             "path and hill", False, True)[:PROMPT_TOKENS]
+    assert len(prompt) == PROMPT_TOKENS
+    ids = list(range(first_id, first_id + n))
+    start = time.perf_counter()
+    for rid in ids:
+        assert engine.submit(rid, prompt, GEN_TOKENS, [], params) == SUBMIT_ACCEPTED
+    first, pending, last = {}, set(ids), start
+    while pending:
+        select.select([engine.fileno()], [], [])
+        now = time.perf_counter()
+        for event in engine.take_events():
+            first.setdefault(event[0], now)
+            if event[3] != STATUS_RUNNING:
+                pending.discard(event[0])
+                last = now
+    all_first = max(first.values())
+    return {"prefill": n * PROMPT_TOKENS / (all_first - start),
+            "decode": n * (GEN_TOKENS - 1) / (last - all_first)}
+
+
+def child(mode: str, streams: list[int], threads: int) -> None:
+    from server.engine import accel
+    path = accel.register(mode)
+    from server.engine.native import Engine
+    from server.models import defaults
+    engine = Engine(defaults.smollm2_path(), n_slots=max(streams), n_ctx_seq=256, n_batch=512,
+                    n_threads=threads, flash_attn=1)
+    run_streams(engine, 2, 1)  # warm up
+    out = {"path": path}
+    for i, n in enumerate(streams):
+        out[n] = run_streams(engine, n, 1000 * (i + 1))
+    engine.close()
+    print(json.dumps(out))
+
+
+def stackd(mode: str, streams: list[int], threads: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", mode, "--threads", str(threads),
+                          "--streams", ",".join(map(str, streams))],
+                         check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    return {int(k) if k.isdigit() else k: v for k, v in json.loads(out.splitlines()[-1]).items()}
+
+
+def batched_bench(streams: list[int], threads: int) -> dict:
+    import peers
+    from server.models import defaults
+    ctx = max(streams) * (PROMPT_TOKENS + GEN_TOKENS) + 64
+    out = subprocess.run([peers.llama_batched_bench(), "-m", defaults.smollm2_path(), "-c", str(ctx),
+                          "-b", "512", "-ub", "512", "-npp", str(PROMPT_TOKENS), "-ntg",
+                          str(GEN_TOKENS), "-npl", ",".join(map(str, streams)), "-t", str(threads),
+                          "-fa", "on"], check=True, capture_output=True, text=True).stdout
+    result = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 10 and re.fullmatch(r"\d+", cells[0]):
+            result[int(cells[2])] = {"prefill": float(cells[5]), "decode": float(cells[7])}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--streams", default="1,16,32")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--no-peer", action="store_true", help="skip llama-batched-bench")
+    args = parser.parse_args()
+    streams = [int(s) for s in args.streams.split(",")]
+    if args.child:
+        return child(args.child, streams, args.threads)
+    runs = {"stackd, kernels off": stackd("off", streams, args.threads)}
+    on = stackd("auto", streams, args.threads)
+    runs[f"stackd, kernels on ({on.pop('path')})"] = on
+    runs["stackd, kernels off"].pop("path")
+    if not args.no_peer:
+        runs["llama-batched-bench"] = batched_bench(streams, args.threads)
+    print(f"{args.threads} threads, {PROMPT_TOKENS}-token prompts, {GEN_TOKENS} generated, flash attention on")
+    print("| run | " + " | ".join(f"decode tok/s ({n})" for n in streams) +
+          f" | prefill tok/s ({streams[-1] if len(streams) < 2 else streams[1]}) |")
+    print("|---|" + "---|" * (len(streams) + 1))
+    pre = streams[1] if len(streams) > 1 else streams[0]
+    for name, r in runs.items():
+        print(f"| {name} | " + " | ".join(f"{r[n]['decode']:.1f}" for n in streams) +
+              f" | {r[pre]['prefill']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Op level: one Q4_1 MUL_MAT, our kernels (kernels/) against ggml's CPU backend.
+
+The weight shapes of SmolLM2-135M Q4_1 (the default chat model), batch 1/4/16/32 tokens,
+the same random weights and activations on both sides, best of --repeat runs each, timed in
+C around ggml_backend_graph_compute (stackd_kernels_time).
+
+    .venv/bin/python bench/kernels_ops.py [--threads 2] [--repeat 50] [--path avx512-vnni]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from server.engine import accel  # noqa: E402
+
+SHAPES = [("attn q / o", 576, 576), ("attn k / v", 576, 192), ("ffn gate / up", 576, 1536),
+          ("ffn down", 1536, 576)]
+BATCHES = [1, 4, 16, 32]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--path", default=None, help="scalar, avx2 or avx512-vnni (default: best)")
+    args = parser.parse_args()
+    lib = accel.library()
+    path = args.path or accel.PATHS[lib.stackd_kernels_best_path()]
+    print(f"path {path}, {args.threads} threads, best of {args.repeat}")
+    print(f"| weight (K x rows) | batch | ggml us | ours us | speed-up |\n|---|---|---|---|---|")
+    for name, k, rows in SHAPES:
+        for batch in BATCHES:
+            times = (ctypes.c_double * 2)()
+            if lib.stackd_kernels_time(k, rows, batch, accel.PATHS.index(path), args.threads,
+                                       args.repeat, times) != 0:
+                sys.exit(f"this CPU cannot run the {path} path")
+            print(f"| {name} ({k} x {rows}) | {batch} | {times[0] * 1e6:.1f} | {times[1] * 1e6:.1f} "
+                  f"| {times[0] / times[1]:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

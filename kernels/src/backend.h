@@ -1,0 +1,20 @@
+// The ggml side: a backend registry with one ACCEL device, its repacking buffer type and
+// its backend (MUL_MAT only). See README.md for how llama.cpp picks them up.
+#pragma once
+
+#include "ggml-backend.h"
+#include "cpu_features.h"
+
+namespace stackd {
+
+ggml_backend_reg_t backend_reg();
+ggml_backend_buffer_type_t repack_buffer_type();
+// A backend computing with the given path (the registered device's backends use the current
+// process-wide path; tests and benchmarks create one per path).
+ggml_backend_t backend_new(Path path);
+void set_path(Path path);
+Path current_path();
+
+}  // namespace stackd
+
+#define STACKD_API extern "C" __attribute__((visibility("default")))

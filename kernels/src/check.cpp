@@ -1,0 +1,205 @@
+// The op-level self-check the tests drive (tests/kernels/test_ops.py) and the op benchmark
+// (bench/kernels_ops.py) times: our MUL_MAT against ggml's own CPU backend on the same random
+// Q4_1 weights and activations, through ggml's public graph API on both sides.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "kernels.h"
+#include "layout.h"
+
+#include "ggml_q4_1.h"
+
+namespace stackd {
+
+namespace {
+
+struct Problem {
+    int64_t k, rows, tokens;
+    std::vector<uint8_t> q4;    // rows x k, ggml Q4_1
+    std::vector<float> x;       // tokens x k
+};
+
+Problem make_problem(int64_t k, int64_t rows, int64_t tokens, uint32_t seed) {
+    Problem p{k, rows, tokens, {}, {}};
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> row_scale(0.01f, 0.1f), row_shift(-0.05f, 0.05f);
+    std::vector<float> w(rows * k);
+    for (int64_t r = 0; r < rows; r++) {
+        const float scale = row_scale(rng), shift = row_shift(rng);
+        for (int64_t i = 0; i < k; i++) w[r * k + i] = shift + scale * normal(rng);
+    }
+    p.q4.resize(ggml_row_size(GGML_TYPE_Q4_1, k) * rows);
+    ggml_quantize_chunk(GGML_TYPE_Q4_1, w.data(), p.q4.data(), 0, rows, k, nullptr);
+    p.x.resize(tokens * k);
+    for (auto &v : p.x) v = normal(rng);
+    for (int64_t t = 0; t < tokens; t++) p.x[t * k + (t * 7) % k] *= 20.0f;  // an outlier per token
+    return p;
+}
+
+void set_threads(ggml_backend_t backend, int n_threads) {
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+    auto fn = (ggml_backend_set_n_threads_t)ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(dev), "ggml_backend_set_n_threads");
+    if (fn) fn(backend, n_threads);
+}
+
+// Runs mul_mat(weights, x[first .. first+count)) on a backend, the weight in weight_buft.
+// Returns the output (count x rows) and the seconds of the fastest of `repeat` runs.
+std::vector<float> run(const Problem &p, int64_t first, int64_t count, ggml_backend_t backend,
+                       ggml_backend_buffer_type_t weight_buft, int repeat, double *seconds) {
+    ggml_init_params params = {ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
+    ggml_context *ctx = ggml_init(params);
+    ggml_tensor *w = ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_1, p.k, p.rows);
+    ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, weight_buft);
+    ggml_tensor *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, p.k, count);
+    ggml_tensor *y = ggml_mul_mat(ctx, w, x);
+    ggml_backend_buffer_t xbuf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
+    ggml_backend_tensor_set(w, p.q4.data(), 0, p.q4.size());
+    ggml_backend_tensor_set(x, p.x.data() + first * p.k, 0, ggml_nbytes(x));
+    ggml_cgraph *graph = ggml_new_graph(ctx);
+    ggml_build_forward_expand(graph, y);
+    double best = 1e30;
+    for (int i = 0; i < repeat; i++) {
+        const auto start = std::chrono::steady_clock::now();
+        ggml_backend_graph_compute(backend, graph);
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    if (seconds) *seconds = best;
+    std::vector<float> out(count * p.rows);
+    ggml_backend_tensor_get(y, out.data(), 0, out.size() * sizeof(float));
+    ggml_backend_buffer_free(xbuf);
+    ggml_backend_buffer_free(wbuf);
+    ggml_free(ctx);
+    return out;
+}
+
+// Sum over blocks of |d_w d_a| sum|u q| + |m_w s_a|: the size of the terms both sides add up,
+// the yardstick for rounding error (any order of summing has error <= n u * this).
+std::vector<double> magnitudes(const Problem &p) {
+    const int64_t nb = p.k / kQK;
+    const auto *w = reinterpret_cast<const block_q4_1 *>(p.q4.data());
+    std::vector<ActBlock> act(p.tokens * nb);
+    for (int64_t t = 0; t < p.tokens; t++) quantize_row(p.x.data() + t * p.k, p.k, act.data() + t * nb);
+    std::vector<double> mag(p.tokens * p.rows);
+    for (int64_t t = 0; t < p.tokens; t++) {
+        for (int64_t r = 0; r < p.rows; r++) {
+            double sum = 0;
+            for (int64_t b = 0; b < nb; b++) {
+                const block_q4_1 &wb = w[r * nb + b];
+                const ActBlock &a = act[t * nb + b];
+                int64_t dot = 0;
+                for (int i = 0; i < 16; i++) {
+                    dot += (wb.qs[i] & 0x0F) * std::abs((int)a.q[i]);
+                    dot += (wb.qs[i] >> 4) * std::abs((int)a.q[i + 16]);
+                }
+                sum += std::fabs((double)ggml_fp16_to_fp32(q4_1_d(wb)) * a.d) * dot +
+                       std::fabs((double)ggml_fp16_to_fp32(q4_1_m(wb)) * a.s);
+            }
+            mag[t * p.rows + r] = sum;
+        }
+    }
+    return mag;
+}
+
+}  // namespace
+
+}  // namespace stackd
+
+using namespace stackd;
+
+// result[0]: max over outputs of |ours - ggml| / magnitude (see magnitudes())
+// result[1]: max |ours - ggml| / max |ggml|
+// result[2]: 1 if the first, a middle and the last token computed alone equal the batch bit for bit
+// result[3]: 1 if reading the repacked weight back gives ggml's Q4_1 bytes unchanged
+// Returns 0, or -1 if this CPU cannot run the path.
+STACKD_API int stackd_kernels_check(int64_t k, int64_t rows, int64_t tokens, int path,
+                                    uint32_t seed, int n_threads, double *result) {
+    if (path < 0 || path >= kPathCount || !cpu_supports((Path)path)) return -1;
+    const Problem p = make_problem(k, rows, tokens, seed);
+    ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    ggml_backend_t ours = backend_new((Path)path);
+    set_threads(cpu, n_threads);
+    set_threads(ours, n_threads);
+
+    const auto ref = run(p, 0, tokens, cpu, ggml_backend_cpu_buffer_type(), 1, nullptr);
+    const auto got = run(p, 0, tokens, ours, repack_buffer_type(), 1, nullptr);
+    const auto mag = magnitudes(p);
+    double worst = 0, worst_abs = 0, ref_max = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        const double err = std::fabs((double)got[i] - ref[i]);
+        worst = std::max(worst, mag[i] > 0 ? err / mag[i] : (err > 0 ? INFINITY : 0.0));
+        worst_abs = std::max(worst_abs, err);
+        ref_max = std::max(ref_max, std::fabs((double)ref[i]));
+    }
+    result[0] = worst;
+    result[1] = ref_max > 0 ? worst_abs / ref_max : worst_abs;
+
+    bool invariant = true;
+    for (int64_t t : {int64_t(0), tokens / 2, tokens - 1}) {
+        const auto alone = run(p, t, 1, ours, repack_buffer_type(), 1, nullptr);
+        invariant = invariant && std::memcmp(alone.data(), got.data() + t * rows, rows * sizeof(float)) == 0;
+    }
+    result[2] = invariant;
+
+    ggml_init_params params = {ggml_tensor_overhead(), nullptr, true};
+    ggml_context *ctx = ggml_init(params);
+    ggml_tensor *w = ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_1, k, rows);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, repack_buffer_type());
+    ggml_backend_tensor_set(w, p.q4.data(), 0, p.q4.size());
+    std::vector<uint8_t> back(p.q4.size());
+    ggml_backend_tensor_get(w, back.data(), 0, back.size());
+    result[3] = back == p.q4;
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+
+    ggml_backend_free(ours);
+    ggml_backend_free(cpu);
+    return 0;
+}
+
+// Seconds per MUL_MAT (best of `repeat`) of rows x k Q4_1 weights against `tokens` tokens:
+// times[0] ggml's CPU backend, times[1] ours on `path`. Returns 0, or -1 if the CPU lacks it.
+STACKD_API int stackd_kernels_time(int64_t k, int64_t rows, int64_t tokens, int path,
+                                   int n_threads, int repeat, double *times) {
+    if (path < 0 || path >= kPathCount || !cpu_supports((Path)path)) return -1;
+    const Problem p = make_problem(k, rows, tokens, 1);
+    ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    ggml_backend_t ours = backend_new((Path)path);
+    set_threads(cpu, n_threads);
+    set_threads(ours, n_threads);
+    run(p, 0, tokens, cpu, ggml_backend_cpu_buffer_type(), repeat, &times[0]);
+    run(p, 0, tokens, ours, repack_buffer_type(), repeat, &times[1]);
+    ggml_backend_free(ours);
+    ggml_backend_free(cpu);
+    return 0;
+}
+
+// Whether our device takes a weight of this type and shape for an op (0: MUL_MAT,
+// 1: MUL_MAT_ID, 2: GET_ROWS), asked the way llama.cpp's loader asks: the op built on the
+// weight placed in our buffer type, then the device's supports_op.
+STACKD_API int stackd_kernels_accepts(int type, int64_t ne0, int64_t ne1, int64_t ne2, int op) {
+    ggml_init_params params = {ggml_tensor_overhead() * 8, nullptr, true};
+    ggml_context *ctx = ggml_init(params);
+    ggml_tensor *w = ggml_new_tensor_3d(ctx, (ggml_type)type, ne0, ne1, ne2);
+    ggml_tensor *node = nullptr;
+    if (op == 0) {
+        node = ggml_mul_mat(ctx, w, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, ne0, 512, ne2));
+    } else if (op == 1) {
+        ggml_tensor *x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, ne0, 2, 512);
+        node = ggml_mul_mat_id(ctx, w, x, ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, 512));
+    } else {
+        node = ggml_get_rows(ctx, w, ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 512));
+    }
+    w->buffer = ggml_backend_buft_alloc_buffer(repack_buffer_type(), 0);
+    const bool ok = ggml_backend_dev_supports_op(ggml_backend_reg_dev_get(backend_reg(), 0), node);
+    ggml_backend_buffer_free(w->buffer);
+    ggml_free(ctx);
+    return ok;
+}

@@ -1,0 +1,75 @@
+#include "cpu_features.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+namespace stackd {
+
+namespace {
+
+struct Features {
+    bool avx2 = false;    // AVX2 + FMA + F16C, with the OS saving YMM state
+    bool avx512 = false;  // AVX-512 F/BW/VL + VNNI, with the OS saving ZMM state
+};
+
+#if defined(__x86_64__) || defined(__i386__)
+unsigned long long xgetbv0() {
+    unsigned eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((unsigned long long)edx << 32) | eax;
+}
+
+Features detect() {
+    Features f;
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+    const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28),
+               f16c = c & (1u << 29);
+    if (!(osxsave && avx)) return f;
+    const unsigned long long xcr0 = xgetbv0();
+    const bool ymm_state = (xcr0 & 0x6) == 0x6;
+    const bool zmm_state = (xcr0 & 0xe6) == 0xe6;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
+    const bool avx2 = b & (1u << 5), avx512f = b & (1u << 16), avx512bw = b & (1u << 30),
+               avx512vl = b & (1u << 31), avx512vnni = c & (1u << 11);
+    f.avx2 = ymm_state && avx2 && fma && f16c;
+    f.avx512 = f.avx2 && zmm_state && avx512f && avx512bw && avx512vl && avx512vnni;
+    return f;
+}
+#else
+Features detect() { return {}; }
+#endif
+
+const Features &features() {
+    static const Features f = detect();
+    return f;
+}
+
+}  // namespace
+
+const char *path_name(Path path) {
+    switch (path) {
+        case Path::Scalar: return "scalar";
+        case Path::Avx2: return "avx2";
+        case Path::Avx512: return "avx512-vnni";
+    }
+    return "?";
+}
+
+bool cpu_supports(Path path) {
+    switch (path) {
+        case Path::Scalar: return true;
+        case Path::Avx2: return features().avx2;
+        case Path::Avx512: return features().avx512;
+    }
+    return false;
+}
+
+Path best_path() {
+    if (cpu_supports(Path::Avx512)) return Path::Avx512;
+    if (cpu_supports(Path::Avx2)) return Path::Avx2;
+    return Path::Scalar;
+}
+
+}  // namespace stackd

@@ -1,0 +1,162 @@
+// GCC 12 flags its own _mm512 intrinsics as maybe-uninitialized; a false positive.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// The AVX-512 path: VNNI's vpdpbusd does the u8 x s8 dot of four positions per row in one
+// instruction. Two row groups fill a 512-bit vector (16 rows); an odd last group runs at
+// 256 bits (AVX512VL). Compiled for these instructions by the target pragma, chosen at
+// run time (cpu_features.cpp). Lane arithmetic is the same as every other path (kernels.h).
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+
+namespace stackd {
+
+namespace {
+
+constexpr int kTile = 2;  // 32 vector registers: 8 nibble vectors + 9 accumulators a token + temps
+
+inline int32_t quad(const ActBlock &a, int chunk) {
+    int32_t v;
+    std::memcpy(&v, a.q + 4 * chunk, sizeof v);
+    return v;
+}
+
+inline __m512i pair256(const uint8_t *lo, const uint8_t *hi) {
+    return _mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)lo)),
+                              _mm256_loadu_si256((const __m256i *)hi), 1);
+}
+
+inline __m512 pair_fp16(const uint16_t *lo, const uint16_t *hi) {
+    return _mm512_cvtph_ps(_mm256_set_m128i(_mm_loadu_si128((const __m128i *)hi),
+                                            _mm_loadu_si128((const __m128i *)lo)));
+}
+
+// Two groups (16 rows) against TT tokens; out receives TT x 16 floats.
+template <int TT>
+inline void pair_tile(const Q4x8Block *w0, const Q4x8Block *w1, int64_t nb, const ActBlock *act,
+                      float *out) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 lane[TT][8], summs[TT];
+    for (int t = 0; t < TT; t++) {
+        for (int c = 0; c < 8; c++) lane[t][c] = _mm512_setzero_ps();
+        summs[t] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512 dw = pair_fp16(w0[b].d, w1[b].d);
+        const __m512 mw = pair_fp16(w0[b].m, w1[b].m);
+        __m512i u[8];
+        for (int j = 0; j < 4; j++) {
+            const __m512i p = pair256(w0[b].qs + 32 * j, w1[b].qs + 32 * j);
+            u[j] = _mm512_and_si512(p, low);
+            u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+        }
+        for (int t = 0; t < TT; t++) {
+            const ActBlock &a = act[t * nb + b];
+            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a.d));
+            for (int c = 0; c < 8; c++) {
+                const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[c],
+                                                        _mm512_set1_epi32(quad(a, c)));
+                lane[t][c] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), lane[t][c]);
+            }
+            summs[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s), summs[t]);
+        }
+    }
+    for (int t = 0; t < TT; t++) {
+        const __m512 *l = lane[t];
+        const __m512 sum = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+            _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])));
+        _mm512_storeu_ps(out + 16 * t, _mm512_add_ps(sum, summs[t]));
+    }
+}
+
+// One group (8 rows) against TT tokens at 256 bits; out receives TT x 8 floats.
+template <int TT>
+inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, float *out) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256 lane[TT][8], summs[TT];
+    for (int t = 0; t < TT; t++) {
+        for (int c = 0; c < 8; c++) lane[t][c] = _mm256_setzero_ps();
+        summs[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wg[b].d));
+        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wg[b].m));
+        __m256i u[8];
+        for (int j = 0; j < 4; j++) {
+            const __m256i p = _mm256_loadu_si256((const __m256i *)(wg[b].qs + 32 * j));
+            u[j] = _mm256_and_si256(p, low);
+            u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+        }
+        for (int t = 0; t < TT; t++) {
+            const ActBlock &a = act[t * nb + b];
+            const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d));
+            for (int c = 0; c < 8; c++) {
+                const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[c],
+                                                        _mm256_set1_epi32(quad(a, c)));
+                lane[t][c] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), lane[t][c]);
+            }
+            summs[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), summs[t]);
+        }
+    }
+    for (int t = 0; t < TT; t++) {
+        const __m256 *l = lane[t];
+        const __m256 sum = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
+            _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])));
+        _mm256_storeu_ps(out + 8 * t, _mm256_add_ps(sum, summs[t]));
+    }
+}
+
+void run_pair(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g, const ActBlock *act,
+              int64_t n_tokens, float *dst, int64_t dst_stride) {
+    alignas(64) float out[kTile * 16];
+    const Q4x8Block *w0 = w + g * nb, *w1 = w + (g + 1) * nb;
+    int64_t t = 0;
+    for (; t + kTile <= n_tokens; t += kTile) {
+        pair_tile<kTile>(w0, w1, nb, act + t * nb, out);
+        for (int i = 0; i < kTile; i++) {
+            float *row = dst + (t + i) * dst_stride;
+            store_group(row, out + 16 * i, g * kRowsPerGroup, rows);
+            store_group(row, out + 16 * i + 8, (g + 1) * kRowsPerGroup, rows);
+        }
+    }
+    for (; t < n_tokens; t++) {
+        pair_tile<1>(w0, w1, nb, act + t * nb, out);
+        store_group(dst + t * dst_stride, out, g * kRowsPerGroup, rows);
+        store_group(dst + t * dst_stride, out + 8, (g + 1) * kRowsPerGroup, rows);
+    }
+}
+
+void run_single(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g, const ActBlock *act,
+                int64_t n_tokens, float *dst, int64_t dst_stride) {
+    alignas(32) float out[kTile * 8];
+    const Q4x8Block *wg = w + g * nb;
+    int64_t t = 0;
+    for (; t + kTile <= n_tokens; t += kTile) {
+        group_tile<kTile>(wg, nb, act + t * nb, out);
+        for (int i = 0; i < kTile; i++)
+            store_group(dst + (t + i) * dst_stride, out + 8 * i, g * kRowsPerGroup, rows);
+    }
+    for (; t < n_tokens; t++) {
+        group_tile<1>(wg, nb, act + t * nb, out);
+        store_group(dst + t * dst_stride, out, g * kRowsPerGroup, rows);
+    }
+}
+
+}  // namespace
+
+void gemm_avx512(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
+                 const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+    int64_t g = g_begin;
+    for (; g + 2 <= g_end; g += 2) run_pair(w, nb, rows, g, act, n_tokens, dst, dst_stride);
+    if (g < g_end) run_single(w, nb, rows, g, act, n_tokens, dst, dst_stride);
+}
+
+}  // namespace stackd
+
+#pragma GCC pop_options

@@ -1,0 +1,48 @@
+// The repacked weight layout and the quantized activation layout the kernels read.
+//
+// Weights (Q4_1, 32 weights per block: w = d*q + m, q in 0..15): rows are taken eight at a
+// time ("row groups"); for each group and each K-block, one Q4x8Block holds the eight rows'
+// scales, mins and nibbles side by side. The nibbles are ordered for 4-wide integer dot
+// products: with U(r, k) the 4-bit value of row r at position k of the block, byte
+// qs[32*j + 4*r + i] = U(r, 4*j + i) | U(r, 4*(j+4) + i) << 4   (j = 0..3, i = 0..3).
+// Masking one 32-byte vector gives, for all eight rows, four consecutive positions per row
+// (one int32 lane per row); shifting gives the four positions 16 further on. A row count
+// that is not a multiple of eight is padded with zero rows (d = m = 0).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace stackd {
+
+constexpr int kQK = 32;         // weights per Q4_1 block (ggml's QK4_1)
+constexpr int kRowsPerGroup = 8;
+
+struct Q4x8Block {
+    uint16_t d[kRowsPerGroup];  // fp16 scales of the eight rows
+    uint16_t m[kRowsPerGroup];  // fp16 minimums
+    uint8_t qs[kRowsPerGroup * kQK / 2];
+};
+static_assert(sizeof(Q4x8Block) == 160, "Q4x8Block packs like eight block_q4_1");
+
+// One token's K-block of activations, quantized exactly as ggml's quantize_row_q8_1 does
+// (d and s rounded through fp16), so each integer block dot product equals ggml's.
+struct ActBlock {
+    float d;         // scale
+    float s;         // d * sum(q)
+    int8_t q[kQK];
+};
+static_assert(sizeof(ActBlock) == 40, "ActBlock is 40 bytes");
+
+inline int64_t row_groups(int64_t rows) { return (rows + kRowsPerGroup - 1) / kRowsPerGroup; }
+
+// Bytes a rows x k Q4_1 matrix takes once repacked (k a multiple of 32).
+inline size_t repacked_size(int64_t rows, int64_t k) {
+    return (size_t)row_groups(rows) * (size_t)(k / kQK) * sizeof(Q4x8Block);
+}
+
+// Plain ggml Q4_1 rows (block_q4_1, row-major) <-> the repacked layout.
+void repack_q4_1(const void *q4_1, int64_t rows, int64_t k, Q4x8Block *out);
+void unpack_q4_1(const Q4x8Block *in, int64_t rows, int64_t k, void *q4_1);
+
+}  // namespace stackd

@@ -1,0 +1,71 @@
+"""Our kernels (kernels/, libstackd_kernels.so), plugged into this process's ggml.
+
+`register(mode)` adds our ACCEL backend device to ggml's registry; every model loaded after
+it puts its Q4_1 matmul weights in our repacked buffer and runs those matmuls on our kernels.
+Call it in the process that runs the engine, before its model loads: an engine worker
+(server/engine/worker.py) does so first thing, the daemon before an inline engine
+(models/manager.py). A model loaded earlier keeps ggml's own kernels.
+
+One ggml per process: our library's runpath names the directory llama-cpp-python loads
+llama.cpp from, as server._engine's does, so whichever loads first, the other binds to the
+same libggml.so.0 by soname and the device lands in the registry libllama reads. Loading it
+does not need llama_cpp's Python package (a worker does without it).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "libstackd_kernels.so")
+PATHS = ("scalar", "avx2", "avx512-vnni")  # the library's path numbers, in order
+
+_lib: ctypes.CDLL | None = None
+_registered: str | None = None
+
+
+def library() -> ctypes.CDLL:
+    """The loaded library, with its C signatures declared."""
+    global _lib
+    if _lib is None:
+        lib = ctypes.CDLL(LIBRARY)
+        lib.stackd_kernels_register.argtypes = [ctypes.c_int]
+        lib.stackd_kernels_cpu_supports.argtypes = [ctypes.c_int]
+        lib.stackd_kernels_check.argtypes = [ctypes.c_int64] * 3 + [
+            ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+        lib.stackd_kernels_time.argtypes = [ctypes.c_int64] * 3 + [
+            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+        lib.stackd_kernels_accepts.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        _lib = lib
+    return _lib
+
+
+def cpu_supports(path: str) -> bool:
+    return bool(library().stackd_kernels_cpu_supports(PATHS.index(path)))
+
+
+def register(mode: str = "auto") -> str | None:
+    """Register the kernels per `mode` (engine.kernels: auto | off, or a path name to force
+    one). Returns the code path in use, or None when off or the CPU lacks AVX2. Idempotent;
+    once registered, a later call can change the path but not unregister."""
+    global _registered
+    if mode == "off":
+        return _registered
+    if mode == "auto":
+        if not cpu_supports("avx2"):
+            return _registered
+        path = -1
+    elif mode in PATHS:
+        if not cpu_supports(mode):
+            raise ValueError(f"engine.kernels: this CPU cannot run the {mode} path")
+        path = PATHS.index(mode)
+    else:
+        raise ValueError(f"engine.kernels: must be auto or off, got {mode!r}")
+    chosen = library().stackd_kernels_register(path)
+    _registered = PATHS[chosen]
+    return _registered
+
+
+def registered() -> str | None:
+    """The path registered in this process, or None."""
+    return _registered

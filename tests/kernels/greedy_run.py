@@ -1,0 +1,64 @@
+"""One process's greedy generations, for test_model.py (kernel registration is per process).
+
+    python -m tests.kernels.greedy_run MODE N_PROMPTS MAX_TOKENS
+MODE is engine.kernels (auto | off) or a path name. Prints JSON: the path in use, and
+each prompt's token ids generated alone (one stream) and with 16 streams sharing each step.
+"""
+from __future__ import annotations
+
+import json
+import select
+import sys
+
+from server.engine import accel
+
+TOPICS = ["the sea", "a mountain", "bread", "the moon", "rain", "a city", "music", "a river",
+          "winter", "a library", "coffee", "a garden", "trains", "the desert", "a lighthouse",
+          "bees", "a forest", "snow", "a market", "the stars"]
+STREAMS = 16
+
+
+def prompts(engine, n: int) -> list[list[int]]:
+    return [engine.tokenize(f"<|im_start|>user\nWrite a long story about {topic}.<|im_end|>\n"
+                            "<|im_start|>assistant\n", False, True) for topic in TOPICS[:n]]
+
+
+def generate(engine, batch: list[list[int]], max_tokens: int, first_id: int) -> list[list[int]]:
+    from server.engine.native import STATUS_RUNNING, SUBMIT_ACCEPTED, SamplingParams
+    params = SamplingParams()
+    params.temperature = 0.0
+    params.ignore_eos = True
+    ids = list(range(first_id, first_id + len(batch)))
+    for rid, prompt in zip(ids, batch):
+        assert engine.submit(rid, prompt, max_tokens, [], params) == SUBMIT_ACCEPTED
+    tokens = {rid: [] for rid in ids}
+    pending = set(ids)
+    while pending:
+        select.select([engine.fileno()], [], [])
+        for event in engine.take_events():
+            tokens[event[0]].append(event[1].hex())
+            if event[3] != STATUS_RUNNING:
+                pending.discard(event[0])
+    return [tokens[rid] for rid in ids]
+
+
+def main(mode: str, n_prompts: int, max_tokens: int) -> None:
+    path = accel.register(mode)  # before the model loads
+    from server.engine.native import Engine
+    from server.models import defaults
+    # One thread: the comparison is of our matmul with ggml's, which no thread count changes
+    # (test_ops.py runs both on two threads); one thread keeps 2,560 single-stream steps
+    # from waiting on thread barriers when the machine is busy.
+    engine = Engine(defaults.smollm2_path(), n_slots=STREAMS, n_ctx_seq=512, n_batch=256,
+                    n_threads=1)
+    batch = prompts(engine, n_prompts)
+    alone = [generate(engine, [p], max_tokens, 1 + i)[0] for i, p in enumerate(batch)]
+    together = []
+    for start in range(0, len(batch), STREAMS):
+        together += generate(engine, batch[start:start + STREAMS], max_tokens, 1000 + start)
+    engine.close()
+    print(json.dumps({"path": path, "alone": alone, "together": together}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

@@ -1,0 +1,105 @@
+"""engine.kernels: the setting, and what registering does to the process's ggml."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from server import config
+from server.engine import accel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Runs in a fresh process (registration is per process): registers per argv[1] and prints
+# what accel reports and the devices in the registry libllama reads.
+PROBE = """
+import ctypes, json, os, sys
+from server.engine import accel
+import llama_cpp
+result = accel.register(sys.argv[1])
+ggml = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml.so.0"))
+ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+ggml.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+ggml.ggml_backend_dev_name.restype = ctypes.c_char_p
+ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+devices = [(ggml.ggml_backend_dev_name(ggml.ggml_backend_dev_get(i)).decode(),
+            ggml.ggml_backend_dev_type(ggml.ggml_backend_dev_get(i)))
+           for i in range(ggml.ggml_backend_dev_count())]
+print(json.dumps({"path": result, "registered": accel.registered(), "devices": devices}))
+"""
+ACCEL = 3  # GGML_BACKEND_DEVICE_TYPE_ACCEL (CPU, GPU, IGPU, ACCEL, ...)
+
+
+def probe(mode: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def test_setting_defaults_to_auto(tmp_path):
+    assert config.load({"data_dir": str(tmp_path)}, environ={})["engine.kernels"] == "auto"
+
+
+def test_setting_from_environment(tmp_path):
+    settings = config.load({"data_dir": str(tmp_path)}, environ={"STACKD_ENGINE_KERNELS": "off"})
+    assert settings["engine.kernels"] == "off"
+
+
+def test_setting_refuses_other_values(tmp_path):
+    with pytest.raises(config.ConfigError, match="engine.kernels"):
+        config.load({"data_dir": str(tmp_path)}, environ={"STACKD_ENGINE_KERNELS": "avx2"})
+
+
+def test_off_registers_nothing():
+    result = probe("off")
+    assert result["path"] is None and result["registered"] is None
+    assert "STACKD" not in [name for name, _ in result["devices"]]
+
+
+def test_auto_registers_an_accel_device_in_llamas_ggml():
+    if not accel.cpu_supports("avx2"):
+        pytest.skip("this CPU lacks AVX2: auto registers nothing")
+    result = probe("auto")
+    assert result["path"] == result["registered"] in ("avx2", "avx512-vnni")
+    assert ["STACKD", ACCEL] in result["devices"]
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="engine.kernels"):
+        accel.register("fastest")
+
+
+def serve_and_read_maps(tmp_path, kernels: str) -> tuple[str, list[str]]:
+    """Start the daemon (engines in worker processes, the default) with the chat model, and
+    return its own memory map and its children's."""
+    import signal
+    data = tmp_path / kernels
+    data.mkdir()
+    (data / "config.toml").write_text(f'[engine]\nkernels = "{kernels}"\n'
+                                      '[models]\npreload = ["smollm2-135m-instruct"]\n')
+    proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--data-dir", str(data),
+                             "--inference-port", "0", "--cluster-port", "0"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stdout:                  # no time bound: a slow machine is still right
+            if "loaded chat model" in line:
+                break
+        children = open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()
+        own = open(f"/proc/{proc.pid}/maps").read()
+        return own, [open(f"/proc/{c}/maps").read() for c in children]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
+
+
+def test_daemon_registers_in_the_engine_worker_only(tmp_path):
+    if not accel.cpu_supports("avx2"):
+        pytest.skip("this CPU lacks AVX2: auto registers nothing")
+    own, workers = serve_and_read_maps(tmp_path, "auto")
+    assert "libstackd_kernels.so" not in own
+    assert workers and all("libstackd_kernels.so" in maps for maps in workers)
+    own, workers = serve_and_read_maps(tmp_path, "off")
+    assert workers and not any("libstackd_kernels.so" in maps for maps in workers)

@@ -1,0 +1,74 @@
+"""Our MUL_MAT (kernels/) against ggml's CPU backend, per code path, on random Q4_1 weights.
+
+The bound: zero. Activations are quantized to Q8_1 exactly as ggml does and each path repeats
+ggml's x86 Q4_1 dot-product arithmetic operation for operation (kernels/src/kernels.h), so
+the result must be bit for bit ggml's, for every shape and batch size. Anything else is a bug,
+not rounding. The check runs in C (stackd_kernels_check) through ggml's public graph API.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from server.engine import accel
+
+PATHS = ["scalar", "avx2", "avx512-vnni"]
+GGML_TYPE = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 8}
+
+# (K, rows): SmolLM2-135M's Q4_1 matmuls (q/o, k/v, gate/up, down), then awkward ones: rows
+# not a multiple of the 8-row group or of the 16 rows an AVX-512 pair covers, K not a multiple
+# of 256, a single row, a single block.
+MODEL_SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]
+AWKWARD_SHAPES = [(96, 13), (320, 100), (576, 200), (32, 1), (1056, 24)]
+BATCHES = [1, 3, 16, 17, 64]
+
+
+def check(k: int, rows: int, tokens: int, path: str, seed: int = 1) -> list[float]:
+    result = (ctypes.c_double * 4)()
+    rc = accel.library().stackd_kernels_check(k, rows, tokens, accel.PATHS.index(path), seed, 2, result)
+    assert rc == 0
+    return list(result)
+
+
+def require(path: str) -> None:
+    if not accel.cpu_supports(path):
+        pytest.skip(f"this CPU cannot run the {path} path: skipped, not tested")
+
+
+def assert_exact(k, rows, tokens, path):
+    rel_magnitude, rel_max, batch_invariant, round_trip = check(k, rows, tokens, path)
+    assert rel_magnitude == 0.0 and rel_max == 0.0, (k, rows, tokens, path, rel_max)
+    assert batch_invariant == 1.0, "a token alone differs from the same token in the batch"
+    assert round_trip == 1.0, "reading the repacked weight back does not give the Q4_1 bytes"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("k,rows", MODEL_SHAPES + AWKWARD_SHAPES)
+@pytest.mark.parametrize("tokens", BATCHES)
+def test_matmul_equals_ggml_bit_for_bit(path, k, rows, tokens):
+    require(path)
+    if path == "scalar" and rows * tokens > 576 * 16:
+        tokens = 3  # the reference path is slow; the wide batches run on the SIMD paths
+    assert_exact(k, rows, tokens, path)
+
+
+@pytest.mark.parametrize("path", ["avx2", "avx512-vnni"])
+def test_output_projection_shape(path):
+    """The widest matmul a Q4_1 model of this family has: the vocabulary projection."""
+    require(path)
+    assert_exact(576, 49152, 16, path)
+
+
+@pytest.mark.parametrize("type_name,shape,op,accepted", [
+    ("q4_1", (576, 576, 1), 0, True),
+    ("q4_1", (576, 13, 1), 0, True),
+    ("q4_0", (576, 576, 1), 0, False),
+    ("q8_0", (576, 49152, 1), 0, False),
+    ("f16", (576, 576, 1), 0, False),
+    ("q4_1", (576, 576, 4), 0, False),   # a stack of matrices
+    ("q4_1", (576, 576, 4), 1, False),   # MoE experts (MUL_MAT_ID)
+    ("q4_1", (576, 49152, 1), 2, False), # an embedding table read by GET_ROWS
+])
+def test_buffer_type_takes_only_weights_it_serves(type_name, shape, op, accepted):
+    assert bool(accel.library().stackd_kernels_accepts(GGML_TYPE[type_name], *shape, op)) is accepted
