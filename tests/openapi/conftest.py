@@ -1,0 +1,16 @@
+import pytest
+
+from ..blackbox.daemon import Daemon, create_key
+
+# Real default models with a small context, few slots, no rate limit (schemathesis sends
+# hundreds of requests; 429 is documented but would hide everything behind it).
+LIVE_CONFIG = ("[rate_limits]\ninference = 0\ncluster = 0\n"
+               "[engine]\nslots = 4\ncontext_length = 128\n")
+
+
+@pytest.fixture(scope="package")
+def live(tmp_path_factory):
+    daemon = Daemon(str(tmp_path_factory.mktemp("openapi") / "data"), LIVE_CONFIG, models=True)
+    daemon.inference_key = create_key(daemon.data_dir, "reader", "inference")
+    yield daemon
+    daemon.stop()
