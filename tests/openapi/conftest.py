@@ -1,3 +1,5 @@
+import time
+
 import pytest
 
 from ..blackbox.daemon import Daemon, create_key
@@ -12,5 +14,9 @@ LIVE_CONFIG = ("[rate_limits]\ninference = 0\ncluster = 0\n"
 def live(tmp_path_factory):
     daemon = Daemon(str(tmp_path_factory.mktemp("openapi") / "data"), LIVE_CONFIG, models=True)
     daemon.inference_key = create_key(daemon.data_dir, "reader", "inference")
+    deadline = time.monotonic() + 60                # the daemon picks new keys up on its sweep
+    while daemon.request("GET", "/openapi.json", key=daemon.inference_key)[0] == 401:
+        assert time.monotonic() < deadline, "the daemon never picked up the new key"
+        time.sleep(0.2)
     yield daemon
     daemon.stop()
