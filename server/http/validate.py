@@ -306,21 +306,36 @@ class Fields:
         return out
 
 
+def _as_param(exc: ApiError, path) -> ApiError:
+    return ApiError(exc.kind, exc.message, param=path_text(path), headers=exc.headers)
+
+
 class Object(Spec):
     """A JSON object whose `fields` are checked. Other keys are let through (OpenAI's SDKs
     send fields a server may not know). `message` replaces any complaint about the object
-    or its fields by one sentence, where `{field}` is the object's path."""
+    or its fields by one sentence, where `{field}` is the object's path. `flat`: errors
+    inside still say where, but their `param` is this field (OpenAI's top-level name)."""
 
-    __slots__ = ("fields", "message")
+    __slots__ = ("fields", "message", "flat")
     json_type = "object"
     article = "an"
 
-    def __init__(self, name: str = "", *fields: Spec, message: str | None = None, **kw):
+    def __init__(self, name: str = "", *fields: Spec, message: str | None = None,
+                 flat: bool = False, **kw):
         super().__init__(name, **kw)
         self.fields = Fields(list(fields))
         self.message = message
+        self.flat = flat
 
     def check(self, value, path):
+        if not self.flat:
+            return self._check(value, path)
+        try:
+            return self._check(value, path)
+        except ApiError as exc:
+            raise _as_param(exc, path) from None
+
+    def _check(self, value, path):
         if type(value) is not dict:
             raise self._complaint(path) or self.wrong_type(value, path)
         if self.fields.specs:
@@ -406,19 +421,30 @@ def is_tokens(value) -> bool:
 class OneOf(Spec):
     """The first of `choices` that takes the value wins. When none does, the complaint of the
     choice of the value's own JSON type is the one shown (an array of bad parts is told what
-    is wrong with the part; of several, the last), else `message` (`{field}`: the path)."""
+    is wrong with the part; of several, the last), else `message` (`{field}`: the path).
+    `flat` as for Object."""
 
-    __slots__ = ("choices", "message", "_by_type")
+    __slots__ = ("choices", "message", "flat", "_by_type")
 
-    def __init__(self, name: str = "", *choices: Spec, message: str | None = None, **kw):
+    def __init__(self, name: str = "", *choices: Spec, message: str | None = None,
+                 flat: bool = False, **kw):
         super().__init__(name, **kw)
         self.choices = choices
         self.message = message
+        self.flat = flat
         self._by_type: dict[str, list[Spec]] = {}
         for choice in choices:
             self._by_type.setdefault(choice.json_type, []).append(choice)
 
     def check(self, value, path):
+        if not self.flat:
+            return self._check(value, path)
+        try:
+            return self._check(value, path)
+        except ApiError as exc:
+            raise _as_param(exc, path) from None
+
+    def _check(self, value, path):
         # Only the choices of the value's JSON type can take it: no exceptions on the way
         # to the usual answer.
         candidates = self._by_type.get(_type_name(value))

@@ -18,7 +18,8 @@ PROMPT = validate.OneOf(
     validate.Array(items=validate.OneOf("", validate.String(max_len=None, allow_empty=True),
                                         validate.Tokens(), message=_PROMPT_ENTRY),
                    min_items=1, max_items=MAX_PROMPTS),
-    required=True, doc="A string, an array of strings, a token array, or an array of token arrays.",
+    required=True, flat=True,
+    doc="A string, an array of strings, a token array, or an array of token arrays.",
     message="'prompt' must be a string, an array of strings, or token arrays")
 ECHO = validate.Boolean("echo", doc="Put the prompt before the completion.")
 

@@ -20,7 +20,8 @@ INPUT = validate.OneOf(
     "input", validate.String(max_len=None), validate.Tokens(),
     validate.Array(items=validate.OneOf("", validate.String(max_len=None), validate.Tokens()),
                    min_items=1, max_items=MAX_INPUTS),
-    required=True, doc="A string, an array of strings, a token array, or an array of token arrays.",
+    required=True, flat=True,
+    doc="A string, an array of strings, a token array, or an array of token arrays.",
     message="'input' must be a non-empty string, an array of strings, or token arrays")
 ENCODING_FORMAT = validate.String("encoding_format", choices=("float", "base64"), default="float")
 DIMENSIONS = validate.Integer("dimensions", lo=1, hi=1 << 16,

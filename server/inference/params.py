@@ -71,7 +71,7 @@ MODEL = V.String("model", required=True, max_len=256, doc="The model's id (see G
 USER = V.String("user", max_len=512, allow_empty=True, doc="The end user's id; not used.")
 STOP = V.OneOf(
     "stop", V.String(max_len=MAX_STOP_LEN), V.Array(items=V.String(max_len=MAX_STOP_LEN), max_items=MAX_STOP),
-    doc="Where generation stops (not included in the text).",
+    doc="Where generation stops (not included in the text).", flat=True,
     message=f"'{{field}}' must be a non-empty string or an array of at most {MAX_STOP} non-empty "
             f"strings, each of at most {MAX_STOP_LEN} characters")
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
@@ -80,7 +80,8 @@ RESPONSE_FORMAT = V.Object(
     V.String("type", choices=RESPONSE_FORMATS),
     V.Object("json_schema", V.String("name", max_len=None, allow_empty=True),
              V.Object("schema", doc="A JSON Schema the output must match."), V.Boolean("strict")),
-    doc="Constrain the output: any JSON object (json_object) or JSON matching a schema (json_schema).")
+    doc="Constrain the output: any JSON object (json_object) or JSON matching a schema (json_schema).",
+    flat=True)
 
 
 class LogitBias(V.Spec):

@@ -35,7 +35,7 @@ CHAT_COMPLETION = obj({
     "object": {"const": "chat.completion"},
     "choices": {"type": "array", "items": obj({
         "index": INT,
-        "message": obj({"role": {"const": "assistant"}, "content": STR}),
+        "message": obj({"role": {"const": "assistant"}, "content": STR}, {"refusal": NULL}),
         "logprobs": CHAT_LOGPROBS,
         "finish_reason": FINISH_REASON})},
     "usage": USAGE})

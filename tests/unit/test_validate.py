@@ -112,3 +112,11 @@ def test_schemas_of_optional_fields_take_null():
     body = v.Body(v.String("model", required=True), [v.Boolean("stream")])
     assert body.schema()["required"] == ["model"]
     assert set(body.schema()["properties"]) == {"model", "stream"}
+
+
+def test_flat_fields_report_their_own_name_as_param():
+    spec = v.OneOf("stop", v.String(), v.Array(items=v.String()), flat=True)
+    err = error_of(spec, {"stop": ["a", 1]})
+    assert err.message == "'stop[1]' must be a string, not integer" and err.param == "stop"
+    inner = v.Object("response_format", v.String("type", choices=("text",)), flat=True)
+    assert error_of(inner, {"response_format": {"type": "x"}}).param == "response_format"
