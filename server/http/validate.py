@@ -22,6 +22,10 @@ _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", 
                dict: "object", type(None): "null"}
 
 
+_PY_TYPES = {"boolean": (bool,), "integer": (int,), "number": (int, float), "string": (str,),
+             "array": (list,), "object": (dict,), "null": (type(None),), "": ()}
+
+
 def _type_name(value) -> str:
     return _JSON_TYPES.get(type(value)) or type(value).__name__
 
@@ -306,8 +310,11 @@ class Fields:
         return out
 
 
-def _as_param(exc: ApiError, path) -> ApiError:
-    return ApiError(exc.kind, exc.message, param=path_text(path), headers=exc.headers)
+def _flat_check(plain: Spec, value, path):
+    try:
+        return plain.check(value, path)
+    except ApiError as exc:
+        raise ApiError(exc.kind, exc.message, param=path_text(path), headers=exc.headers) from None
 
 
 class Object(Spec):
@@ -325,17 +332,12 @@ class Object(Spec):
         super().__init__(name, **kw)
         self.fields = Fields(list(fields))
         self.message = message
-        self.flat = flat
+        # flat: the same spec, not flat, whose errors check() renames (None: not flat)
+        self.flat = Object(name, *fields, message=message, **kw) if flat else None
 
     def check(self, value, path):
-        if not self.flat:
-            return self._check(value, path)
-        try:
-            return self._check(value, path)
-        except ApiError as exc:
-            raise _as_param(exc, path) from None
-
-    def _check(self, value, path):
+        if self.flat is not None:
+            return _flat_check(self.flat, value, path)
         if type(value) is not dict:
             raise self._complaint(path) or self.wrong_type(value, path)
         if self.fields.specs:
@@ -371,6 +373,15 @@ class Array(Spec):
         self.max_items = max_items
 
     def check(self, value, path):
+        self.check_size(value, path)
+        items = self.items
+        if items is not None:
+            for i, item in enumerate(value):
+                items.check(item, (path, i))
+        return value
+
+    def check_size(self, value, path) -> None:
+        """The array itself, not its items (for a caller that checks them as it goes)."""
         if type(value) is not list:
             raise self.wrong_type(value, path)
         if len(value) < self.min_items:
@@ -379,11 +390,6 @@ class Array(Spec):
             raise _invalid(path, f"must hold at least {self.min_items} items")
         if self.max_items is not None and len(value) > self.max_items:
             raise _invalid(path, f"may hold at most {self.max_items} items")
-        items = self.items
-        if items is not None:
-            for i, item in enumerate(value):
-                items.check(item, (path, i))
-        return value
 
     def _schema(self) -> dict:
         out: dict = {"type": "array"}
@@ -431,23 +437,18 @@ class OneOf(Spec):
         super().__init__(name, **kw)
         self.choices = choices
         self.message = message
-        self.flat = flat
-        self._by_type: dict[str, list[Spec]] = {}
+        self.flat = OneOf(name, *choices, message=message, **kw) if flat else None
+        self._by_type: dict[type, list[Spec]] = {}
         for choice in choices:
-            self._by_type.setdefault(choice.json_type, []).append(choice)
+            for py_type in _PY_TYPES[choice.json_type]:
+                self._by_type.setdefault(py_type, []).append(choice)
 
     def check(self, value, path):
-        if not self.flat:
-            return self._check(value, path)
-        try:
-            return self._check(value, path)
-        except ApiError as exc:
-            raise _as_param(exc, path) from None
-
-    def _check(self, value, path):
+        if self.flat is not None:
+            return _flat_check(self.flat, value, path)
         # Only the choices of the value's JSON type can take it: no exceptions on the way
         # to the usual answer.
-        candidates = self._by_type.get(_type_name(value))
+        candidates = self._by_type.get(type(value))
         if candidates is None:
             where = path_text(path)
             if self.message is not None:

@@ -32,9 +32,14 @@ MESSAGES = validate.Array("messages", MESSAGE, required=True, min_items=1, max_i
 
 
 def messages_of(body: dict) -> list[dict]:
-    """The conversation, checked against MESSAGES, as the chat template takes it."""
+    """The conversation, checked against MESSAGES (in one pass), as the chat template takes it."""
+    messages = body.get("messages")
+    if messages is None:
+        MESSAGES.absent("messages", "messages" in body)    # required: says so
+    MESSAGES.check_size(messages, "messages")
     out = []
-    for i, message in enumerate(MESSAGES.read(body)):
+    for i, message in enumerate(messages):
+        MESSAGE.check(message, ("messages", i))
         role = message["role"]
         content = message.get("content")
         if content is None:
