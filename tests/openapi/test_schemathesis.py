@@ -28,7 +28,7 @@ def run_schemathesis(port: int, key: str, cwd) -> subprocess.CompletedProcess:
          "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED), "--workers", "1",
          "--request-timeout", "300", "--max-failures", "20", "--warnings", "off"],
         cwd=cwd, capture_output=True, text=True, timeout=1200,
-        env={**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_TELEMETRY": "false"})
+        env={**os.environ, "NO_COLOR": "1"})
 
 
 @pytest.mark.slow
