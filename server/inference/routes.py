@@ -5,17 +5,11 @@ from ..auth import permissions as perm
 from ..http.openapi import json_answer
 from ..http.response import Response, json_response
 from ..http.routing import Endpoint
-<<<<<<< HEAD
-from .chat import chat_completions
-from .completions import completions
-from .embeddings import embeddings
-from .failures import answers_engine_errors
-=======
 from ..http.validate import Body
 from ..models.defaults import CHAT_MODEL, EMBEDDING_MODEL
 from ..models.routes import MODEL_LIST_SCHEMA, MODEL_SCHEMA
 from . import chat, completions, embeddings, params, schemas
->>>>>>> 9fdaf19 (OpenAPI 3.1 document at GET /openapi.json on both ports, generated from the route tables and field specs; schemathesis against the live daemon)
+from .failures import answers_engine_errors
 
 INFERENCE = "inference"
 
@@ -37,22 +31,15 @@ COMPLETION_BODY = Body(params.MODEL, completions.PROMPT, completions.ECHO, param
 EMBEDDING_BODY = Body(embeddings.FIELDS, example={"model": EMBEDDING_MODEL, "input": "hello"})
 
 ROUTES = {
-<<<<<<< HEAD
-    ("POST", "/v1/chat/completions"): Endpoint(answers_engine_errors(chat_completions), perm.INFERENCE, INFERENCE),
-    ("POST", "/v1/completions"): Endpoint(answers_engine_errors(completions), perm.INFERENCE, INFERENCE),
-    ("POST", "/v1/embeddings"): Endpoint(answers_engine_errors(embeddings), perm.INFERENCE, INFERENCE),
-    ("GET", "/v1/models"): Endpoint(list_models, perm.INFERENCE, INFERENCE),
-    ("GET", "/v1/models/:id"): Endpoint(get_model, perm.INFERENCE, INFERENCE),
-=======
     ("POST", "/v1/chat/completions"): Endpoint(
-        chat.chat_completions, perm.INFERENCE, INFERENCE, body=CHAT_BODY,
+        answers_engine_errors(chat.chat_completions), perm.INFERENCE, INFERENCE, body=CHAT_BODY,
         summary="Chat completion", responses={200: schemas.CHAT_ANSWER, **schemas.MODEL_ERRORS}),
     ("POST", "/v1/completions"): Endpoint(
-        completions.completions, perm.INFERENCE, INFERENCE, body=COMPLETION_BODY,
+        answers_engine_errors(completions.completions), perm.INFERENCE, INFERENCE, body=COMPLETION_BODY,
         summary="Text completion",
         responses={200: schemas.COMPLETION_ANSWER, **schemas.MODEL_ERRORS}),
     ("POST", "/v1/embeddings"): Endpoint(
-        embeddings.embeddings, perm.INFERENCE, INFERENCE, body=EMBEDDING_BODY,
+        answers_engine_errors(embeddings.embeddings), perm.INFERENCE, INFERENCE, body=EMBEDDING_BODY,
         summary="Embeddings of one or more inputs",
         responses={200: json_answer(schemas.EMBEDDINGS, "One embedding per input, in order."),
                    **schemas.MODEL_ERRORS}),
@@ -61,5 +48,4 @@ ROUTES = {
     ("GET", "/v1/models/:id"): Endpoint(get_model, perm.INFERENCE, INFERENCE, responses={
         200: json_answer(MODEL_SCHEMA, "The model."), 400: "The id is not a valid model id.",
         404: "The model is not in the store."}),
->>>>>>> 9fdaf19 (OpenAPI 3.1 document at GET /openapi.json on both ports, generated from the route tables and field specs; schemathesis against the live daemon)
 }

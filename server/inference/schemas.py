@@ -92,7 +92,8 @@ COMPLETION_ANSWER = streamed(TEXT_COMPLETION, "The completion (text_completion).
 # Why an inference request can fail beyond its own fields.
 MODEL_ERRORS = {
     404: "The model is not in the store.",
-    503: "The model is loading, unloading or not loaded (autoload off), or its queue is full; "
-         "see Retry-After.",
+    503: "The model is loading, unloading, not loaded (autoload off) or restarting after its "
+         "worker was lost, or its queue is full; see Retry-After.",
     507: "Loading the model on demand does not fit in memory.",
+    429: "The key already holds its share (inference.limits.key_share) of the model's queue.",
 }
