@@ -70,16 +70,20 @@ V = validate
 MODEL = V.String("model", required=True, max_len=256, doc="The model's id (see GET /v1/models).")
 USER = V.String("user", max_len=512, allow_empty=True, doc="The end user's id; not used.")
 STOP = V.OneOf(
-    "stop", V.String(max_len=MAX_STOP_LEN), V.Array(items=V.String(max_len=MAX_STOP_LEN), max_items=MAX_STOP),
+    "stop", V.String(max_len=MAX_STOP_LEN),
+    V.Array(items=V.OneOf("", V.String(max_len=MAX_STOP_LEN),
+                          message=f"'stop' entries must be non-empty strings of at most "
+                                  f"{MAX_STOP_LEN} characters"), max_items=MAX_STOP),
     doc="Where generation stops (not included in the text).", flat=True,
-    message=f"'{{field}}' must be a non-empty string or an array of at most {MAX_STOP} non-empty "
-            f"strings, each of at most {MAX_STOP_LEN} characters")
+    message=f"'{{field}}' must be a non-empty string or an array of at most {MAX_STOP} strings "
+            f"(non-empty, at most {MAX_STOP_LEN} characters each)")
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 RESPONSE_FORMAT = V.Object(
     "response_format",
     V.String("type", choices=RESPONSE_FORMATS),
     V.Object("json_schema", V.String("name", max_len=None, allow_empty=True),
-             V.Object("schema", doc="A JSON Schema the output must match."), V.Boolean("strict")),
+             V.Object("schema", doc="A JSON Schema the output must match."), V.Boolean("strict"),
+             message="'response_format.json_schema.schema' must be a JSON Schema object"),
     doc="Constrain the output: any JSON object (json_object) or JSON matching a schema (json_schema).",
     flat=True)
 
@@ -114,6 +118,7 @@ class LogitBias(V.Spec):
 
 LOGIT_BIAS = LogitBias("logit_bias", doc="Token id -> bias added to its logit.")
 _MAX_TOKENS = 1 << 20
+INCLUDE_USAGE = V.Boolean("include_usage")
 
 # Both endpoints' generation fields; parse() reads exactly these lists, and the OpenAPI
 # document describes exactly these lists.
@@ -123,7 +128,7 @@ COMMON = [
               doc="Tokens to generate at most (chat: default until the context is full; "
                   "completions: default 16)."),
     V.Boolean("stream", doc="Send the answer as server-sent events."),
-    V.Object("stream_options", V.Boolean("include_usage"), doc="Only with stream: true."),
+    V.Object("stream_options", doc="Only with stream: true: {include_usage: boolean}."),
     V.Integer("seed", lo=SEED_RANGE[0], hi=SEED_RANGE[1], doc="Makes sampling reproducible."),
     USER,
     V.Number("temperature", lo=0.0, hi=2.0, default=DEFAULT_TEMPERATURE),
@@ -182,7 +187,7 @@ def parse(body: dict, *, n_vocab: int, chat: bool) -> Generation:
     stream = v["stream"]
     if v["stream_options"] is not None and not stream:
         raise invalid("'stream_options' is only allowed with 'stream': true", "stream_options")
-    include_usage = bool(v["stream_options"] and v["stream_options"].get("include_usage"))
+    include_usage = INCLUDE_USAGE.read(v["stream_options"] or {})   # param: include_usage
 
     if chat:
         logprobs = v["logprobs"]
