@@ -10,12 +10,13 @@ import sys
 
 import uvloop
 
-from . import config, native
+from . import __version__, config, native
 from .auth.guard import KeyGuard
 from .auth.keys import KeyStore, bootstrap_admin_key
 from .auth.ratelimit import RateLimiter
 from .cluster import identity
 from .cluster import routes as cluster_routes
+from .http import openapi
 from .http.access_log import AccessLog
 from .http.routing import App
 from .http.server import HttpServer
@@ -42,10 +43,14 @@ def build_node(settings: config.Settings) -> tuple[Node, str | None]:
 def build_apps(node: Node) -> tuple[App, App]:
     guard = KeyGuard(node.keys, node.limiter)
     max_body = node.settings["http.max_body_bytes"]
-    inference = App("inference", [inference_routes.ROUTES, model_routes.ROUTES],
-                    ctx=node, guard=guard, max_body=max_body)
-    cluster = App("cluster", [cluster_routes.ROUTES, model_routes.ROUTES],
-                  ctx=node, guard=guard, max_body=max_body)
+    inference_tables = [inference_routes.ROUTES, model_routes.ROUTES]
+    cluster_tables = [cluster_routes.ROUTES, model_routes.ROUTES]
+    inference_tables.append(openapi.routes("stackd inference API", inference_tables,
+                                           group=inference_routes.INFERENCE, version=__version__))
+    cluster_tables.append(openapi.routes("stackd cluster API", cluster_tables,
+                                         group=cluster_routes.CLUSTER, version=__version__))
+    inference = App("inference", inference_tables, ctx=node, guard=guard, max_body=max_body)
+    cluster = App("cluster", cluster_tables, ctx=node, guard=guard, max_body=max_body)
     return inference, cluster
 
 

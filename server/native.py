@@ -21,6 +21,7 @@ COMPILED_MODULES = (
     "server.http.request",
     "server.http.response",
     "server.http.routing",
+    "server.http.validate",
     "server.http.server",
     "server.auth.guard",
     "server.auth.ratelimit",

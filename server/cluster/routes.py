@@ -9,6 +9,8 @@ import socket
 from ..auth import permissions as perm
 from ..http import validate
 from ..http.errors import ApiError, ErrorKind
+from ..http.openapi import json_answer
+from ..http.validate import Body
 from ..http.response import Response, json_response
 from ..http.routing import Endpoint
 from ..observe import prometheus, trace
@@ -137,13 +139,59 @@ async def debug_trace(node, request) -> Response:
     return json_response(await trace.record(node, engines, seconds))
 
 
+# What the handlers above answer, for the OpenAPI document.
+_INT, _STR, _NUM = {"type": "integer"}, {"type": "string"}, {"type": "number"}
+
+
+def _obj(properties: dict) -> dict:
+    return {"type": "object", "required": list(properties), "properties": properties}
+
+
+HEALTH = _obj({"status": {"const": "ok"}, "uptime_seconds": _INT,
+               "temperature_c": {"type": ["number", "null"]}})
+TOPOLOGY = _obj({"cluster_id": _STR, "node_count": _INT, "leader": _STR, "nodes": {
+    "type": "array", "items": _obj({"id": _STR, "role": {"enum": ["leader", "follower"]},
+                                    "ram_gb": _INT})}})
+CLUSTER_STATUS = _obj({"status": {"enum": ["healthy", "degraded"]}, "total_ram_gb": _INT,
+                       "active_model": {"type": ["string", "null"]}})
+NODE = _obj({
+    "id": _STR, "role": {"enum": ["leader", "follower"]}, "status": {"enum": ["up", "down"]},
+    "hostname": _STR, "ram_gb": _INT, "cpu_cores": {"type": ["integer", "null"]},
+    "load_average": {"type": ["array", "null"], "items": _NUM},
+    "memory_total_bytes": _INT, "memory_available_bytes": _INT, "disk_free_bytes": _INT,
+    "temperature_c": {"type": ["number", "null"]}, "uptime_seconds": _INT,
+    "system_uptime_seconds": _INT, "loaded_models": {"type": "array", "items": _STR}})
+NODES = _obj({"object": {"const": "list"}, "data": {"type": "array", "items": NODE}})
+METRICS = {"description": "Prometheus text exposition (version 0.0.4).",
+           "content": {"text/plain": {"schema": {"type": "string"}}}}
+
+
+def _answers(schema: dict, description: str) -> dict:
+    return {200: json_answer(schema, description)}
+
+
 ROUTES = {
-    ("GET", "/v1/health"): Endpoint(health, perm.CLUSTER_READ, CLUSTER),
-    ("GET", "/v1/topology"): Endpoint(topology, perm.CLUSTER_READ, CLUSTER),
-    ("GET", "/v1/cluster"): Endpoint(cluster_status, perm.CLUSTER_READ, CLUSTER),
-    ("GET", "/v1/nodes"): Endpoint(nodes, perm.CLUSTER_READ, CLUSTER),
-    ("POST", "/v1/power/contract"): Endpoint(power_contract, perm.CLUSTER_WRITE, CLUSTER),
-    ("GET", "/v1/power/contract"): Endpoint(power_contract_in_force, perm.CLUSTER_READ, CLUSTER),
-    ("GET", "/metrics"): Endpoint(metrics, perm.CLUSTER_READ, CLUSTER),
-    ("POST", "/v1/debug/trace"): Endpoint(debug_trace, perm.CLUSTER_WRITE, CLUSTER),
+    ("GET", "/v1/health"): Endpoint(health, perm.CLUSTER_READ, CLUSTER,
+                                    responses=_answers(HEALTH, "The node is up.")),
+    ("GET", "/v1/topology"): Endpoint(topology, perm.CLUSTER_READ, CLUSTER,
+                                      responses=_answers(TOPOLOGY, "The cluster's nodes and leader.")),
+    ("GET", "/v1/cluster"): Endpoint(cluster_status, perm.CLUSTER_READ, CLUSTER,
+                                     responses=_answers(CLUSTER_STATUS, "The cluster's status.")),
+    ("GET", "/v1/nodes"): Endpoint(nodes, perm.CLUSTER_READ, CLUSTER,
+                                   responses=_answers(NODES, "Every node with its readings.")),
+    # The power contract's fields are checked in server/cluster/power (not yet with specs):
+    # documented as any object until they are.
+    ("POST", "/v1/power/contract"): Endpoint(
+        power_contract, perm.CLUSTER_WRITE, CLUSTER, summary="Negotiate a power contract",
+        body=Body(doc="The source's capabilities (USB PD power data objects)."),
+        responses=_answers({"type": "object"}, "The sink's request and the contract.")),
+    ("GET", "/v1/power/contract"): Endpoint(
+        power_contract_in_force, perm.CLUSTER_READ, CLUSTER, summary="The power contract in force",
+        responses=_answers({}, "The contract in force.")),
+    ("GET", "/metrics"): Endpoint(metrics, perm.CLUSTER_READ, CLUSTER, summary="Prometheus metrics",
+                                  responses={200: METRICS}),
+    ("POST", "/v1/debug/trace"): Endpoint(
+        debug_trace, perm.CLUSTER_WRITE, CLUSTER, summary="Record an engine trace",
+        body=Body(doc='{"seconds": 1..60, "model"?}: record for that long, one trace at a time.'),
+        responses=_answers({"type": "object"}, "Chrome trace event JSON ({\"traceEvents\": [...]})")),
 }

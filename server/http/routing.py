@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from .errors import ApiError, ErrorKind
@@ -21,11 +21,17 @@ log = logging.getLogger("server.http")
 
 @dataclass(frozen=True)
 class Endpoint:
-    """What a table maps a (method, path) to."""
+    """What a table maps a (method, path) to, and what the OpenAPI document says of it
+    (server/http/openapi.py): `body` is the validate.Body its handler reads; `responses`
+    maps a status to an OpenAPI response object (success) or to why it happens (an error,
+    in the shared error shape). The guard's and the body's errors are added for it."""
     handler: object                 # handler(ctx, request) -> Response | StreamingResponse | awaitable
-    permission: str | None          # what the caller's credential must allow; None = open
+    permission: str | None          # what the caller's credential must allow; None = any valid key
     group: str | None = None        # rate-limit group
     max_body: int | None = None     # body cap; None = the app's default
+    body: object = None             # validate.Body, for requests with a JSON body
+    responses: dict = field(default_factory=dict)
+    summary: str = ""
 
 
 class Route:

@@ -13,53 +13,52 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_MESSAGES = 4096
 
 
-def _content(message: dict, where: str) -> str:
-    content = message.get("content")
-    if content is None:
-        if message.get("role") == "assistant":
-            return ""                     # an assistant turn that only called tools
-        raise invalid(f"'{where}.content' is required", f"{where}.content")
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise invalid(f"'{where}.content' must be a string or an array of text parts",
-                      f"{where}.content")
-    texts = []
-    for k, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise invalid(f"'{where}.content[{k}]' must be a text part "
-                          "({\"type\": \"text\", \"text\": ...}); other part types are not supported",
-                          f"{where}.content")
-        texts.append(part["text"])
-    return "".join(texts)
+TEXT_PART = validate.Object(
+    "", validate.Const("type", "text", required=True),
+    validate.String("text", required=True, max_len=None, allow_empty=True),
+    message="'{field}' must be a text part ({{\"type\": \"text\", \"text\": ...}}); "
+            "other part types are not supported")
+MESSAGE = validate.Object(
+    "",
+    validate.String("role", required=True, choices=ROLES),
+    validate.OneOf("content", validate.String(max_len=None, allow_empty=True),
+                   validate.Array(items=TEXT_PART),
+                   doc="Required, except in an assistant turn that only called tools.",
+                   message="'{field}' must be a string or an array of text parts"),
+    validate.String("name", max_len=256),
+    validate.String("tool_call_id", max_len=256))
+MESSAGES = validate.Array("messages", MESSAGE, required=True, min_items=1, max_items=MAX_MESSAGES,
+                          doc="The conversation so far, oldest first.")
 
 
 def messages_of(body: dict) -> list[dict]:
+    """The conversation, checked against MESSAGES (in one pass), as the chat template takes it."""
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise invalid("'messages' must be a non-empty array of message objects", "messages")
-    if len(messages) > MAX_MESSAGES:
-        raise invalid(f"'messages' may hold at most {MAX_MESSAGES} messages", "messages")
+    if messages is None:
+        MESSAGES.absent("messages", "messages" in body)    # required: says so
+    MESSAGES.check_size(messages, "messages")
     out = []
     for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise invalid(f"'{where}' must be an object", where)
-        role = message.get("role")
-        if role not in ROLES:
-            raise invalid(f"'{where}.role' must be one of {', '.join(ROLES)}", f"{where}.role")
-        entry = {"role": "system" if role == "developer" else role,
-                 "content": _content(message, where)}
+        MESSAGE.check(message, ("messages", i))
+        role = message["role"]
+        content = message.get("content")
+        if content is None:
+            if role != "assistant":           # only an assistant turn may just call tools
+                raise invalid(f"'messages[{i}].content' is required", f"messages[{i}].content")
+            content = ""
+        elif not isinstance(content, str):
+            content = "".join(part["text"] for part in content)
+        entry = {"role": "system" if role == "developer" else role, "content": content}
         for optional in ("name", "tool_call_id"):
             if message.get(optional) is not None:
-                entry[optional] = validate.string(message, optional, max_len=256)
+                entry[optional] = message[optional]
         out.append(entry)
     return out
 
 
 async def chat_completions(node, request) -> Response | StreamingResponse:
     body = request.json()
-    model = await node.models.get(validate.string(body, "model", max_len=256), "chat")
+    model = await node.models.get(params.MODEL.read(body), "chat")
     gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=True)
     prompt = await templates.prompt_tokens(model, messages_of(body))
     generate.check_fits(len(prompt), model.context_length, "messages")

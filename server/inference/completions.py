@@ -12,37 +12,40 @@ from . import generate, params, responses
 MAX_PROMPTS = 64
 
 
+_PROMPT_ENTRY = "'prompt' entries must be strings or arrays of token ids in the vocabulary"
+PROMPT = validate.OneOf(
+    "prompt", validate.String(max_len=None, allow_empty=True), validate.Tokens(),
+    validate.Array(items=validate.OneOf("", validate.String(max_len=None, allow_empty=True),
+                                        validate.Tokens(), message=_PROMPT_ENTRY),
+                   min_items=1, max_items=MAX_PROMPTS),
+    required=True, flat=True,
+    doc="A string, an array of strings, a token array, or an array of token arrays.",
+    message="'prompt' must be a string, an array of strings, or token arrays")
+ECHO = validate.Boolean("echo", doc="Put the prompt before the completion.")
+
+
 def prompts_of(body: dict, engine) -> list[list[int]]:
-    """A string, a list of strings, a token array, or a list of token arrays."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
+    """A string, a list of strings, a token array, or a list of token arrays (PROMPT)."""
+    prompt = PROMPT.read(body)
+    if isinstance(prompt, str) or validate.is_tokens(prompt):
         prompt = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                     for t in prompt):
-        prompt = [prompt]
-    if not isinstance(prompt, list) or not prompt:
-        raise invalid("'prompt' must be a string, an array of strings, or token arrays", "prompt")
-    if len(prompt) > MAX_PROMPTS:
-        raise invalid(f"'prompt' may hold at most {MAX_PROMPTS} prompts", "prompt")
     out = []
     n_vocab = engine.n_vocab
     for item in prompt:
         if isinstance(item, str):
             out.append(engine.tokenize(item, True, True))
-        elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) and
-                                            0 <= t < n_vocab for t in item):
+        elif all(t < n_vocab for t in item):
             out.append(list(item))
         else:
-            raise invalid("'prompt' entries must be strings or arrays of token ids in the vocabulary",
-                          "prompt")
+            raise invalid(_PROMPT_ENTRY, "prompt")
     return out
 
 
 async def completions(node, request) -> Response | StreamingResponse:
     body = request.json()
-    model = await node.models.get(validate.string(body, "model", max_len=256), "chat")
+    model = await node.models.get(params.MODEL.read(body), "chat")
     gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=False)
-    echo = validate.boolean(body, "echo")
+    echo = ECHO.read(body)
     prompts = await generate.tokenized(model, prompts_of, body, request)
     for prompt in prompts:
         generate.check_fits(len(prompt), model.context_length)

@@ -10,39 +10,38 @@ from ..http import validate
 from ..http.errors import ApiError, ErrorKind, invalid
 from ..http.response import Response
 from ..http.wire import JSON
-from . import failures, generate
+from . import failures, generate, params
 
 MAX_INPUTS = 2048
 
 
-def _is_tokens(value) -> bool:
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value)
+INPUT = validate.OneOf(
+    "input", validate.String(max_len=None), validate.Tokens(),
+    validate.Array(items=validate.OneOf("", validate.String(max_len=None), validate.Tokens()),
+                   min_items=1, max_items=MAX_INPUTS),
+    required=True, flat=True,
+    doc="A string, an array of strings, a token array, or an array of token arrays.",
+    message="'input' must be a non-empty string, an array of strings, or token arrays")
+ENCODING_FORMAT = validate.String("encoding_format", choices=("float", "base64"), default="float")
+DIMENSIONS = validate.Integer("dimensions", lo=1, hi=1 << 16,
+                              doc="Must equal the model's embedding size, when given.")
+FIELDS = [params.MODEL, INPUT, ENCODING_FORMAT, DIMENSIONS, params.USER]
 
 
 def inputs_of(body: dict, model) -> list[list[int]]:
-    """A string, a list of strings, a token array, or a list of token arrays."""
-    raw = body.get("input")
-    if isinstance(raw, str) or _is_tokens(raw):
+    """A string, a list of strings, a token array, or a list of token arrays (INPUT)."""
+    raw = INPUT.read(body)
+    if isinstance(raw, str) or validate.is_tokens(raw):
         raw = [raw]
-    if not isinstance(raw, list) or not raw:
-        raise invalid("'input' must be a non-empty string, an array of strings, or token arrays",
-                      "input")
-    if len(raw) > MAX_INPUTS:
-        raise invalid(f"'input' may hold at most {MAX_INPUTS} items", "input")
     engine = model.engine
     out = []
     for i, item in enumerate(raw):
         if isinstance(item, str):
-            if not item:
-                raise invalid(f"'input[{i}]' is an empty string", "input")
             tokens = engine.tokenize(item, True, False)
-        elif _is_tokens(item):
-            if not all(0 <= t < engine.n_vocab for t in item):
-                raise invalid(f"'input[{i}]' has token ids outside the vocabulary", "input")
+        elif all(t < engine.n_vocab for t in item):
             tokens = list(item)
         else:
-            raise invalid(f"'input[{i}]' must be a string or an array of token ids", "input")
+            raise invalid(f"'input[{i}]' has token ids outside the vocabulary", "input")
         if len(tokens) > model.max_input:
             raise ApiError(ErrorKind.CONTEXT_LENGTH_EXCEEDED,
                            f"'input[{i}]' has {len(tokens)} tokens; this model takes at most "
@@ -53,15 +52,13 @@ def inputs_of(body: dict, model) -> list[list[int]]:
 
 async def embeddings(node, request) -> Response:
     body = request.json()
-    model = await node.models.get(validate.string(body, "model", max_len=256), "embedding")
-    encoding = validate.string(body, "encoding_format", required=False, default="float", max_len=16)
-    if encoding not in ("float", "base64"):
-        raise invalid("'encoding_format' must be 'float' or 'base64'", "encoding_format")
-    dimensions = validate.integer(body, "dimensions", lo=1, hi=1 << 16)
+    model = await node.models.get(params.MODEL.read(body), "embedding")
+    encoding = ENCODING_FORMAT.read(body)
+    dimensions = DIMENSIONS.read(body)
     if dimensions is not None and dimensions != model.engine.n_embd:
         raise invalid(f"this model's embeddings have {model.engine.n_embd} dimensions; "
                       "other sizes are not supported", "dimensions")
-    validate.string(body, "user", required=False, max_len=512, allow_empty=True)
+    params.USER.read(body)
     inputs = await generate.tokenized(model, lambda b, _engine: inputs_of(b, model), body, request)
 
     stream = await model.runner.embed(inputs, generate.owner_of(request))

@@ -5,39 +5,57 @@ state, the same shape as an entry of GET /v1/models.
 """
 from __future__ import annotations
 
-from ..auth import permissions as perm
-from ..http import validate
 import orjson
 
+from ..auth import permissions as perm
+from ..http import validate
 from ..http.errors import ApiError
+from ..http.openapi import json_answer
 from ..http.response import Response, StreamingResponse, json_response
 from ..http.routing import Endpoint
+from .defaults import CHAT_MODEL
 
 CLUSTER = "cluster"
 
+# The bodies, described once: the handlers read these and the OpenAPI document shows them.
+MODEL = validate.String("model", required=True, max_len=256, doc="The model's id in the store.")
+CONTEXT_LENGTH = validate.Integer("context_length", lo=1, hi=1 << 24,
+                                  doc="Tokens per sequence; at most the model's trained context.")
+OPTIONS = validate.Object("options", CONTEXT_LENGTH)
+PULL_MODEL = validate.String("model", required=True, max_len=256,
+                             doc="A registry reference: name, name:tag or namespace/name:tag.")
+STREAM = validate.Boolean("stream", doc="Report progress as NDJSON lines.")
+LOAD_BODY = validate.Body(MODEL, OPTIONS, example={"model": CHAT_MODEL})
+UNLOAD_BODY = validate.Body(MODEL, example={"model": CHAT_MODEL})
+PULL_BODY = validate.Body(PULL_MODEL, STREAM, example={"model": "smollm2:135m"})
+
 
 async def load(node, request) -> Response:
+    """Load a model into memory, optionally with a context length."""
     body = request.json()
-    model_id = validate.string(body, "model", max_len=256)
-    options = validate.obj(body, "options", default={})
-    context_length = validate.integer(options, "context_length", lo=1, hi=1 << 24)
+    model_id = MODEL.read(body)
+    options = OPTIONS.read(body) or {}
+    context_length = options.get("context_length")
     model = await node.models.load(model_id, context_length)
     return json_response(node.models.describe(model.manifest))
 
 
 async def unload(node, request) -> Response:
-    model_id = validate.string(request.json(), "model", max_len=256)
+    """Unload a model; its in-flight requests end with 503."""
+    model_id = MODEL.read(request.json())
     manifest = await node.models.unload(model_id)
     return json_response(node.models.describe(manifest))
 
 
 async def pull(node, request) -> Response | StreamingResponse:
-    """{model, stream?}: NDJSON progress ({status, digest, total, completed}, Ollama's shape)
+    """Download a model from the model registry into the store.
+
+    {model, stream?}: NDJSON progress ({status, digest, total, completed}, Ollama's shape)
     when streaming, else one JSON result once the model is in the store."""
     body = request.json()
-    name = validate.string(body, "model", max_len=256)
+    name = PULL_MODEL.read(body)
     events = node.pulls.pull(name)
-    if validate.boolean(body, "stream"):
+    if STREAM.read(body):
         first = await anext(events)          # a bad name or missing registry is a plain 4xx
         return StreamingResponse(_ndjson(first, events), b"application/x-ndjson")
     model_id = None
@@ -56,8 +74,49 @@ async def _ndjson(first: dict, events):
         yield orjson.dumps(exc.body(), option=orjson.OPT_APPEND_NEWLINE)
 
 
+# What ModelManager.describe answers: the model's facts and state.
+_INT, _STR = {"type": "integer"}, {"type": "string"}
+_NULLABLE_INT = {"type": ["integer", "null"]}
+MODEL_STATES = ["available", "loading", "loaded", "unloading", "failed"]
+MODEL_SCHEMA = {"type": "object", "required": [
+    "id", "object", "created", "owned_by", "kind", "state", "context_length",
+    "trained_context_length", "architecture", "quantization", "parameter_count", "size", "sha256",
+    "file", "source"], "properties": {
+    "id": _STR, "object": {"const": "model"}, "created": _INT, "owned_by": _STR,
+    "kind": {"type": "string", "enum": ["chat", "embedding"]},
+    "state": {"type": "string", "enum": MODEL_STATES},
+    "context_length": _NULLABLE_INT, "trained_context_length": _NULLABLE_INT,
+    "architecture": _STR, "quantization": _STR, "parameter_count": _INT, "size": _INT,
+    "sha256": _STR, "file": _STR, "source": _STR,
+    "error": {"type": "string", "description": "Why the last load failed."}}}
+MODEL_LIST_SCHEMA = {"type": "object", "required": ["object", "data"], "properties": {
+    "object": {"const": "list"}, "data": {"type": "array", "items": MODEL_SCHEMA}}}
+
+MODEL_ERRORS = {400: "The model id is not valid.", 404: "The model is not in the store."}
+PULLED = {"type": "object", "required": ["status"],
+          "properties": {**MODEL_SCHEMA["properties"], "status": {"const": "success"}}}
+PROGRESS = {"application/x-ndjson": {"schema": {
+    "type": "object", "description": "One JSON object a line: {status, digest?, total?, completed?}, "
+                                     "the last {status: success, model}, or an error object."}}}
+
 ROUTES = {
-    ("POST", "/v1/models/load"): Endpoint(load, perm.MODELS_MANAGE, CLUSTER),
-    ("POST", "/v1/models/unload"): Endpoint(unload, perm.MODELS_MANAGE, CLUSTER),
-    ("POST", "/v1/models/pull"): Endpoint(pull, perm.MODELS_MANAGE, CLUSTER),
+    ("POST", "/v1/models/load"): Endpoint(load, perm.MODELS_MANAGE, CLUSTER, body=LOAD_BODY, responses={
+        200: json_answer(MODEL_SCHEMA, "The model, loaded."),
+        **MODEL_ERRORS,
+        400: "The model id is not valid, or options.context_length is outside the model's range.",
+        503: "The model is being unloaded; retry.",
+        507: "The model with this context does not fit in memory; nothing was changed."}),
+    ("POST", "/v1/models/unload"): Endpoint(unload, perm.MODELS_MANAGE, CLUSTER, body=UNLOAD_BODY,
+                                            responses={200: json_answer(MODEL_SCHEMA, "The model, "
+                                                                        "no longer loaded."),
+                                                       **MODEL_ERRORS}),
+    ("POST", "/v1/models/pull"): Endpoint(pull, perm.MODELS_MANAGE, CLUSTER, body=PULL_BODY, responses={
+        200: {**json_answer(PULLED, "The model, in the store."), "content": {
+            "application/json": {"schema": PULLED}, **PROGRESS}},
+        400: "The reference is not valid, no registry is configured, or the file is not a valid "
+             "GGUF model.",
+        404: "The registry has no such model.",
+        413: "The model is larger than models.max_pull_gb.",
+        503: "The registry cannot be reached or failed; retry later.",
+        507: "The disk would be left with less than models.disk_reserve_mb free."}),
 }
