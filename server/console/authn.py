@@ -6,7 +6,7 @@ before a rejection carries no power after it).
 from __future__ import annotations
 
 from ..auth import levels
-from ..auth.jwt_verify import TokenError
+from ..auth.jwt_verify import LEEWAY, TokenError
 from ..auth.key_auth import unauthenticated
 from ..auth.principal import Authenticator, Principal
 from .directory import PENDING, REJECTED, Directory
@@ -34,7 +34,7 @@ class ConsoleAuthenticator(Authenticator):
             raise unauthenticated("invalid access token: the account no longer exists")
         level = account.effective_level
         return Principal("user", account.id, account.username, levels.allowed(level), level=level,
-                         expires=float(claims["exp"]))
+                         expires=float(claims["exp"] + LEEWAY))
 
     def refusal(self, principal: Principal, permission: str) -> str:
         needed = levels.of_permission(permission)

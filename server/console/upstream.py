@@ -6,6 +6,9 @@ be. A device that does not answer is a 503 in the spec's shape, never a hang.
 """
 from __future__ import annotations
 
+import socket
+import struct
+
 import httpx2 as httpx
 
 from ..http.response import Response, StreamingResponse
@@ -68,13 +71,40 @@ class Upstream:
             finally:
                 await response.aclose()
             return Response(response.status_code, data, content_type, _headers_of(response))
-        return StreamingResponse(_relay(response), content_type, response.status_code,
+        return StreamingResponse(_Relay(response), content_type, response.status_code,
                                  _headers_of(response))
 
 
-async def _relay(response):
-    try:
-        async for piece in response.aiter_raw():
-            yield piece
-    finally:
-        await response.aclose()
+class _Relay:
+    """The device's stream as the protocol's chunk source. `aclose` always closes the device
+    connection, even when the stream was never iterated (an async generator that never
+    started would skip its `finally`)."""
+
+    def __init__(self, response):
+        _reset_on_close(response)
+        self.response = response
+        self.pieces = response.aiter_raw()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self.pieces.__anext__()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
+
+
+def _reset_on_close(response) -> None:
+    """Make closing this device connection a reset rather than a FIN. When our client goes
+    mid-stream the connection is closed unfinished; a FIN reads as a half-close, which an HTTP
+    server may answer to the end, while a reset tells the device at once that nobody is
+    listening, so it cancels the request instead of generating for no one."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
