@@ -46,10 +46,19 @@ async def start(http: HttpServer, console: Console, host: str, port: int,
 
 async def register_own_node(console: Console, name: str, inference_url: str, cluster_url: str,
                             key: str) -> None:
-    """The embedded console's first device is the node it runs beside."""
-    if not await console.devices.listing():
-        device = await console.devices.create(name, inference_url, cluster_url, key, "stackd")
-        console.spawn(console.check_device(device["id"]))
+    """The embedded console's first device is the node it runs beside; on later starts its
+    record follows the node's current addresses and key."""
+    listing = await console.devices.listing()
+    mine = [device for device in listing if device["name"] == name]
+    if mine:
+        device_id = mine[0]["id"]
+        await console.devices.update(device_id, inference_url, cluster_url, key)
+    elif not listing:
+        device_id = (await console.devices.create(name, inference_url, cluster_url, key,
+                                                  "stackd"))["id"]
+    else:
+        return                      # a fleet console that happens to run beside a node
+    console.spawn(console.check_device(device_id))
 
 
 async def serve_alone(settings) -> int:

@@ -12,7 +12,7 @@ import secrets
 import time
 from urllib.parse import urlsplit
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -92,9 +92,13 @@ class Devices:
         return {k: values[k] for k in ("id", "name", "inference_url", "cluster_url", "status",
                                        "last_seen_at", "created_by", "created_at")}
 
-    async def remove(self, device_id: str) -> None:
+    async def update(self, device_id: str, inference_url: str, cluster_url: str,
+                     api_key: str) -> None:
         async with self.engine.begin() as conn:
-            await conn.execute(delete(devices).where(devices.c.id == device_id))
+            await conn.execute(update(devices).where(devices.c.id == device_id).values(
+                inference_url=check_url(inference_url, "inference_url"),
+                cluster_url=check_url(cluster_url, "cluster_url"),
+                api_key_sealed=self.vault.seal(device_id, api_key)))
 
     async def set_status(self, device_id: str, online: bool) -> None:
         values = {"status": ONLINE, "last_seen_at": int(time.time())} if online else {"status": OFFLINE}

@@ -51,3 +51,13 @@ def fresh(request, postgres, tmp_path):
     yield make
     for harness in made:
         harness.close()
+
+
+@pytest.fixture(scope="session")
+def embedded_daemon(tmp_path_factory):
+    """One real daemon with the default chat model and its embedded console, for the session."""
+    from .embedded import CHAT_ONLY, EmbeddedDaemon
+
+    daemon = EmbeddedDaemon(str(tmp_path_factory.mktemp("embedded") / "data"), CHAT_ONLY)
+    yield daemon
+    daemon.stop()
