@@ -1,8 +1,9 @@
 """Login attempts per minute, per account and per client address (token buckets).
 
 Reuses the node's bucket (auth.ratelimit.Bucket) and its 429 with Retry-After and the
-x-ratelimit-* headers. Buckets that have refilled are dropped, so a spray of made-up
-usernames cannot grow the table without bound.
+x-ratelimit-* headers. Buckets that have refilled are dropped, and past MAX_BUCKETS the
+oldest half too, so a spray of made-up usernames cannot grow the table without bound (each
+address can only add its own limit's worth of names per minute anyway).
 """
 from __future__ import annotations
 
@@ -38,4 +39,7 @@ class LoginThrottle:
     def _forget_full(self, now: float) -> None:
         for name, bucket in list(self.buckets.items()):
             if bucket.tokens + (now - bucket.stamp) * bucket.rate >= bucket.limit:
+                del self.buckets[name]
+        if len(self.buckets) >= MAX_BUCKETS:      # still full: the oldest half goes
+            for name in list(self.buckets)[:len(self.buckets) // 2]:
                 del self.buckets[name]
