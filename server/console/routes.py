@@ -121,8 +121,7 @@ async def list_devices(console, request) -> Response:
     return _listing([d for d in await console.devices.listing() if scope is None or d["id"] in scope])
 
 
-async def _visible_device(console, request):
-    device_id = request.params["id"]
+async def _visible_device(console, request, device_id: str):
     scope = request.key.devices
     if scope is not None and device_id not in scope:
         raise ApiError(ErrorKind.PERMISSION, f"device {device_id!r} is outside your scope")
@@ -131,14 +130,14 @@ async def _visible_device(console, request):
 
 @domain
 async def device_models(console, request) -> Response:
-    device = await _visible_device(console, request)
+    device = await _visible_device(console, request, request.params["id"])
     return await console.upstream.get(device.inference_url + "/v1/models",
                                       console.devices.api_key(device), f"device {device.name}")
 
 
 @domain
 async def exec_token(console, request) -> Response:
-    device = await _visible_device(console, request)
+    device = await _visible_device(console, request, request.params["id"])
     token, expires_at = console.keys.sign(request.key.id, TERMINAL_AUDIENCE, TERMINAL_TTL,
                                           device=device.id, name=request.key.name)
     return json_response({"token": token, "expires_at": expires_at}, 201)
@@ -151,8 +150,7 @@ async def inference(console, request) -> Response:
     v.string(body, "model", max_len=256)
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise invalid("'messages' must be a non-empty array", "messages")
-    request.params = {"id": device_id}
-    device = await _visible_device(console, request)
+    device = await _visible_device(console, request, device_id)
     del body["device_id"]
     return await console.upstream.chat(device.inference_url, console.devices.api_key(device),
                                        orjson.dumps(body), f"device {device.name}")
