@@ -64,7 +64,8 @@ class Console:
         self.throttle = LoginThrottle(settings.login_rate_limit)
         self.upstream: Upstream | None = None
         self.started = time.monotonic()
-        self._tasks: list[asyncio.Task] = []
+        self._timers: list[asyncio.Task] = []
+        self._jobs: set[asyncio.Task] = set()
 
     async def start(self) -> str | None:
         """Migrate, load the directory, create the first admin. Returns the path of the first
@@ -73,16 +74,21 @@ class Console:
         self.upstream = Upstream(self.settings.upstream_timeout)
         password_path = await self._bootstrap_admin()
         await self.accounts.reload_directory()
-        self._tasks = [asyncio.create_task(self._every(DIRECTORY_RELOAD, self.accounts.reload_directory)),
-                       asyncio.create_task(self._every(self.settings.device_check_interval,
-                                                       self.check_devices))]
+        self._timers = [asyncio.create_task(self._every(DIRECTORY_RELOAD, self.accounts.reload_directory)),
+                        asyncio.create_task(self._every(self.settings.device_check_interval,
+                                                        self.check_devices))]
         self.spawn(self.check_devices())
         return password_path
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Stop the timers (they only ever wait), let running jobs finish (each is bounded by
+        the upstream timeout), then close the database. A job is never cancelled inside a
+        query: tearing a SQLite connection down under aiosqlite's worker thread can crash."""
+        for timer in self._timers:
+            timer.cancel()
+        await asyncio.gather(*self._timers, return_exceptions=True)
+        while self._jobs:
+            await asyncio.gather(*self._jobs, return_exceptions=True)
         if self.upstream is not None:
             await self.upstream.close()
         await self.engine.dispose()
@@ -123,17 +129,16 @@ class Console:
             log.exception("console background job failed")
 
     async def _every(self, seconds: float, job) -> None:
+        """A timer: starts `job` every `seconds`, unless its previous run is still going."""
+        running = None
         while True:
             await asyncio.sleep(seconds)
-            try:
-                await job()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("console background job failed")
+            if running is None or running.done():
+                running = self.spawn(job())
 
-    def spawn(self, coroutine) -> None:
-        """Run a one-off job beside the requests; its failure is logged, never lost."""
+    def spawn(self, coroutine) -> asyncio.Task:
+        """Run a job beside the requests; its failure is logged, never lost."""
         task = asyncio.create_task(self._quietly(coroutine))
-        self._tasks.append(task)
-        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
+        return task

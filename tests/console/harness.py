@@ -62,12 +62,15 @@ class Harness:
             self.admin_password = f.read().strip()
 
     def stop_console(self) -> None:
-        """Close the console's listener and database (the fake node keeps serving)."""
-        listener = self.http.listeners.pop()
-        listener.close()
-        for connection in [c for c in self.http.connections if c.app.name == "console"]:
-            connection.close()
-        self.run(self.console.close())
+        """Close the console's listener and database (the fake node keeps serving). On the
+        loop's own thread: uvloop's transports must never be touched from another one."""
+        async def stop():
+            listener = self.http.listeners.pop()
+            listener.close()
+            for connection in [c for c in self.http.connections if c.app.name == "console"]:
+                connection.close()
+            await self.console.close()
+        self.run(stop())
 
     def close(self) -> None:
         self.run(self.http.shutdown(1.0))
