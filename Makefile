@@ -1,5 +1,6 @@
 # Two commands on a fresh machine (Python 3.11, gcc, cmake):
-#   make run    set up, then start the daemon (127.0.0.1:8080 inference, 127.0.0.1:5381 cluster)
+#   make run    set up, then start the daemon (127.0.0.1:8080 inference, 127.0.0.1:5381 cluster,
+#               127.0.0.1:8000 the console)
 #   make test   set up, then run the whole suite
 # `make setup` only sets up. Every step is stamped, so repeating one is fast.
 
@@ -52,15 +53,21 @@ $(MINILM): $(VENV)/.deps server/models/minilm_gguf.py
 	$(PY) -m server.models.minilm_gguf $@
 
 run: setup
-	$(PY) -m server serve --data-dir $(DATA_DIR)
+	$(PY) -m server serve --console --data-dir $(DATA_DIR)
 
 # System packages the tests need: the CNCF distribution registry (Debian's docker-registry)
-# that the pull tests run on loopback.
+# that the pull tests run on loopback; PostgreSQL, which the console tests start in a temp dir;
+# Chromium and its driver, in which the console's web page is tested.
+TEST_PACKAGES := docker-registry:docker-registry postgresql:initdb chromium:chromium \
+                 chromium-driver:chromedriver
 test-deps:
-	@command -v docker-registry >/dev/null 2>&1 || { \
+	@missing=""; for entry in $(TEST_PACKAGES); do \
+	  command -v "$${entry#*:}" >/dev/null 2>&1 || [ -x /usr/lib/postgresql/15/bin/$${entry#*:} ] \
+	    || missing="$$missing $${entry%%:*}"; done; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry; \
-	  else echo "make test needs Debian's docker-registry: sudo apt-get install docker-registry"; exit 1; fi; }
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "make test needs Debian's$$missing: sudo apt-get install$$missing"; exit 1; fi; fi
 
 # The protocol and unit suites run twice: compiled, then on the Python twins.
 test: setup test-deps

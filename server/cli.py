@@ -1,4 +1,4 @@
-"""Command line: `python -m server serve | keys create|list|revoke`."""
+"""Command line: `python -m server serve | keys | models | console | pair`."""
 from __future__ import annotations
 
 import argparse
@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--inference-port", type=int, help="inference API port; default 8080")
     serve.add_argument("--cluster-port", type=int, help="cluster API port; default 5381")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--console", action="store_const", const=True, dest="console_enabled",
+                       help="serve the console (/api and its web page) beside the node")
+    serve.add_argument("--console-port", type=int, help="console port; default 8000")
 
     keys = commands.add_parser("keys", help="manage API keys")
     key_commands = keys.add_subparsers(dest="key_command", required=True)
@@ -51,6 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
     _common(pull)
     pull.add_argument("model", help="name[:tag] or namespace/name[:tag]")
     pull.add_argument("--registry", help="registry base URL (default: models.registry)")
+
+    from .console.cli import add_commands as add_console_commands
+    add_console_commands(commands, _common)
+
+    pair = commands.add_parser("pair", help="enrol this node with a console (pairing token)")
+    _common(pair)
+    pair.add_argument("--console", required=True, dest="console_url", help="the console's URL")
+    pair.add_argument("--token", required=True, help="pairing token from POST /api/admin/tokens")
+    pair.add_argument("--name", help="device name; default: the host name")
+    pair.add_argument("--inference-url", help="how the console reaches this node's inference "
+                      "port; default http://HOST:INFERENCE_PORT")
+    pair.add_argument("--cluster-url", help="likewise for the cluster port")
     return parser
 
 
@@ -59,6 +74,11 @@ def _settings(args) -> config.Settings:
              "models.registry": getattr(args, "registry", None)}
     for name in ("host", "inference_port", "cluster_port", "log_level"):
         flags[name] = getattr(args, name, None)
+    flags["console.enabled"] = getattr(args, "console_enabled", None)
+    flags["console.port"] = getattr(args, "console_port", None)
+    if args.command == "console":
+        from .console.cli import flags as console_flags
+        flags.update(console_flags(args))
     return config.load(flags)
 
 
@@ -75,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "models":
         from .models.cli import main as models_main
         return models_main(args, settings)
+    if args.command == "console":
+        from .console.cli import main as console_main
+        return console_main(args, settings)
+    if args.command == "pair":
+        from .auth.pairing import main as pair_main
+        return pair_main(args, settings)
     return _keys(args, settings)
 
 

@@ -70,6 +70,18 @@ DEFAULTS: dict = {
         "disk_reserve_mb": 1024,  # disk a pull must leave free
         "pull_stall_timeout": 30.0,
     },
+    "console": {
+        "enabled": False,         # serve --console: the console beside the node, on one loop
+        "port": 8000,
+        "host": "",               # empty: the node's `host`
+        "database_url": "",       # empty: SQLite at DATA_DIR/console.db
+        "coordinator": "",        # cluster URL of the node whose topology /api/topology shows
+        "coordinator_key_file": "",   # file holding that node's API key; empty: DATA_DIR/console-node.key
+        "login_rate_limit": 10,   # login attempts per minute, per account and per client address
+        "refresh_token_days": 30, # a refresh token (and its rotations) lives this long at most
+        "upstream_timeout": 5.0,  # seconds for a device's answer (topology, models, health checks)
+        "device_check_interval": 30.0,  # seconds between health checks of each device
+    },
 }
 
 ENV_PREFIX = "STACKD_"
@@ -179,6 +191,20 @@ def _check(values: dict) -> None:
         raise ConfigError("settings power.min_voltage_mv and power.max_voltage_mv: need 0 < min <= max")
     if values["inference"]["limits"]["key_share"] > 1:
         raise ConfigError("setting inference.limits.key_share: must be a fraction from 0 to 1")
+    _check_console(values["console"])
+
+
+def _check_console(console: dict) -> None:
+    if not 0 <= console["port"] <= 65535:
+        raise ConfigError(f"setting console.port: {console['port']} is not a TCP port")
+    if console["login_rate_limit"] < 0:
+        raise ConfigError("setting console.login_rate_limit: must be 0 (unlimited) or more")
+    for name in ("refresh_token_days", "upstream_timeout", "device_check_interval"):
+        if console[name] <= 0:
+            raise ConfigError(f"setting console.{name}: must be positive")
+    url = console["database_url"]
+    if url and not url.startswith(("sqlite", "postgres")):
+        raise ConfigError("setting console.database_url: must be a sqlite:// or postgresql:// URL")
 
 
 def load(cli: dict | None = None, environ: dict | None = None) -> Settings:

@@ -99,6 +99,15 @@ async def serve(settings: config.Settings) -> int:
         print(f"stackd: first start: admin API key written to {admin_key_path}", flush=True)
     print(f"stackd: inference listening on http://{_url_host(host)}:{inference_port}", flush=True)
     print(f"stackd: cluster listening on http://{_url_host(host)}:{cluster_port}", flush=True)
+    console = None
+    if settings["console.enabled"]:
+        try:
+            console = await start_console(http, node, settings, inference_port, cluster_port)
+        except OSError as exc:
+            print(f"stackd: console cannot listen: {exc.strerror or exc}", file=sys.stderr, flush=True)
+            await http.shutdown(0)
+            await node.models.aclose()
+            return 1
     notifier = Notifier()
     notifier.ready()
     notifier.start_watchdog(loop)
@@ -108,9 +117,34 @@ async def serve(settings: config.Settings) -> int:
     grace = settings["http.shutdown_grace"]
     print(f"stackd: shutting down (grace {grace:g} s)", flush=True)
     await http.shutdown(grace)
+    if console is not None:
+        await console.close()
     await node.models.aclose()
     print("stackd: stopped", flush=True)
     return 0
+
+
+async def start_console(http: HttpServer, node: Node, settings: config.Settings,
+                        inference_port: int, cluster_port: int):
+    """The embedded console, on this loop and server. Unless told of another coordinator it
+    shows this node, with a node key it creates for itself, and lists it as its first device."""
+    from .auth.pairing import ensure_console_key_file, local_url
+    from .console import app as console_app
+    from .console.service import Console, ConsoleSettings
+
+    console_settings = ConsoleSettings.from_config(settings)
+    own_key = None
+    if not console_settings.coordinator:
+        own_key = ensure_console_key_file(node.keys, console_settings.key_file)
+        console_settings.coordinator = local_url(settings["host"], cluster_port)
+    console = Console(console_settings)
+    await console_app.start(http, console, settings["console.host"] or settings["host"],
+                            settings["console.port"], settings["http.max_body_bytes"])
+    if own_key is not None:
+        await console_app.register_own_node(console, node.identity.node_id,
+                                            local_url(settings["host"], inference_port),
+                                            console_settings.coordinator, own_key)
+    return console
 
 
 async def load_models(loop, settings: config.Settings):

@@ -1,46 +1,61 @@
-"""The node API's guard: API key, permission, rate limit, in that order."""
+"""The one guard: credentials -> Principal (through an authenticator), permission, rate limit.
+
+Node API keys and console access tokens both come through here. A keep-alive connection
+remembers the last Authorization header it authenticated and the principal it resolved to
+(the request's Session), so repeated requests skip the key hash or the signature check; the
+memory is dropped when the authenticator's generation moves (a key revoked, a level changed)
+or the credential's own expiry passes.
+"""
 from __future__ import annotations
 
+from time import time
+
 from ..http.errors import ApiError, ErrorKind
+from .key_auth import KeyAuthenticator, unauthenticated
 from .keys import KeyStore
+from .permissions import PUBLIC
 from .ratelimit import RateLimiter
 
-_CHALLENGE = ((b"www-authenticate", b'Bearer realm="stackd"'),)
 
-
-def _unauthenticated(message: str) -> ApiError:
-    return ApiError(ErrorKind.AUTHENTICATION, message, headers=_CHALLENGE)
-
-
-class KeyGuard:
-    def __init__(self, keys: KeyStore, limiter: RateLimiter):
-        self.keys = keys
+class Guard:
+    def __init__(self, authenticator, limiter: RateLimiter | None):
+        self.authenticator = authenticator
+        self.versioned = authenticator.versioned
         self.limiter = limiter
 
     def __call__(self, request, route) -> None:
+        permission = route.permission
+        if permission is PUBLIC:
+            return
         header = request.headers.get(b"authorization")
         if header is None:
-            raise _unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
+            raise unauthenticated(self.authenticator.missing_message)
         session = request.session
-        keys = self.keys
-        if session.credential == header and session.generation == keys.generation:
-            key = session.principal
+        generation = self.versioned.generation
+        if session.credential == header and session.generation == generation:
+            principal = session.principal
+            if principal.expires is not None and principal.expires <= time():
+                principal = self.authenticate(header)      # raises: the credential expired
         else:
-            key = self.authenticate(header)
-            session.credential, session.principal, session.generation = header, key, keys.generation
-        request.key = key
-        if route.permission is not None and route.permission not in key.allowed:
-            raise ApiError(ErrorKind.PERMISSION,
-                           f"this API key lacks the '{route.permission}' permission")
-        if route.group is not None:
-            request.rate_headers = self.limiter.admit(key.id, key.name, route.group)
+            principal = self.authenticate(header)
+            session.credential, session.principal, session.generation = header, principal, generation
+        request.key = principal
+        if permission is not None and permission not in principal.allowed:
+            raise ApiError(ErrorKind.PERMISSION, self.authenticator.refusal(principal, permission))
+        if route.group is not None and self.limiter is not None:
+            request.rate_headers = self.limiter.admit(principal.id, principal.name, route.group)
 
     def authenticate(self, header: bytes):
         scheme, _, token = header.partition(b" ")
         token = token.strip()
         if scheme.lower() != b"bearer" or not token:
-            raise _unauthenticated("malformed Authorization header: expected 'Bearer <key>'")
-        key = self.keys.lookup(token)
-        if key is None:
-            raise _unauthenticated("invalid API key")
-        return key
+            raise unauthenticated(self.authenticator.malformed_message)
+        return self.authenticator.authenticate(token)
+
+
+class KeyGuard(Guard):
+    """The node API's guard: API key, permission, rate limit, in that order."""
+
+    def __init__(self, keys: KeyStore, limiter: RateLimiter):
+        super().__init__(KeyAuthenticator(keys), limiter)
+        self.keys = keys

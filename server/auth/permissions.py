@@ -23,3 +23,7 @@ def parse(text: str) -> frozenset[str]:
 
 def effective(granted: frozenset[str]) -> frozenset[str]:
     return frozenset(ALL) if ADMIN in granted else granted
+
+# A route anyone may call without credentials (the console's health, login, JWKS). Compared
+# by identity: a route table uses this very object.
+PUBLIC = "public"

@@ -20,6 +20,7 @@ class ErrorKind(enum.Enum):
     METHOD_NOT_ALLOWED       = (405, "invalid_request_error")
     REQUEST_TIMEOUT          = (408, "timeout_error")
     CONFLICT                 = (409, "conflict_error")
+    STATE_CONFLICT           = (409, "invalid_request_error")   # a transition the state forbids
     PAYLOAD_TOO_LARGE        = (413, "invalid_request_error")
     URI_TOO_LONG             = (414, "invalid_request_error")
     UNSUPPORTED_MEDIA_TYPE   = (415, "invalid_request_error")

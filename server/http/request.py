@@ -8,7 +8,6 @@ from .errors import ApiError, ErrorKind, invalid
 
 
 @cython.cclass
-@cython.cclass
 class Session:
     """Per-connection memory of the guard: the last credential that authenticated on this
     connection and what it resolved to, so a keep-alive client is not re-hashed on every
@@ -24,6 +23,7 @@ class Session:
         self.generation = -1
 
 
+@cython.cclass
 class Request:
     method = cython.declare(str, visibility="public")
     path = cython.declare(str, visibility="public")
@@ -52,7 +52,7 @@ class Request:
         self.keep_alive = keep_alive
         self.route = route              # server.http.routing.Route, or None when unmatched
         self.params = params            # path parameters, percent-decoded
-        self.key = None                 # the API key record once authenticated
+        self.key = None                 # the caller's auth.principal.Principal once authenticated
         self.rate_headers = b""         # x-ratelimit-* lines for this response
         self.t_start = t_start
         self.peer = peer

@@ -23,6 +23,14 @@ def _http_date() -> bytes:
     return email.utils.formatdate(usegmt=True).encode()
 
 
+_OVERLOADED_BODY = orjson.dumps(ApiError(ErrorKind.UNAVAILABLE, "too many open connections").body())
+
+
+def _overloaded_response(date: bytes) -> bytes:
+    return response_head(503, b"application/json", len(_OVERLOADED_BODY), b"-", date,
+                         b"retry-after: 1\r\n", False) + _OVERLOADED_BODY
+
+
 class HttpServer:
     def __init__(self, loop: asyncio.AbstractEventLoop, limits: Limits, metrics,
                  access_log: AccessLog):
@@ -35,9 +43,7 @@ class HttpServer:
         self.draining = False
         self.date = _http_date()
         self.tick_hooks: list = []     # callables run on every sweep (config/key reloads)
-        body = orjson.dumps(ApiError(ErrorKind.UNAVAILABLE, "too many open connections").body())
-        self.overloaded_response = response_head(503, b"application/json", len(body), b"-",
-                                                 self.date, b"retry-after: 1\r\n", False) + body
+        self.overloaded_response = _overloaded_response(self.date)
         metrics.open_connections = lambda: len(self.connections)
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -53,7 +59,10 @@ class HttpServer:
 
     def sweep(self) -> None:
         now = self.loop.time()
-        self.date = _http_date()
+        date = _http_date()
+        if date != self.date:           # the 503 for the connection cap carries today's Date too
+            self.date = date
+            self.overloaded_response = _overloaded_response(date)
         for connection in list(self.connections):
             connection.check_deadline(now)
         self.access_log.flush()
