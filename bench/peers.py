@@ -32,7 +32,7 @@ def _sdist(tmp: str) -> str:
     fetched = os.path.join(ROOT, "build", "ggml-src", f"llama_cpp_python-{llama_wheel.VERSION}.tar.gz")
     if os.path.exists(fetched):
         return fetched
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
                     "--disable-pip-version-check", "-d", tmp,
                     f"llama-cpp-python=={llama_wheel.VERSION}"], check=True, stdout=sys.stderr)
     return glob.glob(os.path.join(tmp, "llama_cpp_python-*.tar.gz"))[0]

@@ -34,7 +34,7 @@ def fetch(dest: str) -> str:
     archives = glob.glob(os.path.join(dest, f"llama_cpp_python-{VERSION}.tar.gz"))
     if not archives:
         subprocess.check_call([sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
-                               "-q", "--no-deps", "--no-binary", ":all:",
+                               "-q", "--no-deps", "--no-binary", "llama-cpp-python",
                                f"llama-cpp-python=={VERSION}", "-d", dest],
                               stdout=sys.stderr)
         archives = glob.glob(os.path.join(dest, f"llama_cpp_python-{VERSION}.tar.gz"))
