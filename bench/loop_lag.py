@@ -44,7 +44,7 @@ def main() -> None:
                       "[rate_limits]\ninference = 0\ncluster = 0\n"
                       "[engine]\nslots = 4\ncontext_length = 512\n", models=True)
         try:
-            big_prompt = "the quick brown fox jumps over the lazy dog " * (1 << 20 // 44)
+            big_prompt = "the quick brown fox jumps over the lazy dog " * ((1 << 20) // 44)
             loads = {
                 "idle (stream only)": None,
                 "1 MiB completion prompt": lambda: loadgen.post_json(node.inference_port, "/v1/completions", node.admin_key,
