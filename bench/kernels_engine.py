@@ -45,9 +45,9 @@ def run_streams(engine, n: int, first_id: int) -> dict:
         select.select([engine.fileno()], [], [])
         now = time.perf_counter()
         for event in engine.take_events():
-            first.setdefault(event[0], now)
-            if event[3] != STATUS_RUNNING:
-                pending.discard(event[0])
+            first.setdefault(event.id_request, now)
+            if event.status != STATUS_RUNNING:
+                pending.discard(event.id_request)
                 last = now
     all_first = max(first.values())
     return {"prefill": n * PROMPT_TOKENS / (all_first - start),

@@ -72,6 +72,9 @@ def charge(n: int = 1) -> None:
     budget.until_clock -= n
     if budget.until_clock <= 0:
         budget.until_clock = CLOCK_EVERY
+        # A render is pure Python holding the GIL; the event loop waits for it. Hand it over
+        # here (a microsecond), so the loop never waits for a whole switch interval or more.
+        time.sleep(0)
         if time.monotonic() > budget.deadline:
             raise TemplateFailure(f"it ran longer than {budget.limits.template_timeout:g} s "
                                   "(inference.limits.template_timeout)")

@@ -9,6 +9,8 @@ Whatever goes wrong in a template is a 400 that says so, never a 500.
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ..http.errors import invalid
@@ -21,7 +23,20 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 RENDER_THREADS = 2
-_pool = ThreadPoolExecutor(max_workers=RENDER_THREADS, thread_name_prefix="stackd-render")
+RENDER_NICE = 10
+
+
+def _lower_priority() -> None:
+    """Render threads yield the CPU to the engines' threads (a hostile template burns CPU up
+    to its time limit; generation for everyone else should not pay for it)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RENDER_NICE)
+    except OSError:
+        pass
+
+
+_pool = ThreadPoolExecutor(max_workers=RENDER_THREADS, thread_name_prefix="stackd-render",
+                           initializer=_lower_priority)
 
 
 def template_for(engine) -> ChatTemplate:

@@ -7,7 +7,7 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from server.engine.native import STATUS_ABORTED, STATUS_LENGTH, STATUS_STOPPED
 
-from .conftest import chat_prompt
+from .conftest import Driver, chat_prompt
 
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "Count from one to five.",
              "What is 2 + 2?", "Say hello in Spanish.", "What do bees make?",
@@ -121,12 +121,19 @@ def test_queue_refusal_when_full(chat_engine):
     from server.engine.native import SUBMIT_ACCEPTED, SUBMIT_QUEUE_FULL, Engine, SamplingParams
     from server.models import defaults
     small = Engine(defaults.smollm2_path(), n_slots=1, n_ctx_seq=256, n_max_waiting=2)
+    driver = Driver(small)
     try:
-        p = SamplingParams()
         prompt = chat_prompt(small, "Hi")
-        verdicts = [small.submit(i, prompt, 200, [], p) for i in range(1, 6)]
+        busy = driver.submit(prompt, max_tokens=200, ignore_eos=True)
+        while True:                                  # the only slot is taken: the queue is what is left
+            ready, _, _ = select.select([small.fileno()], [], [], 120)
+            assert ready
+            if any(e.id_request == busy for e in small.take_events()):
+                break
+        p = SamplingParams()
+        verdicts = [small.submit(i, prompt, 200, [], p) for i in range(10, 15)]
         assert verdicts == [SUBMIT_ACCEPTED] * 2 + [SUBMIT_QUEUE_FULL] * 3
-        for i in range(1, 6):
+        for i in (busy, 10, 11):
             small.cancel(i)
         select.select([small.fileno()], [], [], 5)
     finally:

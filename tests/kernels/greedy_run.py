@@ -36,9 +36,9 @@ def generate(engine, batch: list[list[int]], max_tokens: int, first_id: int) -> 
     while pending:
         select.select([engine.fileno()], [], [])
         for event in engine.take_events():
-            tokens[event[0]].append(event[1].hex())
-            if event[3] != STATUS_RUNNING:
-                pending.discard(event[0])
+            tokens[event.id_request].append(event.text.hex())
+            if event.status != STATUS_RUNNING:
+                pending.discard(event.id_request)
     return [tokens[rid] for rid in ids]
 
 
