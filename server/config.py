@@ -33,6 +33,7 @@ DEFAULTS: dict = {
         "write_timeout": Limits.write_timeout,
         "max_connections": Limits.max_connections,
         "write_high_water": Limits.write_high_water,
+        "max_pipeline": Limits.max_pipeline,
         "shutdown_grace": Limits.shutdown_grace,
         "access_log": True,
     },

@@ -15,4 +15,5 @@ class Limits:
     write_timeout: float = 30.0          # a client that reads nothing for this long is dropped
     max_connections: int = 1024          # beyond it a new connection gets 503 and is closed
     write_high_water: int = 64 * 1024    # producers wait while more than this is unsent
+    max_pipeline: int = 128              # requests queued unanswered on one connection; 429 past it
     shutdown_grace: float = 30.0         # in-flight requests get this long after SIGTERM

@@ -337,6 +337,12 @@ class HttpProtocol:
         request = Request(self._method, self._path, self._query, self._headers, body, request_id,
                           self._keep_alive, self._route, self._params, self._t_start, self.peer,
                           self.session)
+        if len(self.pipeline) >= self.limits.max_pipeline:
+            # Thousands of requests in one read, the client reading none of the answers: stop
+            # parsing here (the rest of the read is dropped), answer what came, then close.
+            raise _Reject(ErrorKind.RATE_LIMIT,
+                          f"more than {self.limits.max_pipeline} pipelined requests are waiting "
+                          "for their answers on this connection")
         self.pipeline.append(request)
         self.pump()
         if self.pipeline:
@@ -450,7 +456,7 @@ class HttpProtocol:
         """Answer a request we could not parse or accept, then close: the stream is out of sync."""
         if self.closed:
             return
-        if self.busy:                    # answer in order, after the request in flight
+        if self.busy or self.pipeline:   # answer in order, after the requests already here
             self.pipeline.append(_Reject(kind, message))
             self.pause_reading()
             return

@@ -30,7 +30,7 @@ def test_pipelined_flood_from_a_client_that_reads_nothing_stays_bounded(loop):
 def test_reading_resumes_once_the_client_takes_its_answers(loop):
     server, protocol, transport = open_conn(loop, write_high_water=16 * 1024)
     transport.flow_control = True
-    protocol.data_received(PIPELINED * 1000)
+    protocol.data_received(PIPELINED * 120)
     assert not transport.reading
     answered = 0
     for _ in range(100):
@@ -38,7 +38,7 @@ def test_reading_resumes_once_the_client_takes_its_answers(loop):
         if transport.reading:
             break
     answered += len(parse_responses(transport.take()))
-    assert answered == 1000 and transport.reading       # every request answered
+    assert answered == 120 and transport.reading        # every request answered
 
 
 def test_backpressure_applies_to_plain_responses_too(loop):
@@ -103,3 +103,21 @@ def test_a_timeout_is_a_timeout_error(loop):
     [(status, _, body)] = parse_responses(transport.take())
     assert status == 408 and error_of(body) == {
         "code": 408, "type": "timeout_error", "message": error_of(body)["message"]}
+
+
+def test_a_pipeline_deeper_than_the_cap_is_answered_then_closed(loop):
+    server, protocol, transport = open_conn(loop, max_pipeline=128, write_high_water=1024)
+    transport.flow_control = True
+    protocol.data_received(PIPELINED * 5000)              # one read: parsing stops at the cap
+    answers = []
+    for _ in range(200):
+        answers += parse_responses(transport.client_reads())
+        if transport.closed:
+            break
+    settle(loop)
+    answers += parse_responses(transport.take())
+    statuses = [status for status, _, _ in answers]
+    assert statuses[-1] == 429 and error_of(answers[-1][2])["type"] == "rate_limit_error"
+    # the few answered before the buffer passed 1 KiB, then the 128 queued: not 5,000
+    assert statuses[:-1] == [200] * len(statuses[:-1]) and 128 <= len(statuses) - 1 <= 128 + 20
+    assert transport.closed
