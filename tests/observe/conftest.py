@@ -68,6 +68,20 @@ class Client:
         """Every sample of /metrics: 'name{labels}' -> value."""
         return parse_prometheus(self.metrics_text())
 
+    def settled(self, deadline: float = 120.0) -> dict[str, float]:
+        """/metrics once the engines' series stop moving: workers push their counters once a
+        second, so a request that just ended may not be counted yet in the first read."""
+        import time
+        end = time.monotonic() + deadline
+        last = self.metrics()
+        while True:
+            time.sleep(1.5)
+            now = self.metrics()
+            engines = lambda m: {k: v for k, v in m.items() if 'model="' in k}   # noqa: E731
+            if engines(now) == engines(last) or time.monotonic() > end:
+                return now
+            last = now
+
     def open_stream(self, body: dict) -> socket.socket:
         """Start a streaming completion on a raw socket and read until its first token."""
         payload = orjson.dumps({"model": CHAT, "stream": True, **body})

@@ -35,11 +35,11 @@ def test_every_metric_is_there_for_every_model(client):
 
 
 def test_a_request_that_waits_for_a_slot_raises_the_queue_histogram(client):
-    before = client.metrics()
+    before = client.settled()
     n_tokens = 24
     answers = run_together(*[lambda: client.complete(prompt="Count to ten:", max_tokens=n_tokens,
                                                      ignore_eos=True) for _ in range(3)])
-    after = client.metrics()
+    after = client.settled()
     queued = lambda le: delta(before, after, f'stackd_request_queue_time_seconds_bucket{{model="{CHAT}",le="{le}"}}')
     assert delta(before, after, series("stackd_request_queue_time_seconds_count")) == 3
     # two slots: the third request waited at least one whole request (24 decode steps)
@@ -64,10 +64,10 @@ def test_a_request_that_waits_for_a_slot_raises_the_queue_histogram(client):
 
 def test_a_repeated_prefix_raises_prefix_hit_tokens(client):
     prompt = "You are a careful assistant who answers in one short sentence. " * 6
-    before = client.metrics()
+    before = client.settled()
     first = client.complete(prompt=prompt + "Say hi.", max_tokens=2)
     second = client.complete(prompt=prompt + "Say bye.", max_tokens=2)
-    after = client.metrics()
+    after = client.settled()
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= 60 and second["timings"]["cache_n"] == cached
     assert delta(before, after, series("stackd_prefix_cache_hit_tokens_total")) == \
@@ -84,7 +84,7 @@ def wait_for(client, predicate, what: str) -> dict:
 
 
 def test_gauges_follow_a_running_request_and_a_cancel_counts(client):
-    before = client.metrics()
+    before = client.settled()
     sock = client.open_stream({"prompt": "Write a long story about the sea.", "max_tokens": 400,
                                "ignore_eos": True})
     try:
