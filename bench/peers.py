@@ -5,6 +5,7 @@
   the same CPU flags as our wheel (native/llama_wheel.py), into .wheelhouse/.
 * llama-batched-bench: llama.cpp's batched decode benchmark (no HTTP, no sampling), built
   the same way from the same source, beside llama-server.
+* rpc-server: ggml's RPC server, for llama-server --rpc in the cluster benchmark.
 * llama-cpp-python's server: the same wheel we run, plus its [server] extras, in a
   separate virtual environment (.wheelhouse/bench-venv) so they stay out of ours.
 
@@ -46,6 +47,10 @@ def llama_batched_bench() -> str:
     return llama_cpp_tool("llama-batched-bench")
 
 
+# Built together: one configure and one compile of llama.cpp serves every peer tool.
+TOOLS = ("llama-server", "llama-batched-bench", "rpc-server")
+
+
 def llama_cpp_tool(target: str) -> str:
     """A llama.cpp program built from the sdist's source with our wheel's CPU flags."""
     args = llama_wheel.cmake_args()
@@ -59,14 +64,20 @@ def llama_cpp_tool(target: str) -> str:
             archive.extractall(tmp, filter="data")
         source = glob.glob(os.path.join(tmp, "llama_cpp_python-*", "vendor", "llama.cpp"))[0]
         build = os.path.join(tmp, "build")
-        flags = [a for a in args if not a.startswith("-DLLAMA_BUILD_")]
+        flags = [a for a in args if not a.startswith(("-DLLAMA_BUILD_", "-DGGML_RPC"))]
         subprocess.run(["cmake", "-S", source, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
                         "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF",
-                        "-DLLAMA_OPENSSL=OFF", *flags], check=True, stdout=sys.stderr)
-        subprocess.run(["cmake", "--build", build, "--target", target, "--parallel",
+                        "-DLLAMA_OPENSSL=OFF", "-DGGML_RPC=ON", "-DGGML_RPC_RDMA=OFF", *flags],
+                       check=True, stdout=sys.stderr)
+        subprocess.run(["cmake", "--build", build, "--target", *TOOLS, "--parallel",
                         str(os.cpu_count() or 2)], check=True, stdout=sys.stderr)
-        os.replace(os.path.join(build, "bin", target), binary)
+        for tool in TOOLS:
+            os.replace(os.path.join(build, "bin", tool), os.path.join(out_dir, tool))
     return binary
+
+
+def rpc_server() -> str:
+    return llama_cpp_tool("rpc-server")
 
 
 def llama_cpp_python_server() -> str:
@@ -86,4 +97,5 @@ def llama_cpp_python_server() -> str:
 if __name__ == "__main__":
     print(llama_server())
     print(llama_batched_bench())
+    print(rpc_server())
     print(llama_cpp_python_server())
