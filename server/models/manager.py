@@ -25,12 +25,19 @@ from .store import Manifest, ModelStore, valid_model_id
 
 MIB = 1 << 20
 MIN_CONTEXT = 32
-# Supervision of worker processes: restart after 1 s, 2 s, 4 s ... at most 60 s; after this many
-# crashes within the window the model is left `failed` (with the last exit) until loaded again.
+# Supervision of worker processes: a first crash restarts at once (one lost worker should cost its
+# clients no more than a model load); a crash loop backs off 1 s, 2 s, 4 s ... at most 60 s; after
+# this many crashes within the window the model is left `failed` (with the last exit) until loaded
+# again.
 RESTART_BACKOFF_MAX = 60.0
 CRASH_LIMIT = 5
 CRASH_WINDOW = 300.0
 BUFFER_OVERHEAD = 192 * MIB     # compute graph, output logits and scratch, beyond weights and KV
+
+
+def restart_delay(n_crashes: int) -> float:
+    """Seconds to wait before restarting a worker that crashed n_crashes times in the window."""
+    return 0.0 if n_crashes <= 1 else min(RESTART_BACKOFF_MAX, 2.0 ** (n_crashes - 2))
 
 
 @dataclass
@@ -302,7 +309,7 @@ class ModelManager:
                 self.errors[model_id] = (f"its worker {self.last_exits[model_id]['reason']} "
                                          f"{n_crashes} times within {CRASH_WINDOW:g} s")
                 return
-            await asyncio.sleep(min(RESTART_BACKOFF_MAX, 2.0 ** (n_crashes - 1)))
+            await asyncio.sleep(restart_delay(n_crashes))
             async with self._lock(model_id):
                 if self.loaded.get(model_id) is not model or self._closing:
                     return                                # unloaded or reloaded meanwhile

@@ -1,0 +1,14 @@
+"""The worker restart schedule: at once after a first crash, then a doubling back-off, capped."""
+from server.models.manager import RESTART_BACKOFF_MAX, restart_delay
+
+
+def test_a_first_crash_restarts_at_once():
+    assert restart_delay(1) == 0.0
+
+
+def test_a_crash_loop_backs_off_doubling():
+    assert [restart_delay(n) for n in (2, 3, 4, 5)] == [1.0, 2.0, 4.0, 8.0]
+
+
+def test_the_back_off_is_capped():
+    assert restart_delay(50) == RESTART_BACKOFF_MAX
