@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -48,32 +49,44 @@ def llama_batched_bench() -> str:
 
 
 # Built together: one configure and one compile of llama.cpp serves every peer tool.
-TOOLS = ("llama-server", "llama-batched-bench", "rpc-server")
+# The CMake target of ggml's RPC server is ggml-rpc-server; we keep the name rpc-server.
+TOOLS = {"llama-server": "llama-server", "llama-batched-bench": "llama-batched-bench",
+         "rpc-server": "ggml-rpc-server"}
+# A build that fails halfway keeps its objects here, so the next attempt resumes.
+BUILD_DIR = os.path.join(ROOT, "build", "peers")
 
 
-def llama_cpp_tool(target: str) -> str:
+def llama_cpp_tool(tool: str) -> str:
     """A llama.cpp program built from the sdist's source with our wheel's CPU flags."""
     args = llama_wheel.cmake_args()
     out_dir = llama_wheel.wheel_dir(args).replace("llama-cpp-python-", "llama-server-")
-    binary = os.path.join(out_dir, target)
+    binary = os.path.join(out_dir, tool)
     if os.path.exists(binary):
         return binary
     os.makedirs(out_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="llama-server-") as tmp:
-        with tarfile.open(_sdist(tmp)) as archive:
-            archive.extractall(tmp, filter="data")
-        source = glob.glob(os.path.join(tmp, "llama_cpp_python-*", "vendor", "llama.cpp"))[0]
-        build = os.path.join(tmp, "build")
-        flags = [a for a in args if not a.startswith(("-DLLAMA_BUILD_", "-DGGML_RPC"))]
-        subprocess.run(["cmake", "-S", source, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
-                        "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF",
-                        "-DLLAMA_OPENSSL=OFF", "-DGGML_RPC=ON", "-DGGML_RPC_RDMA=OFF", *flags],
-                       check=True, stdout=sys.stderr)
-        subprocess.run(["cmake", "--build", build, "--target", *TOOLS, "--parallel",
-                        str(os.cpu_count() or 2)], check=True, stdout=sys.stderr)
-        for tool in TOOLS:
-            os.replace(os.path.join(build, "bin", tool), os.path.join(out_dir, tool))
+    source = _source()
+    flags = [a for a in args if not a.startswith(("-DLLAMA_BUILD_", "-DGGML_RPC"))]
+    subprocess.run(["cmake", "-S", source, "-B", BUILD_DIR, "-DCMAKE_BUILD_TYPE=Release",
+                    "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF",
+                    "-DLLAMA_OPENSSL=OFF", "-DGGML_RPC=ON", "-DGGML_RPC_RDMA=OFF", *flags],
+                   check=True, stdout=sys.stderr)
+    subprocess.run(["cmake", "--build", BUILD_DIR, "--target", *TOOLS.values(), "--parallel",
+                    str(os.cpu_count() or 2)], check=True, stdout=sys.stderr)
+    for name, target in TOOLS.items():
+        shutil.copy2(os.path.join(BUILD_DIR, "bin", target), os.path.join(out_dir, name))
     return binary
+
+
+def _source() -> str:
+    """llama.cpp's source tree, unpacked once from llama-cpp-python's sdist under build/."""
+    unpacked = os.path.join(ROOT, "build", "peers-src")
+    found = glob.glob(os.path.join(unpacked, "llama_cpp_python-*", "vendor", "llama.cpp"))
+    if found:
+        return found[0]
+    with tempfile.TemporaryDirectory(prefix="llama-sdist-") as tmp:
+        with tarfile.open(_sdist(tmp)) as archive:
+            archive.extractall(unpacked, filter="data")
+    return glob.glob(os.path.join(unpacked, "llama_cpp_python-*", "vendor", "llama.cpp"))[0]
 
 
 def rpc_server() -> str:
