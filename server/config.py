@@ -71,6 +71,9 @@ DEFAULTS: dict = {
         "disk_reserve_mb": 1024,  # disk a pull must leave free
         "pull_stall_timeout": 30.0,
     },
+    "debug": {
+        "trace_reply_timeout": 30.0,  # seconds a worker has to answer a trace's start or stop
+    },
     "console": {
         "enabled": False,         # serve --console: the console beside the node, on one loop
         "port": 8000,
@@ -192,6 +195,8 @@ def _check(values: dict) -> None:
         raise ConfigError("settings power.min_voltage_mv and power.max_voltage_mv: need 0 < min <= max")
     if values["inference"]["limits"]["key_share"] > 1:
         raise ConfigError("setting inference.limits.key_share: must be a fraction from 0 to 1")
+    if values["debug"]["trace_reply_timeout"] <= 0:
+        raise ConfigError("setting debug.trace_reply_timeout: must be positive")
     _check_console(values["console"])
 
 

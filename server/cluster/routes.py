@@ -12,6 +12,7 @@ from ..http.errors import ApiError, ErrorKind
 from ..http.openapi import json_answer
 from ..http.validate import Body
 from ..http.response import Response, json_response
+from ..http.wire import JSON
 from ..http.routing import Endpoint
 from ..observe import prometheus, trace
 from ..system import readings
@@ -136,7 +137,8 @@ async def debug_trace(node, request) -> Response:
         if model_id not in engines:
             raise ApiError(ErrorKind.MODEL_NOT_FOUND, f"the model '{model_id}' is not loaded", param="model")
         engines = {model_id: engines[model_id]}
-    return json_response(await trace.record(node, engines, seconds))
+    body = await trace.record(node, engines, seconds, node.settings["debug.trace_reply_timeout"])
+    return Response(200, body, JSON)
 
 
 # What the handlers above answer, for the OpenAPI document.

@@ -16,10 +16,11 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Iterator
 
 from .errors import EndedEvent, EngineError, ErrorCode
 from .native import SAMPLING_FIELDS, STATUS_ERROR, SUBMIT_ACCEPTED, Engine, SamplingParams, Vocab
-from .wire import FrameReader, WireError, decode_events, frame
+from .wire import TRACE_CHUNK, FrameReader, WireError, decode_events, decode_trace, frame
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -59,6 +60,14 @@ class InlineEngine:
 
     async def submit_embedding(self, rid: int, inputs, owner: int) -> int:
         return self.engine.submit_embedding(rid, inputs, owner)
+
+    async def trace_start(self) -> bool:
+        return self.engine.trace_start()
+
+    async def trace_stop(self) -> tuple[Iterator[list[dict]], int]:
+        """The same shape as a worker's: the records in chunks, none dropped."""
+        records = self.engine.trace_stop()
+        return (records[at:at + TRACE_CHUNK] for at in range(0, len(records), TRACE_CHUNK)), 0
 
     async def aclose(self, grace: float = 0.0) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
@@ -176,6 +185,32 @@ class WorkerEngine:
             self.in_flight.difference_update(ids)
         return reply
 
+    # ---- the engine trace (server/observe/trace.py) -------------------------------------------------
+
+    async def trace_start(self) -> bool:
+        """False: the engine records already."""
+        reply, _ = await self._call({"op": "trace_start"})
+        return reply["started"]
+
+    async def trace_stop(self) -> tuple[Iterator[list[dict]], int]:
+        """The records since trace_start, a chunk at a time (decoded as they are taken, so the
+        caller can let the loop turn between chunks), and how many did not fit the frame."""
+        reply, tail = await self._call({"op": "trace_stop"})
+        return decode_trace(reply.get("chunks"), tail), reply.get("n_dropped", 0)
+
+    async def _call(self, message: dict) -> tuple[dict, bytes]:
+        """Send a request, await the worker's answer (its header and tail), matched by seq.
+        The worker's death fails it with WORKER_LOST (_lose)."""
+        if self.lost:
+            raise EngineError(ErrorCode.WORKER_LOST, "the model's worker process is not running")
+        seq = message["seq"] = next(self.seq)
+        future = self.verdicts[seq] = self.loop.create_future()
+        self._send(frame(message))
+        try:
+            return await future
+        finally:
+            self.verdicts.pop(seq, None)
+
     def cancel(self, rid: int) -> None:
         if not self.lost:
             self._send(frame({"op": "cancel", "id": rid}))
@@ -259,13 +294,18 @@ class WorkerEngine:
                     self.in_flight.discard(event.id_request)
             return events
         if op == "verdict":
-            future = self.verdicts.get(message.get("seq"))
-            if future is not None and not future.done():
-                future.set_result(message)
+            self._answer(message, message)
+        elif op in ("trace_started", "trace"):
+            self._answer(message, (message, tail))
         elif op == "stats":
             self._stats = message.get("stats") or {}
             self._metrics = message.get("metrics")
         return []
+
+    def _answer(self, message: dict, result) -> None:
+        future = self.verdicts.get(message.get("seq"))
+        if future is not None and not future.done():
+            future.set_result(result)
 
     def _lose(self) -> list:
         self.lost = True

@@ -127,3 +127,42 @@ def decode_events(items: list, tail: bytes) -> list:
         except (KeyError, TypeError, ValueError) as exc:
             raise WireError(f"bad event: {exc}") from None
     return events
+
+
+# ---- the engine trace ------------------------------------------------------------------------
+# A stopped recording crosses as one `trace` frame: the records (the dicts Engine.trace_stop
+# gives) as JSON arrays of at most TRACE_CHUNK records each, one after the other in the tail,
+# with their byte lengths in the header. The daemon decodes them a chunk at a time between
+# turns of its loop (server/observe/trace.py): a 60 s recording is megabytes.
+
+TRACE_CHUNK = 2048                     # ~0.4 MB of JSON, a millisecond or two to decode
+MAX_TRACE_TAIL = MAX_FRAME - (1 << 20) # room for the header; chunks past it are dropped
+
+
+def encode_trace(records: list[dict]) -> tuple[list[int], int, bytes]:
+    """(chunk lengths, records dropped to fit one frame, tail)."""
+    chunks, size = [], 0
+    for at in range(0, len(records), TRACE_CHUNK):
+        chunk = orjson.dumps(records[at:at + TRACE_CHUNK])
+        if size + len(chunk) > MAX_TRACE_TAIL:
+            return [len(c) for c in chunks], len(records) - at, b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+    return [len(c) for c in chunks], 0, b"".join(chunks)
+
+
+def decode_trace(sizes: list, tail: bytes):
+    """The records, a chunk (a list of dicts) at a time."""
+    if not isinstance(sizes, list) or not all(isinstance(n, int) and n >= 0 for n in sizes) \
+            or sum(sizes) != len(tail):
+        raise WireError("bad trace: chunk lengths do not match the tail")
+    view, at = memoryview(tail), 0
+    for n in sizes:
+        try:
+            records = orjson.loads(view[at:at + n])
+        except orjson.JSONDecodeError as exc:
+            raise WireError(f"bad trace chunk: {exc}") from None
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            raise WireError("bad trace chunk: not a list of records")
+        at += n
+        yield records

@@ -4,7 +4,7 @@
 
 FD is this end of a socketpair with the daemon. The first frame is the engine's parameters;
 the worker loads the model, answers `ready` with the model's facts, then serves frames
-(submit, embed, cancel, close) and forwards the engine's events, waking on the socket and on
+(submit, embed, cancel, close, trace_start, trace_stop) and forwards the engine's events, waking on the socket and on
 the engine's eventfd (poll, no busy loop, no thread per request). Stats go out once a second.
 
 It exits when the daemon says close (after closing the engine), when the daemon's end of the
@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 
-from .wire import FrameReader, encode_events, frame
+from .wire import FrameReader, encode_events, encode_trace, frame
 
 PR_SET_PDEATHSIG = 1
 STATS_INTERVAL = 1.0
@@ -63,6 +63,10 @@ class Worker:
             self.engine.set_compute_scale(message["scale"])
         elif op == "close":
             self.running = False
+        elif op == "trace_start":
+            self.send({"op": "trace_started", "seq": message["seq"], "started": self.engine.trace_start()})
+        elif op == "trace_stop":
+            self.send_trace(message["seq"])
 
     def submit(self, message: dict) -> None:
         from .._engine import SUBMIT_ACCEPTED, SamplingParams
@@ -83,6 +87,11 @@ class Worker:
                 break
             accepted.append(rid)
         self.send({"op": "verdict", "seq": message["seq"], "verdict": verdict, "error": error})
+
+    def send_trace(self, seq: int) -> None:
+        """The recording so far, as a frame tail; the socket takes it at its own pace (poll)."""
+        sizes, n_dropped, tail = encode_trace(self.engine.trace_stop())
+        self.send({"op": "trace", "seq": seq, "chunks": sizes, "n_dropped": n_dropped}, tail)
 
     # ---- to the daemon ---------------------------------------------------------------------------
 

@@ -1,18 +1,34 @@
 """POST /v1/debug/trace: record what the engines do for a few seconds, answer with Chrome
 trace event JSON (`{"traceEvents": [...]}`) that Perfetto and chrome://tracing open.
 
-Each model is a process (pid). Its track 0 holds the engine's steps, each with its phases
-(schedule, batch, decode, sample, emit) nested inside; every request has its own track
-with one `request` span (submitted to finished) holding `queued`, its `prefill` chunks,
-`decode` and a `finish` mark. Requests that finish within the window are there in full;
-a prefill chunk of one still running at the end appears alone.
+Each model is a process: a worker's own pid, or 1, 2 ... for engines in the daemon. Its track 0
+holds the engine's steps, each with its phases (schedule, batch, decode, sample, emit) nested
+inside; every request has its own track (its id + 1) with one `request` span (submitted to
+finished) holding `queued`, its `prefill` chunks, `decode` and a `finish` mark. Requests that
+finish within the window are there in full; a prefill chunk of one still running at the end
+appears alone.
+
+One clock for every process: the engine stamps its records with std::chrono::steady_clock,
+which libstdc++ reads from clock_gettime(CLOCK_MONOTONIC) on Linux. CLOCK_MONOTONIC is the
+machine's one clock since boot, the same in every process (unlike the CPU-time clocks), so a
+worker's microseconds, an inline engine's and the daemon's time.monotonic_ns() lie on one axis
+with no offset to estimate: the records are merged as they come, and `otherData.window_us` (the
+daemon's reading when the recording started and when the last engine had stopped) brackets them.
+
+A recording of 60 s is megabytes: the records are turned into events and encoded a chunk at a
+time (wire.TRACE_CHUNK records), letting the loop turn between chunks.
 """
 from __future__ import annotations
 
 import asyncio
+import time
+
+import orjson
 
 from ..http.errors import ApiError, ErrorKind, invalid
+from ..engine.errors import EngineError
 from ..engine.native import FINISH_REASONS
+from ..engine.wire import WireError
 
 MIN_SECONDS, MAX_SECONDS = 1, 60
 STEP_TRACK = 0
@@ -29,38 +45,102 @@ def seconds_of(body: dict) -> float:
     return float(value)
 
 
-async def record(node, engines: dict, seconds: float) -> dict:
-    """engines: model id -> Engine. One recording per node at a time (409 otherwise)."""
+def now_us() -> int:
+    return time.monotonic_ns() // 1000             # CLOCK_MONOTONIC, as the engines' stamps
+
+
+async def record(node, engines: dict, seconds: float, reply_timeout: float) -> bytes:
+    """engines: model id -> engine client (inline or worker). One recording per node at a time
+    (409 otherwise). A worker that dies (or does not answer within `reply_timeout`) costs only
+    its own records: the trace names it in `otherData.lost`. Answers the encoded JSON."""
     if id(node) in _recording:
         raise ApiError(ErrorKind.CONFLICT, "a trace is already being recorded on this node; "
                        "retry when it has finished")
     _recording.add(id(node))
-    started = {}
-    # An engine in a worker process does not record yet: only inline engines
-    # (engine.isolation = "inline", the profiling setting) are traced.
-    not_traced = [model_id for model_id, engine in engines.items() if not hasattr(engine, "trace_start")]
+    trace = ChromeTrace()
     try:
-        for model_id, engine in engines.items():
-            if model_id in not_traced:
-                continue
-            if not engine.trace_start():
-                raise ApiError(ErrorKind.CONFLICT, f"the engine of '{model_id}' is already tracing")
-            started[model_id] = engine
-        await asyncio.sleep(seconds)
+        t_start = now_us()
+        started = await _start(engines, trace, reply_timeout)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            await asyncio.gather(*(_collect(trace, model_id, engine, reply_timeout)
+                                   for model_id, engine in started.items()))
+        trace.other.update(seconds=seconds, window_us=[t_start, now_us()])
     finally:
-        records = {model_id: engine.trace_stop() for model_id, engine in started.items()}
         _recording.discard(id(node))
-    trace = chrome_trace(records, seconds)
-    trace["otherData"]["not_traced"] = not_traced
-    return trace
+    return await trace.encode()
 
 
-def chrome_trace(records: dict[str, list[dict]], seconds: float) -> dict:
-    events = []
-    for pid, (model_id, model_records) in enumerate(records.items(), start=1):
-        events.append(_meta("process_name", pid, 0, f"model {model_id}"))
-        events.append(_meta("thread_name", pid, STEP_TRACK, "engine steps"))
-        for r in model_records:
+async def _start(engines: dict, trace: "ChromeTrace", reply_timeout: float) -> dict:
+    """Start every engine's recording at once; those that answer are traced."""
+    async def start(model_id, engine) -> bool:
+        try:
+            if await asyncio.wait_for(engine.trace_start(), reply_timeout):
+                return True
+            # Only this module starts recordings, one trace per node at a time: a recording
+            # already on was left by a trace whose stop never reached the engine (a worker
+            # that answered after reply_timeout). Its records are stale: drop them, start anew.
+            await _collect(None, model_id, engine, reply_timeout)
+            if await asyncio.wait_for(engine.trace_start(), reply_timeout):
+                return True
+            trace.lost[model_id] = "its engine is recording already"
+        except (EngineError, asyncio.TimeoutError) as exc:
+            trace.lost[model_id] = _why(exc, reply_timeout)
+        return False
+    answers = await asyncio.gather(*(start(m, e) for m, e in engines.items()))
+    return {m: e for (m, e), ok in zip(engines.items(), answers) if ok}
+
+
+async def _collect(trace: "ChromeTrace | None", model_id: str, engine, reply_timeout: float) -> None:
+    """Stop one engine's recording and add its records to `trace` (None: discard them)."""
+    try:
+        chunks, n_dropped = await asyncio.wait_for(engine.trace_stop(), reply_timeout)
+        pid = trace.process(model_id, engine.pid) if trace is not None else 0
+        for records in chunks:
+            if trace is not None:
+                trace.add(pid, records)
+            await asyncio.sleep(0)       # let the loop turn between chunks
+    except (EngineError, WireError, asyncio.TimeoutError, KeyError, TypeError, IndexError) as exc:
+        if trace is not None:
+            trace.lost[model_id] = _why(exc, reply_timeout)
+        return
+    if trace is not None and n_dropped:
+        trace.other.setdefault("dropped_records", {})[model_id] = n_dropped
+
+
+def _why(exc: Exception, reply_timeout: float) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"its worker did not answer within {reply_timeout:g} s (debug.trace_reply_timeout)"
+    if isinstance(exc, (KeyError, TypeError, IndexError)):
+        return f"its worker sent a trace record of the wrong shape ({exc!r})"
+    return str(exc)
+
+
+class ChromeTrace:
+    """Chrome trace events, gathered model by model, chunk by chunk."""
+
+    def __init__(self):
+        self.events: list[dict] = []
+        self.models: dict[str, int] = {}           # model id -> its pid in the trace
+        self.lost: dict[str, str] = {}             # model id -> why its records are missing
+        self.other: dict = {"clock": "CLOCK_MONOTONIC, microseconds"}
+        self.n_inline = 0
+
+    def process(self, model_id: str, os_pid: int | None) -> int:
+        """A model's process in the trace: its worker's pid, or for an engine in the daemon a
+        small number of its own (1, 2 ...: no worker has those)."""
+        if os_pid is None:
+            self.n_inline += 1
+        pid = os_pid or self.n_inline
+        self.models[model_id] = pid
+        self.events.append(_meta("process_name", pid, 0, f"model {model_id}"))
+        self.events.append(_meta("thread_name", pid, STEP_TRACK, "engine steps"))
+        return pid
+
+    def add(self, pid: int, records: list[dict]) -> None:
+        events = self.events
+        for r in records:
             if r["kind"] == "step":
                 events += _step(pid, r)
             elif r["kind"] == "prefill":
@@ -69,8 +149,19 @@ def chrome_trace(records: dict[str, list[dict]], seconds: float) -> dict:
             else:
                 events.append(_meta("thread_name", pid, _track(r), f"request {r['id_request']}"))
                 events += _request(pid, r)
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"seconds": seconds, "models": list(records), "clock": "steady, microseconds"}}
+
+    async def encode(self) -> bytes:
+        """The JSON document, its events encoded a chunk at a time between turns of the loop."""
+        parts = []
+        for at in range(0, len(self.events), EVENTS_PER_CHUNK):
+            parts.append(orjson.dumps(self.events[at:at + EVENTS_PER_CHUNK])[1:-1])
+            await asyncio.sleep(0)
+        other = {**self.other, "models": list(self.models), "lost": self.lost}
+        return b'{"traceEvents":[' + b",".join(p for p in parts if p) + b'],"displayTimeUnit":"ms",' \
+               b'"otherData":' + orjson.dumps(other) + b"}"
+
+
+EVENTS_PER_CHUNK = 8192
 
 
 def _track(r: dict) -> int:

@@ -1,20 +1,33 @@
 """With the default engine.isolation (each model's engine in a worker process) the engine's
-metrics still reach /metrics (the worker pushes them with its stats, once a second), and a trace
-says which models it could not record."""
+metrics still reach /metrics (the worker pushes them with its stats, once a second), responses
+carry their timings, and the trace records the worker's engine: its spans carry the worker's
+pid, and their times (the worker's CLOCK_MONOTONIC) lie inside the daemon's recording window."""
+import threading
 import time
 
 import pytest
 
 from tests.blackbox.daemon import Daemon
 
-from .conftest import CHAT, Client, series
+from .conftest import CHAT, Client, run_together, series
+from .test_trace import PHASES, check_nesting, trace
+
+EMBED = "all-minilm-l6-v2"
 
 
-@pytest.fixture
-def worker_client(tmp_path):
-    daemon = Daemon(str(tmp_path / "data"), "[engine]\nslots = 2\ncontext_length = 512\n", models=True)
+@pytest.fixture(scope="module")
+def worker_client(tmp_path_factory):
+    daemon = Daemon(str(tmp_path_factory.mktemp("observe-worker") / "data"),
+                    "[engine]\nslots = 2\ncontext_length = 512\n", models=True)
     yield Client(daemon)
     daemon.stop()
+
+
+def worker_pid(client: Client, model: str) -> int:
+    status, _, described = client.daemon.request("GET", f"/v1/models/{model}", port="inference",
+                                                 key=client.key)
+    assert status == 200 and described["isolation"] == "worker", described
+    return described["pid"]
 
 
 def test_worker_engines_report_their_metrics(worker_client):
@@ -31,5 +44,67 @@ def test_worker_engines_report_their_metrics(worker_client):
         raise AssertionError("the worker never reported its histograms")
     assert samples[series("stackd_generation_tokens_total")] == 3
     assert samples[series("stackd_time_to_first_token_seconds_count")] == 1
-    status, body = client.post("/v1/debug/trace", {"seconds": 1}, port="cluster")
-    assert status == 200 and sorted(body["otherData"]["not_traced"]) == sorted([CHAT, "all-minilm-l6-v2"])
+
+
+def record_while(client: Client, seconds: float, send, **extra) -> tuple[int, dict, list]:
+    """A trace of `seconds`; once it records, run `send` (callables, at once). -> (status,
+    trace, what `send` answered)."""
+    result = {}
+    recorder = threading.Thread(target=lambda: result.update(answer=trace(client, seconds, **extra)))
+    recorder.start()
+    time.sleep(2.5)                      # one local request, one round trip to an idle worker
+    answers = run_together(*send)
+    recorder.join()
+    return *result["answer"], answers
+
+
+def test_a_trace_records_the_worker_engine(worker_client):
+    client = worker_client
+    pid = worker_pid(client, CHAT)
+    max_tokens = [3, 5, 7]
+    send = [lambda n=n: client.complete(prompt=f"Name {n} rivers.", max_tokens=n, ignore_eos=True)
+            for n in max_tokens]
+    began = time.monotonic()
+    run_together(*send)
+    seconds = min(60, 5 + 4 * (time.monotonic() - began))
+    status, body, answers = record_while(client, seconds, send, model=CHAT)
+    assert status == 200, body
+    events = body["traceEvents"]
+    check_nesting(events)
+    assert body["otherData"]["models"] == [CHAT] and body["otherData"]["lost"] == {}
+    [process] = [e for e in events if e["name"] == "process_name"]
+    assert process["pid"] == pid and process["args"]["name"] == f"model {CHAT}"
+    assert {e["pid"] for e in events} == {pid}
+
+    begin, end = body["otherData"]["window_us"]
+    timed = [e for e in events if e["ph"] in ("X", "i")]
+    assert all(begin <= e["ts"] and e["ts"] + e.get("dur", 0) <= end for e in timed)
+
+    steps = [e for e in events if e["name"] == "step"]
+    assert steps and all(e["tid"] == 0 and e["args"]["n_tokens"] >= 1 for e in steps)
+    step_phases = [e["name"] for e in events if e["tid"] == 0 and e["ph"] == "X" and e["name"] != "step"]
+    assert step_phases == PHASES * len(steps)
+    decoded = sum(e["args"]["n_sampled"] for e in steps)
+    assert decoded >= sum(max_tokens)    # every token the requests generated was sampled in a step
+
+    requests = [e for e in events if e["name"] == "request"]
+    sent = sorted((a["usage"]["prompt_tokens"], a["usage"]["completion_tokens"]) for a in answers)
+    assert sorted((e["args"]["n_prompt"], e["args"]["n_generated"]) for e in requests) == sent
+    for request in requests:
+        assert request["tid"] == request["args"]["id_request"] + 1
+        on_track = {e["name"] for e in events if e["tid"] == request["tid"]}
+        assert {"request", "queued", "prefill", "decode", "finish", "thread_name"} <= on_track
+
+
+def test_a_trace_of_every_worker(worker_client):
+    status, body = trace(worker_client, 1)
+    assert status == 200 and body["otherData"]["lost"] == {}
+    processes = {e["args"]["name"]: e["pid"] for e in body["traceEvents"] if e["name"] == "process_name"}
+    assert processes == {f"model {m}": worker_pid(worker_client, m) for m in (CHAT, EMBED)}
+
+
+@pytest.mark.parametrize("extra, expected", [({"seconds": 0}, 400), ({"seconds": 61}, 400),
+                                             ({"seconds": 1, "model": "no-such-model"}, 404)])
+def test_bad_requests_are_refused_before_any_worker_records(worker_client, extra, expected):
+    status, body = worker_client.post("/v1/debug/trace", extra, port="cluster")
+    assert status == expected and set(body["error"]) >= {"code", "message", "type"}
