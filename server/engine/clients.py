@@ -202,7 +202,8 @@ class WorkerEngine:
         """Send a request, await the worker's answer (its header and tail), matched by seq.
         The worker's death fails it with WORKER_LOST (_lose)."""
         if self.lost:
-            raise EngineError(ErrorCode.WORKER_LOST, "the model's worker process is not running")
+            how = "" if self.exit_status is None else f" ({describe_exit(self.exit_status)})"
+            raise EngineError(ErrorCode.WORKER_LOST, f"the model's worker process is not running{how}")
         seq = message["seq"] = next(self.seq)
         future = self.verdicts[seq] = self.loop.create_future()
         self._send(frame(message))

@@ -2,6 +2,8 @@
 metrics still reach /metrics (the worker pushes them with its stats, once a second), responses
 carry their timings, and the trace records the worker's engine: its spans carry the worker's
 pid, and their times (the worker's CLOCK_MONOTONIC) lie inside the daemon's recording window."""
+import os
+import signal
 import threading
 import time
 
@@ -108,3 +110,40 @@ def test_a_trace_of_every_worker(worker_client):
 def test_bad_requests_are_refused_before_any_worker_records(worker_client, extra, expected):
     status, body = worker_client.post("/v1/debug/trace", extra, port="cluster")
     assert status == expected and set(body["error"]) >= {"code", "message", "type"}
+
+
+def test_a_worker_that_dies_or_freezes_mid_trace_is_named_not_waited_for(tmp_path):
+    """The chat worker is killed while the trace records (and, the crash hook set, every restart
+    dies too); the embedding worker is stopped (SIGSTOP) past debug.trace_reply_timeout. Each
+    trace answers with what it has and names the model it lost."""
+    crash = tmp_path / "crash"
+    daemon = Daemon(str(tmp_path / "data"), "[engine]\nslots = 2\ncontext_length = 512\n"
+                    "[debug]\ntrace_reply_timeout = 2.0\n", models=True,
+                    env={"STACKD_TEST_WORKER_CRASH_FILE": str(crash)})
+    try:
+        client = Client(daemon)
+        chat, embed = worker_pid(client, CHAT), worker_pid(client, EMBED)
+
+        def kill_chat():
+            crash.write_text("")
+            os.kill(chat, signal.SIGKILL)
+        status, body, _ = record_while(client, 4, [kill_chat])
+        assert status == 200, body
+        assert list(body["otherData"]["lost"]) == [CHAT] and "SIGKILL" in body["otherData"]["lost"][CHAT]
+        assert body["otherData"]["models"] == [EMBED]
+        processes = [e for e in body["traceEvents"] if e["name"] == "process_name"]
+        assert [(e["pid"], e["args"]["name"]) for e in processes] == [(embed, f"model {EMBED}")]
+
+        os.kill(embed, signal.SIGSTOP)
+        try:
+            status, body = trace(client, 1, model=EMBED)
+        finally:
+            os.kill(embed, signal.SIGCONT)
+        assert status == 200, body
+        assert body["otherData"]["models"] == [] and body["traceEvents"] == []
+        assert "did not answer within 2 s" in body["otherData"]["lost"][EMBED]
+        # The late answer is dropped; the worker records again for the next trace.
+        status, body = trace(client, 1, model=EMBED)
+        assert status == 200 and body["otherData"]["models"] == [EMBED], body
+    finally:
+        daemon.stop()
