@@ -39,6 +39,7 @@ def test_config_toml_in_data_dir_is_found(tmp_path):
     ("inference_port = 70000\n", "not a TCP port"),
     ("[http]\nmax_connections = 0\n", "must be positive"),
     ("[rate_limits]\ninference = -1\n", "unlimited"),
+    ("[debug]\ntrace_reply_timeout = 0\n", "trace_reply_timeout: must be positive"),
     ("[rate_limits.keys.ci]\nbogus = 1\n", "known group"),
     ("not toml at all [", "cannot read"),
 ])
