@@ -11,7 +11,7 @@ from ..http import validate
 from ..http.errors import ApiError, ErrorKind
 from ..http.openapi import json_answer
 from ..http.validate import Body
-from ..http.response import Response, json_response
+from ..http.response import Response, StreamingResponse, json_response
 from ..http.wire import JSON
 from ..http.routing import Endpoint
 from ..observe import prometheus, trace
@@ -128,7 +128,7 @@ def metrics(node, request) -> Response:
                     b"text/plain; version=0.0.4; charset=utf-8")
 
 
-async def debug_trace(node, request) -> Response:
+async def debug_trace(node, request) -> StreamingResponse:
     body = request.json()
     seconds = trace.seconds_of(body)
     model_id = validate.string(body, "model", required=False, max_len=256)
@@ -137,8 +137,8 @@ async def debug_trace(node, request) -> Response:
         if model_id not in engines:
             raise ApiError(ErrorKind.MODEL_NOT_FOUND, f"the model '{model_id}' is not loaded", param="model")
         engines = {model_id: engines[model_id]}
-    body = await trace.record(node, engines, seconds, node.settings["debug.trace_reply_timeout"])
-    return Response(200, body, JSON)
+    recorded = await trace.record(node, engines, seconds, node.settings["debug.trace_reply_timeout"])
+    return StreamingResponse(recorded.stream(), JSON)
 
 
 # What the handlers above answer, for the OpenAPI document.

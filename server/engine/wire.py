@@ -52,7 +52,8 @@ class FrameReader:
                 raise WireError(f"bad frame header: {exc}") from None
             if not isinstance(header, dict):
                 raise WireError("frame header is not an object")
-            frames.append((header, bytes(buf[start + n_head:end])))
+            with memoryview(buf) as view:          # one copy of a tail, not two (a trace is MBs)
+                frames.append((header, view[start + n_head:end].tobytes()))
             at = end
         del buf[:at]
         return frames
@@ -135,7 +136,7 @@ def decode_events(items: list, tail: bytes) -> list:
 # with their byte lengths in the header. The daemon decodes them a chunk at a time between
 # turns of its loop (server/observe/trace.py): a 60 s recording is megabytes.
 
-TRACE_CHUNK = 2048                     # ~0.4 MB of JSON, a millisecond or two to decode
+TRACE_CHUNK = 512                      # ~80 kB of JSON: a few ms to decode, convert, encode
 MAX_TRACE_TAIL = MAX_FRAME - (1 << 20) # room for the header; chunks past it are dropped
 
 

@@ -15,12 +15,15 @@ worker's microseconds, an inline engine's and the daemon's time.monotonic_ns() l
 with no offset to estimate: the records are merged as they come, and `otherData.window_us` (the
 daemon's reading when the recording started and when the last engine had stopped) brackets them.
 
-A recording of 60 s is megabytes: the records are turned into events and encoded a chunk at a
-time (wire.TRACE_CHUNK records), letting the loop turn between chunks.
+A recording of 60 s is megabytes: the records are decoded, turned into events and encoded a
+chunk at a time (wire.TRACE_CHUNK records), letting the loop turn between chunks, and the
+answer is streamed part by part.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import time
 
 import orjson
@@ -49,10 +52,10 @@ def now_us() -> int:
     return time.monotonic_ns() // 1000             # CLOCK_MONOTONIC, as the engines' stamps
 
 
-async def record(node, engines: dict, seconds: float, reply_timeout: float) -> bytes:
+async def record(node, engines: dict, seconds: float, reply_timeout: float) -> "ChromeTrace":
     """engines: model id -> engine client (inline or worker). One recording per node at a time
     (409 otherwise). A worker that dies (or does not answer within `reply_timeout`) costs only
-    its own records: the trace names it in `otherData.lost`. Answers the encoded JSON."""
+    its own records: the trace names it in `otherData.lost`."""
     if id(node) in _recording:
         raise ApiError(ErrorKind.CONFLICT, "a trace is already being recorded on this node; "
                        "retry when it has finished")
@@ -69,7 +72,7 @@ async def record(node, engines: dict, seconds: float, reply_timeout: float) -> b
         trace.other.update(seconds=seconds, window_us=[t_start, now_us()])
     finally:
         _recording.discard(id(node))
-    return await trace.encode()
+    return trace
 
 
 async def _start(engines: dict, trace: "ChromeTrace", reply_timeout: float) -> dict:
@@ -97,9 +100,13 @@ async def _collect(trace: "ChromeTrace | None", model_id: str, engine, reply_tim
     try:
         chunks, n_dropped = await asyncio.wait_for(engine.trace_stop(), reply_timeout)
         pid = trace.process(model_id, engine.pid) if trace is not None else 0
-        for records in chunks:
-            if trace is not None:
-                trace.add(pid, records)
+        while True:
+            with collector_held():
+                records = next(chunks, None)
+                if records is None:
+                    break
+                if trace is not None:
+                    trace.add(pid, records)
             await asyncio.sleep(0)       # let the loop turn between chunks
     except (EngineError, WireError, asyncio.TimeoutError, KeyError, TypeError, IndexError) as exc:
         if trace is not None:
@@ -107,6 +114,21 @@ async def _collect(trace: "ChromeTrace | None", model_id: str, engine, reply_tim
         return
     if trace is not None and n_dropped:
         trace.other.setdefault("dropped_records", {})[model_id] = n_dropped
+
+
+@contextlib.contextmanager
+def collector_held():
+    """Python's cyclic collector held off while one chunk is decoded and converted. Its
+    records and events are acyclic, freed by reference counting when the chunk is done; left
+    on, the collector would promote them (alive while the chunk is built) and then run full
+    collections of the daemon's whole heap, tens of milliseconds each, several per trace."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _why(exc: Exception, reply_timeout: float) -> str:
@@ -118,10 +140,11 @@ def _why(exc: Exception, reply_timeout: float) -> str:
 
 
 class ChromeTrace:
-    """Chrome trace events, gathered model by model, chunk by chunk."""
+    """Chrome trace events, gathered model by model, chunk by chunk: each chunk's events are
+    encoded as they are made, so a long recording is held as bytes, not as millions of dicts."""
 
     def __init__(self):
-        self.events: list[dict] = []
+        self.parts: list[bytes] = []               # encoded events, comma-joined at the end
         self.models: dict[str, int] = {}           # model id -> its pid in the trace
         self.lost: dict[str, str] = {}             # model id -> why its records are missing
         self.other: dict = {"clock": "CLOCK_MONOTONIC, microseconds"}
@@ -134,12 +157,12 @@ class ChromeTrace:
             self.n_inline += 1
         pid = os_pid or self.n_inline
         self.models[model_id] = pid
-        self.events.append(_meta("process_name", pid, 0, f"model {model_id}"))
-        self.events.append(_meta("thread_name", pid, STEP_TRACK, "engine steps"))
+        self._append([_meta("process_name", pid, 0, f"model {model_id}"),
+                      _meta("thread_name", pid, STEP_TRACK, "engine steps")])
         return pid
 
     def add(self, pid: int, records: list[dict]) -> None:
-        events = self.events
+        events = []
         for r in records:
             if r["kind"] == "step":
                 events += _step(pid, r)
@@ -149,19 +172,22 @@ class ChromeTrace:
             else:
                 events.append(_meta("thread_name", pid, _track(r), f"request {r['id_request']}"))
                 events += _request(pid, r)
+        self._append(events)
 
-    async def encode(self) -> bytes:
-        """The JSON document, its events encoded a chunk at a time between turns of the loop."""
-        parts = []
-        for at in range(0, len(self.events), EVENTS_PER_CHUNK):
-            parts.append(orjson.dumps(self.events[at:at + EVENTS_PER_CHUNK])[1:-1])
-            await asyncio.sleep(0)
+    def _append(self, events: list[dict]) -> None:
+        if events:
+            encoded = orjson.dumps(events)
+            self.parts.append(b"," + encoded[1:-1] if self.parts else encoded[1:-1])
+
+    async def stream(self):
+        """The JSON document, part by part: the HTTP layer sends each as it is taken (and waits
+        while the client is slow), so a long recording never becomes one large write."""
+        yield b'{"traceEvents":['
+        for part in self.parts:
+            yield part
+            await asyncio.sleep(0)       # a turn of the loop between two writes
         other = {**self.other, "models": list(self.models), "lost": self.lost}
-        return b'{"traceEvents":[' + b",".join(p for p in parts if p) + b'],"displayTimeUnit":"ms",' \
-               b'"otherData":' + orjson.dumps(other) + b"}"
-
-
-EVENTS_PER_CHUNK = 8192
+        yield b'],"displayTimeUnit":"ms","otherData":' + orjson.dumps(other) + b"}"
 
 
 def _track(r: dict) -> int:

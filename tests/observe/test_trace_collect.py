@@ -33,9 +33,14 @@ class FakeEngine:
         return iter([records]), 0
 
 
+async def document(recorded: trace.ChromeTrace) -> dict:
+    return orjson.loads(b"".join([part async for part in recorded.stream()]))
+
+
 def run(engines: dict) -> dict:
-    node = object()
-    return orjson.loads(asyncio.run(trace.record(node, engines, 1, reply_timeout=5)))
+    async def record():
+        return await document(await trace.record(object(), engines, 1, reply_timeout=5))
+    return asyncio.run(record())
 
 
 def test_a_stale_recording_is_dropped_and_started_anew():
@@ -56,9 +61,13 @@ def test_malformed_records_cost_only_their_model():
 def test_the_chunked_encoding_is_the_whole_document():
     t = trace.ChromeTrace()
     pid = t.process("m", 99)
-    t.add(pid, [STEP] * (trace.EVENTS_PER_CHUNK // 3))      # > one chunk of events
-    body = orjson.loads(asyncio.run(t.encode()))
-    assert body["traceEvents"] == t.events and body["otherData"]["models"] == ["m"]
+    t.add(pid, [STEP] * 3)
+    t.add(pid, [])
+    t.add(pid, [{**STEP, "t_begin_us": 100}])
+    body = asyncio.run(document(t))
+    assert [e["name"] for e in body["traceEvents"]] == ["process_name", "thread_name"] + \
+        ["step", "schedule", "batch", "decode", "sample", "emit"] * 4
+    assert body["traceEvents"][-6]["ts"] == 100 and body["otherData"]["models"] == ["m"]
 
 
 @pytest.mark.parametrize("n", [0, 1, wire.TRACE_CHUNK, 2 * wire.TRACE_CHUNK + 5])
