@@ -99,10 +99,17 @@ class Worker:
         self.outbox += frame(message, tail)
 
     def forward_events(self) -> None:
+        from .._engine import STATUS_RUNNING
+
         events = self.engine.take_events()
         if events:
             items, tail = encode_events(events)
             self.send({"op": "events", "events": items}, tail)
+            if any(ev.status > STATUS_RUNNING for ev in events):
+                self.send_stats()              # a request ended: its counts travel with its end
+
+    def send_stats(self) -> None:
+        self.send({"op": "stats", "stats": self.engine.stats(), "metrics": self.engine.metrics()})
 
     def flush(self) -> None:
         while self.outbox:
@@ -120,16 +127,16 @@ class Worker:
         poller.register(events_fd, select.POLLIN)
         next_stats = time.monotonic()
         while self.running:
+            now = time.monotonic()
+            if now >= next_stats:              # the first at once: /metrics has every series
+                self.send_stats()
+                next_stats = now + STATS_INTERVAL
             poller.register(sock_fd, select.POLLIN | (select.POLLOUT if self.outbox else 0))
             for fd, _ in poller.poll(STATS_INTERVAL * 1000):
                 if fd == events_fd:
                     self.forward_events()
                 elif not self.receive():
                     return                     # the daemon closed its end: nothing to serve
-            now = time.monotonic()
-            if now >= next_stats:
-                self.send({"op": "stats", "stats": self.engine.stats(), "metrics": self.engine.metrics()})
-                next_stats = now + STATS_INTERVAL
             self.flush()
 
     def receive(self) -> bool:

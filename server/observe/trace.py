@@ -5,8 +5,9 @@ Each model is a process: a worker's own pid, or 1, 2 ... for engines in the daem
 holds the engine's steps, each with its phases (schedule, batch, decode, sample, emit) nested
 inside; every request has its own track (its id + 1) with one `request` span (submitted to
 finished) holding `queued`, its `prefill` chunks, `decode` and a `finish` mark. Requests that
-finish within the window are there in full; a prefill chunk of one still running at the end
-appears alone.
+finish within the window are there in full (from their submission, which may precede it); a
+prefill chunk of one still running at the end appears alone; a step that runs when the
+recording starts is there whole.
 
 One clock for every process: the engine stamps its records with std::chrono::steady_clock,
 which libstdc++ reads from clock_gettime(CLOCK_MONOTONIC) on Linux. CLOCK_MONOTONIC is the
