@@ -29,23 +29,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import loadgen  # noqa: E402
+from loop_lag import probe  # noqa: E402
 
 from tests.blackbox.daemon import Daemon  # noqa: E402
 
 CHAT = "smollm2-135m-instruct"
 STREAM = {"model": CHAT, "prompt": "Once upon a time", "stream": True, "max_tokens": 64,
           "temperature": 0, "ignore_eos": True}
-
-
-def probe(node: Daemon, stop: threading.Event, samples: list) -> None:
-    """(when, latency) of a /v1/health every 5 ms, on a kept-alive connection."""
-    conn = http.client.HTTPConnection("127.0.0.1", node.cluster_port, timeout=600)
-    while not stop.is_set():
-        t = time.perf_counter()
-        conn.request("GET", "/v1/health", headers={"Authorization": f"Bearer {node.admin_key}"})
-        conn.getresponse().read()
-        samples.append((t, time.perf_counter() - t))
-        time.sleep(0.005)
 
 
 def record_trace(node: Daemon, seconds: float, marks: dict) -> None:

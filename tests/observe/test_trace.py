@@ -32,15 +32,40 @@ def check_nesting(events: list[dict]) -> None:
             open_ends.append(end)
 
 
-def test_the_trace_holds_the_steps_and_the_requests_sent(client):
-    max_tokens = [3, 5, 7]
-    send = [lambda n=n: client.complete(prompt=f"Tell me {n} things.", max_tokens=n, ignore_eos=True)
-            for n in max_tokens]
-    # The window must hold all three requests (two slots: the third waits) however busy the
-    # machine is: size it from how long they take right now, untraced.
+def three_requests(client, prompt: str):
+    """Three greedy completions of 3, 5 and 7 tokens (with two slots the third waits), sent once
+    untraced: -> (them, how long they took right now, to size a window that holds them however
+    busy the machine is)."""
+    send = [lambda n=n: client.complete(prompt=prompt.format(n), max_tokens=n, ignore_eos=True)
+            for n in (3, 5, 7)]
     began = time.monotonic()
     run_together(*send)
-    seconds = min(60, 2 + 4 * (time.monotonic() - began))
+    return send, time.monotonic() - began
+
+
+def check_steps_and_requests(events: list[dict], answers: list[dict]) -> tuple[list, list]:
+    """Steps on track 0 with their five phases each; one request span per answer, with its
+    tokens, on a track of its own holding its queue, prefill, decode and finish."""
+    steps = [e for e in events if e["name"] == "step"]
+    assert steps and all(e["tid"] == 0 and e["args"]["n_tokens"] >= 1 for e in steps)
+    step_phases = [e["name"] for e in events if e["tid"] == 0 and e["ph"] == "X" and e["name"] != "step"]
+    assert step_phases == PHASES * len(steps)
+    sampled = sum(e["args"]["n_sampled"] for e in steps)
+    assert sampled >= sum(a["usage"]["completion_tokens"] for a in answers)
+
+    requests = [e for e in events if e["name"] == "request"]
+    sent = sorted((a["usage"]["prompt_tokens"], a["usage"]["completion_tokens"]) for a in answers)
+    assert sorted((e["args"]["n_prompt"], e["args"]["n_generated"]) for e in requests) == sent
+    for request in requests:
+        on_track = {e["name"] for e in events if e["tid"] == request["tid"] and e["pid"] == request["pid"]}
+        assert {"request", "queued", "prefill", "decode", "finish", "thread_name"} <= on_track
+        assert request["args"]["finish_reason"] == "length"
+    return steps, requests
+
+
+def test_the_trace_holds_the_steps_and_the_requests_sent(client):
+    send, took = three_requests(client, "Tell me {} things.")
+    seconds = min(60, 2 + 4 * took)
     result = {}
     recorder = threading.Thread(target=lambda: result.update(answer=trace(client, seconds, model=CHAT)))
     recorder.start()
@@ -53,21 +78,9 @@ def test_the_trace_holds_the_steps_and_the_requests_sent(client):
     assert status == 200 and isinstance(body["traceEvents"], list)
     events = body["traceEvents"]
     check_nesting(events)
-
     names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert names == {f"model {CHAT}"}
-    steps = [e for e in events if e["name"] == "step"]
-    assert steps and all(e["tid"] == 0 and e["args"]["n_tokens"] >= 1 for e in steps)
-    step_phases = [e["name"] for e in events if e["tid"] == 0 and e["ph"] == "X" and e["name"] != "step"]
-    assert step_phases == PHASES * len(steps)
-
-    requests = [e for e in events if e["name"] == "request"]
-    sent = sorted((a["usage"]["prompt_tokens"], a["usage"]["completion_tokens"]) for a in answers)
-    assert sorted((e["args"]["n_prompt"], e["args"]["n_generated"]) for e in requests) == sent
-    for request in requests:
-        on_track = {e["name"] for e in events if e["tid"] == request["tid"] and e["pid"] == request["pid"]}
-        assert {"request", "queued", "prefill", "decode", "finish", "thread_name"} <= on_track
-        assert request["args"]["finish_reason"] == "length"
+    check_steps_and_requests(events, answers)
 
 
 def test_tracing_needs_cluster_write(client, reader_key):

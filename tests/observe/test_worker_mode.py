@@ -14,7 +14,7 @@ from tests.blackbox.daemon import Daemon
 
 from . import test_metrics
 from .conftest import CHAT, Client, run_together, series
-from .test_trace import PHASES, check_nesting, trace
+from .test_trace import check_nesting, check_steps_and_requests, three_requests, trace
 
 EMBED = "all-minilm-l6-v2"
 
@@ -81,12 +81,8 @@ def record_while(client: Client, seconds: float, send, wait: float = 2.5, **extr
 def test_a_trace_records_the_worker_engine(worker_client):
     client = worker_client
     pid = worker_pid(client, CHAT)
-    max_tokens = [3, 5, 7]
-    send = [lambda n=n: client.complete(prompt=f"Name {n} rivers.", max_tokens=n, ignore_eos=True)
-            for n in max_tokens]
-    began = time.monotonic()
-    run_together(*send)
-    seconds = min(60, 5 + 4 * (time.monotonic() - began))
+    send, took = three_requests(client, "Name {} rivers.")
+    seconds = min(60, 5 + 4 * took)
     for attempt in range(1, 4):
         # A step that runs when the recording starts is recorded whole, beginning before the
         # window: let the last step of the requests before end (its answer can come first).
@@ -110,25 +106,15 @@ def test_a_trace_records_the_worker_engine(worker_client):
     assert {e["pid"] for e in events} == {pid}
 
     timed = [e for e in events if e["ph"] in ("X", "i")]
-    outside = [e for e in timed if not begin <= e["ts"] <= e["ts"] + e.get("dur", 0) <= end]
-    assert timed and not outside, (begin, end, sent_us, answered_us, [(e["name"], e["ts"], e.get("dur")) for e in outside[:8]])
+    outside = [(e["name"], e["ts"], e.get("dur")) for e in timed
+               if not begin <= e["ts"] <= e["ts"] + e.get("dur", 0) <= end]
+    assert timed and not outside, f"outside the window {begin}..{end}: {outside[:8]}"
 
-    steps = [e for e in events if e["name"] == "step"]
-    assert steps and all(e["tid"] == 0 and e["args"]["n_tokens"] >= 1 for e in steps)
-    step_phases = [e["name"] for e in events if e["tid"] == 0 and e["ph"] == "X" and e["name"] != "step"]
-    assert step_phases == PHASES * len(steps)
-    decoded = sum(e["args"]["n_sampled"] for e in steps)
-    assert decoded >= sum(max_tokens)    # every token the requests generated was sampled in a step
-
-    requests = [e for e in events if e["name"] == "request"]
-    sent = sorted((a["usage"]["prompt_tokens"], a["usage"]["completion_tokens"]) for a in answers)
-    assert sorted((e["args"]["n_prompt"], e["args"]["n_generated"]) for e in requests) == sent
+    _, requests = check_steps_and_requests(events, answers)
     for request in requests:
         # The worker's clock is this process's: each request lies between its sending and its answer.
         assert sent_us <= request["ts"] and request["ts"] + request["dur"] <= answered_us
         assert request["tid"] == request["args"]["id_request"] + 1
-        on_track = {e["name"] for e in events if e["tid"] == request["tid"]}
-        assert {"request", "queued", "prefill", "decode", "finish", "thread_name"} <= on_track
 
 
 def test_a_trace_of_every_worker(worker_client):
