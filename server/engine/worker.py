@@ -4,8 +4,9 @@
 
 FD is this end of a socketpair with the daemon. The first frame is the engine's parameters;
 the worker loads the model, answers `ready` with the model's facts, then serves frames
-(submit, embed, cancel, close, trace_start, trace_stop) and forwards the engine's events, waking on the socket and on
-the engine's eventfd (poll, no busy loop, no thread per request). Stats go out once a second.
+(submit, embed, cancel, close, trace_start, trace_stop) and forwards the engine's events,
+waking on the socket and on the engine's eventfd (poll, no busy loop, no thread per request).
+Stats go out at once, with every request's end, and at least once a second.
 
 It exits when the daemon says close (after closing the engine), when the daemon's end of the
 socket closes, or when the daemon dies (PR_SET_PDEATHSIG, set here at start). It imports only
