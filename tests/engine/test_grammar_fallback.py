@@ -118,3 +118,21 @@ def test_a_chain_that_truncates_nothing_draws_from_the_same_distribution(model):
         p_walk, p_full = draws[False][token] / n, draws[True][token] / n
         p = (p_walk + p_full) / 2
         assert abs(p_walk - p_full) <= 5 * math.sqrt(p * (1 - p) * 2 / n) + 1e-9, (token, draws)
+
+
+@pytest.mark.parametrize("filters", [
+    dict(temperature=1.0, top_k=0, top_p=0.5, min_p=0.0),
+    dict(temperature=1.0, top_k=400, top_p=0.6, min_p=0.0),
+    dict(temperature=1.0, top_k=0, top_p=0.7, min_p=0.02),
+])
+def test_a_flat_distribution_walks_until_the_top_p_cut_is_known(model, filters):
+    """With flat logits and a grammar that allows a third of the vocabulary, the allowed tokens
+    beyond the first batches still move top_p's cut: deciding early would pick differently."""
+    vocab, llm = model
+    llm.reset()
+    llm.eval(vocab.tokenize(CHAT.format("hi"), True, True))
+    logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32) * 0.05
+    walking, reference = (sampler(vocab, "root ::= [a-z]+", full, seed=5, **filters) for full in (False, True))
+    picked = [walking.sample(logits) for _ in range(40)]
+    assert picked == [reference.sample(logits) for _ in range(40)]
+    assert walking.counts["by_logit"] > 0
