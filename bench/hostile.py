@@ -177,10 +177,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--sampler-only", action="store_true", help="only the sampler costs, no daemon")
+    parser.add_argument("--only", default="", help="comma-separated parts of attack names to run "
+                                                   "(and no sampler costs)")
     args = parser.parse_args()
-    sampler_costs()
+    if not args.only:
+        sampler_costs()
     if args.sampler_only:
         return
+    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
     with tempfile.TemporaryDirectory(prefix="stackd-hostile-") as tmp:
         data_dir = os.path.join(tmp, "data")
         os.makedirs(data_dir, mode=0o700)
@@ -197,6 +201,8 @@ def main() -> None:
             print(f"{'attack':34s} {'ITL p50':>9s} {'ITL p95':>9s} {'x p50':>6s} {'worst health':>13s}")
             print(f"{'(none)':34s} {base[0]:8.1f}ms {base[1]:8.1f}ms {1.0:6.2f} {base[2]:11.1f}ms")
             for name, attack in attacks(node, attacker).items():
+                if wanted and not any(w in name for w in wanted):
+                    continue
                 p50, p95, health = measure(node, bystander, args.seconds, attack)
                 print(f"{name:34s} {p50:8.1f}ms {p95:8.1f}ms {p50 / base[0]:6.2f} {health:11.1f}ms",
                       flush=True)
