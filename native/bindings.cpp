@@ -457,11 +457,9 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("counts", [](const request_sampler & s) {
             const grammar_counts & c = s.counts();
             py::dict d;
-            d["rejected"] = c.n_rejected;
-            d["by_logit"] = c.n_by_logit;
-            d["by_rejection"] = c.n_by_rejection;
-            d["full"] = c.n_full;
-            d["checked"] = c.n_checked;
+#define GRAMMAR_COUNT_ENTRY(member, name) d[#name] = c.member;
+            STACKD_GRAMMAR_COUNTS(GRAMMAR_COUNT_ENTRY)
+#undef GRAMMAR_COUNT_ENTRY
             return d;
         });
 

@@ -56,13 +56,19 @@ enum grammar_fallback {
     GRAMMAR_FALLBACK_FULL_VOCABULARY,   // run the grammar over every token (the reference)
 };
 
-// How often each way decided, for tests and benchmarks.
+// How often each way decided, for tests and benchmarks (the bindings name them from this list).
+// X(member, name)
+#define STACKD_GRAMMAR_COUNTS(X)                                                         \
+    X(n_rejected,     rejected)        /* picks the grammar refused */                   \
+    X(n_by_logit,     by_logit)        /* decided by a walk down the tokens by logit */  \
+    X(n_by_rejection, by_rejection)    /* by drawing again (chains truncating nothing) */ \
+    X(n_full,         full)            /* needed the full-vocabulary pass */             \
+    X(n_checked,      checked)         /* tokens the walks ran through the grammar */
+
 struct grammar_counts {
-    int64_t n_rejected      = 0;   // picks the grammar refused
-    int64_t n_by_logit      = 0;   // decided by a walk down the tokens by logit
-    int64_t n_by_rejection  = 0;   // decided by drawing again (chains that truncate nothing)
-    int64_t n_full          = 0;   // needed the full-vocabulary pass
-    int64_t n_checked       = 0;   // tokens the walks ran through the grammar
+#define STACKD_GRAMMAR_COUNT_MEMBER(member, name) int64_t member = 0;
+    STACKD_GRAMMAR_COUNTS(STACKD_GRAMMAR_COUNT_MEMBER)
+#undef STACKD_GRAMMAR_COUNT_MEMBER
 };
 
 // The sampler of one request: a llama.cpp chain for the sampling parameters and, apart from
