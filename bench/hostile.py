@@ -2,7 +2,11 @@
 unloaded and while each attack of the hostile-request review runs beside it (goal: p50 within
 2x of unloaded). Also the worst /v1/health latency seen on the other port during each attack.
 
-    .venv/bin/python bench/hostile.py [--seconds 10]
+    .venv/bin/python bench/hostile.py [--seconds 10] [--sampler-only]
+
+First, without a daemon: what one sampled token costs the engine thread under a grammar that
+keeps rejecting the model's picks, with the walk by logit (what the engine does) and with the
+full-vocabulary pass it replaced (the regression reference), on the real model's logits.
 
 The daemon runs with the real default models (4 slots of 512 tokens) plus a copy of the chat
 model whose template is hostile; attacks come from one key, the bystander uses another.
@@ -90,6 +94,57 @@ def attacks(node: Daemon, key: str) -> dict:
     }
 
 
+def sampler_costs(steps: int = 24) -> None:
+    """Per grammar and sampling mode: median milliseconds per sampled token, walk vs full pass."""
+    import llama_cpp
+    import numpy as np
+
+    from server.engine.native import Sampler, SamplingParams, Vocab
+    from server.inference.grammar import json_schema_grammar
+    from server.models import defaults
+
+    path = defaults.smollm2_path()
+    vocab = Vocab(path)
+    llm = llama_cpp.Llama(path, n_ctx=256, logits_all=True, verbose=False)
+    eog = sorted({vocab.token_eos, 0, 2})
+    cases = [("256-value enum", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+              json_schema_grammar({"enum": [f"value {i}" for i in range(256)]}), 0),
+             ("boolean + min_tokens 20", "Yes or no?", json_schema_grammar({"type": "boolean"}), 20)]
+    modes = [("greedy", dict(temperature=0.0)),
+             ("defaults", dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1))]
+    print(f"{'grammar':26s} {'sampling':9s} {'walk ms':>8s} {'full ms':>8s} {'ratio':>6s} {'checked/rejected':>17s}")
+    for name, prompt, grammar, min_tokens in cases:
+        for mode, sampling in modes:
+            samplers = []
+            for full in (False, True):
+                params = SamplingParams()
+                params.grammar = grammar
+                for key, value in sampling.items():
+                    setattr(params, key, value)
+                samplers.append(Sampler(vocab, params, full_vocabulary=full))
+            times = ([], [])
+            llm.reset()
+            llm.eval(vocab.tokenize(prompt, True, True))
+            for step in range(steps):
+                logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+                picks = []
+                for s, spent in zip(samplers, times):
+                    t = time.perf_counter()
+                    picks.append(s.sample(logits, step < min_tokens, eog))
+                    spent.append(time.perf_counter() - t)
+                token = picks[1]
+                if token < 0 or token in eog:
+                    break
+                for s in samplers:
+                    s.accept(token)
+                llm.eval([token])
+            walk, full = (sorted(t)[len(t) // 2] * 1000 for t in times)
+            counts = samplers[0].counts
+            per_reject = counts["checked"] / max(counts["rejected"], 1)
+            print(f"{name:26s} {mode:9s} {walk:8.2f} {full:8.2f} {full / walk:6.1f} {per_reject:17.0f}", flush=True)
+    llm.close()
+
+
 def measure(node: Daemon, key: str, seconds: float, attack=None) -> tuple[float, float, float]:
     stop = threading.Event()
     worst_health = [0.0]
@@ -121,7 +176,15 @@ def measure(node: Daemon, key: str, seconds: float, attack=None) -> tuple[float,
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--sampler-only", action="store_true", help="only the sampler costs, no daemon")
+    parser.add_argument("--only", default="", help="comma-separated parts of attack names to run "
+                                                   "(and no sampler costs)")
     args = parser.parse_args()
+    if not args.only:
+        sampler_costs()
+    if args.sampler_only:
+        return
+    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
     with tempfile.TemporaryDirectory(prefix="stackd-hostile-") as tmp:
         data_dir = os.path.join(tmp, "data")
         os.makedirs(data_dir, mode=0o700)
@@ -138,6 +201,8 @@ def main() -> None:
             print(f"{'attack':34s} {'ITL p50':>9s} {'ITL p95':>9s} {'x p50':>6s} {'worst health':>13s}")
             print(f"{'(none)':34s} {base[0]:8.1f}ms {base[1]:8.1f}ms {1.0:6.2f} {base[2]:11.1f}ms")
             for name, attack in attacks(node, attacker).items():
+                if wanted and not any(w in name for w in wanted):
+                    continue
                 p50, p95, health = measure(node, bystander, args.seconds, attack)
                 print(f"{name:34s} {p50:8.1f}ms {p95:8.1f}ms {p50 / base[0]:6.2f} {health:11.1f}ms",
                       flush=True)

@@ -435,6 +435,34 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("token_bos", [](const model_vocab & v) { return llama_vocab_bos(v.vocab()); })
         .def_property_readonly("token_eos", [](const model_vocab & v) { return llama_vocab_eos(v.vocab()); });
 
+    // One request's sampler outside any engine, on a vocabulary: the tests compare the ways of
+    // finding an allowed token after the grammar rejects a pick, and bench/hostile.py times them.
+    py::class_<request_sampler>(m, "Sampler")
+        .def(py::init([](const model_vocab & v, const sampling_params & p, bool full_vocabulary) {
+                 return std::make_unique<request_sampler>(
+                     p, v.vocab(), full_vocabulary ? GRAMMAR_FALLBACK_FULL_VOCABULARY : GRAMMAR_FALLBACK_BY_LOGIT);
+             }),
+             py::arg("vocab"), py::arg("params"), py::arg("full_vocabulary") = false, py::keep_alive<1, 2>())
+        .def("sample",
+             [](request_sampler & s, const py::array_t<float, py::array::c_style | py::array::forcecast> & logits,
+                bool suppress_eog, std::vector<int32_t> eog) {
+                 std::sort(eog.begin(), eog.end());
+                 if (!eog.empty() && (eog.front() < 0 || eog.back() >= logits.size())) {
+                     throw py::value_error("an end-of-generation token is outside the logits");
+                 }
+                 return s.sample(logits.data(), (int32_t) logits.size(), suppress_eog, eog);
+             },
+             py::arg("logits"), py::arg("suppress_eog") = false, py::arg("eog") = std::vector<int32_t>{})
+        .def("accept", &request_sampler::accept)
+        .def_property_readonly("counts", [](const request_sampler & s) {
+            const grammar_counts & c = s.counts();
+            py::dict d;
+#define GRAMMAR_COUNT_ENTRY(member, name) d[#name] = c.member;
+            STACKD_GRAMMAR_COUNTS(GRAMMAR_COUNT_ENTRY)
+#undef GRAMMAR_COUNT_ENTRY
+            return d;
+        });
+
     py::class_<py_scheduler>(m, "Scheduler")
         .def(py::init<int32_t, int32_t, int32_t, int32_t, int32_t>(), py::arg("n_slots"),
              py::arg("n_batch"), py::arg("n_ctx_seq"), py::arg("n_max_waiting") = 256,

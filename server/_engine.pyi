@@ -158,3 +158,30 @@ class TextStream:
     def push(self, piece: bytes) -> bytes: ...
     def flush(self) -> bytes: ...
     stopped: bool
+
+class Vocab:
+    def __init__(self, model_path: str) -> None: ...
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+    def piece(self, token: int) -> bytes: ...
+    def meta(self, key: str) -> str: ...
+    chat_template: str
+    description: str
+    n_ctx_train: int
+    n_embd: int
+    n_vocab: int
+    token_bos: int
+    token_eos: int
+
+class SamplerCounts(TypedDict):
+    rejected: int
+    by_logit: int
+    by_rejection: int
+    full: int
+    checked: int
+
+class Sampler:
+    """One request's sampler on a vocabulary, outside any engine (tests and benchmarks)."""
+    def __init__(self, vocab: Vocab, params: SamplingParams, full_vocabulary: bool = False) -> None: ...
+    def sample(self, logits: np.ndarray, suppress_eog: bool = False, eog: list[int] = ...) -> int: ...
+    def accept(self, token: int) -> None: ...
+    counts: SamplerCounts

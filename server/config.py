@@ -50,6 +50,11 @@ DEFAULTS: dict = {
         "flash_attn": "auto",     # auto, on, off
         "kernels": "auto",        # our repacked Q4_1 matmul (kernels/): auto (when the CPU has AVX2), off
         "isolation": "worker",    # worker: each model's engine in a supervised process; inline
+        # workers' OpenMP threads at a barrier: passive (sleep), active (spin), inherit (the
+        # daemon's environment). Spinning teams of two workers on the same cores starve each other
+        # and the event loop (README, "Engine threads").
+        "omp_wait_policy": "passive",
+        "embedding_nice": 5,      # embedding workers' niceness (0-19): chat streams and the loop first
     },
     "inference": {
         "limits": InferenceLimits.defaults(),
@@ -185,6 +190,10 @@ def _check(values: dict) -> None:
         raise ConfigError("setting engine.kernels: must be auto or off")
     if engine["isolation"] not in ("worker", "inline"):
         raise ConfigError("setting engine.isolation: must be worker or inline")
+    if engine["omp_wait_policy"] not in ("passive", "active", "inherit"):
+        raise ConfigError("setting engine.omp_wait_policy: must be passive, active or inherit")
+    if not 0 <= engine["embedding_nice"] <= 19:
+        raise ConfigError("setting engine.embedding_nice: must be from 0 to 19")
     for name, value in values["inference"]["limits"].items():
         if value <= 0:
             raise ConfigError(f"setting inference.limits.{name}: must be positive")

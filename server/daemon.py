@@ -161,7 +161,8 @@ async def load_models(loop, settings: config.Settings):
         n_threads=engine["threads"], max_queue=engine["max_queue"],
         flash_attn={"auto": -1, "off": 0, "on": 1}[engine["flash_attn"]],
         key_share=inference_limits.key_share, isolation=engine["isolation"],
-        kernels=engine["kernels"]),
+        kernels=engine["kernels"], omp_wait_policy=engine["omp_wait_policy"],
+        embedding_nice=engine["embedding_nice"]),
         memory_reserve=settings["models.memory_reserve_mb"] * MIB,
         autoload=settings["models.autoload"])
     for model_id in settings["models.preload"]:

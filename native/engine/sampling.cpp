@@ -5,7 +5,24 @@
 #include <numeric>
 #include <stdexcept>
 
-request_sampler::request_sampler(const sampling_params & p, const llama_vocab * vocab) {
+namespace {
+
+// The walk by logit checks this many tokens first, then twice as many each round: the model's
+// favourites are checked at once, and a walk checks at most twice the tokens it needed.
+constexpr size_t k_first_batch = 64;
+constexpr size_t k_batch_growth = 2;
+// Once a batch would reach this fraction of the tokens, the walk checks all the rest unsorted,
+// which bounds it at the full pass plus sorting a few thousand tokens.
+constexpr size_t k_rest_at_once = 8;
+// Chains that truncate nothing draw from every allowed token, so a prefix never decides them;
+// drawing again from the same distribution until the grammar allows the draw gives exactly the
+// distribution restricted to what it allows (rejection sampling). A few tries, then the full pass.
+constexpr int k_redraws = 3;
+
+}  // namespace
+
+request_sampler::request_sampler(const sampling_params & p, const llama_vocab * vocab, grammar_fallback fallback)
+    : fallback_(fallback) {
     if (!p.grammar.empty()) {
         grammar_ = llama_sampler_init_grammar(vocab, p.grammar.c_str(), "root");
         if (grammar_ == nullptr) {
@@ -14,7 +31,8 @@ request_sampler::request_sampler(const sampling_params & p, const llama_vocab * 
     }
     llama_sampler_chain_params chain_params = llama_sampler_chain_default_params();
     chain_params.no_perf = true;
-    chain_ = llama_sampler_chain_init(chain_params);
+    adjust_ = llama_sampler_chain_init(chain_params);
+    pick_ = llama_sampler_chain_init(chain_params);
 
     if (!p.logit_bias.empty()) {
         std::vector<llama_logit_bias> bias;
@@ -22,36 +40,37 @@ request_sampler::request_sampler(const sampling_params & p, const llama_vocab * 
         for (const auto & [token, value] : p.logit_bias) {
             bias.push_back({token, value});
         }
-        llama_sampler_chain_add(chain_, llama_sampler_init_logit_bias(
+        llama_sampler_chain_add(adjust_, llama_sampler_init_logit_bias(
             llama_vocab_n_tokens(vocab), (int32_t) bias.size(), bias.data()));
     }
     if (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) {
-        llama_sampler_chain_add(chain_, llama_sampler_init_penalties(
+        llama_sampler_chain_add(adjust_, llama_sampler_init_penalties(
             llama_vocab_n_tokens(vocab), p.penalty_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty));
     }
     if (p.temperature <= 0.0f) {
-        llama_sampler_chain_add(chain_, llama_sampler_init_greedy());
+        filters_.greedy = true;
+        llama_sampler_chain_add(pick_, llama_sampler_init_greedy());
         return;
     }
+    filters_ = {false, p.top_k, p.top_p, p.min_p};
     if (p.top_k > 0) {
-        llama_sampler_chain_add(chain_, llama_sampler_init_top_k(p.top_k));
+        llama_sampler_chain_add(pick_, llama_sampler_init_top_k(p.top_k));
     }
     if (p.top_p < 1.0f) {
-        llama_sampler_chain_add(chain_, llama_sampler_init_top_p(p.top_p, 1));
+        llama_sampler_chain_add(pick_, llama_sampler_init_top_p(p.top_p, 1));
     }
     if (p.min_p > 0.0f) {
-        llama_sampler_chain_add(chain_, llama_sampler_init_min_p(p.min_p, 1));
+        llama_sampler_chain_add(pick_, llama_sampler_init_min_p(p.min_p, 1));
     }
-    llama_sampler_chain_add(chain_, llama_sampler_init_temp(p.temperature));
-    llama_sampler_chain_add(chain_, llama_sampler_init_dist(p.seed));
+    llama_sampler_chain_add(pick_, llama_sampler_init_temp(p.temperature));
+    llama_sampler_chain_add(pick_, llama_sampler_init_dist(p.seed));
 }
 
 request_sampler::~request_sampler() {
-    if (chain_ != nullptr) {
-        llama_sampler_free(chain_);
-    }
-    if (grammar_ != nullptr) {
-        llama_sampler_free(grammar_);
+    for (llama_sampler * s : {pick_, adjust_, grammar_}) {
+        if (s != nullptr) {
+            llama_sampler_free(s);
+        }
     }
 }
 
@@ -67,6 +86,25 @@ void request_sampler::suppress(const std::vector<int32_t> & eog) {
     for (int32_t t : eog) {            // cur_ is still in token order: nothing has sorted it yet
         cur_[t].logit = -INFINITY;
     }
+}
+
+llama_token request_sampler::selected() const {
+    if (cur_p_.selected < 0 || cur_p_.data[cur_p_.selected].logit == -INFINITY) {
+        return LLAMA_TOKEN_NULL;
+    }
+    return cur_p_.data[cur_p_.selected].id;
+}
+
+// One draw of the chain from the raw distribution, the grammar aside.
+llama_token request_sampler::draw(const float * logits, int32_t n_vocab, bool suppress_eog,
+                                  const std::vector<int32_t> & eog) {
+    load(logits, n_vocab);
+    if (suppress_eog) {
+        suppress(eog);
+    }
+    llama_sampler_apply(adjust_, &cur_p_);
+    llama_sampler_apply(pick_, &cur_p_);
+    return selected();
 }
 
 bool request_sampler::grammar_allows(llama_token token) {
@@ -88,38 +126,165 @@ bool request_sampler::grammar_allows_other_than(const std::vector<int32_t> & eog
 
 llama_token request_sampler::sample(const float * logits, int32_t n_vocab, bool suppress_eog,
                                     const std::vector<int32_t> & eog) {
+    const llama_token pick = draw(logits, n_vocab, suppress_eog, eog);
+    if (grammar_ == nullptr || (pick != LLAMA_TOKEN_NULL && grammar_allows(pick))) {
+        return pick;
+    }
+    ++counts_.n_rejected;
+    if (fallback_ == GRAMMAR_FALLBACK_BY_LOGIT && !filters_.keeps_everything()) {
+        ++counts_.n_by_logit;
+        return walk_by_logit(logits, n_vocab, suppress_eog, eog);
+    }
+    if (fallback_ == GRAMMAR_FALLBACK_BY_LOGIT) {
+        const llama_token token = redraw(logits, n_vocab, suppress_eog, eog);
+        if (token != LLAMA_TOKEN_NULL) {
+            return token;
+        }
+    }
+    ++counts_.n_full;
+    return full_vocabulary(logits, n_vocab, suppress_eog, eog);
+}
+
+// Rejection sampling, for chains that truncate nothing: each accepted draw is distributed as
+// the chain's distribution restricted to the allowed tokens, which is what the full pass draws
+// from. (With end-of-generation suppressed, a draw is over the other tokens; when the grammar
+// allows nothing else, no draw is accepted and the full pass lets the end through.)
+llama_token request_sampler::redraw(const float * logits, int32_t n_vocab, bool suppress_eog,
+                                    const std::vector<int32_t> & eog) {
+    for (int i = 0; i < k_redraws; ++i) {
+        const llama_token pick = draw(logits, n_vocab, suppress_eog, eog);
+        if (pick != LLAMA_TOKEN_NULL && grammar_allows(pick)) {
+            ++counts_.n_by_rejection;
+            return pick;
+        }
+    }
+    return LLAMA_TOKEN_NULL;
+}
+
+// The grammar over the tokens of highest logit first (after bias and penalties, and with
+// end-of-generation at -inf when suppressed: the full pass suppresses it too whenever the
+// grammar allows anything else, and the walk only decides once it has found something else).
+// LLAMA_TOKEN_NULL when the grammar allows no token.
+llama_token request_sampler::walk_by_logit(const float * logits, int32_t n_vocab, bool suppress_eog,
+                                           const std::vector<int32_t> & eog) {
     load(logits, n_vocab);
     if (suppress_eog) {
         suppress(eog);
     }
-    llama_sampler_apply(chain_, &cur_p_);
-    if (cur_p_.selected >= 0) {
-        const llama_token_data & pick = cur_p_.data[cur_p_.selected];
-        if (pick.logit != -INFINITY && (grammar_ == nullptr || grammar_allows(pick.id))) {
-            return pick.id;
+    llama_sampler_apply(adjust_, &cur_p_);       // per token: cur_ stays in token order
+    order_.clear();
+    float z_max = -INFINITY;
+    for (const llama_token_data & d : cur_) {
+        if (d.logit != -INFINITY) {
+            order_.push_back(d);
+            z_max = std::max(z_max, d.logit);
         }
     }
-    if (grammar_ == nullptr) {
-        return LLAMA_TOKEN_NULL;
+    const size_t n_finite = order_.size();
+    // Masses relative to the highest logit, for the top_p rule, only when a chain has top_p.
+    const bool needs_mass = filters_.top_p < 1.0f;
+    double mass_all = 0.0, mass_checked = 0.0;
+    if (needs_mass) {
+        for (const llama_token_data & d : order_) {
+            mass_all += std::exp((double) d.logit - z_max);
+        }
     }
-    // The grammar refused the pick: let it speak first, over the whole vocabulary.
+    const auto before = [](const llama_token_data & a, const llama_token_data & b) {
+        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+    };
+    found_.clear();
+    seen_.allowed.clear();
+    for (size_t checked = 0, batch = k_first_batch; checked < n_finite; batch *= k_batch_growth) {
+        // a long walk takes the rest at once: sorting it would cost more than it can save
+        const size_t end = batch >= n_finite / k_rest_at_once ? n_finite : std::min(checked + batch, n_finite);
+        if (end < n_finite) {              // the last batch needs no order: nothing is left behind it
+            std::nth_element(order_.begin() + checked, order_.begin() + end, order_.end(), before);
+            std::sort(order_.begin() + checked, order_.begin() + end, before);
+        }
+        check_batch(checked, end);
+        if (needs_mass) {
+            for (size_t i = checked; i < end; ++i) {
+                mass_checked += std::exp((double) order_[i].logit - z_max);
+            }
+        }
+        checked = end;
+        seen_.n_unchecked = n_finite - checked;
+        seen_.max_unchecked = checked < n_finite ? order_[checked].logit : -INFINITY;
+        if (!found_.empty() && needs_mass) {
+            // the subtraction loses ~1e-16 of the whole; the margin covers it many times over
+            const double rest = std::max(mass_all - mass_checked, 0.0) + mass_all * 1e-12;
+            seen_.mass_unchecked = rest * std::exp((double) z_max - found_.front().logit);
+        } else {
+            seen_.mass_unchecked = INFINITY;
+        }
+        if (prefix_decides(filters_, seen_)) {
+            return pick_among_found();
+        }
+    }
+    // Every token with a chance was checked and refused. Without suppression the grammar allows
+    // nothing; with it, the full pass lets end-of-generation through, so the walk does too.
+    return suppress_eog ? pick_among_end(logits, n_vocab, eog) : LLAMA_TOKEN_NULL;
+}
+
+// The chain over the end-of-generation tokens the grammar allows (none: LLAMA_TOKEN_NULL).
+llama_token request_sampler::pick_among_end(const float * logits, int32_t n_vocab, const std::vector<int32_t> & eog) {
+    load(logits, n_vocab);
+    llama_sampler_apply(adjust_, &cur_p_);
+    order_.clear();
+    for (int32_t t : eog) {
+        order_.push_back(cur_[t]);
+    }
+    found_.clear();
+    seen_.allowed.clear();
+    check_batch(0, order_.size());
+    return found_.empty() ? LLAMA_TOKEN_NULL : pick_among_found();
+}
+
+// The grammar over order_[begin, end), sorted by logit: the allowed ones join found_.
+void request_sampler::check_batch(size_t begin, size_t end) {
+    batch_.assign(order_.begin() + begin, order_.begin() + end);
+    counts_.n_checked += (int64_t) batch_.size();
+    llama_token_data_array arr = {batch_.data(), batch_.size(), -1, false};
+    llama_sampler_apply(grammar_, &arr);
+    for (const llama_token_data & d : batch_) {
+        if (d.logit != -INFINITY) {
+            found_.push_back(d);
+            seen_.allowed.push_back(d.logit);
+        }
+    }
+}
+
+// The chain over the allowed tokens found, in token order as the full pass has them, so that
+// the same random draw lands on the same token.
+llama_token request_sampler::pick_among_found() {
+    std::sort(found_.begin(), found_.end(),
+              [](const llama_token_data & a, const llama_token_data & b) { return a.id < b.id; });
+    cur_p_ = {found_.data(), found_.size(), -1, false};
+    llama_sampler_apply(pick_, &cur_p_);
+    const llama_token token = selected();
+    cur_p_ = {cur_.data(), cur_.size(), -1, false};
+    return token;
+}
+
+// The grammar speaks first, over the whole vocabulary.
+llama_token request_sampler::full_vocabulary(const float * logits, int32_t n_vocab, bool suppress_eog,
+                                             const std::vector<int32_t> & eog) {
     load(logits, n_vocab);
     llama_sampler_apply(grammar_, &cur_p_);
     if (suppress_eog && grammar_allows_other_than(eog)) {
         suppress(eog);
     }
-    llama_sampler_apply(chain_, &cur_p_);
-    if (cur_p_.selected < 0 || cur_p_.data[cur_p_.selected].logit == -INFINITY) {
-        return LLAMA_TOKEN_NULL;
-    }
-    return cur_p_.data[cur_p_.selected].id;
+    llama_sampler_apply(adjust_, &cur_p_);
+    llama_sampler_apply(pick_, &cur_p_);
+    return selected();
 }
 
 void request_sampler::accept(llama_token token) {
     if (grammar_ != nullptr) {
         llama_sampler_accept(grammar_, token);
     }
-    llama_sampler_accept(chain_, token);
+    llama_sampler_accept(adjust_, token);
+    llama_sampler_accept(pick_, token);
 }
 
 logit_stats logit_stats_of(const float * logits, int32_t n_vocab, int32_t n_top) {

@@ -9,6 +9,8 @@
 
 #include "llama.h"
 
+#include "grammar_prefix.h"
+
 using logit_bias_list = std::vector<std::pair<int32_t, float>>;
 
 // The one list of a request's sampling parameters: the struct below, the Python bindings
@@ -48,37 +50,84 @@ struct logprob_entry {
     std::vector<token_logprob> top;
 };
 
+// How the sampler finds a token the grammar allows once the grammar has rejected the pick.
+enum grammar_fallback {
+    GRAMMAR_FALLBACK_BY_LOGIT,          // check tokens by descending logit until that decides it
+    GRAMMAR_FALLBACK_FULL_VOCABULARY,   // run the grammar over every token (the reference)
+};
+
+// How often each way decided, for tests and benchmarks (the bindings name them from this list).
+// X(member, name)
+#define STACKD_GRAMMAR_COUNTS(X)                                                         \
+    X(n_rejected,     rejected)        /* picks the grammar refused */                   \
+    X(n_by_logit,     by_logit)        /* decided by a walk down the tokens by logit */  \
+    X(n_by_rejection, by_rejection)    /* by drawing again (chains truncating nothing) */ \
+    X(n_full,         full)            /* needed the full-vocabulary pass */             \
+    X(n_checked,      checked)         /* tokens the walks ran through the grammar */
+
+struct grammar_counts {
+#define STACKD_GRAMMAR_COUNT_MEMBER(member, name) int64_t member = 0;
+    STACKD_GRAMMAR_COUNTS(STACKD_GRAMMAR_COUNT_MEMBER)
+#undef STACKD_GRAMMAR_COUNT_MEMBER
+};
+
 // The sampler of one request: a llama.cpp chain for the sampling parameters and, apart from
 // it, the grammar. The grammar is checked lazily, as llama-server does: the chain picks a token
-// from the raw distribution and the grammar only vets that one token; the full vocabulary goes
-// through the grammar only when it rejects the pick. A grammar costs one token's check per step
-// instead of a pass over the whole vocabulary, so a large schema cannot slow down its
-// neighbours in the batch. Throws std::invalid_argument when the grammar does not parse.
+// from the raw distribution and the grammar only vets that one token. When it rejects the pick,
+// the grammar sees the tokens of highest logit first, a growing batch at a time, and the chain
+// picks among the allowed ones as soon as no unchecked token could change the outcome
+// (grammar_prefix.h says when, and why that is the full-vocabulary pass's outcome); at worst the
+// walk ends having checked every token, which is the full pass. Chains that truncate nothing are
+// decided by no prefix: they draw again a few times, then run the full pass. The engine thread steps
+// every sequence, so a grammar's cost is everyone's latency. Throws std::invalid_argument when
+// the grammar does not parse.
 class request_sampler {
 public:
-    request_sampler(const sampling_params & params, const llama_vocab * vocab);
+    request_sampler(const sampling_params & params, const llama_vocab * vocab,
+                    grammar_fallback fallback = GRAMMAR_FALLBACK_BY_LOGIT);
     ~request_sampler();
     request_sampler(const request_sampler &) = delete;
     request_sampler & operator=(const request_sampler &) = delete;
 
     // The next token from one row of logits, or LLAMA_TOKEN_NULL when the grammar allows none.
-    // `eog` tokens are suppressed when `suppress_eog`, unless the grammar allows nothing else:
-    // a completed grammar wins over min_tokens / ignore_eos.
+    // `eog` (sorted) tokens are suppressed when `suppress_eog`, unless the grammar allows
+    // nothing else: a completed grammar wins over min_tokens / ignore_eos.
     llama_token sample(const float * logits, int32_t n_vocab, bool suppress_eog,
                        const std::vector<int32_t> & eog);
     // Advance the grammar and the penalties' history past `token`.
     void accept(llama_token token);
 
+    const grammar_counts & counts() const { return counts_; }
+
 private:
     void load(const float * logits, int32_t n_vocab);
     void suppress(const std::vector<int32_t> & eog);
+    llama_token selected() const;
+    llama_token draw(const float * logits, int32_t n_vocab, bool suppress_eog, const std::vector<int32_t> & eog);
     bool grammar_allows(llama_token token);
     bool grammar_allows_other_than(const std::vector<int32_t> & eog) const;
+    llama_token redraw(const float * logits, int32_t n_vocab, bool suppress_eog, const std::vector<int32_t> & eog);
+    llama_token walk_by_logit(const float * logits, int32_t n_vocab, bool suppress_eog,
+                              const std::vector<int32_t> & eog);
+    void check_batch(size_t begin, size_t end);
+    llama_token pick_among_found();
+    llama_token pick_among_end(const float * logits, int32_t n_vocab, const std::vector<int32_t> & eog);
+    llama_token full_vocabulary(const float * logits, int32_t n_vocab, bool suppress_eog,
+                                const std::vector<int32_t> & eog);
 
-    llama_sampler * chain_   = nullptr;
+    llama_sampler * adjust_  = nullptr;   // per-token: logit bias, penalties
+    llama_sampler * pick_    = nullptr;   // greedy, or top-k, top-p, min-p, temperature, draw
     llama_sampler * grammar_ = nullptr;
+    pick_filters filters_;
+    grammar_fallback fallback_;
+    grammar_counts counts_;
     std::vector<llama_token_data> cur_;
     llama_token_data_array cur_p_{};
+    // the walk by logit
+    std::vector<llama_token_data> order_;    // tokens with a chance, the checked head sorted by logit
+    std::vector<llama_token_data> batch_;
+    std::vector<llama_token_data> found_;    // allowed tokens found, by descending logit
+    prefix_seen seen_;
 };
 
 // log-softmax statistics of one row of logits, for the chosen token and the top-n.

@@ -100,12 +100,17 @@ class WorkerEngine:
     # ---- starting ------------------------------------------------------------------------------
 
     @classmethod
-    async def start(cls, loop, params: dict, vocab: Vocab, kernels: str = "off") -> "WorkerEngine":
+    async def start(cls, loop, params: dict, vocab: Vocab, kernels: str = "off",
+                    omp_wait_policy: str = "passive", nice: int = 0) -> "WorkerEngine":
         """Spawn a worker for `params` (Engine's keyword arguments) and wait until it serves.
-        Spawned from the loop's thread: PR_SET_PDEATHSIG follows the spawning thread."""
+        Spawned from the loop's thread: PR_SET_PDEATHSIG follows the spawning thread.
+        `omp_wait_policy` (engine.omp_wait_policy) is for libgomp, which reads it when it loads;
+        `nice` is added to the worker's niceness before it loads the model."""
         ours, theirs = socket.socketpair()
         env = {**os.environ, "GGML_NO_BACKTRACE": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
+        if omp_wait_policy != "inherit":
+            env["OMP_WAIT_POLICY"] = omp_wait_policy
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "server.engine.worker", str(theirs.fileno()), str(os.getpid())],
@@ -114,7 +119,8 @@ class WorkerEngine:
             theirs.close()
         ours.setblocking(False)
         try:
-            await loop.sock_sendall(ours, frame({"op": "start", "engine": params, "kernels": kernels}))
+            await loop.sock_sendall(ours, frame({"op": "start", "engine": params, "kernels": kernels,
+                                                 "nice": nice}))
             reader = FrameReader()
             while True:
                 data = await loop.sock_recv(ours, 1 << 16)

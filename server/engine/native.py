@@ -21,6 +21,7 @@ from .._engine import (  # noqa: E402
     SUBMIT_QUEUE_FULL,
     Engine,
     Event,
+    Sampler,
     SamplingParams,
     Scheduler,
     TextStream,
@@ -31,6 +32,6 @@ from .._engine import (  # noqa: E402
 # The sampling parameters' names, as the native module binds them (its one list, in sampling.h).
 SAMPLING_FIELDS = tuple(name for name in dir(SamplingParams) if not name.startswith("_"))
 
-__all__ = ["SAMPLING_FIELDS", "Engine", "Event", "COUNTERS", "HISTOGRAMS", "GAUGES", "Timings", "SamplingParams",
+__all__ = ["SAMPLING_FIELDS", "Engine", "Event", "COUNTERS", "HISTOGRAMS", "GAUGES", "Timings", "Sampler", "SamplingParams",
            "Scheduler", "TextStream", "FINISH_REASONS", "STATUS_RUNNING", "STATUS_STOPPED", "STATUS_LENGTH",
            "STATUS_ABORTED", "STATUS_ERROR", "SUBMIT_ACCEPTED", "SUBMIT_QUEUE_FULL", "SUBMIT_OVER_SHARE", "Vocab"]

@@ -171,6 +171,7 @@ def main(fd: int, parent: int) -> int:
     if crash_file and os.path.exists(crash_file):
         os.abort()                                 # testing: a worker that dies on every start
 
+    os.nice(config.get("nice", 0))                 # engine.embedding_nice: this worker's threads too
     from . import accel
     accel.register(config.get("kernels", "off"))   # engine.kernels: before the model loads
     from .._engine import Engine

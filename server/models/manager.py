@@ -51,6 +51,8 @@ class EngineSettings:
     key_share: float = 1.0
     isolation: str = "worker"      # worker: each model's engine in a supervised process; inline
     kernels: str = "auto"          # our Q4_1 matmul (server/engine/accel.py): auto | off
+    omp_wait_policy: str = "passive"   # workers' OpenMP barrier waits: passive | active | inherit
+    embedding_nice: int = 0        # embedding workers' niceness
 
 
 @dataclass
@@ -261,7 +263,9 @@ class ModelManager:
                 vocab = Vocab(path)
                 return vocab, chat_template(vocab)
             vocab, template = await self.loop.run_in_executor(None, vocabulary)
-            client = await WorkerEngine.start(self.loop, params, vocab, kernels=s.kernels)
+            client = await WorkerEngine.start(self.loop, params, vocab, kernels=s.kernels,
+                                              omp_wait_policy=s.omp_wait_policy,
+                                              nice=s.embedding_nice if embeddings else 0)
             client.on_lost = self._worker_lost
         if self.compute_scale < 1.0:
             client.set_compute_scale(self.compute_scale)

@@ -73,6 +73,25 @@ def test_models_run_in_worker_processes(node):
     assert embed["pid"] not in (chat["pid"], node.proc.pid)
 
 
+def worker_env(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(item.decode().split("=", 1) for item in f.read().split(b"\0") if b"=" in item)
+
+
+def niceness(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
+def test_workers_wait_passively_and_embeddings_run_nicer(node):
+    """engine.omp_wait_policy (passive) and engine.embedding_nice (5): two workers' OpenMP teams
+    spinning at barriers on the same cores starved each other and the event loop."""
+    chat, embed = describe(node, CHAT)["pid"], describe(node, EMBED)["pid"]
+    assert worker_env(chat)["OMP_WAIT_POLICY"] == worker_env(embed)["OMP_WAIT_POLICY"] == "passive"
+    base = niceness(node.proc.pid)
+    assert niceness(chat) == base and niceness(embed) == min(base + 5, 19)
+
+
 def test_nodes_and_metrics_show_each_workers_memory(node):
     [me] = node.request("GET", "/v1/nodes", key=node.admin_key)[2]["data"]
     models = {m["id"]: m for m in me["models"]}

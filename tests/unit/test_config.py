@@ -42,6 +42,9 @@ def test_config_toml_in_data_dir_is_found(tmp_path):
     ("[debug]\ntrace_reply_timeout = 0\n", "trace_reply_timeout: must be positive"),
     ("[rate_limits.keys.ci]\nbogus = 1\n", "known group"),
     ("not toml at all [", "cannot read"),
+    ("[engine]\nomp_wait_policy = 'spin'\n", "passive, active or inherit"),
+    ("[engine]\nembedding_nice = 20\n", "from 0 to 19"),
+    ("[engine]\nembedding_nice = -1\n", "from 0 to 19"),
 ])
 def test_bad_files_are_refused_with_a_reason(tmp_path, text, needle):
     with pytest.raises(config.ConfigError, match=needle):
@@ -51,3 +54,11 @@ def test_bad_files_are_refused_with_a_reason(tmp_path, text, needle):
 def test_bad_environment_value_is_refused(tmp_path):
     with pytest.raises(config.ConfigError, match="STACKD|http.access_log"):
         config.load({"data_dir": str(tmp_path)}, environ={"STACKD_HTTP_ACCESS_LOG": "maybe"})
+
+
+def test_engine_thread_settings_at_their_edges(tmp_path):
+    text = "[engine]\nomp_wait_policy = 'inherit'\nembedding_nice = 19\n"
+    settings = config.load({"config": write(tmp_path, text), "data_dir": str(tmp_path)}, environ={})
+    assert settings["engine.omp_wait_policy"] == "inherit" and settings["engine.embedding_nice"] == 19
+    defaults = config.load({"data_dir": str(tmp_path / "d")}, environ={})
+    assert defaults["engine.omp_wait_policy"] == "passive" and defaults["engine.embedding_nice"] == 5
