@@ -79,6 +79,14 @@ DEFAULTS: dict = {
     "debug": {
         "trace_reply_timeout": 30.0,  # seconds a worker has to answer a trace's start or stop
     },
+    "cluster": {
+        "role": "leader",         # leader | follower
+        "leader": "",             # followers: the leader's cluster URL, e.g. http://10.0.0.1:5381
+        "secret": "",             # shared by every node; or secret_file. Never logged, never answered
+        "secret_file": "",
+        "advertise": "",          # this node's cluster URL as the others reach it; empty: from host and port
+        "rpc_port": 50052,        # first port of ggml RPC server children
+    },
     "console": {
         "enabled": False,         # serve --console: the console beside the node, on one loop
         "port": 8000,
@@ -105,6 +113,9 @@ class Settings:
     values: dict
     per_key_limits: dict[str, dict[str, int]]
     source: str | None
+    # The cluster secret, read from cluster.secret or cluster.secret_file and then blanked in
+    # `values`, so that nothing that prints settings can print it. None: a one-node cluster.
+    cluster_secret: bytes | None = None
 
     def __getitem__(self, dotted: str):
         node = self.values
@@ -207,6 +218,62 @@ def _check(values: dict) -> None:
     if values["debug"]["trace_reply_timeout"] <= 0:
         raise ConfigError("setting debug.trace_reply_timeout: must be positive")
     _check_console(values["console"])
+    _check_cluster(values)
+
+
+MIN_SECRET_BYTES = 16
+
+
+def _check_cluster(values: dict) -> None:
+    cluster = values["cluster"]
+    if cluster["role"] not in ("leader", "follower"):
+        raise ConfigError("setting cluster.role: must be leader or follower")
+    follower = cluster["role"] == "follower"
+    if follower and not cluster["leader"]:
+        raise ConfigError("setting cluster.leader: a follower needs the leader's cluster URL")
+    if not follower and cluster["leader"]:
+        raise ConfigError("setting cluster.leader: only a follower names a leader")
+    for name in ("leader", "advertise"):
+        if cluster[name] and not _is_http_url(cluster[name]):
+            raise ConfigError(f"setting cluster.{name}: expected http://host:port")
+    if cluster["secret"] and cluster["secret_file"]:
+        raise ConfigError("settings cluster.secret and cluster.secret_file: give one of them")
+    if follower and not (cluster["secret"] or cluster["secret_file"]):
+        raise ConfigError("setting cluster.secret (or cluster.secret_file): a follower needs the cluster secret")
+    wildcard = values["host"] in ("0.0.0.0", "::", "")
+    if (cluster["secret"] or cluster["secret_file"]) and wildcard and not cluster["advertise"]:
+        raise ConfigError("setting cluster.advertise: required when host is a wildcard address")
+    if not 1 <= cluster["rpc_port"] <= 65535:
+        raise ConfigError(f"setting cluster.rpc_port: {cluster['rpc_port']} is not a TCP port")
+
+
+def _is_http_url(text: str) -> bool:
+    from urllib.parse import urlsplit
+    try:
+        url = urlsplit(text)
+        return url.scheme == "http" and bool(url.hostname) and url.port is not None and url.path in ("", "/")
+    except ValueError:
+        return False
+
+
+def _read_secret(cluster: dict) -> bytes | None:
+    """The secret's bytes (surrounding whitespace stripped); the values' copy is blanked.
+    Messages never quote it."""
+    secret = cluster["secret"].strip().encode()
+    if cluster["secret_file"]:
+        try:
+            with open(cluster["secret_file"], "rb") as f:
+                secret = f.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"setting cluster.secret_file: cannot read it: {exc.strerror}") from None
+    cluster["secret"] = ""
+    if not secret:
+        if cluster["secret_file"]:
+            raise ConfigError("setting cluster.secret_file: the file is empty")
+        return None
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ConfigError(f"setting cluster.secret: at least {MIN_SECRET_BYTES} characters")
+    return secret
 
 
 def _check_console(console: dict) -> None:
@@ -257,7 +324,8 @@ def load(cli: dict | None = None, environ: dict | None = None) -> Settings:
 
     values["data_dir"] = os.path.abspath(values["data_dir"])
     _check(values)
-    return Settings(values, per_key, path)
+    secret = _read_secret(values["cluster"])
+    return Settings(values, per_key, path, cluster_secret=secret)
 
 
 def _per_key_limits(raw) -> dict[str, dict[str, int]]:
