@@ -14,7 +14,7 @@ from . import __version__, config, native
 from .auth.guard import KeyGuard
 from .auth.keys import KeyStore, bootstrap_admin_key
 from .auth.ratelimit import RateLimiter
-from .cluster import identity
+from .cluster import gate, identity, internal
 from .cluster import routes as cluster_routes
 from .http import openapi
 from .http.access_log import AccessLog
@@ -37,7 +37,16 @@ def build_node(settings: config.Settings) -> tuple[Node, str | None]:
     metrics = Metrics()
     limiter = RateLimiter(settings["rate_limits"], settings.per_key_limits, metrics=metrics)
     node = Node(settings, identity.load_or_create(settings.data_dir), keys, limiter, metrics)
+    node.membership = cluster_membership(node, settings)
     return node, admin_key_path
+
+
+def cluster_membership(node: Node, settings: config.Settings):
+    from .cluster.membership import Membership
+
+    cluster = settings["cluster"]
+    return Membership(node, cluster["role"], settings.cluster_secret, leader=cluster["leader"],
+                      advertise=cluster["advertise"])
 
 
 def build_apps(node: Node) -> tuple[App, App]:
@@ -45,12 +54,21 @@ def build_apps(node: Node) -> tuple[App, App]:
     max_body = node.settings["http.max_body_bytes"]
     inference_tables = [inference_routes.ROUTES, model_routes.ROUTES]
     cluster_tables = [cluster_routes.ROUTES, model_routes.ROUTES]
+    membership = node.membership
+    if membership is not None and not membership.is_leader:      # the leader serves these
+        inference_tables = [gate.leader_only(table, membership) for table in inference_tables]
+        cluster_tables = [cluster_routes.leader_only_routes(membership),
+                          gate.leader_only(model_routes.ROUTES, membership)]
     inference_tables.append(openapi.routes("stackd inference API", inference_tables,
                                            group=inference_routes.INFERENCE, version=__version__))
     cluster_tables.append(openapi.routes("stackd cluster API", cluster_tables,
                                          group=cluster_routes.CLUSTER, version=__version__))
+    cluster_guard = guard
+    if membership is not None and membership.secret is not None:   # node-to-node routes, signed
+        cluster_tables.append(internal.signed_routes(membership.secret))
+        cluster_guard = internal.ClusterPortGuard(guard, internal.SignatureGuard(membership.secret))
     inference = App("inference", inference_tables, ctx=node, guard=guard, max_body=max_body)
-    cluster = App("cluster", cluster_tables, ctx=node, guard=guard, max_body=max_body)
+    cluster = App("cluster", cluster_tables, ctx=node, guard=cluster_guard, max_body=max_body)
     return inference, cluster
 
 
@@ -99,6 +117,7 @@ async def serve(settings: config.Settings) -> int:
         print(f"stackd: first start: admin API key written to {admin_key_path}", flush=True)
     print(f"stackd: inference listening on http://{_url_host(host)}:{inference_port}", flush=True)
     print(f"stackd: cluster listening on http://{_url_host(host)}:{cluster_port}", flush=True)
+    heartbeat = start_membership(node, loop, host, cluster_port, inference_port)
     console = None
     if settings["console.enabled"]:
         try:
@@ -116,12 +135,37 @@ async def serve(settings: config.Settings) -> int:
     notifier.stopping()
     grace = settings["http.shutdown_grace"]
     print(f"stackd: shutting down (grace {grace:g} s)", flush=True)
+    await stop_membership(node, heartbeat)
     await http.shutdown(grace)
     if console is not None:
         await console.close()
     await node.models.aclose()
     print("stackd: stopped", flush=True)
     return 0
+
+
+def start_membership(node: Node, loop, host: str, cluster_port: int, inference_port: int):
+    """Completes the advertised URLs; a follower starts heartbeating to its leader."""
+    from .cluster.heartbeat import Heartbeat
+
+    membership = node.membership
+    membership.start(loop, host, cluster_port, inference_port)
+    if membership.is_leader:
+        if membership.secret is not None:
+            print(f"stackd: cluster leader at {membership.address}", flush=True)
+        return None
+    print(f"stackd: cluster follower at {membership.address}, leader {membership.follower.leader_address}",
+          flush=True)
+    heartbeat = Heartbeat(membership)
+    heartbeat.start(loop)
+    return heartbeat
+
+
+async def stop_membership(node: Node, heartbeat) -> None:
+    if heartbeat is not None:
+        await heartbeat.stop()
+        await node.membership.leave()
+    await node.membership.aclose()
 
 
 async def start_console(http: HttpServer, node: Node, settings: config.Settings,
@@ -165,7 +209,8 @@ async def load_models(loop, settings: config.Settings):
         embedding_nice=engine["embedding_nice"]),
         memory_reserve=settings["models.memory_reserve_mb"] * MIB,
         autoload=settings["models.autoload"])
-    for model_id in settings["models.preload"]:
+    preload = settings["models.preload"] if settings["cluster.role"] == "leader" else []  # the leader's job
+    for model_id in preload:
         model = await manager.load(model_id)
         print(f"stackd: loaded {model.kind} model {model.id} "
               f"(context {model.context_length}, {model.engine.n_slots} slots)", flush=True)
@@ -176,10 +221,14 @@ def power_contracts(node: Node, loop):
     from .cluster.power import NodeBudget, PowerContracts, PowerSettings
 
     settings = PowerSettings(**node.settings["power"])
-    me = NodeBudget(node.identity.node_id, settings.idle_mw, settings.max_mw)
-    return PowerContracts(settings, node.settings.data_dir, nodes=lambda: [me],
-                          apply_scale=lambda scales: node.models.set_compute_scale(
-                              scales.get(me.node_id, 1.0)), loop=loop)
+    me = node.identity.node_id
+    contracts = PowerContracts(
+        settings, node.settings.data_dir, loop=loop,
+        nodes=lambda: [NodeBudget(*budget) for budget in node.membership.power_budgets()],
+        # followers learn their scale from the answer to their next heartbeat
+        apply_scale=lambda scales: node.models.set_compute_scale(scales.get(me, 1.0)))
+    node.membership.on_change(contracts.rebalance)
+    return contracts
 
 
 def pull_service(store, settings: config.Settings):

@@ -24,6 +24,7 @@ class Node:
     models: object = None                 # models.manager.ModelManager, once the loop runs
     pulls: object = None                  # models.pulling.PullService
     power: object = None                  # cluster.power.PowerContracts
+    membership: object = None             # cluster.membership.Membership
     health_cache: tuple | None = None
 
     @property

@@ -279,6 +279,19 @@ class PowerContracts:
                 "capability_mismatch": power < demand, "allocations": allocate(operating, nodes),
                 "lease_expires_at": None, "lease_expired": True, "created_at": int(time.time())}
 
+    def rebalance(self) -> None:
+        """The nodes that are up changed: the contract in force is shared out again over them
+        (same object and voltage; demand, operating power and allocations follow the nodes)."""
+        record = self.current
+        if record is None or record.get("result") != "accepted":
+            return
+        nodes = self.nodes()
+        demand = sum(n.max_mw for n in nodes)
+        operating = min(record["max_power_mw"], demand)
+        self._put({**record, "demand_mw": demand, "minimum_mw": sum(n.idle_mw for n in nodes),
+                   "operating_power_mw": operating, "capability_mismatch": record["max_power_mw"] < demand,
+                   "allocations": allocate(operating, nodes)})
+
     def _restore(self) -> None:
         try:
             with open(self.path, "rb") as f:

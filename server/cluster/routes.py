@@ -1,10 +1,6 @@
-"""The cluster group (port 5381), single node: health, topology, status, nodes, metrics,
-the engine trace."""
+"""The cluster group (port 5381): health, topology, status, nodes (from membership, on every
+node: server/cluster/views.py), the power contract, metrics, the engine trace."""
 from __future__ import annotations
-
-import os
-import socket
-
 
 from ..auth import permissions as perm
 from ..http import validate
@@ -16,6 +12,7 @@ from ..http.wire import JSON
 from ..http.routing import Endpoint
 from ..observe import prometheus, trace
 from ..system import readings
+from . import gate, views
 
 CLUSTER = "cluster"
 
@@ -31,61 +28,16 @@ def health(node, request) -> Response:
     return cached[1]
 
 
-def _ram_gb() -> int:
-    return readings.ram_gb(readings.meminfo()["MemTotal"])
-
-
 def topology(node, request) -> Response:
-    me = node.identity
-    return json_response({
-        "cluster_id": me.cluster_id,
-        "node_count": 1,
-        "leader": me.node_id,
-        "nodes": [{"id": me.node_id, "role": "leader", "ram_gb": _ram_gb()}],
-    })
+    return json_response(views.current(node, node.membership, "topology"))
 
 
 def cluster_status(node, request) -> Response:
-    return json_response({"status": "healthy", "total_ram_gb": _ram_gb(),
-                          "active_model": node.active_model})
+    return json_response(views.current(node, node.membership, "cluster"))
 
 
 def nodes(node, request) -> Response:
-    memory = readings.meminfo()
-    return json_response({"object": "list", "data": [{
-        "id": node.identity.node_id,
-        "role": "leader",
-        "status": "up",
-        "hostname": socket.gethostname(),
-        "ram_gb": readings.ram_gb(memory["MemTotal"]),
-        "cpu_cores": os.cpu_count(),
-        "load_average": readings.load_average(),
-        "memory_total_bytes": memory["MemTotal"],
-        "memory_available_bytes": memory["MemAvailable"],
-        "disk_free_bytes": readings.disk_free(node.settings.data_dir),
-        "temperature_c": node.thermometer.celsius(),
-        "uptime_seconds": node.uptime_seconds(),
-        "system_uptime_seconds": int(readings.system_uptime()),
-        "loaded_models": node.loaded_models,
-        "memory_pss_bytes": readings.pss_bytes(os.getpid()),
-        "power": node.power.allocation(node.identity.node_id) if node.power else None,
-        "models": _model_processes(node),
-    }]})
-
-
-def _model_processes(node) -> list[dict]:
-    """Each loaded model's engine: where it runs, its memory, and how often it was restarted."""
-    if node.models is None:
-        return []
-    out = []
-    for model_id, model in node.models.loaded.items():
-        engine = model.runner.engine
-        out.append({"id": model_id, "isolation": engine.isolation, "pid": engine.pid,
-                    "state": node.models.state(model_id),
-                    "memory_pss_bytes": readings.pss_bytes(engine.pid) if engine.pid else None,
-                    "restarts": model.restarts,
-                    "last_exit": node.models.last_exits.get(model_id)})
-    return out
+    return json_response(views.current(node, node.membership, "nodes"))
 
 
 def power_contract(node, request) -> Response:
@@ -94,6 +46,8 @@ def power_contract(node, request) -> Response:
 
 
 def power_contract_in_force(node, request) -> Response:
+    if node.membership is not None and not node.membership.is_leader:
+        return json_response(views.current(node, node.membership, "power") or node.power.in_force())
     return json_response(node.power.in_force())
 
 
@@ -151,19 +105,29 @@ def _obj(properties: dict) -> dict:
 
 HEALTH = _obj({"status": {"const": "ok"}, "uptime_seconds": _INT,
                "temperature_c": {"type": ["number", "null"]}})
-TOPOLOGY = _obj({"cluster_id": _STR, "node_count": _INT, "leader": _STR, "nodes": {
-    "type": "array", "items": _obj({"id": _STR, "role": {"enum": ["leader", "follower"]},
-                                    "ram_gb": _INT})}})
-CLUSTER_STATUS = _obj({"status": {"enum": ["healthy", "degraded"]}, "total_ram_gb": _INT,
-                       "active_model": {"type": ["string", "null"]}})
+_AGE = {"type": ["integer", "null"], "description": "On a follower: how old the leader's view is (ms)."}
+_STATUS = {"enum": ["up", "down"]}
+_ROLE = {"enum": ["leader", "follower"]}
+TOPOLOGY = _obj({"cluster_id": _STR, "node_count": _INT, "leader": {"type": ["string", "null"]}, "nodes": {
+    "type": "array", "items": _obj({"id": _STR, "role": _ROLE, "ram_gb": _INT, "status": _STATUS,
+                                    "last_seen_ago_ms": _INT, "address": _STR})}})
+TOPOLOGY["properties"]["view_age_ms"] = _AGE
+CLUSTER_STATUS = _obj({"status": {"enum": ["healthy", "degraded", "unavailable"]}, "total_ram_gb": _INT,
+                       "active_model": {"type": ["string", "null"]}, "node_count": _INT, "nodes_up": _INT,
+                       "leader": {"type": ["string", "null"]},
+                       "reasons": {"type": "array", "items": _STR}})
+CLUSTER_STATUS["properties"]["view_age_ms"] = _AGE
 NODE = _obj({
-    "id": _STR, "role": {"enum": ["leader", "follower"]}, "status": {"enum": ["up", "down"]},
-    "hostname": _STR, "ram_gb": _INT, "cpu_cores": {"type": ["integer", "null"]},
+    "id": _STR, "role": _ROLE, "status": _STATUS, "address": _STR, "last_seen_ago_ms": _INT,
+    "hostname": _STR, "ram_gb": _INT, "cpu_cores": {"type": ["integer", "null"]}, "threads": _INT,
     "load_average": {"type": ["array", "null"], "items": _NUM},
-    "memory_total_bytes": _INT, "memory_available_bytes": _INT, "disk_free_bytes": _INT,
-    "temperature_c": {"type": ["number", "null"]}, "uptime_seconds": _INT,
-    "system_uptime_seconds": _INT, "loaded_models": {"type": "array", "items": _STR}})
+    "memory_total_bytes": _INT, "memory_available_bytes": _INT, "model_memory_bytes": _INT,
+    "disk_free_bytes": _INT, "temperature_c": {"type": ["number", "null"]}, "uptime_seconds": _INT,
+    "system_uptime_seconds": _INT, "loaded_models": {"type": "array", "items": _STR},
+    "power": {"type": ["object", "null"]},
+    "power_budget": _obj({"idle_mw": _INT, "max_mw": _INT})})
 NODES = _obj({"object": {"const": "list"}, "data": {"type": "array", "items": NODE}})
+NODES["properties"]["view_age_ms"] = _AGE
 METRICS = {"description": "Prometheus text exposition (version 0.0.4).",
            "content": {"text/plain": {"schema": {"type": "string"}}}}
 
@@ -197,3 +161,10 @@ ROUTES = {
         body=Body(doc='{"seconds": 1..60, "model"?}: record for that long, one trace at a time.'),
         responses=_answers({"type": "object"}, "Chrome trace event JSON ({\"traceEvents\": [...]})")),
 }
+
+
+def leader_only_routes(membership) -> dict:
+    """A follower's cluster group: the same, but the power contract is negotiated by the leader
+    (a follower shows the leader's contract it last received)."""
+    negotiate = ("POST", "/v1/power/contract")
+    return {**ROUTES, **gate.leader_only({negotiate: ROUTES[negotiate]}, membership)}

@@ -1,0 +1,148 @@
+"""Clusters of real daemons for the tests: each node a `python -m server serve` process with its
+own data dir and fixed ports (a restarted leader comes back where its followers look for it),
+optionally inside a network namespace. No models are loaded, so a node starts in a second or two."""
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import orjson
+
+from server.cluster import signing
+from tests.blackbox.daemon import CLIENT_TIMEOUT, ROOT
+
+SECRET = "test-cluster-secret-0123456789abcdef"
+# Generous: the assertion is that something happens, not how fast (that is the bench's job).
+EVENTUAL = 90.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Node:
+    def __init__(self, data_dir: str, *, role: str = "leader", leader: str = "", secret: str | None = SECRET,
+                 host: str = "127.0.0.1", advertise: str = "", reach: str = "127.0.0.1",
+                 netns: str | None = None, ports: tuple[int, int] | None = None, env: dict | None = None):
+        self.data_dir = data_dir
+        self.reach = reach                        # the address the test process talks to
+        self.netns = netns
+        self.inference_port, self.cluster_port = ports or (free_port(), free_port())
+        self.env = {"STACKD_MODELS_PRELOAD": "", "STACKD_CLUSTER_ROLE": role,
+                    "STACKD_CLUSTER_LEADER": leader, "STACKD_CLUSTER_ADVERTISE": advertise,
+                    "STACKD_HOST": host, "STACKD_HTTP_ACCESS_LOG": "false", **(env or {})}
+        if secret is not None:
+            self.env["STACKD_CLUSTER_SECRET"] = secret
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self.proc = None
+        self.start()
+
+    @property
+    def cluster_url(self) -> str:
+        return f"http://{self.reach}:{self.cluster_port}"
+
+    def start(self) -> None:
+        command = [sys.executable, "-m", "server", "serve", "--data-dir", self.data_dir,
+                   "--inference-port", str(self.inference_port), "--cluster-port", str(self.cluster_port)]
+        if self.netns:
+            command = ["ip", "netns", "exec", self.netns] + command
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STACKD_")}
+        self.proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env={**env, **self.env})
+        threading.Thread(target=_drain, args=(self.proc.stderr, self.stderr), daemon=True).start()
+        deadline = time.monotonic() + 120
+        for line in self.proc.stdout:
+            self.stdout.append(line)
+            if re.search(r"cluster listening on", line):
+                break
+            assert time.monotonic() < deadline, "daemon did not start"
+        else:
+            raise AssertionError(f"daemon exited: {''.join(self.stdout)} {''.join(self.stderr)}")
+        threading.Thread(target=_drain, args=(self.proc.stdout, self.stdout), daemon=True).start()
+        self.node_id = _read_json(os.path.join(self.data_dir, "node.json"))["node_id"]
+        self.admin_key = open(os.path.join(self.data_dir, "admin.key")).read().strip()
+
+    def request(self, method: str, path: str, *, port: str = "cluster", key: str | None = "admin",
+                body=None, headers: dict | None = None):
+        """-> (status, headers with lower-case names, parsed JSON or raw bytes)."""
+        conn = http.client.HTTPConnection(self.reach, getattr(self, f"{port}_port"), timeout=CLIENT_TIMEOUT)
+        sent = dict(headers or {})
+        if key is not None:
+            sent["Authorization"] = f"Bearer {self.admin_key if key == 'admin' else key}"
+        payload = None
+        if body is not None:
+            payload = body if isinstance(body, bytes) else orjson.dumps(body)
+            sent.setdefault("Content-Type", "application/json")
+        try:
+            conn.request(method, path, body=payload, headers=sent)
+            response = conn.getresponse()
+            raw = response.read()
+        finally:
+            conn.close()
+        got = {k.lower(): v for k, v in response.getheaders()}
+        if got.get("content-type", "").startswith("application/json"):
+            return response.status, got, orjson.loads(raw)
+        return response.status, got, raw
+
+    def get(self, path: str) -> dict:
+        status, _, body = self.request("GET", path)
+        assert status == 200, (path, status, body)
+        return body
+
+    def signed(self, method: str, path: str, body: bytes = b"", *, secret: str = SECRET,
+               now: float | None = None, node_id: str = "test-node") -> dict:
+        return signing.sign(secret.encode(), method, path, body, now, node_id=node_id)
+
+    def kill(self, signum=signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+            self.proc.wait(timeout=60)
+
+    def stop(self) -> int:
+        self.kill(signal.SIGTERM)
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return "".join(self.stdout) + "".join(self.stderr)
+
+
+def _drain(stream, sink) -> None:
+    for line in stream:
+        sink.append(line)
+
+
+def _read_json(path: str) -> dict:
+    with open(path, "rb") as f:
+        return orjson.loads(f.read())
+
+
+def eventually(check, timeout: float = EVENTUAL, every: float = 0.1):
+    """Polls check() until it returns something truthy; its last value or exception explains a
+    failure."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        try:
+            last = check()
+            if last:
+                return last
+        except (AssertionError, OSError) as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {last!r}")
+        time.sleep(every)
+
+
+def statuses(node: Node) -> dict[str, str]:
+    """node id -> up/down, as `node`'s /v1/topology says."""
+    return {n["id"]: n["status"] for n in node.get("/v1/topology")["nodes"]}
