@@ -125,6 +125,25 @@ def test_the_secret_is_in_no_answer_and_no_log(cluster):
         assert SECRET not in node.log()
 
 
+def test_the_power_contract_is_shared_over_the_cluster_and_followers_get_their_scale(cluster):
+    leader, f1, f2 = cluster
+    offer = {"module_id": "psu-1", "source_capabilities": [
+        {"type": "fixed", "voltage_mv": 5000, "max_current_ma": 3000}]}        # 15 W for three nodes
+    status, _, contract = leader.request("POST", "/v1/power/contract", body=offer)
+    assert status == 200, contract
+    allocations = {a["node_id"]: a for a in contract["allocations"]}
+    assert set(allocations) == {n.node_id for n in cluster}
+    assert contract["demand_mw"] == sum(a["demand_mw"] for a in allocations.values())
+    assert contract["capability_mismatch"] and allocations[f1.node_id]["compute_scale"] < 1
+
+    def own_power(node):
+        path = "/internal/v1/node"
+        return node.request("GET", path, key=None, headers=node.signed("GET", path))[2]["power"]
+    eventually(lambda: own_power(f1) == allocations[f1.node_id])
+    assert f1.request("POST", "/v1/power/contract", body=offer)[0] == 503
+    eventually(lambda: f2.get("/v1/power/contract")["contract_id"] == contract["contract_id"])
+
+
 def test_a_killed_follower_is_down_and_a_stopped_one_leaves(cluster):
     """Destructive: runs last in this module."""
     leader, f1, f2 = cluster
@@ -133,6 +152,8 @@ def test_a_killed_follower_is_down_and_a_stopped_one_leaves(cluster):
     status = leader.get("/v1/cluster")
     assert status["status"] == "degraded" and status["nodes_up"] == 2
     assert any(f1.node_id in reason for reason in status["reasons"])
+    in_force = leader.get("/v1/power/contract")             # shared out over the nodes up
+    assert {a["node_id"] for a in in_force["allocations"]} == {leader.node_id, f2.node_id}
     eventually(lambda: f2.get("/v1/topology")["nodes"] and statuses(f2).get(f1.node_id) == "down")
 
     assert f2.stop() == 0

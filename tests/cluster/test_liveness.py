@@ -1,0 +1,119 @@
+"""Membership's state machine on one loop, with a short liveness window: the leader's down and
+up, leave, the follower's fencing and unfencing, and the callbacks other modules rely on."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from server import config, daemon
+from server.cluster import membership as membership_module
+from server.http.errors import ApiError
+
+SECRET = "t" * 32
+WINDOW = 0.2
+
+
+@pytest.fixture
+def short_window(monkeypatch):
+    monkeypatch.setattr(membership_module, "DOWN_AFTER", WINDOW)
+
+
+def _membership(tmp_path, name: str, **env):
+    settings = config.load({"data_dir": str(tmp_path / name)},
+                           {"STACKD_CLUSTER_SECRET": SECRET, **env})
+    node, _ = daemon.build_node(settings)
+    return node.membership
+
+
+def _heartbeat(follower) -> dict:
+    return follower.heartbeat_body()
+
+
+def test_the_leader_marks_a_silent_follower_down_and_up_again(tmp_path, loop, short_window):
+    leader = _membership(tmp_path, "leader")
+    leader.start(loop, "127.0.0.1", 5381, 8080)
+    follower = _membership(tmp_path, "follower", STACKD_CLUSTER_ROLE="follower",
+                           STACKD_CLUSTER_LEADER="http://127.0.0.1:5381")
+    follower.start(loop, "127.0.0.2", 5381, 8080)
+    down, changes = [], []
+    leader.on_node_down(down.append)
+    leader.on_change(lambda: changes.append([n.status for n in leader.nodes()]))
+
+    answer = leader.receive_heartbeat(follower.self_id, _heartbeat(follower))
+    assert answer["leader_id"] == leader.self_id and answer["inference_url"] == "http://127.0.0.1:8080"
+    assert [(n.id, n.role, n.status) for n in leader.nodes()] == [
+        (leader.self_id, "leader", "up"), (follower.self_id, "follower", "up")]
+    peer = leader.nodes()[1]
+    assert peer.address == "http://127.0.0.2:5381" and peer.host == "127.0.0.2"
+    assert peer.memory_total_bytes > 0 and peer.threads >= 1 and peer.detail["id"] == follower.self_id
+
+    loop.run_until_complete(asyncio.sleep(WINDOW * 3))
+    assert down == [follower.self_id]
+    assert [n.id for n in leader.nodes_up()] == [leader.self_id]
+    leader.receive_heartbeat(follower.self_id, _heartbeat(follower))
+    assert len(leader.nodes_up()) == 2
+    assert changes == [["up", "up"], ["up", "down"], ["up", "up"]]
+
+    assert leader.receive_leave(follower.self_id) == {"left": True}
+    assert down == [follower.self_id] * 2 and len(leader.nodes()) == 1
+    loop.run_until_complete(leader.aclose())
+    loop.run_until_complete(follower.aclose())
+
+
+def test_a_follower_fences_itself_without_its_leader_and_unfences(tmp_path, loop, short_window):
+    leader = _membership(tmp_path, "leader")
+    leader.start(loop, "127.0.0.1", 5381, 8080)
+    follower = _membership(tmp_path, "follower", STACKD_CLUSTER_ROLE="follower",
+                           STACKD_CLUSTER_LEADER="http://127.0.0.1:5381")
+    follower.start(loop, "127.0.0.2", 5381, 8080)
+    fenced = []
+    follower.on_fenced(lambda: fenced.append(True))
+    assert follower.fenced                        # until its leader answered once
+
+    follower.accept_answer(leader.receive_heartbeat(follower.self_id, _heartbeat(follower)))
+    assert not follower.fenced and [n.id for n in follower.nodes()] == [leader.self_id, follower.self_id]
+    loop.run_until_complete(asyncio.sleep(WINDOW * 3))
+    assert follower.fenced and fenced == [True]
+    follower.accept_answer(leader.receive_heartbeat(follower.self_id, _heartbeat(follower)))
+    assert not follower.fenced and fenced == [True]
+    loop.run_until_complete(leader.aclose())
+    loop.run_until_complete(follower.aclose())
+
+
+def test_the_leader_refuses_a_second_node_with_a_taken_id(tmp_path, loop):
+    leader = _membership(tmp_path, "leader")
+    leader.start(loop, "127.0.0.1", 5381, 8080)
+    follower = _membership(tmp_path, "follower", STACKD_CLUSTER_ROLE="follower",
+                           STACKD_CLUSTER_LEADER="http://127.0.0.1:5381")
+    follower.start(loop, "127.0.0.2", 5381, 8080)
+    leader.receive_heartbeat(follower.self_id, _heartbeat(follower))
+    impostor = _heartbeat(follower)
+    impostor["entry"] = {**impostor["entry"], "address": "http://127.0.0.3:5381"}
+    with pytest.raises(ApiError) as err:
+        leader.receive_heartbeat(follower.self_id, impostor)
+    assert err.value.kind.status == 409
+    with pytest.raises(ApiError):
+        leader.receive_heartbeat(leader.self_id, {"entry": {**impostor["entry"], "id": leader.self_id}})
+    loop.run_until_complete(leader.aclose())
+    loop.run_until_complete(follower.aclose())
+
+
+@pytest.mark.parametrize("field,value", [
+    ("id", "someone-else"), ("address", "ftp://x:1"), ("address", "http://host-without-port"),
+    ("memory_total_bytes", -1), ("memory_available_bytes", "lots"), ("threads", 1.5),
+    ("power_budget", {"idle_mw": 0, "max_mw": 1}), ("power_budget", None)])
+def test_a_malformed_heartbeat_is_a_400_naming_the_field(tmp_path, loop, field, value):
+    leader = _membership(tmp_path, "leader")
+    leader.start(loop, "127.0.0.1", 5381, 8080)
+    follower = _membership(tmp_path, "follower", STACKD_CLUSTER_ROLE="follower",
+                           STACKD_CLUSTER_LEADER="http://127.0.0.1:5381")
+    follower.start(loop, "127.0.0.2", 5381, 8080)
+    body = _heartbeat(follower)
+    body["entry"][field] = value
+    with pytest.raises(ApiError) as err:
+        leader.receive_heartbeat(follower.self_id, body)
+    assert err.value.kind.status == 400 and err.value.param == f"entry.{field}"
+    assert leader.nodes()[1:] == []
+    loop.run_until_complete(leader.aclose())
+    loop.run_until_complete(follower.aclose())
