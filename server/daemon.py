@@ -15,6 +15,7 @@ from .auth.guard import KeyGuard
 from .auth.keys import KeyStore, bootstrap_admin_key
 from .auth.ratelimit import RateLimiter
 from .cluster import gate, identity, internal
+from .cluster.membership import Membership
 from .cluster import routes as cluster_routes
 from .http import openapi
 from .http.access_log import AccessLog
@@ -37,16 +38,8 @@ def build_node(settings: config.Settings) -> tuple[Node, str | None]:
     metrics = Metrics()
     limiter = RateLimiter(settings["rate_limits"], settings.per_key_limits, metrics=metrics)
     node = Node(settings, identity.load_or_create(settings.data_dir), keys, limiter, metrics)
-    node.membership = cluster_membership(node, settings)
+    node.membership = Membership.from_settings(node, settings)
     return node, admin_key_path
-
-
-def cluster_membership(node: Node, settings: config.Settings):
-    from .cluster.membership import Membership
-
-    cluster = settings["cluster"]
-    return Membership(node, cluster["role"], settings.cluster_secret, leader=cluster["leader"],
-                      advertise=cluster["advertise"])
 
 
 def build_apps(node: Node) -> tuple[App, App]:
@@ -54,7 +47,7 @@ def build_apps(node: Node) -> tuple[App, App]:
     max_body = node.settings["http.max_body_bytes"]
     inference_tables = [inference_routes.ROUTES, model_routes.ROUTES]
     cluster_tables = [cluster_routes.ROUTES, model_routes.ROUTES]
-    membership = node.membership
+    membership = getattr(node, "membership", None)      # None: a one-node cluster
     if membership is not None and not membership.is_leader:      # the leader serves these
         inference_tables = [gate.leader_only(table, membership) for table in inference_tables]
         cluster_tables = [cluster_routes.leader_only_routes(membership),
@@ -117,7 +110,9 @@ async def serve(settings: config.Settings) -> int:
         print(f"stackd: first start: admin API key written to {admin_key_path}", flush=True)
     print(f"stackd: inference listening on http://{_url_host(host)}:{inference_port}", flush=True)
     print(f"stackd: cluster listening on http://{_url_host(host)}:{cluster_port}", flush=True)
-    heartbeat = start_membership(node, loop, host, cluster_port, inference_port)
+    node.membership.start(loop, host, cluster_port, inference_port)    # a follower heartbeats
+    if node.membership.secret is not None:
+        print(f"stackd: cluster {node.membership.role} at {node.membership.address}", flush=True)
     console = None
     if settings["console.enabled"]:
         try:
@@ -135,37 +130,13 @@ async def serve(settings: config.Settings) -> int:
     notifier.stopping()
     grace = settings["http.shutdown_grace"]
     print(f"stackd: shutting down (grace {grace:g} s)", flush=True)
-    await stop_membership(node, heartbeat)
+    await node.membership.aclose()                                     # a follower leaves
     await http.shutdown(grace)
     if console is not None:
         await console.close()
     await node.models.aclose()
     print("stackd: stopped", flush=True)
     return 0
-
-
-def start_membership(node: Node, loop, host: str, cluster_port: int, inference_port: int):
-    """Completes the advertised URLs; a follower starts heartbeating to its leader."""
-    from .cluster.heartbeat import Heartbeat
-
-    membership = node.membership
-    membership.start(loop, host, cluster_port, inference_port)
-    if membership.is_leader:
-        if membership.secret is not None:
-            print(f"stackd: cluster leader at {membership.address}", flush=True)
-        return None
-    print(f"stackd: cluster follower at {membership.address}, leader {membership.follower.leader_address}",
-          flush=True)
-    heartbeat = Heartbeat(membership)
-    heartbeat.start(loop)
-    return heartbeat
-
-
-async def stop_membership(node: Node, heartbeat) -> None:
-    if heartbeat is not None:
-        await heartbeat.stop()
-        await node.membership.leave()
-    await node.membership.aclose()
 
 
 async def start_console(http: HttpServer, node: Node, settings: config.Settings,

@@ -1,5 +1,6 @@
 """A follower's heartbeat: every HEARTBEAT_INTERVAL, its own /v1/nodes entry (memory, load,
-temperature, models, RPC state, power budget) to the leader; the answer is the leader's view.
+temperature, models, RPC state, power budget) to the leader; the answer is the leader's view
+(membership.accept_answer).
 
 One heartbeat is in flight at a time and each has a deadline shorter than DOWN_AFTER, so a
 leader that is gone, frozen or partitioned away costs nothing but this task's waiting: the
@@ -11,16 +12,16 @@ import asyncio
 import logging
 import time
 
-from .membership import HEARTBEAT_INTERVAL, Membership
 from .peers import PeerError
 
 log = logging.getLogger("server.cluster")
 
-CALL_TIMEOUT = 2.0                  # seconds for one heartbeat's answer
+HEARTBEAT_INTERVAL = 1.0            # seconds between a follower's heartbeats
+CALL_TIMEOUT = 2.0                  # seconds for one heartbeat's answer (under membership.DOWN_AFTER)
 
 
 class Heartbeat:
-    def __init__(self, membership: Membership):
+    def __init__(self, membership):     # membership.Membership, a follower's
         self.membership = membership
         self.task: asyncio.Task | None = None
         self.failures = 0

@@ -25,11 +25,11 @@ from urllib.parse import urlsplit
 
 from ..http.errors import ApiError, ErrorKind, invalid
 from . import views
+from .heartbeat import Heartbeat
 from .peers import PeerClient, PeerError
 
 log = logging.getLogger("server.cluster")
 
-HEARTBEAT_INTERVAL = 1.0            # seconds between a follower's heartbeats
 DOWN_AFTER = 3.0                    # seconds of silence: the leader marks a follower down,
                                     # a follower without its leader fences itself
 MAX_ADDRESS = 256
@@ -100,18 +100,26 @@ class Membership:
         self.follower = FollowerState(leader) if role == "follower" else None
         self.client = PeerClient(secret, self.self_id) if secret else None
         self.loop = None
+        self.heartbeat: Heartbeat | None = None
         self.rpc_state = None       # () -> JSON-able: the RPC children, carried by heartbeats
         self.degradation_checks: list = []   # () -> [reason]: why /v1/cluster is degraded
         self._down_callbacks: list = []
         self._fenced_callbacks: list = []
         self._change_callbacks: list = []
 
+    @classmethod
+    def from_settings(cls, node, settings) -> "Membership":
+        cluster = settings["cluster"]
+        return cls(node, cluster["role"], settings.cluster_secret, leader=cluster["leader"],
+                   advertise=cluster["advertise"])
+
     @property
     def is_leader(self) -> bool:
         return self.role == "leader"
 
-    def start(self, loop, host: str, cluster_port: int, inference_port: int) -> None:
-        """Called once both ports listen: the advertised URLs can be completed now."""
+    def start(self, loop, host: str, cluster_port: int, inference_port: int, heartbeat: bool = True) -> None:
+        """Called once both ports listen: the advertised URLs can be completed now, and a
+        follower starts heartbeating."""
         self.loop = loop
         host = _url_host(urlsplit(self.address).hostname if self.address else host)
         if not self.address:
@@ -119,8 +127,15 @@ class Membership:
         self.inference_url = f"http://{host}:{inference_port}"
         if self.follower is not None:
             self._arm_fence()
+            if heartbeat:
+                self.heartbeat = Heartbeat(self)
+                self.heartbeat.start(loop)
 
     async def aclose(self) -> None:
+        """A follower stops heartbeating and tells its leader it leaves."""
+        if self.heartbeat is not None:
+            await self.heartbeat.stop()
+            await self.leave()
         for member in self.members.values():
             if member.timer is not None:
                 member.timer.cancel()
@@ -216,6 +231,15 @@ class Membership:
         if self.follower is None or self.follower.view is None:
             return 0
         return int((time.monotonic() - self.follower.view_received) * 1000)
+
+    @property
+    def compute_scale(self) -> float:
+        """This node's share of full compute under the power contract (a follower's comes with
+        the leader's heartbeat answers): RPC server children started now take it."""
+        if self.follower is not None:
+            return self.follower.compute_scale
+        allocation = self.node.power.allocation(self.self_id) if self.node.power is not None else None
+        return allocation["compute_scale"] if allocation else 1.0
 
     @property
     def fenced(self) -> bool:

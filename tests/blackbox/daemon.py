@@ -29,6 +29,30 @@ def create_key(data_dir: str, name: str, permissions: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+def http_request(host: str, port: int, method: str, path: str, *, key: str | None = None,
+                 body=None, headers: dict | None = None):
+    """One request on its own connection -> (status, headers dict with lower-case names,
+    parsed JSON or raw bytes)."""
+    conn = http.client.HTTPConnection(host, port, timeout=CLIENT_TIMEOUT)
+    sent = dict(headers or {})
+    if key is not None:
+        sent["Authorization"] = f"Bearer {key}"
+    payload = None
+    if body is not None:
+        payload = body if isinstance(body, bytes) else orjson.dumps(body)
+        sent.setdefault("Content-Type", "application/json")
+    try:
+        conn.request(method, path, body=payload, headers=sent)
+        response = conn.getresponse()
+        raw = response.read()
+    finally:
+        conn.close()
+    got = {k.lower(): v for k, v in response.getheaders()}
+    if got.get("content-type", "").startswith("application/json"):
+        return response.status, got, orjson.loads(raw)
+    return response.status, got, raw
+
+
 NO_MODELS = "[models]\npreload = []\n"
 
 
@@ -75,23 +99,8 @@ class Daemon:
     def request(self, method: str, path: str, *, port: str = "cluster", key: str | None = None,
                 body=None, headers: dict | None = None):
         """-> (status, headers dict with lower-case names, parsed JSON or raw bytes)."""
-        conn = http.client.HTTPConnection("127.0.0.1", getattr(self, f"{port}_port"),
-                                          timeout=CLIENT_TIMEOUT)
-        sent = dict(headers or {})
-        if key is not None:
-            sent["Authorization"] = f"Bearer {key}"
-        payload = None
-        if body is not None:
-            payload = body if isinstance(body, bytes) else orjson.dumps(body)
-            sent.setdefault("Content-Type", "application/json")
-        conn.request(method, path, body=payload, headers=sent)
-        response = conn.getresponse()
-        raw = response.read()
-        got = {k.lower(): v for k, v in response.getheaders()}
-        conn.close()
-        if got.get("content-type", "").startswith("application/json"):
-            return response.status, got, orjson.loads(raw)
-        return response.status, got, raw
+        return http_request("127.0.0.1", getattr(self, f"{port}_port"), method, path, key=key,
+                            body=body, headers=headers)
 
     def raw(self, data: bytes, port: str = "cluster", wait: float = 30.0) -> bytes:
         """Send raw bytes; return everything the server sends until it closes or goes quiet."""

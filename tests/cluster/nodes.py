@@ -3,7 +3,6 @@ own data dir and fixed ports (a restarted leader comes back where its followers 
 optionally inside a network namespace. No models are loaded, so a node starts in a second or two."""
 from __future__ import annotations
 
-import http.client
 import os
 import re
 import signal
@@ -16,7 +15,7 @@ import time
 import orjson
 
 from server.cluster import signing
-from tests.blackbox.daemon import CLIENT_TIMEOUT, ROOT
+from tests.blackbox.daemon import ROOT, http_request
 
 SECRET = "test-cluster-secret-0123456789abcdef"
 # Generous: the assertion is that something happens, not how fast (that is the bench's job).
@@ -75,24 +74,8 @@ class Node:
     def request(self, method: str, path: str, *, port: str = "cluster", key: str | None = "admin",
                 body=None, headers: dict | None = None):
         """-> (status, headers with lower-case names, parsed JSON or raw bytes)."""
-        conn = http.client.HTTPConnection(self.reach, getattr(self, f"{port}_port"), timeout=CLIENT_TIMEOUT)
-        sent = dict(headers or {})
-        if key is not None:
-            sent["Authorization"] = f"Bearer {self.admin_key if key == 'admin' else key}"
-        payload = None
-        if body is not None:
-            payload = body if isinstance(body, bytes) else orjson.dumps(body)
-            sent.setdefault("Content-Type", "application/json")
-        try:
-            conn.request(method, path, body=payload, headers=sent)
-            response = conn.getresponse()
-            raw = response.read()
-        finally:
-            conn.close()
-        got = {k.lower(): v for k, v in response.getheaders()}
-        if got.get("content-type", "").startswith("application/json"):
-            return response.status, got, orjson.loads(raw)
-        return response.status, got, raw
+        return http_request(self.reach, getattr(self, f"{port}_port"), method, path, body=body,
+                            headers=headers, key=self.admin_key if key == "admin" else key)
 
     def get(self, path: str) -> dict:
         status, _, body = self.request("GET", path)

@@ -26,16 +26,25 @@ def _membership(tmp_path, name: str, **env):
     return node.membership
 
 
-def _heartbeat(follower) -> dict:
-    return follower.heartbeat_body()
-
-
-def test_the_leader_marks_a_silent_follower_down_and_up_again(tmp_path, loop, short_window):
+@pytest.fixture
+def pair(tmp_path, loop):
+    """A leader's and a follower's membership, started on one loop (no sockets)."""
     leader = _membership(tmp_path, "leader")
     leader.start(loop, "127.0.0.1", 5381, 8080)
     follower = _membership(tmp_path, "follower", STACKD_CLUSTER_ROLE="follower",
                            STACKD_CLUSTER_LEADER="http://127.0.0.1:5381")
-    follower.start(loop, "127.0.0.2", 5381, 8080)
+    follower.start(loop, "127.0.0.2", 5381, 8080, heartbeat=False)    # the test plays the wire
+    yield leader, follower
+    loop.run_until_complete(leader.aclose())
+    loop.run_until_complete(follower.aclose())
+
+
+def _heartbeat(follower) -> dict:
+    return follower.heartbeat_body()
+
+
+def test_the_leader_marks_a_silent_follower_down_and_up_again(short_window, pair, loop):
+    leader, follower = pair
     down, changes = [], []
     leader.on_node_down(down.append)
     leader.on_change(lambda: changes.append([n.status for n in leader.nodes()]))
@@ -57,16 +66,10 @@ def test_the_leader_marks_a_silent_follower_down_and_up_again(tmp_path, loop, sh
 
     assert leader.receive_leave(follower.self_id) == {"left": True}
     assert down == [follower.self_id] * 2 and len(leader.nodes()) == 1
-    loop.run_until_complete(leader.aclose())
-    loop.run_until_complete(follower.aclose())
 
 
-def test_a_follower_fences_itself_without_its_leader_and_unfences(tmp_path, loop, short_window):
-    leader = _membership(tmp_path, "leader")
-    leader.start(loop, "127.0.0.1", 5381, 8080)
-    follower = _membership(tmp_path, "follower", STACKD_CLUSTER_ROLE="follower",
-                           STACKD_CLUSTER_LEADER="http://127.0.0.1:5381")
-    follower.start(loop, "127.0.0.2", 5381, 8080)
+def test_a_follower_fences_itself_without_its_leader_and_unfences(short_window, pair, loop):
+    leader, follower = pair
     fenced = []
     follower.on_fenced(lambda: fenced.append(True))
     assert follower.fenced                        # until its leader answered once
@@ -77,16 +80,10 @@ def test_a_follower_fences_itself_without_its_leader_and_unfences(tmp_path, loop
     assert follower.fenced and fenced == [True]
     follower.accept_answer(leader.receive_heartbeat(follower.self_id, _heartbeat(follower)))
     assert not follower.fenced and fenced == [True]
-    loop.run_until_complete(leader.aclose())
-    loop.run_until_complete(follower.aclose())
 
 
-def test_the_leader_refuses_a_second_node_with_a_taken_id(tmp_path, loop):
-    leader = _membership(tmp_path, "leader")
-    leader.start(loop, "127.0.0.1", 5381, 8080)
-    follower = _membership(tmp_path, "follower", STACKD_CLUSTER_ROLE="follower",
-                           STACKD_CLUSTER_LEADER="http://127.0.0.1:5381")
-    follower.start(loop, "127.0.0.2", 5381, 8080)
+def test_the_leader_refuses_a_second_node_with_a_taken_id(pair):
+    leader, follower = pair
     leader.receive_heartbeat(follower.self_id, _heartbeat(follower))
     impostor = _heartbeat(follower)
     impostor["entry"] = {**impostor["entry"], "address": "http://127.0.0.3:5381"}
@@ -95,25 +92,17 @@ def test_the_leader_refuses_a_second_node_with_a_taken_id(tmp_path, loop):
     assert err.value.kind.status == 409
     with pytest.raises(ApiError):
         leader.receive_heartbeat(leader.self_id, {"entry": {**impostor["entry"], "id": leader.self_id}})
-    loop.run_until_complete(leader.aclose())
-    loop.run_until_complete(follower.aclose())
 
 
 @pytest.mark.parametrize("field,value", [
     ("id", "someone-else"), ("address", "ftp://x:1"), ("address", "http://host-without-port"),
     ("memory_total_bytes", -1), ("memory_available_bytes", "lots"), ("threads", 1.5),
     ("power_budget", {"idle_mw": 0, "max_mw": 1}), ("power_budget", None)])
-def test_a_malformed_heartbeat_is_a_400_naming_the_field(tmp_path, loop, field, value):
-    leader = _membership(tmp_path, "leader")
-    leader.start(loop, "127.0.0.1", 5381, 8080)
-    follower = _membership(tmp_path, "follower", STACKD_CLUSTER_ROLE="follower",
-                           STACKD_CLUSTER_LEADER="http://127.0.0.1:5381")
-    follower.start(loop, "127.0.0.2", 5381, 8080)
+def test_a_malformed_heartbeat_is_a_400_naming_the_field(pair, field, value):
+    leader, follower = pair
     body = _heartbeat(follower)
     body["entry"][field] = value
     with pytest.raises(ApiError) as err:
         leader.receive_heartbeat(follower.self_id, body)
     assert err.value.kind.status == 400 and err.value.param == f"entry.{field}"
     assert leader.nodes()[1:] == []
-    loop.run_until_complete(leader.aclose())
-    loop.run_until_complete(follower.aclose())
