@@ -8,6 +8,7 @@ import time
 import orjson
 import pytest
 
+import server.daemon  # noqa: F401  (imports every module that registers internal routes)
 from server.cluster import internal
 from server.system import readings
 
