@@ -80,7 +80,6 @@ async def serve(settings: config.Settings) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     node, admin_key_path = build_node(settings)
-    inference_app, cluster_app = build_apps(node)
     access_log = AccessLog(enabled=settings["http.access_log"])
     http = HttpServer(loop, settings.limits(), node.metrics, access_log)
     http.tick_hooks.append(node.reload_keys)
@@ -97,6 +96,8 @@ async def serve(settings: config.Settings) -> int:
         print("stackd: stopped", flush=True)
         return 0
 
+    # Built once the models are: loading registers their modules' internal routes.
+    inference_app, cluster_app = build_apps(node)
     host = settings["host"]
     try:
         inference_port = await http.listen(inference_app, host, settings["inference_port"])

@@ -102,7 +102,6 @@ class Membership:
         self.loop = None
         self.heartbeat: Heartbeat | None = None
         self.rpc_state = None       # () -> JSON-able: the RPC children, carried by heartbeats
-        self.degradation_checks: list = []   # () -> [reason]: why /v1/cluster is degraded
         self._down_callbacks: list = []
         self._fenced_callbacks: list = []
         self._change_callbacks: list = []
@@ -167,11 +166,6 @@ class Membership:
 
     def provide_rpc_state(self, provider) -> None:
         self.rpc_state = provider
-
-    def add_degradation_check(self, check) -> None:
-        """check() -> list of reasons (a model placed on fewer nodes than it was); any reason
-        makes /v1/cluster `degraded`."""
-        self.degradation_checks.append(check)
 
     async def call(self, node_id: str, method: str, path: str, body: dict | None = None) -> dict:
         """A signed request to /internal/v1/... on that node; raises PeerError."""

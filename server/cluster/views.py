@@ -97,22 +97,17 @@ def _topology(node, membership, entries: list[dict]) -> dict:
 def _cluster(node, membership, entries: list[dict]) -> dict:
     up = [e for e in entries if e["status"] == "up"]
     reasons = [f"node {e['id']} is down" for e in entries if e["status"] != "up"]
-    reasons += membership_degradations(membership)
+    reasons += [f"model {m} is placed on fewer nodes than it was" for m in _degraded_models(node)]
     return {"status": "degraded" if reasons else "healthy",
             "total_ram_gb": readings.ram_gb(sum(e["memory_total_bytes"] for e in up)),
             "active_model": node.active_model, "node_count": len(entries), "nodes_up": len(up),
             "leader": membership.self_id, "reasons": reasons}
 
 
-def membership_degradations(membership) -> list[str]:
-    """Reasons other modules add (a model placed on fewer nodes than it was)."""
-    out = []
-    for check in membership.degradation_checks:
-        try:
-            out.extend(check() or ())
-        except Exception:
-            pass
-    return out
+def _degraded_models(node) -> list[str]:
+    """Models the model manager placed again on fewer nodes than they were."""
+    degraded = getattr(node.models, "degraded_models", None)
+    return degraded() if degraded is not None else []
 
 
 # ---- what a route answers, on either role ---------------------------------------------------------
