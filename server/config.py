@@ -263,9 +263,13 @@ def _read_secret(cluster: dict) -> bytes | None:
     if cluster["secret_file"]:
         try:
             with open(cluster["secret_file"], "rb") as f:
+                mode = os.fstat(f.fileno()).st_mode & 0o777
                 secret = f.read().strip()
         except OSError as exc:
             raise ConfigError(f"setting cluster.secret_file: cannot read it: {exc.strerror}") from None
+        if mode & 0o077:
+            raise ConfigError(f"setting cluster.secret_file: other users may read it (mode {mode:04o}): "
+                              "make it owner-only (chmod 600)")
     cluster["secret"] = ""
     if not secret:
         if cluster["secret_file"]:

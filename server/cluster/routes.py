@@ -76,8 +76,19 @@ def _worker_metrics(node) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
+def _cluster_gauges(membership) -> dict:
+    if membership is None:
+        return {}
+    nodes = membership.nodes()
+    return {"stackd_cluster_nodes": ("Nodes this node knows of, itself included.", len(nodes)),
+            "stackd_cluster_nodes_up": ("Of those, the nodes that are up.",
+                                        sum(n.status == "up" for n in nodes)),
+            "stackd_cluster_fenced": ("1 while this follower has lost its leader.", int(membership.fenced))}
+
+
 def metrics(node, request) -> Response:
-    gauges = {"stackd_uptime_seconds": ("Seconds since the daemon started.", node.uptime_seconds())}
+    gauges = {"stackd_uptime_seconds": ("Seconds since the daemon started.", node.uptime_seconds()),
+              **_cluster_gauges(node.membership)}
     return Response(200, node.metrics.render(gauges) + prometheus.render(_engines(node)) + _worker_metrics(node),
                     b"text/plain; version=0.0.4; charset=utf-8")
 

@@ -46,6 +46,8 @@ def test_followers_join_and_every_node_answers_with_the_leaders_view(cluster):
 
     status = leader.get("/v1/cluster")
     assert status["status"] == "healthy" and status["nodes_up"] == 3
+    metrics = leader.request("GET", "/metrics")[2]
+    assert b"stackd_cluster_nodes_up 3" in metrics and b"stackd_cluster_fenced 0" in metrics
     entries = leader.get("/v1/nodes")["data"]
     assert status["total_ram_gb"] == readings.ram_gb(sum(e["memory_total_bytes"] for e in entries))
     follower_entry = next(e for e in entries if e["id"] == f1.node_id)

@@ -47,12 +47,15 @@ def test_join_and_partition_over_veth_links(tmp_path, namespaces):
         addresses = {n["id"]: n["address"] for n in leader.get("/v1/topology")["nodes"]}
         assert addresses[follower.node_id] == f"http://{follower_ip}:{CLUSTER_PORT}"
         eventually(lambda: follower.get("/v1/cluster")["status"] == "healthy")
+        status, _, answer = follower.request("GET", "/v1/models", port="inference")
+        assert status == 503 and f"http://{leader_ip}:{INFERENCE_PORT}" in answer["error"]["message"]
 
         namespaces.set_link(leader_ns[0], follower_ns[0], up=False)
         eventually(lambda: statuses(leader)[follower.node_id] == "down")
         assert leader.get("/v1/cluster")["status"] == "degraded"
         eventually(lambda: follower.get("/v1/cluster")["status"] == "unavailable")
         assert "fenced" in follower.log()
+        assert b"stackd_cluster_fenced 1" in follower.request("GET", "/metrics")[2]
 
         namespaces.set_link(leader_ns[0], follower_ns[0], up=True)
         eventually(lambda: statuses(leader)[follower.node_id] == "up")

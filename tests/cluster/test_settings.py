@@ -29,6 +29,10 @@ def test_the_secret_is_read_and_blanked():
 def test_the_secret_file(tmp_path):
     path = tmp_path / "secret"
     path.write_text(SECRET + "\n")
+    path.chmod(0o640)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        load(secret_file=str(path))
+    path.chmod(0o600)
     assert load(secret_file=str(path)).cluster_secret == SECRET.encode()
     path.write_text("")
     with pytest.raises(ConfigError, match="empty"):
