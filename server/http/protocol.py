@@ -32,6 +32,17 @@ log = logging.getLogger("server.http")
 # Parse phases of a connection.
 IDLE, HEAD, BODY = 0, 1, 2
 
+# One read can hold thousands of tiny pipelined requests (a 256 KiB read of `GET /` lines is
+# ~7,000), and requests answered at once (a 401, a health probe) never queue, so max_pipeline
+# does not stop them: one callback answering them all stalled the loop for everyone (~350 ms).
+# A read larger than PARSE_SLICE is parsed a slice at a time; once PARSE_BUDGET requests have
+# completed in one loop callback, the rest waits for the next turn of the loop (reading paused
+# meanwhile, so order is kept). Reads of ordinary size take the single-feed path as before.
+# A slice holds at most ~110 minimal requests (18 bytes each), under max_pipeline's default of
+# 128: a client that stops reading mid-slice is held at the slice's end, not refused.
+PARSE_SLICE = 2048
+PARSE_BUDGET = 64
+
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:+=/~-]{1,128}")
 
 
@@ -93,6 +104,10 @@ class HttpProtocol:
     phase = cython.declare(cython.int, visibility="readonly")
     deadline = cython.declare(cython.double, visibility="readonly")
     n_chunks = cython.declare(cython.long)
+    n_completed = cython.declare(cython.long, visibility="readonly")  # requests parsed whole on this connection
+    _unparsed = cython.declare(object)            # the rest of a large read, or None
+    _at = cython.declare(cython.Py_ssize_t)       # where parsing of _unparsed resumes
+    _parse_scheduled = cython.declare(cython.bint)
     _url = cython.declare(bytes)
     _headers = cython.declare(dict)
     _n_headers = cython.declare(cython.int)
@@ -134,6 +149,10 @@ class HttpProtocol:
         self.phase = IDLE
         self.deadline = 0.0
         self.n_chunks = 0
+        self.n_completed = 0
+        self._unparsed = None
+        self._at = 0
+        self._parse_scheduled = False
         self._url = b""
         self._headers = {}
         self._n_headers = 0
@@ -180,6 +199,7 @@ class HttpProtocol:
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        self._unparsed = None
         self.server.connections.discard(self)
         self.flow.connection_lost()
         if self.task is not None:
@@ -188,7 +208,7 @@ class HttpProtocol:
     def eof_received(self):
         """The client half-closed. Answer what it already sent, then close; with nothing in
         flight, let the transport close now (a falsy return)."""
-        if self.busy or self.pipeline:
+        if self.busy or self.pipeline or self._unparsed is not None:
             self.peer_done = True
             return True
         return None
@@ -209,15 +229,60 @@ class HttpProtocol:
         if self.phase == IDLE:
             self.phase = HEAD
             self.deadline = self.loop.time() + self.limits.head_timeout
+        if len(data) <= PARSE_SLICE:
+            self.feed(data)
+            return
+        self._unparsed = memoryview(data)
+        self._at = 0
+        self.parse_unparsed()
+
+    @cython.ccall
+    def parse_unparsed(self) -> None:
+        """Parse the held read a slice at a time, until it is done, reading is paused (answers
+        are owed first), or this callback's budget of requests is spent (then yield)."""
+        data = self._unparsed
+        size: cython.Py_ssize_t = len(data)
+        budget_end: cython.long = self.n_completed + PARSE_BUDGET
+        while self._at < size:
+            if not self.reading:
+                return                   # resume_reading continues from here
+            if self.n_completed >= budget_end:
+                self.transport.pause_reading()
+                self.schedule_parse()
+                return
+            end: cython.Py_ssize_t = min(self._at + PARSE_SLICE, size)
+            piece = data[self._at:end]
+            self._at = end
+            if not self.feed(piece):
+                self._unparsed = None
+                return
+        self._unparsed = None
+        if self.reading:
+            self.transport.resume_reading()
+
+    @cython.ccall
+    def schedule_parse(self) -> None:
+        if not self._parse_scheduled:
+            self._parse_scheduled = True
+            self.loop.call_soon(self.parse_later)
+
+    def parse_later(self) -> None:
+        self._parse_scheduled = False
+        if self._unparsed is not None and not self.closed:
+            self.parse_unparsed()
+
+    @cython.ccall
+    def feed(self, data) -> cython.bint:
+        """One piece of the byte stream into the parser; False once the connection is done."""
         self.n_chunks += 1
         try:
             self.parser.feed_data(data)
         except _Reject as rejection:
             self.reject(rejection.kind, rejection.message)
-            return
+            return False
         except httptools.HttpParserUpgrade:
             self.upgrade_requested()
-            return
+            return False
         except httptools.HttpParserError as exc:
             cause = exc.__context__
             if isinstance(cause, _Reject):
@@ -227,9 +292,10 @@ class HttpProtocol:
                 self.reject(ErrorKind.INTERNAL, "internal server error")
             else:
                 self.reject(ErrorKind.INVALID_REQUEST, f"malformed HTTP request: {_reason(exc)}")
-            return
+            return False
         if self.phase == HEAD and not self.closed:
             self.count_partial_head(len(data))
+        return not self.closed
 
     @cython.ccall
     def count_partial_head(self, n_bytes: int) -> None:
@@ -330,6 +396,7 @@ class HttpProtocol:
         if self.closed:
             return
         self.phase = IDLE
+        self.n_completed += 1
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request_id = self._headers.get(b"x-request-id")
         if request_id is None or _REQUEST_ID.fullmatch(request_id) is None:
@@ -510,7 +577,10 @@ class HttpProtocol:
     def resume_reading(self) -> None:
         if not self.reading:
             self.reading = True
-            self.transport.resume_reading()
+            if self._unparsed is not None:
+                self.schedule_parse()    # the held read first (never re-entering the parser)
+            else:
+                self.transport.resume_reading()
 
 
 def _split_target(url: bytes) -> tuple[str, str]:

@@ -113,7 +113,7 @@ class HttpServer:
                 connection.transport.abort()
         if self._sweeper is not None:
             self._sweeper.cancel()
-        self.access_log.flush()
+        self.access_log.drain()
         for server in self.listeners:
             await server.wait_closed()
 

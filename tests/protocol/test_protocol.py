@@ -122,10 +122,61 @@ def test_pipelined_requests_are_answered_in_order(loop, conn):
     assert transport.reading
 
 
-def test_deep_pipeline_does_not_recurse(conn):
+def test_deep_pipeline_does_not_recurse(loop, conn):
     protocol, transport = conn
     protocol.data_received(b"GET /echo HTTP/1.1\r\n\r\n" * 5000)
+    settle(loop)
+    while protocol.n_completed < 5000:
+        settle(loop)
     assert len(parse_responses(transport.take())) == 5000
+
+
+def test_a_large_read_of_requests_answered_at_once_yields_to_the_loop(loop, conn):
+    """Thousands of tiny requests in one read are answered a budget per loop turn, reading
+    paused meanwhile, and all of them in order; one callback never answers them all."""
+    from server.http.protocol import PARSE_BUDGET, PARSE_SLICE
+    protocol, transport = conn
+    n = 3000
+    data = b"".join(b"GET /echo?i=%d HTTP/1.1\r\n\r\n" % i for i in range(n))
+    assert len(data) > 4 * PARSE_SLICE
+    protocol.data_received(data)
+    first_turn = len(parse_responses(bytes(transport.written)))
+    assert 0 < first_turn < n
+    assert first_turn <= PARSE_BUDGET + PARSE_SLICE // len(b"GET /echo?i=0 HTTP/1.1\r\n\r\n")
+    assert not transport.reading            # nothing new is read while the read is held
+    turns = 1
+    while protocol.n_completed < n:
+        settle(loop)
+        turns += 1
+    assert turns > 2 and transport.reading
+    queries = [orjson.loads(body)["query"] for _, _, body in parse_responses(transport.take())]
+    assert queries == [f"i={i}" for i in range(n)]
+
+
+def test_a_large_body_in_one_read_is_parsed_in_one_callback(conn):
+    """Slicing a read costs nothing to a large request: no request completes in its slices,
+    so the budget never yields and the answer comes in the same callback."""
+    protocol, transport = conn
+    body = b"x" * (300 * 1024)
+    protocol.data_received(b"POST /echo HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    assert orjson.loads(parse_responses(transport.take())[0][2])["body_len"] == len(body)
+
+
+def test_a_held_read_waits_for_the_client_to_take_its_answers(loop):
+    """Past the write high-water mark the rest of a large read is held, not parsed: the
+    client that reads nothing stops costing the loop."""
+    _, protocol, transport = open_conn(loop)
+    transport.flow_control = True
+    n = 3000
+    protocol.data_received(b"GET /echo HTTP/1.1\r\n\r\n" * n)
+    for _ in range(20):
+        settle(loop)
+    held = protocol.n_completed
+    assert held < n and transport.paused_writing
+    while protocol.n_completed < n:
+        transport.client_reads()
+        settle(loop)
+    assert protocol.n_completed == n
 
 
 def test_parse_error_after_pipelined_request_is_answered_after_it(loop, conn):
