@@ -8,6 +8,9 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "ggml-backend-impl.h"
 #include "layout.h"
 #include "matmul.h"
@@ -36,6 +39,25 @@ void *buffer_base(ggml_backend_buffer_t buffer) {
 
 bool is_repacked(const ggml_tensor *t) { return t->type == GGML_TYPE_Q4_1; }
 
+#ifndef MADV_PAGEOUT
+#define MADV_PAGEOUT 21   // Linux 5.4; an older kernel refuses it and nothing changes
+#endif
+
+// llama.cpp hands us a weight straight from its mmap of the model file and keeps the mapping.
+// Once repacked, those source pages are never read again (our copy serves every matmul), yet
+// they stay resident and counted in the worker's memory: about the size of the Q4_1 weights
+// twice over. MADV_PAGEOUT gives the whole pages inside the source back. It never changes
+// contents (file pages are read again from the file if touched; anonymous pages with no swap
+// are left as they are), so it is safe whatever `data` points into.
+void release_source_pages(const void *data, size_t size) {
+    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + page - 1) & ~(page - 1);
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + size) & ~(page - 1);
+    if (end > begin) {
+        madvise(reinterpret_cast<void *>(begin), end - begin, MADV_PAGEOUT);
+    }
+}
+
 void buffer_set_tensor(ggml_backend_buffer_t, ggml_tensor *t, const void *data, size_t offset,
                        size_t size) {
     if (!is_repacked(t)) {
@@ -45,6 +67,7 @@ void buffer_set_tensor(ggml_backend_buffer_t, ggml_tensor *t, const void *data, 
     // Repacking needs whole rows of eight; llama.cpp loads a weight in one piece.
     GGML_ASSERT(offset == 0 && size == ggml_nbytes(t) && "stackd: Q4_1 weights load whole");
     repack_q4_1(data, t->ne[1], t->ne[0], static_cast<Q4x8Block *>(t->data));
+    release_source_pages(data, size);
 }
 
 void buffer_get_tensor(ggml_backend_buffer_t, const ggml_tensor *t, void *data, size_t offset,

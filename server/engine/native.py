@@ -1,10 +1,24 @@
 """The native engine module (server._engine), re-exported.
 
-llama_cpp is imported first on purpose: it loads llama.cpp's shared libraries from
-its own directory, and our module's `libllama.so.0` dependency then binds to that
-same copy by soname. One llama.cpp per process (see CMakeLists.txt).
+llama.cpp's library is loaded first on purpose, from the very file llama-cpp-python's
+package loads (`llama_cpp/lib/libllama.so`, or LLAMA_CPP_LIB_PATH): our module's
+`libllama.so.0` dependency then binds to that copy by soname, and a later `import llama_cpp`
+in the same process opens the same file again. One llama.cpp per process (see
+CMakeLists.txt). The package itself is not imported: it would bring numpy and its ctypes
+binding, ~28 MB the daemon does not use.
 """
-import llama_cpp  # noqa: F401  (load order matters, see above)
+import ctypes
+import importlib.util
+import os
+
+
+def _load_llama_library() -> None:
+    lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH") or os.path.join(
+        importlib.util.find_spec("llama_cpp").submodule_search_locations[0], "lib")
+    ctypes.CDLL(os.path.join(lib_dir, "libllama.so"), mode=ctypes.RTLD_GLOBAL)
+
+
+_load_llama_library()
 
 from .._engine import (  # noqa: E402
     COUNTERS,

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import base64
+from typing import TYPE_CHECKING
 
-import numpy as np
 import orjson
 
 from ..http import validate
@@ -11,6 +11,9 @@ from ..http.errors import ApiError, ErrorKind, invalid
 from ..http.response import Response
 from ..http.wire import JSON
 from . import failures, generate, templates, params
+
+if TYPE_CHECKING:            # vectors arrive as numpy arrays; numpy loads with the first of them
+    import numpy as np
 
 MAX_INPUTS = 2048
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 import orjson
-from llama_cpp.llama_grammar import json_schema_to_gbnf
+from .gbnf import json_schema_to_gbnf
 
 from ..http.errors import invalid
 from . import limits as _limits

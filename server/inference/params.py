@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llama_cpp.llama_grammar import JSON_GBNF
+from .gbnf import JSON_GBNF
 
 from ..engine.native import SAMPLING_FIELDS, SamplingParams
 from ..http import validate
