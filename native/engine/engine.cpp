@@ -54,7 +54,8 @@ engine::engine(const engine_params & params)
     llama_backend_init();
 
     llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
+    model_devices devices(params_.placement);
+    devices.apply(mp);
     model_ = llama_model_load_from_file(params_.model_path.c_str(), mp);
     if (model_ == nullptr) {
         throw std::runtime_error("cannot load model " + params_.model_path);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "counters.h"
+#include "devices.h"
 #include "llama.h"
 #include "observer.h"
 #include "sampling.h"
@@ -32,6 +33,7 @@ struct engine_params {
     int32_t     flash_attn    = -1;      // llama_flash_attn_type: -1 auto, 0 off, 1 on
     float       key_share     = 1.0f;    // most of the slots and of the queue one owner may hold
     bool        quiet         = true;    // silence llama.cpp's own logging
+    placement_params placement;          // empty: every layer on this CPU
 };
 
 struct generation_request {

@@ -101,11 +101,14 @@ class WorkerEngine:
 
     @classmethod
     async def start(cls, loop, params: dict, vocab: Vocab, kernels: str = "off",
-                    omp_wait_policy: str = "passive", nice: int = 0) -> "WorkerEngine":
+                    omp_wait_policy: str = "passive", nice: int = 0,
+                    rpc: dict | None = None) -> "WorkerEngine":
         """Spawn a worker for `params` (Engine's keyword arguments) and wait until it serves.
         Spawned from the loop's thread: PR_SET_PDEATHSIG follows the spawning thread.
         `omp_wait_policy` (engine.omp_wait_policy) is for libgomp, which reads it when it loads;
-        `nice` is added to the worker's niceness before it loads the model."""
+        `nice` is added to the worker's niceness before it loads the model. `rpc` places layers
+        on ggml RPC servers: {"secret": hex, "peers": [{"host", "port", "relay",
+        "placement_id"}]}, in the order of params' tensor_split."""
         ours, theirs = socket.socketpair()
         env = {**os.environ, "GGML_NO_BACKTRACE": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
@@ -120,7 +123,7 @@ class WorkerEngine:
         ours.setblocking(False)
         try:
             await loop.sock_sendall(ours, frame({"op": "start", "engine": params, "kernels": kernels,
-                                                 "nice": nice}))
+                                                 "nice": nice, "rpc": rpc}))
             reader = FrameReader()
             while True:
                 data = await loop.sock_recv(ours, 1 << 16)
