@@ -367,8 +367,11 @@ def _reap(proc: subprocess.Popen, wait: float = 5.0) -> int:
 
 
 def describe_exit(status: int | None) -> str:
+    from .worker import EXIT_RPC_PEER_LOST
     if status is None:
         return "still running"
+    if status == EXIT_RPC_PEER_LOST:
+        return "lost its connection to a node holding part of the model"
     if status < 0:
         try:
             return f"killed by {signal.Signals(-status).name}"

@@ -10,6 +10,8 @@ then the engine is closed and its memory freed.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -17,10 +19,11 @@ from ..system import readings
 from ..engine import accel
 from ..engine.clients import InlineEngine, WorkerEngine, describe_exit, exit_record
 from ..engine.errors import EngineError, ErrorCode
-from ..engine.native import Engine, Vocab
+from ..engine.native import SPLIT_MODE_LAYER, SPLIT_MODE_TENSOR, Engine, Vocab
 from ..engine.runner import ModelRunner
 from ..http.errors import ApiError, ErrorKind, invalid
 from .gguf_check import GGUFError
+from .placement import NodeOffer, Need, Placement, PlacementError, Share, engine_split, place
 from .store import Manifest, ModelStore, valid_model_id
 
 MIB = 1 << 20
@@ -65,6 +68,13 @@ class LoadedModel:
     max_input: int = 0        # embeddings: tokens one input may have
     restarts: int = 0         # times its worker was restarted after dying
     last_exit: dict | None = None
+    placement: Placement | None = None   # where its layers are (None: this CPU alone)
+    placement_id: str | None = None      # its RPC servers' id on every node that runs one
+    options: dict = field(default_factory=dict)   # split_mode and nodes as asked, for re-placing
+    lost: str | None = None              # why its worker is being killed (a node went down)
+
+    def spans(self, node_id: str) -> bool:
+        return self.placement is not None and node_id in self.placement.node_ids
 
     @property
     def id(self) -> str:
@@ -105,6 +115,10 @@ class ModelManager:
     last_exits: dict[str, dict] = field(default_factory=dict)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     compute_scale: float = 1.0                                     # the power contract's share
+    memory_limit: int = 0                                          # models.memory_limit_mb; 0 = all
+    membership: object = None       # the cluster (contract's Membership); None: this node alone
+    rpc: object = None              # this node's RPC server children (cluster.rpc_server.RpcServers)
+    _placements: object = field(default_factory=lambda: itertools.count(1))
     _closing: bool = False
 
     # ---- what is there -------------------------------------------------------------------------
@@ -135,6 +149,7 @@ class ModelManager:
         if manifest.id in self.errors:
             out["error"] = self.errors[manifest.id]
         if model is not None:
+            out["placement"] = self.placement_of(model).describe()
             out["isolation"] = model.runner.engine.isolation
             out["pid"] = model.runner.engine.pid
             out["restarts"] = model.restarts
@@ -157,9 +172,9 @@ class ModelManager:
             raise EngineError(ErrorCode.RESTARTING, f"the worker of '{model_id}' died and is being "
                               "restarted; retry shortly")
         if state == "failed" and model_id in self.last_exits:
-            raise EngineError(ErrorCode.FAILED, f"'{model_id}' failed: its worker "
-                              f"{self.last_exits[model_id]['reason']} {CRASH_LIMIT} times within "
-                              f"{CRASH_WINDOW:g} s; POST /v1/models/load starts it again")
+            why = self.errors.get(model_id) or f"its worker {self.last_exits[model_id]['reason']}"
+            raise EngineError(ErrorCode.FAILED, f"'{model_id}' failed: {why}; POST /v1/models/load "
+                              "starts it again")
         model = self.loaded.get(model_id)
         if model is None or state == "unloading":
             manifest = self.manifest(model_id)
@@ -198,18 +213,75 @@ class ModelManager:
                 "buffers": BUFFER_OVERHEAD}
 
     def admit(self, manifest: Manifest, context_length: int) -> None:
+        """On this node alone: 507 unless the whole estimate fits what it offers."""
         parts = self.estimate(manifest, context_length)
         needed = sum(parts.values())
-        free = readings.meminfo()["MemAvailable"] - self.memory_reserve
+        free = self.own_offer()
         if needed > free:
+            limit = (f" and a limit of {self.memory_limit // MIB} MiB for models (models.memory_limit_mb)"
+                     if self.memory_limit else "")
             raise ApiError(ErrorKind.INSUFFICIENT_MEMORY,
                            f"loading '{manifest.id}' with a context of {context_length} needs about "
                            f"{needed // MIB} MiB (weights {parts['weights'] // MIB}, KV cache "
                            f"{parts['kv_cache'] // MIB}, buffers {parts['buffers'] // MIB}) but only "
                            f"{max(free, 0) // MIB} MiB are free after a reserve of "
-                           f"{self.memory_reserve // MIB} MiB; nothing was changed")
+                           f"{self.memory_reserve // MIB} MiB{limit}; nothing was changed")
 
-    async def load(self, model_id: str, context_length: int | None = None) -> LoadedModel:
+    def own_offer(self) -> int:
+        """What this node offers to models now: the available memory minus the reserve, and
+        under models.memory_limit_mb less what models placed here take already."""
+        free = readings.meminfo()["MemAvailable"] - self.memory_reserve
+        if self.memory_limit:
+            free = min(free, self.memory_limit - self.placed_here())
+        return free
+
+    def placed_here(self) -> int:
+        me = self.self_id
+        return sum(s.memory_bytes for m in self.loaded.values() for s in self.placement_of(m).shares
+                   if s.node_id == me)
+
+    @property
+    def self_id(self) -> str:
+        return self.membership.self_id if self.membership is not None else "self"
+
+    def placement_of(self, model: LoadedModel) -> Placement:
+        if model.placement is not None:
+            return model.placement
+        parts = self.estimate(model.manifest, model.context_length)
+        return Placement("layer", (Share(self.self_id, sum(parts.values()), layers=model.manifest.n_layer),))
+
+    def plan(self, manifest: Manifest, context_length: int, options: dict) -> Placement | None:
+        """Where the model goes (None: this node's CPU alone); 507 when the cluster cannot
+        hold it, 400 for options that cannot be honoured."""
+        split_mode, pinned = options.get("split_mode"), options.get("nodes")
+        others = [] if self.membership is None else [
+            n for n in self.membership.nodes_up() if n.id != self.self_id]
+        if split_mode in (None, "layer") and pinned is None:
+            try:
+                self.admit(manifest, context_length)
+                return None
+            except ApiError:
+                if not others or manifest.kind != "chat":
+                    raise
+        if manifest.kind != "chat" or not manifest.n_layer:
+            raise invalid("only chat models with a known layer count are placed across nodes", "options")
+        parts = self.estimate(manifest, context_length)
+        need = Need(parts["weights"], parts["kv_cache"], parts["buffers"], manifest.n_layer)
+        offers = [NodeOffer(self.self_id, self.own_offer())] + [
+            NodeOffer(n.id, n.model_memory_bytes) for n in others]
+        try:
+            return place(need, offers, self.self_id, split_mode or "layer", pinned)
+        except PlacementError as exc:
+            if exc.kind == "invalid":
+                raise invalid(str(exc), "options.split_mode" if "split_mode" in str(exc) else "options.nodes")
+            raise ApiError(ErrorKind.INSUFFICIENT_MEMORY,
+                           f"loading '{manifest.id}' with a context of {context_length}: {exc}; "
+                           "nothing was changed") from None
+
+    async def load(self, model_id: str, context_length: int | None = None,
+                   options: dict | None = None) -> LoadedModel:
+        """`options`: split_mode ("layer" | "tensor") and nodes (ids to pin the placement to)."""
+        options = {k: v for k, v in (options or {}).items() if k in ("split_mode", "nodes") and v is not None}
         manifest = self.manifest(model_id)
         try:       # a model from an older store was never vocabulary-checked: llama.cpp could abort
             manifest = await self.loop.run_in_executor(None, self.store.ensure_loadable, manifest)
@@ -220,15 +292,17 @@ class ModelManager:
         async with self._lock(model_id):
             current = self.loaded.get(model_id)
             if current is not None:
-                if context_length is None or current.context_length == context:
+                same_context = context_length is None or current.context_length == context
+                if same_context and (not options or options == current.options):
                     return current                       # same options: nothing to do
                 await self._unload_locked(current)       # different options: reload
-            self.admit(manifest, context)
+            placement = self.plan(manifest, context, options)
             self.transitions[model_id] = "loading"
             self.errors.pop(model_id, None)
             self.crashes.pop(model_id, None)
             try:
-                model = await self._construct(manifest, context)
+                model = await self._construct(manifest, context, placement)
+                model.options = options
             except Exception as exc:
                 self.transitions[model_id] = "failed"
                 self.errors[model_id] = str(exc)
@@ -238,7 +312,8 @@ class ModelManager:
             self.order = [m for m in self.order if m != model_id] + [model_id]
             return model
 
-    async def _construct(self, manifest: Manifest, context: int) -> LoadedModel:
+    async def _construct(self, manifest: Manifest, context: int,
+                         placement: Placement | None = None) -> LoadedModel:
         s = self.settings
         path = self.store.model_path(manifest)
         embeddings = manifest.kind == "embedding"
@@ -252,28 +327,94 @@ class ModelManager:
             from ..inference.templates import template_for
             return template_for(facts)                    # compiling a template takes time too
 
-        if s.isolation == "inline":
+        def vocabulary():
+            vocab = Vocab(path)
+            return vocab, chat_template(vocab)
+
+        placement_id = None
+        if s.isolation == "inline" and placement is None:
             def construct():
                 accel.register(s.kernels)                  # this process runs the engine
                 engine = Engine(**params)
                 return InlineEngine(engine), chat_template(engine)
             client, template = await self.loop.run_in_executor(None, construct)
-        else:
-            def vocabulary():
-                vocab = Vocab(path)
-                return vocab, chat_template(vocab)
+        else:                                              # over RPC always a worker: a lost peer aborts
             vocab, template = await self.loop.run_in_executor(None, vocabulary)
-            client = await WorkerEngine.start(self.loop, params, vocab, kernels=s.kernels,
-                                              omp_wait_policy=s.omp_wait_policy,
-                                              nice=s.embedding_nice if embeddings else 0)
+            rpc = None
+            if placement is not None:
+                placement_id, rpc, split = await self._start_rpc(manifest, placement)
+                params.update(split)
+            try:
+                client = await WorkerEngine.start(self.loop, params, vocab, kernels=s.kernels,
+                                                  omp_wait_policy=s.omp_wait_policy,
+                                                  nice=s.embedding_nice if embeddings else 0, rpc=rpc)
+            except BaseException:
+                if placement is not None:
+                    await self._stop_rpc(placement, placement_id)
+                raise
             client.on_lost = self._worker_lost
         if self.compute_scale < 1.0:
             client.set_compute_scale(self.compute_scale)
         model = LoadedModel(manifest, ModelRunner(self.loop, client), context, int(time.time()),
-                            template=template)
+                            template=template, placement=placement, placement_id=placement_id)
         if embeddings:
             model.max_input = min(client.n_ctx_train, context) if context else client.n_ctx_train
         return model
+
+    # ---- RPC servers of a placement ---------------------------------------------------------------
+
+    async def _start_rpc(self, manifest: Manifest, placement: Placement) -> tuple[str, dict, dict]:
+        """An RPC server for this placement on every node behind one of the engine's devices
+        (followers through their relays; this node's own, in tensor mode, on loopback).
+        Returns the placement id, the worker's `rpc` and the engine's split parameters."""
+        me = self.self_id
+        placement_id = f"{me}-{os.getpid()}-{next(self._placements)}"
+        device_nodes, tensor_split, n_gpu_layers = engine_split(placement, me, manifest.n_layer)
+        by_id = {n.id: n for n in self.membership.nodes_up()}
+        peers, started = [], []
+        try:
+            for node_id in device_nodes:
+                if node_id == me:
+                    child = await self.rpc.start(placement_id, self._threads(), me, direct=True)
+                    peers.append({"host": "127.0.0.1", "port": child.port, "relay": False})
+                else:
+                    node = by_id.get(node_id)
+                    if node is None:
+                        raise RuntimeError(f"node {node_id} is not up")
+                    answer = await self.membership.call(node_id, "POST", "/internal/v1/rpc/start", {
+                        "placement_id": placement_id, "threads": max(1, node.threads), "leader_id": me})
+                    peers.append({"host": node.host, "port": int(answer["port"]), "relay": True,
+                                  "placement_id": placement_id})
+                started.append(node_id)
+        except BaseException:
+            await self._stop_rpc_on(started, placement_id)
+            raise
+        tensor = placement.split_mode == "tensor"
+        split = {"split_mode": SPLIT_MODE_TENSOR if tensor else SPLIT_MODE_LAYER, "tensor_split": tensor_split,
+                 "n_gpu_layers": n_gpu_layers}
+        if tensor:
+            split["flash_attn"] = 1                         # llama.cpp's tensor split needs it
+        secret = self.membership.secret
+        return placement_id, {"secret": secret.hex() if secret else "", "peers": peers}, split
+
+    def _threads(self) -> int:
+        return self.settings.n_threads or (os.cpu_count() or 1)
+
+    async def _stop_rpc(self, placement: Placement, placement_id: str | None) -> None:
+        if placement_id is not None:
+            await self._stop_rpc_on(placement.node_ids, placement_id)
+
+    async def _stop_rpc_on(self, node_ids, placement_id: str) -> None:
+        """Best effort: a node that is gone has no server left to stop."""
+        for node_id in node_ids:
+            try:
+                if node_id == self.self_id:
+                    await self.rpc.stop(placement_id)
+                else:
+                    await self.membership.call(node_id, "POST", "/internal/v1/rpc/stop",
+                                               {"placement_id": placement_id})
+            except Exception:
+                pass
 
     def set_compute_scale(self, scale: float) -> None:
         """The power contract's share of full compute, for every engine now and later."""
@@ -287,8 +428,48 @@ class ModelManager:
         """A worker died (its socket reached EOF; its requests have their error events)."""
         for model in self.loaded.values():
             if model.runner.engine is client and not self._closing:
-                self.loop.create_task(self._restart(model, client.exit_status))
+                if model.placement is not None:
+                    self.loop.create_task(self._replace(model, client.exit_status))
+                else:
+                    self.loop.create_task(self._restart(model, client.exit_status))
                 return
+
+    # ---- node loss -----------------------------------------------------------------------------
+
+    def node_down(self, node_id: str) -> None:
+        """A node went down: every model with layers on it loses its worker now (the RPC
+        transport has no timeouts, so a frozen node would hold it forever), then is placed
+        again on the nodes left."""
+        for model in list(self.loaded.values()):
+            if model.spans(node_id) and model.lost is None:
+                model.lost = f"node {node_id} went down"
+                model.runner.engine.kill()
+
+    async def _replace(self, model: LoadedModel, status) -> None:
+        model_id = model.id
+        reason = model.lost or f"its worker {describe_exit(status)}"
+        model.runner.end_all(EngineError(ErrorCode.WORKER_LOST, f"'{model_id}' lost part of its placement "
+                                         f"({reason}); it is being placed again"))
+        await model.runner.engine.aclose(0)
+        await self._stop_rpc(model.placement, model.placement_id)
+        self.last_exits[model_id] = {**exit_record(status), "reason": reason}
+        self.transitions[model_id] = "restarting"
+        async with self._lock(model_id):
+            if self.loaded.get(model_id) is not model or self._closing:
+                return                                    # unloaded or reloaded meanwhile
+            self.loaded.pop(model_id, None)               # its memory is no longer placed
+            try:
+                placement = self.plan(model.manifest, model.context_length, model.options)
+                fresh = await self._construct(model.manifest, model.context_length, placement)
+            except Exception as exc:
+                message = exc.message if isinstance(exc, ApiError) else str(exc)
+                self.order = [m for m in self.order if m != model_id]
+                self.transitions[model_id] = "failed"
+                self.errors[model_id] = f"{reason}, and placing it again failed: {message}"
+                return
+            fresh.options, fresh.restarts = model.options, model.restarts + 1
+            self.loaded[model_id] = fresh
+            self.transitions.pop(model_id, None)
 
     def _record_crash(self, model_id: str, status) -> int:
         now = time.monotonic()
@@ -344,6 +525,8 @@ class ModelManager:
         try:
             model.runner.end_all(EngineError(ErrorCode.UNLOADED, "the model was unloaded"))
             await model.runner.close()
+            if model.placement is not None:
+                await self._stop_rpc(model.placement, model.placement_id)
         finally:
             self.loaded.pop(model.id, None)
             self.order = [m for m in self.order if m != model.id]
@@ -356,5 +539,10 @@ class ModelManager:
         for model in models:
             model.runner.end_all(EngineError(ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
         await asyncio.gather(*(model.runner.close(grace) for model in models))
+        for model in models:
+            if model.placement is not None:
+                await self._stop_rpc(model.placement, model.placement_id)
+        if self.rpc is not None:
+            self.rpc.stop_all()
         self.loaded.clear()
         self.order.clear()
