@@ -429,6 +429,7 @@ class ModelManager:
         for model in self.loaded.values():
             if model.runner.engine is client and not self._closing:
                 if model.placement is not None:
+                    self.transitions[model.id] = "restarting"   # from now on, not after a hop
                     self.loop.create_task(self._replace(model, client.exit_status))
                 else:
                     self.loop.create_task(self._restart(model, client.exit_status))
