@@ -281,7 +281,8 @@ class ModelManager:
     async def load(self, model_id: str, context_length: int | None = None,
                    options: dict | None = None) -> LoadedModel:
         """`options`: split_mode ("layer" | "tensor") and nodes (ids to pin the placement to)."""
-        options = {k: v for k, v in (options or {}).items() if k in ("split_mode", "nodes") and v is not None}
+        options = {k: v for k, v in (options or {}).items()
+                   if k in ("split_mode", "nodes") and v is not None and (k, v) != ("split_mode", "layer")}
         manifest = self.manifest(model_id)
         try:       # a model from an older store was never vocabulary-checked: llama.cpp could abort
             manifest = await self.loop.run_in_executor(None, self.store.ensure_loadable, manifest)
