@@ -248,7 +248,7 @@ class ModelManager:
         if model.placement is not None:
             return model.placement
         parts = self.estimate(model.manifest, model.context_length)
-        return Placement("layer", (Share(self.self_id, sum(parts.values()), layers=model.manifest.n_layer),))
+        return Placement("layer", (Share(self.self_id, sum(parts.values()), layers=model.manifest.n_layer or 0),))
 
     def plan(self, manifest: Manifest, context_length: int, options: dict) -> Placement | None:
         """Where the model goes (None: this node's CPU alone); 507 when the cluster cannot
