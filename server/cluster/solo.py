@@ -86,6 +86,7 @@ class LoopbackPeers(SoloMembership):
         self.offers = offers
         self.servers_for = servers_for       # node id -> that simulated node's RpcServers
         self.down: set[str] = set()
+        self.silent: set[str] = set()      # testing: up by the heartbeats' count, yet not answering
 
     def nodes(self) -> list[PeerNode]:
         me = self._me()
@@ -101,7 +102,7 @@ class LoopbackPeers(SoloMembership):
             callback(node_id)
 
     async def call(self, node_id: str, method: str, path: str, body: dict | None) -> dict:
-        if node_id not in self.offers or node_id in self.down:
+        if node_id not in self.offers or node_id in self.down or node_id in self.silent:
             raise PeerError(f"node {node_id!r} does not answer")
         from .rpc_routes import handle
         return await handle(self.servers_for(node_id), method, path, body or {})

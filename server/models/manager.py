@@ -36,6 +36,16 @@ RESTART_BACKOFF_MAX = 60.0
 CRASH_LIMIT = 5
 CRASH_WINDOW = 300.0
 BUFFER_OVERHEAD = 192 * MIB     # compute graph, output logits and scratch, beyond weights and KV
+# Placing a model again after a node loss: a node that died may still count as up until its
+# heartbeats are missed (3 s), so a failed attempt is retried, without the nodes that refused.
+REPLACE_ATTEMPTS = 4
+REPLACE_PAUSE = 1.5
+
+
+class NodeUnreachable(RuntimeError):
+    def __init__(self, node_id: str, message: str):
+        super().__init__(message)
+        self.node_id = node_id
 
 
 def restart_delay(n_crashes: int) -> float:
@@ -72,6 +82,7 @@ class LoadedModel:
     placement_id: str | None = None      # its RPC servers' id on every node that runs one
     options: dict = field(default_factory=dict)   # split_mode and nodes as asked, for re-placing
     lost: str | None = None              # why its worker is being killed (a node went down)
+    nodes_lost: int = 0                  # nodes it was placed on before losing them (degraded)
 
     def spans(self, node_id: str) -> bool:
         return self.placement is not None and node_id in self.placement.node_ids
@@ -159,6 +170,10 @@ class ModelManager:
 
     def listing(self) -> list[dict]:
         return [self.describe(m) for m in self.store.list()]
+
+    def degraded_models(self) -> list[str]:
+        """Models placed again on fewer nodes than they were (the cluster is `degraded`)."""
+        return [m.id for m in self.loaded.values() if m.nodes_lost]
 
     def active_chat_model(self) -> str | None:
         chat = [m for m in self.order if m in self.loaded and self.loaded[m].kind == "chat"]
@@ -250,12 +265,13 @@ class ModelManager:
         parts = self.estimate(model.manifest, model.context_length)
         return Placement("layer", (Share(self.self_id, sum(parts.values()), layers=model.manifest.n_layer or 0),))
 
-    def plan(self, manifest: Manifest, context_length: int, options: dict) -> Placement | None:
+    def plan(self, manifest: Manifest, context_length: int, options: dict,
+             excluded: set[str] = frozenset()) -> Placement | None:
         """Where the model goes (None: this node's CPU alone); 507 when the cluster cannot
         hold it, 400 for options that cannot be honoured."""
         split_mode, pinned = options.get("split_mode"), options.get("nodes")
         others = [] if self.membership is None else [
-            n for n in self.membership.nodes_up() if n.id != self.self_id]
+            n for n in self.membership.nodes_up() if n.id != self.self_id and n.id not in excluded]
         if split_mode in (None, "layer") and pinned is None:
             try:
                 self.admit(manifest, context_length)
@@ -381,9 +397,12 @@ class ModelManager:
                 else:
                     node = by_id.get(node_id)
                     if node is None:
-                        raise RuntimeError(f"node {node_id} is not up")
-                    answer = await self.membership.call(node_id, "POST", "/internal/v1/rpc/start", {
-                        "placement_id": placement_id, "threads": max(1, node.threads), "leader_id": me})
+                        raise NodeUnreachable(node_id, f"node {node_id} is not up")
+                    try:
+                        answer = await self.membership.call(node_id, "POST", "/internal/v1/rpc/start", {
+                            "placement_id": placement_id, "threads": max(1, node.threads), "leader_id": me})
+                    except Exception as exc:
+                        raise NodeUnreachable(node_id, f"node {node_id} cannot start an RPC server: {exc}") from None
                     peers.append({"host": node.host, "port": int(answer["port"]), "relay": True,
                                   "placement_id": placement_id})
                 started.append(node_id)
@@ -460,16 +479,30 @@ class ModelManager:
             if self.loaded.get(model_id) is not model or self._closing:
                 return                                    # unloaded or reloaded meanwhile
             self.loaded.pop(model_id, None)               # its memory is no longer placed
-            try:
-                placement = self.plan(model.manifest, model.context_length, model.options)
-                fresh = await self._construct(model.manifest, model.context_length, placement)
-            except Exception as exc:
-                message = exc.message if isinstance(exc, ApiError) else str(exc)
+            fresh, failure, excluded = None, "", set()
+            for _ in range(REPLACE_ATTEMPTS):
+                try:
+                    placement = self.plan(model.manifest, model.context_length, model.options, excluded)
+                    fresh = await self._construct(model.manifest, model.context_length, placement)
+                    break
+                except ApiError as exc:                   # the nodes left cannot hold it
+                    failure = exc.message
+                    break
+                except Exception as exc:                  # a node that does not answer (yet)
+                    failure = str(exc)
+                    if isinstance(exc, NodeUnreachable):
+                        excluded.add(exc.node_id)
+                if self._closing:
+                    return
+                await asyncio.sleep(REPLACE_PAUSE)
+            if fresh is None:
                 self.order = [m for m in self.order if m != model_id]
                 self.transitions[model_id] = "failed"
-                self.errors[model_id] = f"{reason}, and placing it again failed: {message}"
+                self.errors[model_id] = f"{reason}, and placing it again failed: {failure}"
                 return
             fresh.options, fresh.restarts = model.options, model.restarts + 1
+            fresh.nodes_lost = model.nodes_lost + max(0, len(model.placement.node_ids) - len(
+                (fresh.placement or self.placement_of(fresh)).node_ids))
             self.loaded[model_id] = fresh
             self.transitions.pop(model_id, None)
 

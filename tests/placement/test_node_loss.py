@@ -96,6 +96,24 @@ def test_a_node_down_kills_the_worker_ends_requests_and_places_the_model_again(l
     run(loop, main())
 
 
+def test_a_dead_node_not_yet_marked_down_is_left_out_when_placing_again(loop, cluster):
+    """Its RPC server died with it; until its heartbeats are missed it still counts as up, but
+    it cannot start a server: the next attempt places the model without it."""
+    manager = cluster({"f1": 400, "f2": 400})
+
+    async def main():
+        await manager.load(CHAT_MODEL)
+        manager.membership.silent.add("f2")
+        manager.membership.servers_for("f2").stop_all()          # the dialer sees the relay go
+        assert await wait_state(manager, CHAT_MODEL, ("restarting",)) == "restarting"
+        assert await wait_state(manager, CHAT_MODEL, ("loaded", "failed")) == "loaded"
+        fresh = manager.loaded[CHAT_MODEL]
+        assert fresh.placement.node_ids == ["leader", "f1"]
+        assert "connection to a node" in manager.last_exits[CHAT_MODEL]["reason"]
+        assert manager.degraded_models() == [CHAT_MODEL]
+    run(loop, main())
+
+
 def test_a_node_down_that_leaves_too_little_memory_fails_the_model_with_the_reason(loop, cluster):
     manager = cluster({"f1": 400})
 
