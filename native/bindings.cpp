@@ -335,8 +335,9 @@ PYBIND11_MODULE(_engine, m) {
                          int32_t n_ctx_seq, int32_t n_batch, int32_t n_threads, int32_t n_max_waiting,
                          int32_t flash_attn, float key_share, bool quiet,
                          std::vector<std::string> rpc_endpoints, int32_t split_mode,
-                         std::vector<float> tensor_split, int32_t n_gpu_layers) {
+                         std::vector<float> tensor_split, int32_t n_gpu_layers, int32_t n_ubatch) {
                  engine_params p;
+                 p.n_ubatch = n_ubatch;
                  p.placement = {std::move(rpc_endpoints), split_mode, std::move(tensor_split), n_gpu_layers};
                  p.model_path = model_path;
                  p.embeddings = embeddings;
@@ -356,7 +357,8 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("n_max_waiting") = 256, py::arg("flash_attn") = -1, py::arg("key_share") = 1.0f,
              py::arg("quiet") = true, py::arg("rpc_endpoints") = std::vector<std::string>{},
              py::arg("split_mode") = (int32_t) LLAMA_SPLIT_MODE_LAYER,
-             py::arg("tensor_split") = std::vector<float>{}, py::arg("n_gpu_layers") = 0)
+             py::arg("tensor_split") = std::vector<float>{}, py::arg("n_gpu_layers") = 0,
+             py::arg("n_ubatch") = 0)
         .def("submit",
              [](engine & e, int64_t id, std::vector<int32_t> prompt, int32_t max_tokens,
                 std::vector<std::string> stop, const sampling_params & sampling, int64_t owner) {

@@ -82,7 +82,7 @@ engine::engine(const engine_params & params)
         // the summation order, and greedy output under load drifts from the same prompt alone.
         cp.n_ctx = (uint32_t) params_.n_ctx_seq * params_.n_slots;
         cp.n_batch = std::max(params_.n_batch, params_.n_slots);
-        cp.n_ubatch = std::min<uint32_t>(cp.n_batch, 512);
+        cp.n_ubatch = std::min<uint32_t>(cp.n_batch, params_.n_ubatch > 0 ? params_.n_ubatch : 512);
         cp.n_seq_max = params_.n_slots;
         cp.kv_unified = false;
     }
