@@ -1,5 +1,7 @@
 """A model over several nodes (ggml RPC on loopback): decode tokens/s with one client and with
-16, one node against two nodes with layer split and with tensor split, and against llama.cpp's
+16, one node against two nodes with layer split (the leader's layers on its CPU, or with
+`pipeline` on its own loopback RPC server, where llama.cpp's pipeline parallelism turns on)
+and with tensor split, and against llama.cpp's
 own `llama-server --rpc` over the same kind of RPC server; then the time from a follower's
 death (kill -9 of its RPC server) to the first 503 a streaming client sees.
 
@@ -163,6 +165,8 @@ def main() -> None:
     for name, peers, options_of in [
             ("1 node", "", lambda leader: {}),
             ("2 nodes layer", f"{FOLLOWER}={OFFER_MIB}", lambda leader: {"nodes": [leader, FOLLOWER]}),
+            ("2 nodes layer pipe", f"{FOLLOWER}={OFFER_MIB}",
+             lambda leader: {"nodes": [leader, FOLLOWER], "pipeline": True}),
             ("2 nodes tensor", f"{FOLLOWER}={OFFER_MIB}",
              lambda leader: {"nodes": [leader, FOLLOWER], "split_mode": "tensor"})]:
         server = run_stackd(name, peers, options_of)

@@ -269,7 +269,7 @@ class ModelManager:
              excluded: set[str] = frozenset()) -> Placement | None:
         """Where the model goes (None: this node's CPU alone); 507 when the cluster cannot
         hold it, 400 for options that cannot be honoured."""
-        split_mode, pinned = options.get("split_mode"), options.get("nodes")
+        split_mode, pinned, pipeline = options.get("split_mode"), options.get("nodes"), options.get("pipeline", False)
         others = [] if self.membership is None else [
             n for n in self.membership.nodes_up() if n.id != self.self_id and n.id not in excluded]
         if split_mode in (None, "layer") and pinned is None:
@@ -286,7 +286,7 @@ class ModelManager:
         offers = [NodeOffer(self.self_id, self.own_offer())] + [
             NodeOffer(n.id, n.model_memory_bytes) for n in others]
         try:
-            return place(need, offers, self.self_id, split_mode or "layer", pinned)
+            return place(need, offers, self.self_id, split_mode or "layer", pinned, pipeline)
         except PlacementError as exc:
             if exc.kind == "invalid":
                 raise invalid(str(exc), "options.split_mode" if "split_mode" in str(exc) else "options.nodes")
@@ -296,9 +296,11 @@ class ModelManager:
 
     async def load(self, model_id: str, context_length: int | None = None,
                    options: dict | None = None) -> LoadedModel:
-        """`options`: split_mode ("layer" | "tensor") and nodes (ids to pin the placement to)."""
+        """`options`: split_mode ("layer" | "tensor"), nodes (ids to pin the placement to),
+        pipeline (layer split: the leader through its own loopback RPC server)."""
         options = {k: v for k, v in (options or {}).items()
-                   if k in ("split_mode", "nodes") and v is not None and (k, v) != ("split_mode", "layer")}
+                   if k in ("split_mode", "nodes", "pipeline") and v is not None
+                   and (k, v) not in (("split_mode", "layer"), ("pipeline", False))}
         manifest = self.manifest(model_id)
         try:       # a model from an older store was never vocabulary-checked: llama.cpp could abort
             manifest = await self.loop.run_in_executor(None, self.store.ensure_loadable, manifest)

@@ -65,6 +65,9 @@ class Share:
 class Placement:
     split_mode: str              # "layer" | "tensor"
     shares: tuple[Share, ...]    # the leader first when it takes part
+    pipeline: bool = False       # layer split with the leader's layers on its own loopback RPC
+                                 # server too: every layer on an RPC device, which is when
+                                 # llama.cpp overlaps micro-batches across the devices
 
     @property
     def node_ids(self) -> list[str]:
@@ -84,12 +87,24 @@ class Placement:
                 entry["share"] = round(s.share, 4)
             entry["memory_bytes"] = s.memory_bytes
             nodes.append(entry)
-        return {"split_mode": self.split_mode, "nodes": nodes}
+        out = {"split_mode": self.split_mode, "nodes": nodes}
+        if self.pipeline:
+            out["pipeline"] = True
+        return out
 
 
 def place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str = "layer",
-          pinned: list[str] | None = None) -> Placement:
-    """`nodes`: the nodes that are up, the leader among them."""
+          pinned: list[str] | None = None, pipeline: bool = False) -> Placement:
+    """`nodes`: the nodes that are up, the leader among them. `pipeline` (layer split over
+    several nodes only): the leader computes through its own loopback RPC server."""
+    placement = _place(need, nodes, leader_id, split_mode, pinned)
+    if pipeline and placement.split_mode == "layer" and len(placement.shares) > 1:
+        return Placement("layer", placement.shares, pipeline=True)
+    return placement
+
+
+def _place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str,
+           pinned: list[str] | None) -> Placement:
     if split_mode not in SPLIT_MODES:
         raise PlacementError("invalid", f"'options.split_mode' must be one of {', '.join(SPLIT_MODES)}")
     candidates = _candidates(nodes, leader_id, pinned)
@@ -183,7 +198,7 @@ def engine_split(placement: Placement, leader_id: str, n_layer: int) -> tuple[li
     says."""
     if placement.split_mode == "tensor":
         return ([s.node_id for s in placement.shares], [s.share for s in placement.shares], n_layer + 1)
-    remote = [s for s in placement.shares if s.node_id != leader_id]
+    remote = [s for s in placement.shares if s.node_id != leader_id or placement.pipeline]
     if not remote:
         return [], [], 0
     split = [float(s.layers) for s in remote]

@@ -27,7 +27,10 @@ SPLIT_MODE = validate.String("split_mode", choices=("layer", "tensor"),
 NODES = validate.Array("nodes", validate.String(max_len=128), min_items=1, max_items=16,
                        doc="Node ids to place the model on (GET /v1/nodes); the default is the leader alone "
                            "when it fits, else every node that is up.")
-OPTIONS = validate.Object("options", CONTEXT_LENGTH, SPLIT_MODE, NODES)
+PIPELINE = validate.Boolean("pipeline", doc="Layer split over several nodes: the leader computes its layers "
+                                             "through its own loopback RPC server, so every layer is on an RPC "
+                                             "device and llama.cpp overlaps micro-batches across the nodes.")
+OPTIONS = validate.Object("options", CONTEXT_LENGTH, SPLIT_MODE, NODES, PIPELINE)
 PULL_MODEL = validate.String("model", required=True, max_len=256,
                              doc="A registry reference: name, name:tag or namespace/name:tag.")
 STREAM = validate.Boolean("stream", doc="Report progress as NDJSON lines.")
@@ -99,6 +102,7 @@ MODEL_SCHEMA = {"type": "object", "required": [
                   "description": "Where a loaded model's layers are: the nodes and what each holds.",
                   "properties": {
                       "split_mode": {"type": "string", "enum": ["layer", "tensor"]},
+                      "pipeline": {"type": "boolean"},
                       "nodes": {"type": "array", "items": {
                           "type": "object", "required": ["id", "memory_bytes"], "properties": {
                               "id": _STR, "memory_bytes": _INT,

@@ -112,3 +112,11 @@ def test_engine_split_lands_each_layer_where_placed(shares, remote, split, n_gpu
 def test_engine_split_for_tensor_mode():
     placement = Placement("tensor", (Share("L", 0, share=0.25), Share("F1", 0, share=0.75)))
     assert engine_split(placement, "L", 30) == (["L", "F1"], [0.25, 0.75], 31)
+
+
+def test_pipeline_puts_the_leaders_layers_on_its_own_rpc_device_too():
+    placement = place(NEED, nodes(L=319, F1=319), "L", "layer", pipeline=True)
+    assert placement.pipeline and placement.describe()["pipeline"] is True
+    assert engine_split(placement, "L", 30) == (["L", "F1"], [15.0, 16.0], 31)
+    alone = place(NEED, nodes(L=4000, F1=4000), "L", "layer", pipeline=True)   # one node: no RPC
+    assert not alone.pipeline and alone.is_local("L")

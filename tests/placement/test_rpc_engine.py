@@ -59,6 +59,17 @@ def test_every_layer_on_followers_equals_one_node(loop, peers):
     run(loop, main())
 
 
+def test_pipelined_layer_split_equals_one_node(loop, peers):
+    """The leader's layers on its own loopback RPC server too (every layer on an RPC device:
+    llama.cpp's pipeline parallelism), in micro-batches of 2."""
+    async def main():
+        alone = await outputs(loop, engine_params())
+        own, follower = await peers.start(direct=True), await peers.start()
+        split = dict(split_mode=1, tensor_split=[15.0, 16.0], n_gpu_layers=N_LAYER + 1, n_ubatch=2)
+        assert await outputs(loop, engine_params(**split), peers.rpc([own, follower])) == alone
+    run(loop, main())
+
+
 def test_tensor_split_logits_within_tolerance(loop, peers):
     """The leader joins the tensor group through its own loopback RPC server (direct)."""
     async def main():
