@@ -19,11 +19,12 @@ from ..system import readings
 from ..engine import accel
 from ..engine.clients import InlineEngine, WorkerEngine, describe_exit, exit_record
 from ..engine.errors import EngineError, ErrorCode
-from ..engine.native import SPLIT_MODE_LAYER, SPLIT_MODE_TENSOR, Engine, Vocab
+from ..engine.native import Engine, Vocab
 from ..engine.runner import ModelRunner
 from ..http.errors import ApiError, ErrorKind, invalid
 from .gguf_check import GGUFError
-from .placement import NodeOffer, Need, Placement, PlacementError, Share, engine_split, place
+from .placement import NodeOffer, Need, Placement, PlacementError, Share, place
+from .rpc_devices import NodeUnreachable, RpcDevices
 from .store import Manifest, ModelStore, valid_model_id
 
 MIB = 1 << 20
@@ -40,12 +41,6 @@ BUFFER_OVERHEAD = 192 * MIB     # compute graph, output logits and scratch, beyo
 # heartbeats are missed (3 s), so a failed attempt is retried, without the nodes that refused.
 REPLACE_ATTEMPTS = 4
 REPLACE_PAUSE = 1.5
-
-
-class NodeUnreachable(RuntimeError):
-    def __init__(self, node_id: str, message: str):
-        super().__init__(message)
-        self.node_id = node_id
 
 
 def restart_delay(n_crashes: int) -> float:
@@ -380,63 +375,16 @@ class ModelManager:
             model.max_input = min(client.n_ctx_train, context) if context else client.n_ctx_train
         return model
 
-    # ---- RPC servers of a placement ---------------------------------------------------------------
+    def _devices(self) -> RpcDevices:
+        return RpcDevices(self.membership, self.rpc, self.settings.n_threads or (os.cpu_count() or 1),
+                          self._placements)
 
     async def _start_rpc(self, manifest: Manifest, placement: Placement) -> tuple[str, dict, dict]:
-        """An RPC server for this placement on every node behind one of the engine's devices
-        (followers through their relays; this node's own, in tensor mode, on loopback).
-        Returns the placement id, the worker's `rpc` and the engine's split parameters."""
-        me = self.self_id
-        placement_id = f"{me}-{os.getpid()}-{next(self._placements)}"
-        device_nodes, tensor_split, n_gpu_layers = engine_split(placement, me, manifest.n_layer)
-        by_id = {n.id: n for n in self.membership.nodes_up()}
-        peers, started = [], []
-        try:
-            for node_id in device_nodes:
-                if node_id == me:
-                    child = await self.rpc.start(placement_id, self._threads(), me, direct=True)
-                    peers.append({"host": "127.0.0.1", "port": child.port, "relay": False})
-                else:
-                    node = by_id.get(node_id)
-                    if node is None:
-                        raise NodeUnreachable(node_id, f"node {node_id} is not up")
-                    try:
-                        answer = await self.membership.call(node_id, "POST", "/internal/v1/rpc/start", {
-                            "placement_id": placement_id, "threads": max(1, node.threads), "leader_id": me})
-                    except Exception as exc:
-                        raise NodeUnreachable(node_id, f"node {node_id} cannot start an RPC server: {exc}") from None
-                    peers.append({"host": node.host, "port": int(answer["port"]), "relay": True,
-                                  "placement_id": placement_id})
-                started.append(node_id)
-        except BaseException:
-            await self._stop_rpc_on(started, placement_id)
-            raise
-        tensor = placement.split_mode == "tensor"
-        split = {"split_mode": SPLIT_MODE_TENSOR if tensor else SPLIT_MODE_LAYER, "tensor_split": tensor_split,
-                 "n_gpu_layers": n_gpu_layers}
-        if tensor:
-            split["flash_attn"] = 1                         # llama.cpp's tensor split needs it
-        secret = self.membership.secret
-        return placement_id, {"secret": secret.hex() if secret else "", "peers": peers}, split
-
-    def _threads(self) -> int:
-        return self.settings.n_threads or (os.cpu_count() or 1)
+        return await self._devices().start(placement, manifest.n_layer)
 
     async def _stop_rpc(self, placement: Placement, placement_id: str | None) -> None:
         if placement_id is not None:
-            await self._stop_rpc_on(placement.node_ids, placement_id)
-
-    async def _stop_rpc_on(self, node_ids, placement_id: str) -> None:
-        """Best effort: a node that is gone has no server left to stop."""
-        for node_id in node_ids:
-            try:
-                if node_id == self.self_id:
-                    await self.rpc.stop(placement_id)
-                else:
-                    await self.membership.call(node_id, "POST", "/internal/v1/rpc/stop",
-                                               {"placement_id": placement_id})
-            except Exception:
-                pass
+            await self._devices().stop(placement.node_ids, placement_id)
 
     def set_compute_scale(self, scale: float) -> None:
         """The power contract's share of full compute, for every engine now and later."""
