@@ -141,6 +141,8 @@ class WorkerEngine:
         if message.get("op") != "ready":
             ours.close()
             _reap(proc)
+            if message.get("code") == ErrorCode.PEER_UNREACHABLE.value:
+                raise EngineError(ErrorCode.PEER_UNREACHABLE, message["error"])
             raise RuntimeError(message.get("error") or "the worker could not load the model")
         engine = cls(loop, proc, ours, vocab, message["facts"])
         engine.reader = reader

@@ -35,7 +35,7 @@ def connect_devices(rpc: dict | None) -> list[str]:
     the cluster secret to its relay; losing it ends this process at once, with a word."""
     if not rpc:
         return []
-    from ..cluster.relay import Dialer, RelayError, dial_direct
+    from ..cluster.relay import Dialer, dial_direct
 
     def lost(endpoint: str) -> None:
         print(f"stackd worker: lost the RPC peer at {endpoint}", file=sys.stderr, flush=True)
@@ -203,9 +203,13 @@ def main(fd: int, parent: int) -> int:
     accel.register(config.get("kernels", "off"))   # engine.kernels: before the model loads
     from .._engine import Engine
 
+    from ..cluster.relay import RelayError
     try:
         params = dict(config["engine"], rpc_endpoints=connect_devices(config.get("rpc")))
         engine = Engine(**params)
+    except RelayError as exc:                       # a node of the placement does not answer
+        sock.sendall(frame({"op": "failed", "error": str(exc), "code": "peer_unreachable"}))
+        return 2
     except Exception as exc:                        # a model that does not load: say why, exit
         sock.sendall(frame({"op": "failed", "error": str(exc)}))
         return 2

@@ -317,6 +317,11 @@ class ModelManager:
             try:
                 model = await self._construct(manifest, context, placement)
                 model.options = options
+            except (NodeUnreachable, EngineError) as exc:  # a node of the placement does not answer
+                self.transitions[model_id] = "failed"
+                self.errors[model_id] = str(exc)
+                raise ApiError(ErrorKind.UNAVAILABLE, f"loading '{model_id}' failed: {exc}",
+                               headers=((b"retry-after", b"1"),)) from None
             except Exception as exc:
                 self.transitions[model_id] = "failed"
                 self.errors[model_id] = str(exc)

@@ -177,3 +177,22 @@ def test_calls_to_an_unknown_node_are_peer_errors(loop):
     membership = LoopbackPeers("leader", {"f1": 1}, lambda node_id: None)
     with pytest.raises(PeerError):
         run(loop, membership.call("f9", "POST", "/internal/v1/rpc/start", {}))
+
+
+def test_a_load_over_a_node_that_does_not_answer_is_503(loop, cluster):
+    manager = cluster({"f1": 400})
+    manager.membership.silent.add("f1")
+    with pytest.raises(ApiError) as refused:
+        run(loop, manager.load(CHAT_MODEL))
+    assert refused.value.kind.status == 503 and "f1" in refused.value.message
+    assert manager.state(CHAT_MODEL) == "failed"
+
+
+def test_a_load_whose_relay_refuses_the_secret_is_503_and_leaves_no_server(loop, cluster):
+    manager = cluster({"f1": 400})
+    follower = manager.membership.servers_for("f1")     # its relays check the secret it has now
+    manager.membership.secret = b"another secret".ljust(32, b".")
+    with pytest.raises(ApiError) as refused:
+        run(loop, manager.load(CHAT_MODEL))
+    assert refused.value.kind.status == 503 and "refused the handshake" in refused.value.message
+    assert follower.listing() == [] and manager.rpc.listing() == []
