@@ -293,9 +293,7 @@ class ModelManager:
                    options: dict | None = None) -> LoadedModel:
         """`options`: split_mode ("layer" | "tensor"), nodes (ids to pin the placement to),
         pipeline (layer split: the leader through its own loopback RPC server)."""
-        options = {k: v for k, v in (options or {}).items()
-                   if k in ("split_mode", "nodes", "pipeline") and v is not None
-                   and (k, v) not in (("split_mode", "layer"), ("pipeline", False))}
+        options = self._effective(options or {})
         manifest = self.manifest(model_id)
         try:       # a model from an older store was never vocabulary-checked: llama.cpp could abort
             manifest = await self.loop.run_in_executor(None, self.store.ensure_loadable, manifest)
@@ -330,6 +328,15 @@ class ModelManager:
             self.loaded[model_id] = model
             self.order = [m for m in self.order if m != model_id] + [model_id]
             return model
+
+    def _effective(self, options: dict) -> dict:
+        """The placement options that change something: a reload only for those (the defaults
+        said out loud, or a pipeline on a one-node cluster, are the same load)."""
+        alone = self.membership is None or len(self.membership.nodes_up()) < 2
+        return {k: v for k, v in options.items()
+                if k in ("split_mode", "nodes", "pipeline") and v is not None
+                and (k, v) not in (("split_mode", "layer"), ("pipeline", False))
+                and not (k == "pipeline" and alone)}
 
     async def _construct(self, manifest: Manifest, context: int,
                          placement: Placement | None = None) -> LoadedModel:
