@@ -168,7 +168,7 @@ def attach_cluster(manager, node: Node, settings: config.Settings) -> None:
     from .cluster import rpc_routes, solo
     from .cluster.rpc_server import RpcServers
 
-    membership = getattr(node, "membership", None) or solo.membership_for(node, settings, manager.loop)
+    membership = solo.test_peers(node, settings, manager.loop) or node.membership
     manager.membership = membership
     manager.rpc = RpcServers(manager.loop, settings.data_dir, settings["host"],
                              solo.rpc_port(settings), membership.secret)

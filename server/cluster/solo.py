@@ -129,12 +129,12 @@ def rpc_port(settings) -> int:
         return DEFAULT_RPC_PORT
 
 
-def membership_for(node, settings, loop) -> SoloMembership:
-    """This node alone; or, under the test hook, with simulated followers on loopback."""
+def test_peers(node, settings, loop) -> "LoopbackPeers | None":
+    """Under the test hook, this node with simulated followers on loopback; else None."""
     threads = settings["engine.threads"]
     offers = parse_test_peers(os.environ.get(TEST_PEERS_ENV, ""))
     if not offers:
-        return SoloMembership(node.identity.node_id, settings["host"], threads)
+        return None
     from .rpc_server import RpcServers
 
     servers: dict = {}
@@ -146,5 +146,5 @@ def membership_for(node, settings, loop) -> SoloMembership:
                                           membership.secret)
         return servers[node_id]
 
-    membership = LoopbackPeers(node.identity.node_id, offers, servers_for)
+    membership = LoopbackPeers(node.identity.node_id, offers, servers_for, threads or 1)
     return membership
