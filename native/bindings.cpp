@@ -276,6 +276,11 @@ PYBIND11_MODULE(_engine, m) {
     m.attr("SUBMIT_ACCEPTED") = (int) SUBMIT_ACCEPTED;
     m.attr("SUBMIT_QUEUE_FULL") = (int) SUBMIT_QUEUE_FULL;
     m.attr("SUBMIT_OVER_SHARE") = (int) SUBMIT_OVER_SHARE;
+    m.attr("SPLIT_MODE_LAYER") = (int) LLAMA_SPLIT_MODE_LAYER;
+    m.attr("SPLIT_MODE_TENSOR") = (int) LLAMA_SPLIT_MODE_TENSOR;
+    m.def("rpc_serve", &rpc_serve, py::call_guard<py::gil_scoped_release>(), py::arg("endpoint"),
+          py::arg("cache_dir"), py::arg("n_threads"),
+          "Serve this CPU to ggml RPC clients on endpoint (127.0.0.1:port); never returns.");
 
     py::class_<sampling_params> sampling(m, "SamplingParams");
     sampling.def(py::init<>());
@@ -328,8 +333,12 @@ PYBIND11_MODULE(_engine, m) {
     py::class_<engine>(m, "Engine")
         .def(py::init([](const std::string & model_path, bool embeddings, int32_t n_slots,
                          int32_t n_ctx_seq, int32_t n_batch, int32_t n_threads, int32_t n_max_waiting,
-                         int32_t flash_attn, float key_share, bool quiet) {
+                         int32_t flash_attn, float key_share, bool quiet,
+                         std::vector<std::string> rpc_endpoints, int32_t split_mode,
+                         std::vector<float> tensor_split, int32_t n_gpu_layers, int32_t n_ubatch) {
                  engine_params p;
+                 p.n_ubatch = n_ubatch;
+                 p.placement = {std::move(rpc_endpoints), split_mode, std::move(tensor_split), n_gpu_layers};
                  p.model_path = model_path;
                  p.embeddings = embeddings;
                  p.n_slots = n_slots;
@@ -346,7 +355,10 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("model_path"), py::arg("embeddings") = false, py::arg("n_slots") = 4,
              py::arg("n_ctx_seq") = 2048, py::arg("n_batch") = 512, py::arg("n_threads") = 0,
              py::arg("n_max_waiting") = 256, py::arg("flash_attn") = -1, py::arg("key_share") = 1.0f,
-             py::arg("quiet") = true)
+             py::arg("quiet") = true, py::arg("rpc_endpoints") = std::vector<std::string>{},
+             py::arg("split_mode") = (int32_t) LLAMA_SPLIT_MODE_LAYER,
+             py::arg("tensor_split") = std::vector<float>{}, py::arg("n_gpu_layers") = 0,
+             py::arg("n_ubatch") = 0)
         .def("submit",
              [](engine & e, int64_t id, std::vector<int32_t> prompt, int32_t max_tokens,
                 std::vector<std::string> stop, const sampling_params & sampling, int64_t owner) {

@@ -69,6 +69,7 @@ DEFAULTS: dict = {
         "preload": ["smollm2-135m-instruct", "all-minilm-l6-v2"],
         "autoload": True,         # an inference request loads a stored model when it fits
         "memory_reserve_mb": 512, # memory a load must leave free
+        "memory_limit_mb": 0,     # the most memory this node offers to models; 0 = all
         "registry": "",           # base URL of the OCI model registry pulls come from
         "registry_username": "",
         "registry_password": "",
@@ -213,6 +214,8 @@ def _check(values: dict) -> None:
         raise ConfigError("settings power.idle_mw and power.max_mw: need 0 < idle_mw <= max_mw")
     if not 0 < power["min_voltage_mv"] <= power["max_voltage_mv"]:
         raise ConfigError("settings power.min_voltage_mv and power.max_voltage_mv: need 0 < min <= max")
+    if values["models"]["memory_limit_mb"] < 0:
+        raise ConfigError("setting models.memory_limit_mb: must be 0 (all) or more")
     if values["inference"]["limits"]["key_share"] > 1:
         raise ConfigError("setting inference.limits.key_share: must be a fraction from 0 to 1")
     if values["debug"]["trace_reply_timeout"] <= 0:

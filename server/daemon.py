@@ -85,7 +85,7 @@ async def serve(settings: config.Settings) -> int:
     http.tick_hooks.append(node.reload_keys)
 
     try:
-        node.models = await load_models(loop, settings)
+        node.models = await load_models(loop, settings, node)
         node.pulls = pull_service(node.models.store, settings)
         node.power = power_contracts(node, loop)
     except Exception as exc:        # a model that will not load is fatal at start, and said plainly
@@ -163,7 +163,21 @@ async def start_console(http: HttpServer, node: Node, settings: config.Settings,
     return console
 
 
-async def load_models(loop, settings: config.Settings):
+def attach_cluster(manager, node: Node, settings: config.Settings) -> None:
+    """Placement over the cluster: the membership and this node's RPC server children."""
+    from .cluster import rpc_routes, solo
+    from .cluster.rpc_server import RpcServers
+
+    membership = solo.test_peers(node, settings, manager.loop) or node.membership
+    manager.membership = membership
+    manager.rpc = RpcServers(manager.loop, settings.data_dir, settings["host"],
+                             solo.rpc_port(settings), membership.secret)
+    membership.on_node_down(manager.node_down)
+    membership.on_fenced(manager.rpc.stop_all)
+    rpc_routes.register()
+
+
+async def load_models(loop, settings: config.Settings, node: Node):
     from .models.defaults import import_defaults
     from .models.manager import MIB, EngineSettings, ModelManager
     from .models.store import ModelStore
@@ -180,7 +194,9 @@ async def load_models(loop, settings: config.Settings):
         kernels=engine["kernels"], omp_wait_policy=engine["omp_wait_policy"],
         embedding_nice=engine["embedding_nice"]),
         memory_reserve=settings["models.memory_reserve_mb"] * MIB,
+        memory_limit=settings["models.memory_limit_mb"] * MIB,
         autoload=settings["models.autoload"])
+    attach_cluster(manager, node, settings)
     preload = settings["models.preload"] if settings["cluster.role"] == "leader" else []  # the leader's job
     for model_id in preload:
         model = await manager.load(model_id)

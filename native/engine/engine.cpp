@@ -54,7 +54,8 @@ engine::engine(const engine_params & params)
     llama_backend_init();
 
     llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
+    model_devices devices(params_.placement);
+    devices.apply(mp);
     model_ = llama_model_load_from_file(params_.model_path.c_str(), mp);
     if (model_ == nullptr) {
         throw std::runtime_error("cannot load model " + params_.model_path);
@@ -81,7 +82,7 @@ engine::engine(const engine_params & params)
         // the summation order, and greedy output under load drifts from the same prompt alone.
         cp.n_ctx = (uint32_t) params_.n_ctx_seq * params_.n_slots;
         cp.n_batch = std::max(params_.n_batch, params_.n_slots);
-        cp.n_ubatch = std::min<uint32_t>(cp.n_batch, 512);
+        cp.n_ubatch = std::min<uint32_t>(cp.n_batch, params_.n_ubatch > 0 ? params_.n_ubatch : 512);
         cp.n_seq_max = params_.n_slots;
         cp.kv_unified = false;
     }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "counters.h"
+#include "devices.h"
 #include "llama.h"
 #include "observer.h"
 #include "sampling.h"
@@ -27,11 +28,14 @@ struct engine_params {
     int32_t     n_slots       = 4;       // sequences decoded together
     int32_t     n_ctx_seq     = 2048;    // context of one sequence (prompt + output)
     int32_t     n_batch       = 512;     // tokens per decode step at most
+    int32_t     n_ubatch      = 0;       // tokens per micro-batch (0: the step, up to 512); smaller
+                                         // lets pipeline-parallel devices overlap within a step
     int32_t     n_threads     = 0;       // 0: all cores
     int32_t     n_max_waiting = 256;     // queued requests beyond which submit() refuses
     int32_t     flash_attn    = -1;      // llama_flash_attn_type: -1 auto, 0 off, 1 on
     float       key_share     = 1.0f;    // most of the slots and of the queue one owner may hold
     bool        quiet         = true;    // silence llama.cpp's own logging
+    placement_params placement;          // empty: every layer on this CPU
 };
 
 struct generation_request {

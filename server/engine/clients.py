@@ -101,11 +101,14 @@ class WorkerEngine:
 
     @classmethod
     async def start(cls, loop, params: dict, vocab: Vocab, kernels: str = "off",
-                    omp_wait_policy: str = "passive", nice: int = 0) -> "WorkerEngine":
+                    omp_wait_policy: str = "passive", nice: int = 0,
+                    rpc: dict | None = None) -> "WorkerEngine":
         """Spawn a worker for `params` (Engine's keyword arguments) and wait until it serves.
         Spawned from the loop's thread: PR_SET_PDEATHSIG follows the spawning thread.
         `omp_wait_policy` (engine.omp_wait_policy) is for libgomp, which reads it when it loads;
-        `nice` is added to the worker's niceness before it loads the model."""
+        `nice` is added to the worker's niceness before it loads the model. `rpc` places layers
+        on ggml RPC servers: {"secret": hex, "peers": [{"host", "port", "relay",
+        "placement_id"}]}, in the order of params' tensor_split."""
         ours, theirs = socket.socketpair()
         env = {**os.environ, "GGML_NO_BACKTRACE": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
@@ -120,7 +123,7 @@ class WorkerEngine:
         ours.setblocking(False)
         try:
             await loop.sock_sendall(ours, frame({"op": "start", "engine": params, "kernels": kernels,
-                                                 "nice": nice}))
+                                                 "nice": nice, "rpc": rpc}))
             reader = FrameReader()
             while True:
                 data = await loop.sock_recv(ours, 1 << 16)
@@ -138,6 +141,8 @@ class WorkerEngine:
         if message.get("op") != "ready":
             ours.close()
             _reap(proc)
+            if message.get("code") == ErrorCode.PEER_UNREACHABLE.value:
+                raise EngineError(ErrorCode.PEER_UNREACHABLE, message["error"])
             raise RuntimeError(message.get("error") or "the worker could not load the model")
         engine = cls(loop, proc, ours, vocab, message["facts"])
         engine.reader = reader
@@ -364,8 +369,11 @@ def _reap(proc: subprocess.Popen, wait: float = 5.0) -> int:
 
 
 def describe_exit(status: int | None) -> str:
+    from .worker import EXIT_RPC_PEER_LOST
     if status is None:
         return "still running"
+    if status == EXIT_RPC_PEER_LOST:
+        return "lost its connection to a node holding part of the model"
     if status < 0:
         try:
             return f"killed by {signal.Signals(-status).name}"

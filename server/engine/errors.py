@@ -15,6 +15,7 @@ class ErrorCode(enum.Enum):
     OVER_SHARE = "over_share"              # this key holds its share of the queue
     INVALID_GRAMMAR = "invalid_grammar"    # llama.cpp could not parse the grammar
     DECODE_FAILED = "decode_failed"        # llama.cpp failed the step (the engine's own errors)
+    PEER_UNREACHABLE = "peer_unreachable"  # a node holding part of the model cannot be reached
 
 
 class EngineError(Exception):

@@ -26,6 +26,33 @@ from .wire import FrameReader, encode_events, encode_trace, frame
 
 PR_SET_PDEATHSIG = 1
 STATS_INTERVAL = 1.0
+EXIT_RPC_PEER_LOST = 75                # a node holding some of the model's layers went away
+
+
+def connect_devices(rpc: dict | None) -> list[str]:
+    """The RPC endpoints llama.cpp will use, each checked to answer first (ggml's RPC client
+    aborts the process on one it cannot reach). A relayed peer gets a local dialer that proves
+    the cluster secret to its relay; losing it ends this process at once, with a word."""
+    if not rpc:
+        return []
+    from ..cluster.relay import Dialer, dial_direct
+
+    def lost(endpoint: str) -> None:
+        print(f"stackd worker: lost the RPC peer at {endpoint}", file=sys.stderr, flush=True)
+        os._exit(EXIT_RPC_PEER_LOST)
+
+    endpoints = []
+    secret = bytes.fromhex(rpc.get("secret") or "")
+    for peer in rpc["peers"]:
+        host, port = peer["host"], int(peer["port"])
+        if peer.get("relay"):
+            dialer = Dialer(host, port, secret, peer["placement_id"], on_lost=lost)
+            dialer.probe()
+            endpoints.append(dialer.start().endpoint)
+        else:
+            dial_direct(host, port)
+            endpoints.append(f"{host}:{port}")
+    return endpoints
 
 
 def die_with_parent(parent: int) -> None:
@@ -176,8 +203,13 @@ def main(fd: int, parent: int) -> int:
     accel.register(config.get("kernels", "off"))   # engine.kernels: before the model loads
     from .._engine import Engine
 
+    from ..cluster.relay import RelayError
     try:
-        engine = Engine(**config["engine"])
+        params = dict(config["engine"], rpc_endpoints=connect_devices(config.get("rpc")))
+        engine = Engine(**params)
+    except RelayError as exc:                       # a node of the placement does not answer
+        sock.sendall(frame({"op": "failed", "error": str(exc), "code": "peer_unreachable"}))
+        return 2
     except Exception as exc:                        # a model that does not load: say why, exit
         sock.sendall(frame({"op": "failed", "error": str(exc)}))
         return 2

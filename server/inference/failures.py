@@ -18,6 +18,7 @@ HTTP_OF = {
     ErrorCode.OVER_SHARE: (ErrorKind.RATE_LIMIT, RETRY),
     ErrorCode.INVALID_GRAMMAR: (ErrorKind.INVALID_REQUEST, ()),
     ErrorCode.DECODE_FAILED: (ErrorKind.INTERNAL, ()),
+    ErrorCode.PEER_UNREACHABLE: (ErrorKind.UNAVAILABLE, RETRY),
 }
 
 

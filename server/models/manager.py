@@ -10,6 +10,8 @@ then the engine is closed and its memory freed.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -21,6 +23,8 @@ from ..engine.native import Engine, Vocab
 from ..engine.runner import ModelRunner
 from ..http.errors import ApiError, ErrorKind, invalid
 from .gguf_check import GGUFError
+from .placement import NodeOffer, Need, Placement, PlacementError, Share, place
+from .rpc_devices import NodeUnreachable, RpcDevices
 from .store import Manifest, ModelStore, valid_model_id
 
 MIB = 1 << 20
@@ -33,6 +37,10 @@ RESTART_BACKOFF_MAX = 60.0
 CRASH_LIMIT = 5
 CRASH_WINDOW = 300.0
 BUFFER_OVERHEAD = 192 * MIB     # compute graph, output logits and scratch, beyond weights and KV
+# Placing a model again after a node loss: a node that died may still count as up until its
+# heartbeats are missed (3 s), so a failed attempt is retried, without the nodes that refused.
+REPLACE_ATTEMPTS = 4
+REPLACE_PAUSE = 1.5
 
 
 def restart_delay(n_crashes: int) -> float:
@@ -65,6 +73,14 @@ class LoadedModel:
     max_input: int = 0        # embeddings: tokens one input may have
     restarts: int = 0         # times its worker was restarted after dying
     last_exit: dict | None = None
+    placement: Placement | None = None   # where its layers are (None: this CPU alone)
+    placement_id: str | None = None      # its RPC servers' id on every node that runs one
+    options: dict = field(default_factory=dict)   # split_mode and nodes as asked, for re-placing
+    lost: str | None = None              # why its worker is being killed (a node went down)
+    nodes_lost: int = 0                  # nodes it was placed on before losing them (degraded)
+
+    def spans(self, node_id: str) -> bool:
+        return self.placement is not None and node_id in self.placement.node_ids
 
     @property
     def id(self) -> str:
@@ -105,6 +121,10 @@ class ModelManager:
     last_exits: dict[str, dict] = field(default_factory=dict)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     compute_scale: float = 1.0                                     # the power contract's share
+    memory_limit: int = 0                                          # models.memory_limit_mb; 0 = all
+    membership: object = None       # the cluster (contract's Membership); None: this node alone
+    rpc: object = None              # this node's RPC server children (cluster.rpc_server.RpcServers)
+    _placements: object = field(default_factory=lambda: itertools.count(1))
     _closing: bool = False
 
     # ---- what is there -------------------------------------------------------------------------
@@ -135,6 +155,7 @@ class ModelManager:
         if manifest.id in self.errors:
             out["error"] = self.errors[manifest.id]
         if model is not None:
+            out["placement"] = self.placement_of(model).describe()
             out["isolation"] = model.runner.engine.isolation
             out["pid"] = model.runner.engine.pid
             out["restarts"] = model.restarts
@@ -144,6 +165,10 @@ class ModelManager:
 
     def listing(self) -> list[dict]:
         return [self.describe(m) for m in self.store.list()]
+
+    def degraded_models(self) -> list[str]:
+        """Models placed again on fewer nodes than they were (the cluster is `degraded`)."""
+        return [m.id for m in self.loaded.values() if m.nodes_lost]
 
     def active_chat_model(self) -> str | None:
         chat = [m for m in self.order if m in self.loaded and self.loaded[m].kind == "chat"]
@@ -157,9 +182,9 @@ class ModelManager:
             raise EngineError(ErrorCode.RESTARTING, f"the worker of '{model_id}' died and is being "
                               "restarted; retry shortly")
         if state == "failed" and model_id in self.last_exits:
-            raise EngineError(ErrorCode.FAILED, f"'{model_id}' failed: its worker "
-                              f"{self.last_exits[model_id]['reason']} {CRASH_LIMIT} times within "
-                              f"{CRASH_WINDOW:g} s; POST /v1/models/load starts it again")
+            why = self.errors.get(model_id) or f"its worker {self.last_exits[model_id]['reason']}"
+            raise EngineError(ErrorCode.FAILED, f"'{model_id}' failed: {why}; POST /v1/models/load "
+                              "starts it again")
         model = self.loaded.get(model_id)
         if model is None or state == "unloading":
             manifest = self.manifest(model_id)
@@ -198,18 +223,77 @@ class ModelManager:
                 "buffers": BUFFER_OVERHEAD}
 
     def admit(self, manifest: Manifest, context_length: int) -> None:
+        """On this node alone: 507 unless the whole estimate fits what it offers."""
         parts = self.estimate(manifest, context_length)
         needed = sum(parts.values())
-        free = readings.meminfo()["MemAvailable"] - self.memory_reserve
+        free = self.own_offer()
         if needed > free:
+            limit = (f" and a limit of {self.memory_limit // MIB} MiB for models (models.memory_limit_mb)"
+                     if self.memory_limit else "")
             raise ApiError(ErrorKind.INSUFFICIENT_MEMORY,
                            f"loading '{manifest.id}' with a context of {context_length} needs about "
                            f"{needed // MIB} MiB (weights {parts['weights'] // MIB}, KV cache "
                            f"{parts['kv_cache'] // MIB}, buffers {parts['buffers'] // MIB}) but only "
                            f"{max(free, 0) // MIB} MiB are free after a reserve of "
-                           f"{self.memory_reserve // MIB} MiB; nothing was changed")
+                           f"{self.memory_reserve // MIB} MiB{limit}; nothing was changed")
 
-    async def load(self, model_id: str, context_length: int | None = None) -> LoadedModel:
+    def own_offer(self) -> int:
+        """What this node offers to models now: the available memory minus the reserve, and
+        under models.memory_limit_mb less what models placed here take already."""
+        free = readings.meminfo()["MemAvailable"] - self.memory_reserve
+        if self.memory_limit:
+            free = min(free, self.memory_limit - self.placed_here())
+        return free
+
+    def placed_here(self) -> int:
+        me = self.self_id
+        return sum(s.memory_bytes for m in self.loaded.values() for s in self.placement_of(m).shares
+                   if s.node_id == me)
+
+    @property
+    def self_id(self) -> str:
+        return self.membership.self_id if self.membership is not None else "self"
+
+    def placement_of(self, model: LoadedModel) -> Placement:
+        if model.placement is not None:
+            return model.placement
+        parts = self.estimate(model.manifest, model.context_length)
+        return Placement("layer", (Share(self.self_id, sum(parts.values()), layers=model.manifest.n_layer or 0),))
+
+    def plan(self, manifest: Manifest, context_length: int, options: dict,
+             excluded: set[str] = frozenset()) -> Placement | None:
+        """Where the model goes (None: this node's CPU alone); 507 when the cluster cannot
+        hold it, 400 for options that cannot be honoured."""
+        split_mode, pinned, pipeline = options.get("split_mode"), options.get("nodes"), options.get("pipeline", False)
+        others = [] if self.membership is None else [
+            n for n in self.membership.nodes_up() if n.id != self.self_id and n.id not in excluded]
+        if split_mode in (None, "layer") and pinned is None:
+            try:
+                self.admit(manifest, context_length)
+                return None
+            except ApiError:
+                if not others or manifest.kind != "chat":
+                    raise
+        if manifest.kind != "chat" or not manifest.n_layer:
+            raise invalid("only chat models with a known layer count are placed across nodes", "options")
+        parts = self.estimate(manifest, context_length)
+        need = Need(parts["weights"], parts["kv_cache"], parts["buffers"], manifest.n_layer)
+        offers = [NodeOffer(self.self_id, self.own_offer())] + [
+            NodeOffer(n.id, n.model_memory_bytes) for n in others]
+        try:
+            return place(need, offers, self.self_id, split_mode or "layer", pinned, pipeline)
+        except PlacementError as exc:
+            if exc.kind == "invalid":
+                raise invalid(str(exc), "options.split_mode" if "split_mode" in str(exc) else "options.nodes")
+            raise ApiError(ErrorKind.INSUFFICIENT_MEMORY,
+                           f"loading '{manifest.id}' with a context of {context_length}: {exc}; "
+                           "nothing was changed") from None
+
+    async def load(self, model_id: str, context_length: int | None = None,
+                   options: dict | None = None) -> LoadedModel:
+        """`options`: split_mode ("layer" | "tensor"), nodes (ids to pin the placement to),
+        pipeline (layer split: the leader through its own loopback RPC server)."""
+        options = self._effective(options or {})
         manifest = self.manifest(model_id)
         try:       # a model from an older store was never vocabulary-checked: llama.cpp could abort
             manifest = await self.loop.run_in_executor(None, self.store.ensure_loadable, manifest)
@@ -220,15 +304,22 @@ class ModelManager:
         async with self._lock(model_id):
             current = self.loaded.get(model_id)
             if current is not None:
-                if context_length is None or current.context_length == context:
+                same_context = context_length is None or current.context_length == context
+                if same_context and (not options or options == current.options):
                     return current                       # same options: nothing to do
                 await self._unload_locked(current)       # different options: reload
-            self.admit(manifest, context)
+            placement = self.plan(manifest, context, options)
             self.transitions[model_id] = "loading"
             self.errors.pop(model_id, None)
             self.crashes.pop(model_id, None)
             try:
-                model = await self._construct(manifest, context)
+                model = await self._construct(manifest, context, placement)
+                model.options = options
+            except (NodeUnreachable, EngineError) as exc:  # a node of the placement does not answer
+                self.transitions[model_id] = "failed"
+                self.errors[model_id] = str(exc)
+                raise ApiError(ErrorKind.UNAVAILABLE, f"loading '{model_id}' failed: {exc}",
+                               headers=((b"retry-after", b"1"),)) from None
             except Exception as exc:
                 self.transitions[model_id] = "failed"
                 self.errors[model_id] = str(exc)
@@ -238,7 +329,17 @@ class ModelManager:
             self.order = [m for m in self.order if m != model_id] + [model_id]
             return model
 
-    async def _construct(self, manifest: Manifest, context: int) -> LoadedModel:
+    def _effective(self, options: dict) -> dict:
+        """The placement options that change something: a reload only for those (the defaults
+        said out loud, or a pipeline on a one-node cluster, are the same load)."""
+        alone = self.membership is None or len(self.membership.nodes_up()) < 2
+        return {k: v for k, v in options.items()
+                if k in ("split_mode", "nodes", "pipeline") and v is not None
+                and (k, v) not in (("split_mode", "layer"), ("pipeline", False))
+                and not (k == "pipeline" and alone)}
+
+    async def _construct(self, manifest: Manifest, context: int,
+                         placement: Placement | None = None) -> LoadedModel:
         s = self.settings
         path = self.store.model_path(manifest)
         embeddings = manifest.kind == "embedding"
@@ -252,28 +353,50 @@ class ModelManager:
             from ..inference.templates import template_for
             return template_for(facts)                    # compiling a template takes time too
 
-        if s.isolation == "inline":
+        def vocabulary():
+            vocab = Vocab(path)
+            return vocab, chat_template(vocab)
+
+        placement_id = None
+        if s.isolation == "inline" and placement is None:
             def construct():
                 accel.register(s.kernels)                  # this process runs the engine
                 engine = Engine(**params)
                 return InlineEngine(engine), chat_template(engine)
             client, template = await self.loop.run_in_executor(None, construct)
-        else:
-            def vocabulary():
-                vocab = Vocab(path)
-                return vocab, chat_template(vocab)
+        else:                                              # over RPC always a worker: a lost peer aborts
             vocab, template = await self.loop.run_in_executor(None, vocabulary)
-            client = await WorkerEngine.start(self.loop, params, vocab, kernels=s.kernels,
-                                              omp_wait_policy=s.omp_wait_policy,
-                                              nice=s.embedding_nice if embeddings else 0)
+            rpc = None
+            if placement is not None:
+                placement_id, rpc, split = await self._start_rpc(manifest, placement)
+                params.update(split)
+            try:
+                client = await WorkerEngine.start(self.loop, params, vocab, kernels=s.kernels,
+                                                  omp_wait_policy=s.omp_wait_policy,
+                                                  nice=s.embedding_nice if embeddings else 0, rpc=rpc)
+            except BaseException:
+                if placement is not None:
+                    await self._stop_rpc(placement, placement_id)
+                raise
             client.on_lost = self._worker_lost
         if self.compute_scale < 1.0:
             client.set_compute_scale(self.compute_scale)
         model = LoadedModel(manifest, ModelRunner(self.loop, client), context, int(time.time()),
-                            template=template)
+                            template=template, placement=placement, placement_id=placement_id)
         if embeddings:
             model.max_input = min(client.n_ctx_train, context) if context else client.n_ctx_train
         return model
+
+    def _devices(self) -> RpcDevices:
+        return RpcDevices(self.membership, self.rpc, self.settings.n_threads or (os.cpu_count() or 1),
+                          self._placements)
+
+    async def _start_rpc(self, manifest: Manifest, placement: Placement) -> tuple[str, dict, dict]:
+        return await self._devices().start(placement, manifest.n_layer)
+
+    async def _stop_rpc(self, placement: Placement, placement_id: str | None) -> None:
+        if placement_id is not None:
+            await self._devices().stop(placement.node_ids, placement_id)
 
     def set_compute_scale(self, scale: float) -> None:
         """The power contract's share of full compute, for every engine now and later."""
@@ -287,8 +410,63 @@ class ModelManager:
         """A worker died (its socket reached EOF; its requests have their error events)."""
         for model in self.loaded.values():
             if model.runner.engine is client and not self._closing:
-                self.loop.create_task(self._restart(model, client.exit_status))
+                if model.placement is not None:
+                    self.transitions[model.id] = "restarting"   # from now on, not after a hop
+                    self.loop.create_task(self._replace(model, client.exit_status))
+                else:
+                    self.loop.create_task(self._restart(model, client.exit_status))
                 return
+
+    # ---- node loss -----------------------------------------------------------------------------
+
+    def node_down(self, node_id: str) -> None:
+        """A node went down: every model with layers on it loses its worker now (the RPC
+        transport has no timeouts, so a frozen node would hold it forever), then is placed
+        again on the nodes left."""
+        for model in list(self.loaded.values()):
+            if model.spans(node_id) and model.lost is None:
+                model.lost = f"node {node_id} went down"
+                model.runner.engine.kill()
+
+    async def _replace(self, model: LoadedModel, status) -> None:
+        model_id = model.id
+        reason = model.lost or f"its worker {describe_exit(status)}"
+        model.runner.end_all(EngineError(ErrorCode.WORKER_LOST, f"'{model_id}' lost part of its placement "
+                                         f"({reason}); it is being placed again"))
+        await model.runner.engine.aclose(0)
+        await self._stop_rpc(model.placement, model.placement_id)
+        self.last_exits[model_id] = {**exit_record(status), "reason": reason}
+        self.transitions[model_id] = "restarting"
+        async with self._lock(model_id):
+            if self.loaded.get(model_id) is not model or self._closing:
+                return                                    # unloaded or reloaded meanwhile
+            self.loaded.pop(model_id, None)               # its memory is no longer placed
+            fresh, failure, excluded = None, "", set()
+            for _ in range(REPLACE_ATTEMPTS):
+                try:
+                    placement = self.plan(model.manifest, model.context_length, model.options, excluded)
+                    fresh = await self._construct(model.manifest, model.context_length, placement)
+                    break
+                except ApiError as exc:                   # the nodes left cannot hold it
+                    failure = exc.message
+                    break
+                except Exception as exc:                  # a node that does not answer (yet)
+                    failure = str(exc)
+                    if isinstance(exc, NodeUnreachable):
+                        excluded.add(exc.node_id)
+                if self._closing:
+                    return
+                await asyncio.sleep(REPLACE_PAUSE)
+            if fresh is None:
+                self.order = [m for m in self.order if m != model_id]
+                self.transitions[model_id] = "failed"
+                self.errors[model_id] = f"{reason}, and placing it again failed: {failure}"
+                return
+            fresh.options, fresh.restarts = model.options, model.restarts + 1
+            fresh.nodes_lost = model.nodes_lost + max(0, len(model.placement.node_ids) - len(
+                (fresh.placement or self.placement_of(fresh)).node_ids))
+            self.loaded[model_id] = fresh
+            self.transitions.pop(model_id, None)
 
     def _record_crash(self, model_id: str, status) -> int:
         now = time.monotonic()
@@ -344,6 +522,8 @@ class ModelManager:
         try:
             model.runner.end_all(EngineError(ErrorCode.UNLOADED, "the model was unloaded"))
             await model.runner.close()
+            if model.placement is not None:
+                await self._stop_rpc(model.placement, model.placement_id)
         finally:
             self.loaded.pop(model.id, None)
             self.order = [m for m in self.order if m != model.id]
@@ -356,5 +536,10 @@ class ModelManager:
         for model in models:
             model.runner.end_all(EngineError(ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
         await asyncio.gather(*(model.runner.close(grace) for model in models))
+        for model in models:
+            if model.placement is not None:
+                await self._stop_rpc(model.placement, model.placement_id)
+        if self.rpc is not None:
+            self.rpc.stop_all()
         self.loaded.clear()
         self.order.clear()

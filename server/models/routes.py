@@ -21,7 +21,16 @@ CLUSTER = "cluster"
 MODEL = validate.String("model", required=True, max_len=256, doc="The model's id in the store.")
 CONTEXT_LENGTH = validate.Integer("context_length", lo=1, hi=1 << 24,
                                   doc="Tokens per sequence; at most the model's trained context.")
-OPTIONS = validate.Object("options", CONTEXT_LENGTH)
+SPLIT_MODE = validate.String("split_mode", choices=("layer", "tensor"),
+                             doc="How a model placed over several nodes is cut: by layers (the default) or by "
+                                 "tensors (llama.cpp's tensor split; flash attention, an f16 KV cache).")
+NODES = validate.Array("nodes", validate.String(max_len=128), min_items=1, max_items=16,
+                       doc="Node ids to place the model on (GET /v1/nodes); the default is the leader alone "
+                           "when it fits, else every node that is up.")
+PIPELINE = validate.Boolean("pipeline", doc="Layer split over several nodes: the leader computes its layers "
+                                             "through its own loopback RPC server, so every layer is on an RPC "
+                                             "device and llama.cpp overlaps micro-batches across the nodes.")
+OPTIONS = validate.Object("options", CONTEXT_LENGTH, SPLIT_MODE, NODES, PIPELINE)
 PULL_MODEL = validate.String("model", required=True, max_len=256,
                              doc="A registry reference: name, name:tag or namespace/name:tag.")
 STREAM = validate.Boolean("stream", doc="Report progress as NDJSON lines.")
@@ -36,7 +45,7 @@ async def load(node, request) -> Response:
     model_id = MODEL.read(body)
     options = OPTIONS.read(body) or {}
     context_length = options.get("context_length")
-    model = await node.models.load(model_id, context_length)
+    model = await node.models.load(model_id, context_length, options)
     return json_response(node.models.describe(model.manifest))
 
 
@@ -88,7 +97,18 @@ MODEL_SCHEMA = {"type": "object", "required": [
     "context_length": _NULLABLE_INT, "trained_context_length": _NULLABLE_INT,
     "architecture": _STR, "quantization": _STR, "parameter_count": _INT, "size": _INT,
     "sha256": _STR, "file": _STR, "source": _STR,
-    "error": {"type": "string", "description": "Why the last load failed."}}}
+    "error": {"type": "string", "description": "Why the last load failed."},
+    "placement": {"type": "object", "required": ["split_mode", "nodes"],
+                  "description": "Where a loaded model's layers are: the nodes and what each holds.",
+                  "properties": {
+                      "split_mode": {"type": "string", "enum": ["layer", "tensor"]},
+                      "pipeline": {"type": "boolean"},
+                      "nodes": {"type": "array", "items": {
+                          "type": "object", "required": ["id", "memory_bytes"], "properties": {
+                              "id": _STR, "memory_bytes": _INT,
+                              "layers": {"type": "integer", "description": "layer split: its layers"},
+                              "share": {"type": "number", "description": "tensor split: its share of "
+                                                                         "every weight matrix"}}}}}}}}
 MODEL_LIST_SCHEMA = {"type": "object", "required": ["object", "data"], "properties": {
     "object": {"const": "list"}, "data": {"type": "array", "items": MODEL_SCHEMA}}}
 
@@ -103,9 +123,10 @@ ROUTES = {
     ("POST", "/v1/models/load"): Endpoint(load, perm.MODELS_MANAGE, CLUSTER, body=LOAD_BODY, responses={
         200: json_answer(MODEL_SCHEMA, "The model, loaded."),
         **MODEL_ERRORS,
-        400: "The model id is not valid, or options.context_length is outside the model's range.",
-        503: "The model is being unloaded; retry.",
-        507: "The model with this context does not fit in memory; nothing was changed."}),
+        400: "The model id is not valid, options.context_length is outside the model's range, or "
+             "options.nodes names a node that is not up.",
+        503: "The model is being unloaded, or a node it was to be placed on does not answer; retry.",
+        507: "The model with this context does not fit in the cluster's memory; nothing was changed."}),
     ("POST", "/v1/models/unload"): Endpoint(unload, perm.MODELS_MANAGE, CLUSTER, body=UNLOAD_BODY,
                                             responses={200: json_answer(MODEL_SCHEMA, "The model, "
                                                                         "no longer loaded."),

@@ -1,0 +1,212 @@
+"""A model over several nodes (ggml RPC on loopback): decode tokens/s with one client and with
+16, one node against two nodes with layer split (the leader's layers on its CPU, or with
+`pipeline` on its own loopback RPC server, where llama.cpp's pipeline parallelism turns on)
+and with tensor split, and against llama.cpp's
+own `llama-server --rpc` over the same kind of RPC server; then the time from a follower's
+death (kill -9 of its RPC server) to the first 503 a streaming client sees.
+
+    .venv/bin/python bench/cluster.py [--clients 16] [--seconds 20] [--threads 1]
+
+One thread per node. The followers are simulated on this machine (STACKD_TEST_LOOPBACK_PEERS:
+the daemon starts their RPC server children, behind their relays, as a follower would), so
+"two nodes" share its cores: on a 2-core machine, 1 thread each is the fair setting. Same
+model (SmolLM2-135M Q4_1, 30 layers), same requests as bench/inference.py (a fixed prompt,
+128 tokens each, end of generation suppressed, greedy).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import orjson
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import loadgen  # noqa: E402
+from inference import PROMPT, Server, body, free_port, row  # noqa: E402
+
+from server.models import defaults  # noqa: E402
+
+FOLLOWER = "f1"
+OFFER_MIB = 2000                       # leader and follower offer the same: a 15 / 15 layer split
+
+
+def start_stackd(slots: int, context: int, threads: int, kernels: str, peers: str) -> Server:
+    data = tempfile.mkdtemp(prefix="stackd-cluster-bench-")
+    with open(os.path.join(data, "config.toml"), "w") as f:
+        f.write(f"[http]\naccess_log = false\n[rate_limits]\ninference = 0\ncluster = 0\n"
+                f"[engine]\nslots = {slots}\ncontext_length = {context}\nthreads = {threads}\n"
+                f"kernels = \"{kernels}\"\n"
+                f"[models]\npreload = []\nmemory_reserve_mb = 0\nmemory_limit_mb = {OFFER_MIB}\n")
+    port, cluster_port = free_port(), free_port()
+    server = Server("stackd", [sys.executable, "-m", "server", "serve", "--data-dir", data,
+                               "--inference-port", str(port), "--cluster-port", str(cluster_port)],
+                    port, defaults.CHAT_MODEL, cwd=ROOT, env={"STACKD_TEST_LOOPBACK_PEERS": peers},
+                    ready_key=lambda: open(os.path.join(data, "admin.key")).read().strip())
+    server.data, server.cluster_port = data, cluster_port
+    return server
+
+
+def call(server: Server, method: str, path: str, payload: dict | None = None) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
+    conn.request(method, path, body=orjson.dumps(payload) if payload is not None else None,
+                 headers={"Authorization": f"Bearer {server.key}", "Content-Type": "application/json"})
+    response = conn.getresponse()
+    answer = orjson.loads(response.read())
+    conn.close()
+    return response.status, answer
+
+
+def load(server: Server, **options) -> dict:
+    status, answer = call(server, "POST", "/v1/models/load", {"model": defaults.CHAT_MODEL, "options": options})
+    if status != 200:
+        sys.exit(f"load {options}: {status} {answer}")
+    return answer
+
+
+def leader_id(server: Server) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", server.cluster_port, timeout=60)
+    conn.request("GET", "/v1/topology", headers={"Authorization": f"Bearer {server.key}"})
+    leader = orjson.loads(conn.getresponse().read())["leader"]
+    conn.close()
+    return leader
+
+
+def rpc_child(server: Server, node_id: str) -> int:
+    marker = os.path.join(server.data, "test-peers", node_id).encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker in f.read():
+                    return int(pid)
+        except OSError:
+            continue
+    sys.exit(f"no RPC child for {node_id}")
+
+
+def start_rpc_server(threads: int) -> tuple[subprocess.Popen, int]:
+    """ggml's RPC server as our children run it (direct: 127.0.0.1, no relay), for llama-server."""
+    proc = subprocess.Popen([sys.executable, "-m", "server.cluster.rpc_server", "--direct", "--threads",
+                             str(threads), "--placement-id", "bench", "--parent", str(os.getpid())],
+                            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc.stdin.write(b"\n")
+    proc.stdin.close()
+    line = proc.stdout.readline().decode()
+    if not line.startswith("ready "):
+        sys.exit(f"rpc server: {line!r}")
+    return proc, int(line.split()[1])
+
+
+def start_llama_server_rpc(binary: str, slots: int, context: int, threads: int, rpc_port: int) -> Server:
+    port = free_port()
+    # 15 of 30 layers and the output on the RPC device (-ngl counts the output as a layer)
+    return Server("llama-server --rpc", [binary, "-m", defaults.smollm2_path(), "--host", "127.0.0.1",
+                                         "--port", str(port), "-np", str(slots), "-c", str(slots * context),
+                                         "-t", str(threads), "-tb", str(threads), "--no-webui",
+                                         "--rpc", f"127.0.0.1:{rpc_port}", "-ngl", "16"],
+                  port, "smollm2")
+
+
+def measure(server: Server, clients: int, seconds: float, max_tokens: int) -> loadgen.LoadResult:
+    asyncio.run(loadgen.run(server.port, body(server.model, 8), 1, 2.0, server.key))   # warm up
+    return asyncio.run(loadgen.run(server.port, body(server.model, max_tokens), clients, seconds, server.key))
+
+
+def time_to_first_503(server: Server) -> float:
+    """Kill -9 the follower's RPC server mid-stream; seconds until the stream's error event."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
+    payload = {**body(server.model, 4000), "prompt": PROMPT}
+    conn.request("POST", "/v1/completions", body=orjson.dumps(payload),
+                 headers={"Authorization": f"Bearer {server.key}", "Content-Type": "application/json"})
+    response = conn.getresponse()
+    response.readline()                                 # streaming
+    os.kill(rpc_child(server, FOLLOWER), signal.SIGKILL)
+    killed = time.monotonic()
+    while True:
+        line = response.readline()
+        if not line or b'"error"' in line:
+            break
+    took = time.monotonic() - killed
+    conn.close()
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--threads", type=int, default=1, help="per node")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--kernels", default="off", help="stackd engine.kernels (off: ggml's, as the peers)")
+    parser.add_argument("--skip-llama-server", action="store_true")
+    args = parser.parse_args()
+    c, results = args.clients, {}
+
+    def run_stackd(name: str, peers: str, options_of) -> Server:
+        server = start_stackd(c, args.context, args.threads, args.kernels, peers)
+        answer = load(server, **options_of(leader_id(server)))
+        print(f"{name}: placement {answer.get('placement')}", flush=True)
+        results[name] = {c: measure(server, c, args.seconds, args.max_tokens)}
+        print(row(f"{name} c={c}", results[name][c]), flush=True)
+        results[name][1] = measure(server, 1, min(args.seconds, 15.0), args.max_tokens)
+        print(row(f"{name} c=1", results[name][1]), flush=True)
+        return server
+
+    for name, peers, options_of in [
+            ("1 node", "", lambda leader: {}),
+            ("2 nodes layer", f"{FOLLOWER}={OFFER_MIB}", lambda leader: {"nodes": [leader, FOLLOWER]}),
+            ("2 nodes layer pipe", f"{FOLLOWER}={OFFER_MIB}",
+             lambda leader: {"nodes": [leader, FOLLOWER], "pipeline": True}),
+            ("2 nodes tensor", f"{FOLLOWER}={OFFER_MIB}",
+             lambda leader: {"nodes": [leader, FOLLOWER], "split_mode": "tensor"})]:
+        server = run_stackd(name, peers, options_of)
+        try:
+            if name == "2 nodes layer":
+                deaths = [time_to_first_503(server)]
+                print(f"  follower killed -> first 503 (stream error event): {deaths[0] * 1000:.0f} ms", flush=True)
+        finally:
+            server.stop()
+            shutil.rmtree(server.data, ignore_errors=True)
+
+    if not args.skip_llama_server:
+        import peers as bench_peers
+        binary = bench_peers.llama_server()
+        rpc, rpc_port = start_rpc_server(args.threads)
+        try:
+            server = start_llama_server_rpc(binary, c, args.context, args.threads, rpc_port)
+            try:
+                results["llama-server --rpc"] = {c: measure(server, c, args.seconds, args.max_tokens),
+                                                 1: measure(server, 1, min(args.seconds, 15.0), args.max_tokens)}
+                for n in (c, 1):
+                    print(row(f"llama-server --rpc c={n}", results["llama-server --rpc"][n]), flush=True)
+            finally:
+                server.stop()
+        finally:
+            rpc.kill()
+            rpc.wait()
+
+    print(f"\nSmolLM2-135M Q4_1, {args.threads} thread(s) per node, {c} slots, {args.max_tokens} tokens per "
+          f"request, {args.seconds:g} s closed loop, loopback")
+    one = results["1 node"]
+    for name in results:
+        r = results[name]
+        print(f"  {name:20s} c={c}: {r[c].tokens_per_second():7.1f} tok/s ({r[c].tokens_per_second() / one[c].tokens_per_second():.2f}x one node)"
+              f"   c=1: {r[1].tokens_per_second():6.1f} tok/s ({r[1].tokens_per_second() / one[1].tokens_per_second():.2f}x)")
+    if "llama-server --rpc" in results:
+        ours, peer = results["2 nodes layer"][c], results["llama-server --rpc"][c]
+        print(f"  2 nodes layer vs llama-server --rpc at c={c}: {ours.tokens_per_second() / peer.tokens_per_second():.2f}x "
+              "(target >= 1.0x)")
+
+
+if __name__ == "__main__":
+    main()

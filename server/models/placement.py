@@ -1,0 +1,206 @@
+"""Where a model's layers go: the leader alone, or the cluster's nodes over ggml RPC.
+
+Pure: nodes and the model's needs in, a Placement out (or a PlacementError). The manager
+starts the RPC servers and the engine from it.
+
+- `layer` split (the default): on the leader alone when it holds the whole model; else the
+  layers are spread over the leader and the followers in proportion to the memory each
+  offers to models, no node past what it offers. The leader keeps the first layers on its
+  own CPU; each follower takes a run of the following ones (llama.cpp's layer split over
+  RPC devices, in the order given).
+- `tensor` split: every weight matrix is cut in rows across the nodes, in proportion to
+  their memory. The leader's CPU is not a member of llama.cpp's tensor group, so a leader
+  that computes joins through an RPC server of its own on loopback.
+- `nodes` pins the placement to those nodes (in that order after the leader).
+
+Memory is an estimate: weights + KV cache spread evenly over the layers, plus one set of
+compute buffers on every node that takes part.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SPLIT_MODES = ("layer", "tensor")
+
+
+class PlacementError(Exception):
+    """`kind` is "insufficient" (the cluster cannot hold it: 507) or "invalid" (bad options: 400)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class NodeOffer:
+    id: str
+    memory_bytes: int            # what the node offers to models now
+
+
+@dataclass(frozen=True)
+class Need:
+    weights: int
+    kv_cache: int
+    buffers: int                 # per node that takes part
+    n_layer: int
+
+    @property
+    def layered(self) -> int:
+        return self.weights + self.kv_cache
+
+    @property
+    def alone(self) -> int:
+        return self.layered + self.buffers
+
+
+@dataclass(frozen=True)
+class Share:
+    node_id: str
+    memory_bytes: int
+    layers: int | None = None    # layer split
+    share: float | None = None   # tensor split
+
+
+@dataclass(frozen=True)
+class Placement:
+    split_mode: str              # "layer" | "tensor"
+    shares: tuple[Share, ...]    # the leader first when it takes part
+    pipeline: bool = False       # layer split with the leader's layers on its own loopback RPC
+                                 # server too: every layer on an RPC device, which is when
+                                 # llama.cpp overlaps micro-batches across the devices
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [s.node_id for s in self.shares]
+
+    def is_local(self, leader_id: str) -> bool:
+        """Everything on the leader's own CPU: no RPC at all."""
+        return self.split_mode == "layer" and self.node_ids == [leader_id]
+
+    def describe(self) -> dict:
+        nodes = []
+        for s in self.shares:
+            entry = {"id": s.node_id}
+            if s.layers is not None:
+                entry["layers"] = s.layers
+            else:
+                entry["share"] = round(s.share, 4)
+            entry["memory_bytes"] = s.memory_bytes
+            nodes.append(entry)
+        out = {"split_mode": self.split_mode, "nodes": nodes}
+        if self.pipeline:
+            out["pipeline"] = True
+        return out
+
+
+def place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str = "layer",
+          pinned: list[str] | None = None, pipeline: bool = False) -> Placement:
+    """`nodes`: the nodes that are up, the leader among them. `pipeline` (layer split over
+    several nodes only): the leader computes through its own loopback RPC server."""
+    placement = _place(need, nodes, leader_id, split_mode, pinned)
+    if pipeline and placement.split_mode == "layer" and len(placement.shares) > 1:
+        return Placement("layer", placement.shares, pipeline=True)
+    return placement
+
+
+def _place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str,
+           pinned: list[str] | None) -> Placement:
+    if split_mode not in SPLIT_MODES:
+        raise PlacementError("invalid", f"'options.split_mode' must be one of {', '.join(SPLIT_MODES)}")
+    candidates = _candidates(nodes, leader_id, pinned)
+    if split_mode == "layer":
+        leader = next((n for n in candidates if n.id == leader_id), None)
+        if pinned is None and leader is not None and need.alone <= leader.memory_bytes:
+            return Placement("layer", (Share(leader_id, need.alone, layers=need.n_layer),))
+        return _layer_split(need, candidates)
+    return _tensor_split(need, candidates)
+
+
+def _candidates(nodes: list[NodeOffer], leader_id: str, pinned: list[str] | None) -> list[NodeOffer]:
+    by_id = {n.id: n for n in nodes}
+    if pinned is None:
+        ordered = [by_id[leader_id]] if leader_id in by_id else []
+        return ordered + [n for n in nodes if n.id != leader_id]
+    if not pinned:
+        raise PlacementError("invalid", "'options.nodes' must name at least one node")
+    if len(set(pinned)) != len(pinned):
+        raise PlacementError("invalid", "'options.nodes' names a node twice")
+    unknown = [n for n in pinned if n not in by_id]
+    if unknown:
+        raise PlacementError("invalid", f"'options.nodes': no node {unknown[0]!r} is up in this cluster")
+    ordered = [leader_id] if leader_id in pinned else []
+    return [by_id[i] for i in ordered + [i for i in pinned if i != leader_id]]
+
+
+def _insufficient(need: Need, nodes: list[NodeOffer], what: str) -> PlacementError:
+    offered = sum(max(0, n.memory_bytes) for n in nodes)
+    return PlacementError("insufficient", f"{what} needs about {_mib(need.layered + need.buffers * len(nodes))} "
+                          f"MiB on {len(nodes)} node(s) but they offer {_mib(offered)} MiB")
+
+
+def _mib(n: int) -> int:
+    return n >> 20
+
+
+def _layer_split(need: Need, nodes: list[NodeOffer]) -> Placement:
+    per_layer = -(-need.layered // max(1, need.n_layer))
+    capacity = [max(0, (n.memory_bytes - need.buffers) // per_layer) for n in nodes]
+    if sum(capacity) < need.n_layer:
+        raise _insufficient(need, nodes, "the model")
+    layers = _proportional(need.n_layer, [max(0, n.memory_bytes) for n in nodes], capacity)
+    shares = tuple(Share(n.id, k * per_layer + need.buffers, layers=k)
+                   for n, k in zip(nodes, layers) if k > 0)
+    return Placement("layer", shares)
+
+
+def _proportional(total: int, weights: list[int], capacity: list[int]) -> list[int]:
+    """`total` whole units over the nodes in proportion to `weights`, none above its capacity
+    (largest remainders first; what a full node cannot take goes to those with room)."""
+    out = [0] * len(weights)
+    remaining, open_ = total, [i for i in range(len(weights)) if capacity[i] > 0]
+    while remaining > 0 and open_:
+        weight = sum(weights[i] for i in open_) or len(open_)
+        exact = {i: remaining * (weights[i] or 1) / weight for i in open_}
+        given = {i: min(int(exact[i]), capacity[i] - out[i]) for i in open_}
+        left = remaining - sum(given.values())
+        for i in sorted(open_, key=lambda i: (given[i] - exact[i], i)):
+            if left == 0:
+                break
+            if out[i] + given[i] < capacity[i]:
+                given[i] += 1
+                left -= 1
+        for i in open_:
+            out[i] += given[i]
+        remaining = left
+        open_ = [i for i in open_ if out[i] < capacity[i]]
+    return out
+
+
+def _tensor_split(need: Need, nodes: list[NodeOffer]) -> Placement:
+    room = [max(0, n.memory_bytes - need.buffers) for n in nodes]
+    if sum(room) < need.layered:
+        raise _insufficient(need, nodes, "the model")
+    # Proportional to room; a node whose share would overflow it takes its room and the rest
+    # is spread again (units of 1/1000 of the model).
+    units = _proportional(1000, room, [r * 1000 // max(1, need.layered) for r in room])
+    shares = tuple(Share(n.id, u * need.layered // 1000 + need.buffers, share=u / 1000)
+                   for n, u in zip(nodes, units) if u > 0)
+    return Placement("tensor", shares)
+
+
+def engine_split(placement: Placement, leader_id: str, n_layer: int) -> tuple[list[str], list[float], int]:
+    """What the engine gets: the nodes behind its RPC devices (in order), the tensor_split
+    shares for them, and llama.cpp's n_gpu_layers.
+
+    llama.cpp offloads the last n_gpu_layers of the n_layer + 1 "layers" (the output layer
+    counts as one) and cuts them over the devices by cumulative share; giving each follower
+    its layer count, the last one +1 for the output, lands every layer where the placement
+    says."""
+    if placement.split_mode == "tensor":
+        return ([s.node_id for s in placement.shares], [s.share for s in placement.shares], n_layer + 1)
+    remote = [s for s in placement.shares if s.node_id != leader_id or placement.pipeline]
+    if not remote:
+        return [], [], 0
+    split = [float(s.layers) for s in remote]
+    split[-1] += 1.0
+    return [s.node_id for s in remote], split, sum(s.layers for s in remote) + 1

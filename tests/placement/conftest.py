@@ -1,0 +1,89 @@
+"""Real ggml RPC servers on loopback (children with their relays, as a follower runs them)
+and engine workers placed over them."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from server.cluster.rpc_server import RpcServers
+from server.engine.clients import WorkerEngine
+from server.engine.native import SamplingParams, Vocab
+from server.engine.runner import ModelRunner
+from server.models import defaults
+
+SECRET = bytes(range(32))
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Count from one to ten."]
+
+
+def chat_prompt(vocab, text: str) -> list[int]:
+    return vocab.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n", False, True)
+
+
+def engine_params(**placement) -> dict:
+    return dict(model_path=defaults.smollm2_path(), n_slots=4, n_ctx_seq=256, n_batch=64,
+                n_threads=1, **placement)
+
+
+async def start_worker(loop, params: dict, rpc: dict | None = None) -> ModelRunner:
+    path = params["model_path"]
+    vocab = await loop.run_in_executor(None, Vocab, path)
+    client = await WorkerEngine.start(loop, params, vocab, kernels="off", rpc=rpc)
+    return ModelRunner(loop, client)
+
+
+async def generate(runner: ModelRunner, text: str, max_tokens: int = 24, n_top: int = 0) -> dict:
+    sampling = SamplingParams()
+    sampling.temperature = 0.0
+    if n_top:
+        sampling.logprobs = True
+        sampling.n_top_logprobs = n_top
+    stream = await runner.generate([(chat_prompt(runner.engine.vocab, text), max_tokens, sampling)], [])
+    out = {"text": b"", "logprobs": [], "error": None}
+    async for event in stream:
+        out["text"] += event.text
+        out["logprobs"] += event.logprobs or []
+        if event.error:
+            out["error"] = event.error
+    return out
+
+
+class Peers:
+    """RPC server children on loopback, one per simulated follower, each behind its relay."""
+
+    def __init__(self, loop, data_dir: str):
+        self.loop = loop
+        self.servers = RpcServers(loop, data_dir, "127.0.0.1", 0, SECRET)
+        self.n = 0
+
+    async def start(self, direct: bool = False):
+        self.n += 1
+        self.servers.first_port = 0 if direct else _free_base()
+        return await self.servers.start(f"test-{self.n}", 1, "leader", direct=direct)
+
+    def rpc(self, children) -> dict:
+        return {"secret": SECRET.hex(), "peers": [
+            {"host": "127.0.0.1", "port": c.port, "relay": not c.direct, "placement_id": c.placement_id}
+            for c in children]}
+
+
+def _free_base() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def peers(loop, tmp_path):
+    p = Peers(loop, str(tmp_path))
+    yield p
+    p.servers.stop_all()
+
+
+def run(loop, coro, timeout: float = 600):
+    return loop.run_until_complete(asyncio.wait_for(coro, timeout))
+
+
+__all__ = ["PROMPTS", "engine_params", "start_worker", "generate", "run", "os"]

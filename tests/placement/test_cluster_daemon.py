@@ -1,0 +1,147 @@
+"""The daemon places a model over the cluster: real daemon, real SmolLM2, real RPC server
+children on loopback behind their relays. The followers are simulated by the daemon itself
+(STACKD_TEST_LOOPBACK_PEERS: a one-node membership plus peers whose RPC children it starts)
+until the membership branch brings real ones."""
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import time
+
+import orjson
+import pytest
+
+from tests.blackbox.daemon import CLIENT_TIMEOUT, Daemon
+
+MODEL = "smollm2-135m-instruct"
+# Two slots of 256 tokens: weights 94 MiB + KV 11 MiB + buffers 192 MiB, about 297 MiB alone;
+# the leader offers 250, so the model only fits with a follower.
+CONFIG = """
+[engine]
+slots = 2
+context_length = 256
+threads = 1
+kernels = "off"
+[models]
+preload = []
+memory_limit_mb = 250
+"""
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    started = []
+
+    def start(peers: str) -> Daemon:
+        daemon = Daemon(str(tmp_path / f"data{len(started)}"), CONFIG, env={"STACKD_TEST_LOOPBACK_PEERS": peers})
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+
+
+def load(daemon, **options):
+    body = {"model": MODEL, **({"options": options} if options else {})}
+    return daemon.request("POST", "/v1/models/load", key=daemon.admin_key, body=body)
+
+
+def ask(daemon, max_tokens=16):
+    return daemon.request("POST", "/v1/chat/completions", port="inference", key=daemon.admin_key,
+                          body={"model": MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": max_tokens})
+
+
+def rpc_children(daemon, node_id: str) -> list[int]:
+    """Pids of the RPC server children a simulated follower runs (its cache dir names it)."""
+    marker = os.path.join(daemon.data_dir, "test-peers", node_id).encode()
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"server.cluster.rpc_server" in cmdline and marker in cmdline:
+            pids.append(int(pid))
+    return pids
+
+
+def test_a_model_too_large_for_the_leader_loads_over_the_cluster_and_serves(cluster):
+    daemon = cluster("f1=400,f2=400")
+    leader = daemon.request("GET", "/v1/topology", key=daemon.admin_key)[2]["leader"]
+    status, _, body = load(daemon, nodes=[leader])             # pinned to the leader alone
+    assert status == 507 and body["error"]["type"] == "insufficient_memory_error"
+    status, _, body = load(daemon, nodes=[leader, "nowhere"])
+    assert status == 400 and body["error"]["param"] == "options.nodes"
+
+    status, _, body = load(daemon)
+    assert status == 200, body
+    placement = body["placement"]
+    assert placement["split_mode"] == "layer"
+    assert [n["id"] for n in placement["nodes"]] == [leader, "f1", "f2"]
+    assert sum(n["layers"] for n in placement["nodes"]) == 30
+    assert all(n["memory_bytes"] > 0 for n in placement["nodes"])
+    listed = daemon.request("GET", f"/v1/models/{MODEL}", port="inference", key=daemon.admin_key)[2]
+    assert listed["placement"] == placement
+    status, _, answer = ask(daemon)
+    assert status == 200 and answer["choices"][0]["message"]["content"]
+    assert len(rpc_children(daemon, "f1")) == 1 and len(rpc_children(daemon, "f2")) == 1
+
+    status, _, body = load(daemon, split_mode="tensor")          # other options: a reload
+    assert status == 200, body
+    assert body["placement"]["split_mode"] == "tensor"
+    assert sum(n["share"] for n in body["placement"]["nodes"]) == pytest.approx(1.0, abs=0.01)
+    status, _, answer = ask(daemon)
+    assert status == 200 and answer["choices"][0]["message"]["content"]
+
+    status, _, body = daemon.request("POST", "/v1/models/unload", key=daemon.admin_key, body={"model": MODEL})
+    assert status == 200 and "placement" not in body
+    deadline = time.monotonic() + 60
+    while rpc_children(daemon, "f1") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert rpc_children(daemon, "f1") == []                        # unload stops them
+
+
+def test_the_cluster_too_small_is_507(cluster):
+    daemon = cluster("f1=60")
+    status, _, body = load(daemon)
+    assert status == 507 and body["error"]["type"] == "insufficient_memory_error"
+    assert "nothing was changed" in body["error"]["message"]
+
+
+def test_a_follower_killed_mid_stream_ends_the_stream_with_an_error_and_the_model_is_placed_again(cluster):
+    daemon = cluster("f1=400")
+    status, _, body = load(daemon)
+    assert status == 200 and len(body["placement"]["nodes"]) == 2
+    conn = http.client.HTTPConnection("127.0.0.1", daemon.inference_port, timeout=CLIENT_TIMEOUT)
+    conn.request("POST", "/v1/chat/completions", body=orjson.dumps({
+        "model": MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": 200, "ignore_eos": True,
+        "stream": True}), headers={"Authorization": f"Bearer {daemon.admin_key}",
+                                   "Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    first = response.readline()
+    assert first.startswith(b"data: ")
+    (child,) = rpc_children(daemon, "f1")
+    os.kill(child, signal.SIGKILL)
+    rest = response.read()
+    conn.close()
+    events = [orjson.loads(line[6:]) for line in rest.split(b"\n") if line.startswith(b"data: {")]
+    error = events[-1]["error"]
+    assert error["code"] == 503 and error["type"] == "service_unavailable_error"
+    assert "connection to a node" in error["message"]
+
+    deadline = time.monotonic() + 120                              # placed again, and serving
+    while True:
+        status, _, answer = ask(daemon)
+        if status == 200 or time.monotonic() > deadline:
+            break
+        assert status == 503 and answer["error"]["type"] == "service_unavailable_error"
+        time.sleep(0.5)
+    assert status == 200 and answer["choices"][0]["message"]["content"]
+    described = daemon.request("GET", f"/v1/models/{MODEL}", port="inference", key=daemon.admin_key)[2]
+    assert described["restarts"] == 1 and described["state"] == "loaded"
+    assert len(rpc_children(daemon, "f1")) == 1 and child not in rpc_children(daemon, "f1")
