@@ -53,7 +53,7 @@ DEFAULTS: dict = {
         # workers' OpenMP threads at a barrier: passive (sleep), active (spin), inherit (the
         # daemon's environment). Spinning teams of two workers on the same cores starve each other
         # and the event loop (README, "Engine threads").
-        "omp_wait_policy": "passive",
+        "omp_wait_policy": "auto",   # auto: chat workers libgomp's default, embedding workers passive
         "embedding_nice": 5,      # embedding workers' niceness (0-19): chat streams and the loop first
     },
     "inference": {
@@ -202,8 +202,8 @@ def _check(values: dict) -> None:
         raise ConfigError("setting engine.kernels: must be auto or off")
     if engine["isolation"] not in ("worker", "inline"):
         raise ConfigError("setting engine.isolation: must be worker or inline")
-    if engine["omp_wait_policy"] not in ("passive", "active", "inherit"):
-        raise ConfigError("setting engine.omp_wait_policy: must be passive, active or inherit")
+    if engine["omp_wait_policy"] not in ("auto", "passive", "active", "inherit"):
+        raise ConfigError("setting engine.omp_wait_policy: must be auto, passive, active or inherit")
     if not 0 <= engine["embedding_nice"] <= 19:
         raise ConfigError("setting engine.embedding_nice: must be from 0 to 19")
     for name, value in values["inference"]["limits"].items():

@@ -101,7 +101,7 @@ class WorkerEngine:
 
     @classmethod
     async def start(cls, loop, params: dict, vocab: Vocab, kernels: str = "off",
-                    omp_wait_policy: str = "passive", nice: int = 0,
+                    omp_wait_policy: str = "inherit", nice: int = 0,
                     rpc: dict | None = None) -> "WorkerEngine":
         """Spawn a worker for `params` (Engine's keyword arguments) and wait until it serves.
         Spawned from the loop's thread: PR_SET_PDEATHSIG follows the spawning thread.

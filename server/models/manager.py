@@ -43,6 +43,17 @@ REPLACE_ATTEMPTS = 4
 REPLACE_PAUSE = 1.5
 
 
+def omp_wait_policy(setting: str, embeddings: bool) -> str:
+    """engine.omp_wait_policy for one worker. `auto`: a generation worker keeps libgomp's
+    default (spin a little, then sleep: what llama-server and an inline engine do; sleeping at
+    once cost 3x its tokens/s on a quiet machine, where ggml's barriers after each operation
+    are the hot path), an embedding worker sleeps at once (its bulk batches must not spin
+    against the chat model's threads on the same cores)."""
+    if setting != "auto":
+        return setting
+    return "passive" if embeddings else "inherit"
+
+
 def restart_delay(n_crashes: int) -> float:
     """Seconds to wait before restarting a worker that crashed n_crashes times in the window."""
     return 0.0 if n_crashes <= 1 else min(RESTART_BACKOFF_MAX, 2.0 ** (n_crashes - 2))
@@ -59,7 +70,7 @@ class EngineSettings:
     key_share: float = 1.0
     isolation: str = "worker"      # worker: each model's engine in a supervised process; inline
     kernels: str = "auto"          # our Q4_1 matmul (server/engine/accel.py): auto | off
-    omp_wait_policy: str = "passive"   # workers' OpenMP barrier waits: passive | active | inherit
+    omp_wait_policy: str = "auto"      # workers' OpenMP barrier waits: auto | passive | active | inherit
     embedding_nice: int = 0        # embedding workers' niceness
 
 
@@ -372,7 +383,8 @@ class ModelManager:
                 params.update(split)
             try:
                 client = await WorkerEngine.start(self.loop, params, vocab, kernels=s.kernels,
-                                                  omp_wait_policy=s.omp_wait_policy,
+                                                  omp_wait_policy=omp_wait_policy(s.omp_wait_policy,
+                                                                                  embeddings),
                                                   nice=s.embedding_nice if embeddings else 0, rpc=rpc)
             except BaseException:
                 if placement is not None:

@@ -42,7 +42,7 @@ def test_config_toml_in_data_dir_is_found(tmp_path):
     ("[debug]\ntrace_reply_timeout = 0\n", "trace_reply_timeout: must be positive"),
     ("[rate_limits.keys.ci]\nbogus = 1\n", "known group"),
     ("not toml at all [", "cannot read"),
-    ("[engine]\nomp_wait_policy = 'spin'\n", "passive, active or inherit"),
+    ("[engine]\nomp_wait_policy = 'spin'\n", "auto, passive, active or inherit"),
     ("[engine]\nembedding_nice = 20\n", "from 0 to 19"),
     ("[engine]\nembedding_nice = -1\n", "from 0 to 19"),
 ])
@@ -61,4 +61,4 @@ def test_engine_thread_settings_at_their_edges(tmp_path):
     settings = config.load({"config": write(tmp_path, text), "data_dir": str(tmp_path)}, environ={})
     assert settings["engine.omp_wait_policy"] == "inherit" and settings["engine.embedding_nice"] == 19
     defaults = config.load({"data_dir": str(tmp_path / "d")}, environ={})
-    assert defaults["engine.omp_wait_policy"] == "passive" and defaults["engine.embedding_nice"] == 5
+    assert defaults["engine.omp_wait_policy"] == "auto" and defaults["engine.embedding_nice"] == 5

@@ -12,3 +12,11 @@ def test_a_crash_loop_backs_off_doubling():
 
 def test_the_back_off_is_capped():
     assert restart_delay(50) == RESTART_BACKOFF_MAX
+
+
+def test_auto_wait_policy_spins_for_chat_and_sleeps_for_embeddings():
+    from server.models.manager import omp_wait_policy
+    assert omp_wait_policy("auto", embeddings=False) == "inherit"
+    assert omp_wait_policy("auto", embeddings=True) == "passive"
+    assert omp_wait_policy("active", embeddings=True) == "active"
+    assert omp_wait_policy("passive", embeddings=False) == "passive"
