@@ -313,7 +313,8 @@ class HttpProtocol:
         # llhttp stops at a request asking for a protocol upgrade. A complete request is
         # answered normally (the upgrade is ignored); the connection then closes.
         if self.phase == IDLE and self.pipeline:
-            self.pipeline[-1].keep_alive = False
+            # not pipeline[-1]: compiled with wraparound off, a negative index is out of range
+            self.pipeline[len(self.pipeline) - 1].keep_alive = False
             self.pause_reading()
         elif self.busy:
             self.pause_reading()

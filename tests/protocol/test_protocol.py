@@ -336,6 +336,14 @@ def test_garbage_is_400_and_close(conn, garbage):
     assert transport.closed
 
 
+def test_upgrade_request_behind_a_pipelined_one_is_answered_then_closed(loop, conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /slow HTTP/1.1\r\n\r\n"
+                           b"GET /echo HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+    settle(loop, 0.2)
+    assert [r[0] for r in parse_responses(transport.take())] == [200, 200] and transport.closed
+
+
 def test_upgrade_request_is_answered_without_upgrading(conn):
     protocol, transport = conn
     protocol.data_received(b"GET /echo HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
