@@ -40,6 +40,8 @@ def probe(node: Daemon, stop: threading.Event, samples: list) -> None:
 
 
 def main() -> None:
+    import argparse
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()   # --help
     with tempfile.TemporaryDirectory(prefix="stackd-lag-") as tmp:
         node = Daemon(os.path.join(tmp, "data"), "[http]\naccess_log = false\nmax_body_bytes = 4194304\n"
                       "[rate_limits]\ninference = 0\ncluster = 0\n"
