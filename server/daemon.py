@@ -171,7 +171,7 @@ def attach_cluster(manager, node: Node, settings: config.Settings) -> None:
     membership = solo.test_peers(node, settings, manager.loop) or node.membership
     manager.membership = membership
     manager.rpc = RpcServers(manager.loop, settings.data_dir, settings["host"],
-                             solo.rpc_port(settings), membership.secret)
+                             settings["cluster.rpc_port"], membership.secret)
     membership.on_node_down(manager.node_down)
     membership.on_fenced(manager.rpc.stop_all)
     rpc_routes.register()

@@ -1,7 +1,7 @@
-"""A one-node cluster behind the Membership interface of the cluster contract, until the
-membership branch's real one (registration, heartbeats, liveness) takes its place.
+"""Simulated followers behind the Membership interface, for placement tests on one machine.
 
-`SoloMembership` is a leader with no followers. `LoopbackPeers` adds simulated followers
+`SoloMembership` is a leader with no followers (the real Membership in membership.py serves
+every node, one-node clusters included; this is only the base of the simulation). `LoopbackPeers` adds simulated followers
 whose RPC server children this same daemon starts on loopback, behind their relays, as a
 follower would: placement, the relay and node loss run for real on one machine. It is a
 test hook (STACKD_TEST_LOOPBACK_PEERS="f1=512,f2=512": node ids and the MiB each offers to
@@ -11,37 +11,13 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 
 from ..system import readings
+from .membership import PeerNode
+from .peers import PeerError  # noqa: F401  (the simulated nodes' calls raise the real one)
 
 TEST_PEERS_ENV = "STACKD_TEST_LOOPBACK_PEERS"
 MIB = 1 << 20
-
-
-class PeerError(Exception):
-    """A refused, timed out or dead node-to-node call (the contract's cluster.peers.PeerError)."""
-
-    def __init__(self, message: str, status: int = 503, payload: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.payload = payload or {}
-
-
-@dataclass(frozen=True)
-class PeerNode:
-    id: str
-    role: str
-    status: str
-    address: str
-    host: str
-    memory_total_bytes: int
-    memory_available_bytes: int
-    model_memory_bytes: int
-    cpu_cores: int | None
-    threads: int
-    last_seen_ago_ms: int = 0
-    detail: dict = field(default_factory=dict)
 
 
 class SoloMembership:
@@ -59,7 +35,7 @@ class SoloMembership:
         memory = readings.meminfo()
         return PeerNode(self.self_id, "leader", "up", f"http://{self.host}", self.host,
                         memory["MemTotal"], memory["MemAvailable"], memory["MemAvailable"],
-                        os.cpu_count(), self.threads)
+                        os.cpu_count(), self.threads, 0, {})
 
     def nodes(self) -> list[PeerNode]:
         return [self._me()]
@@ -91,7 +67,7 @@ class LoopbackPeers(SoloMembership):
     def nodes(self) -> list[PeerNode]:
         me = self._me()
         return [me] + [PeerNode(i, "follower", "down" if i in self.down else "up", "http://127.0.0.1",
-                                "127.0.0.1", mib * MIB, mib * MIB, mib * MIB, 1, 1)
+                                "127.0.0.1", mib * MIB, mib * MIB, mib * MIB, 1, 1, 0, {})
                        for i, mib in self.offers.items()]
 
     def set_down(self, node_id: str) -> None:
@@ -118,17 +94,6 @@ def parse_test_peers(text: str) -> dict[str, int]:
     return offers
 
 
-DEFAULT_RPC_PORT = 50052
-
-
-def rpc_port(settings) -> int:
-    """cluster.rpc_port (the membership side's setting), or its documented default."""
-    try:
-        return settings["cluster.rpc_port"]
-    except KeyError:
-        return DEFAULT_RPC_PORT
-
-
 def test_peers(node, settings, loop) -> "LoopbackPeers | None":
     """Under the test hook, this node with simulated followers on loopback; else None."""
     threads = settings["engine.threads"]
@@ -142,7 +107,8 @@ def test_peers(node, settings, loop) -> "LoopbackPeers | None":
     def servers_for(node_id: str) -> RpcServers:
         if node_id not in servers:
             servers[node_id] = RpcServers(loop, os.path.join(settings.data_dir, "test-peers", node_id),
-                                          "127.0.0.1", rpc_port(settings) + 100 * (len(servers) + 1),
+                                          "127.0.0.1",
+                                          settings["cluster.rpc_port"] + 100 * (len(servers) + 1),
                                           membership.secret)
         return servers[node_id]
 
