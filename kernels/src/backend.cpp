@@ -1,5 +1,6 @@
 #include "backend.h"
 
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <algorithm>
@@ -12,6 +13,10 @@
 #include <unistd.h>
 
 #include "ggml-backend-impl.h"
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"  // the header's static helpers we do not use
+#include "ggml-impl.h"  // ggml_custom_op_params: how a GGML_OP_CUSTOM node names its function
+#pragma GCC diagnostic pop
 #include "layout.h"
 #include "matmul.h"
 
@@ -123,43 +128,78 @@ size_t buft_alloc_size(ggml_backend_buffer_type_t, const ggml_tensor *t) {
 // may read them in place (ggml_backend_buft_is_host is what the CPU backend checks).
 bool buft_is_host(ggml_backend_buffer_type_t) { return false; }
 
-// ---- backend: runs the MUL_MAT nodes the scheduler assigns to it ----
+// ---- backend: the whole graph on ggml's CPU backend, our MUL_MATs inside it ----
+// ggml's scheduler splits a graph wherever the backend changes, and each split is a fork and
+// join of the thread team. Had this backend computed only the MUL_MATs, a layer would be
+// eight splits (norm | q k v | rope, attention | o | add, norm | gate up | silu | down), some
+// 240 per step of a 30-layer model: at one token that costs more than our kernels save.
+// So the device takes every op the CPU backend takes on host memory (its supports_op), the
+// scheduler gives it whole graphs, and graph_compute hands them to a CPU backend of its own
+// with our MUL_MATs turned into GGML_OP_CUSTOM nodes for the time of the call: ggml's threads
+// run them with everything else, one fork per graph, one barrier per node (ggml's own).
 
 struct BackendContext {
-    int n_threads;
-    int fixed_path;  // -1: follow the process-wide path
-    std::vector<ActBlock> scratch;
-    std::vector<ggml_tensor *> nodes;
+    int n_threads = 1;
+    int fixed_path = -1;  // -1: follow the process-wide path
+    ggml_backend_t cpu = nullptr;
+    Activations act;
+    uint64_t epoch = 0;
+    std::vector<std::pair<ggml_tensor *, std::array<int32_t, GGML_MAX_OP_PARAMS / sizeof(int32_t)>>> swapped;
 };
+
+GemmFn gemm_of(const BackendContext *ctx) {
+    return gemm_for(ctx->fixed_path >= 0 ? (Path)ctx->fixed_path : current_path());
+}
+
+// Runs on every thread of ggml's team for one of our MUL_MATs (GGML_OP_CUSTOM meanwhile).
+void mul_mat_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    auto *ctx = static_cast<BackendContext *>(userdata);
+    mul_mat_share(dst, gemm_of(ctx), ctx->act, ctx->epoch, ith, nth);
+}
 
 const char *backend_name(ggml_backend_t) { return "STACKD"; }
 
 void backend_free(ggml_backend_t backend) {
-    delete static_cast<BackendContext *>(backend->context);
+    auto *ctx = static_cast<BackendContext *>(backend->context);
+    ggml_backend_free(ctx->cpu);
+    delete ctx;
     delete backend;
+}
+
+bool in_our_buffer(const ggml_tensor *t);
+
+// Ours become custom ops (op and op_params kept to put back); the scratch is sized first.
+void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph) {
+    size_t need = 0;
+    ctx->swapped.clear();
+    for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
+        ggml_tensor *node = ggml_graph_node(graph, i);
+        if (node->op != GGML_OP_MUL_MAT || !in_our_buffer(node->src[0])) continue;
+        need = std::max(need, activation_blocks(node));
+        ctx->swapped.emplace_back(node, std::array<int32_t, GGML_MAX_OP_PARAMS / sizeof(int32_t)>{});
+        std::memcpy(ctx->swapped.back().second.data(), node->op_params, sizeof(node->op_params));
+        const ggml_custom_op_params task = {mul_mat_task, GGML_N_TASKS_MAX, ctx};
+        node->op = GGML_OP_CUSTOM;
+        std::memcpy(node->op_params, &task, sizeof(task));
+    }
+    if (ctx->act.blocks.size() < need) ctx->act.blocks.resize(need);
+}
+
+void swap_back(BackendContext *ctx) {
+    for (auto &[node, params] : ctx->swapped) {
+        node->op = GGML_OP_MUL_MAT;
+        std::memcpy(node->op_params, params.data(), sizeof(node->op_params));
+    }
+    ctx->swapped.clear();
 }
 
 ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     auto *ctx = static_cast<BackendContext *>(backend->context);
-    const Path path = ctx->fixed_path >= 0 ? (Path)ctx->fixed_path : current_path();
-    std::vector<ggml_tensor *> &nodes = ctx->nodes;
-    nodes.clear();
-    for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
-        ggml_tensor *node = ggml_graph_node(graph, i);
-        if ((node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) continue;
-        switch (node->op) {
-            case GGML_OP_MUL_MAT: nodes.push_back(node); break;
-            case GGML_OP_NONE:
-            case GGML_OP_RESHAPE:
-            case GGML_OP_VIEW:
-            case GGML_OP_PERMUTE:
-            case GGML_OP_TRANSPOSE: break;
-            default: return GGML_STATUS_FAILED;
-        }
-    }
-    if (!nodes.empty())
-        mul_mat_nodes(nodes.data(), (int)nodes.size(), path, ctx->n_threads, ctx->scratch);
-    return GGML_STATUS_SUCCESS;
+    ctx->epoch++;  // what the scratch held belongs to the last computation
+    swap_in_tasks(ctx, graph);
+    const ggml_status status = ggml_backend_graph_compute(ctx->cpu, graph);
+    swap_back(ctx);
+    return status;
 }
 
 const ggml_backend_i kBackendInterface = {
@@ -187,8 +227,17 @@ ggml_guid_t backend_guid() {
     return &guid;
 }
 
+ggml_backend_dev_t cpu_device() {
+    static ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    return dev;
+}
+
 void backend_set_n_threads(ggml_backend_t backend, int n_threads) {
-    static_cast<BackendContext *>(backend->context)->n_threads = n_threads > 0 ? n_threads : 1;
+    auto *ctx = static_cast<BackendContext *>(backend->context);
+    ctx->n_threads = n_threads > 0 ? n_threads : 1;
+    static const auto cpu_set_n_threads = (ggml_backend_set_n_threads_t)ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(cpu_device()), "ggml_backend_set_n_threads");
+    cpu_set_n_threads(ctx->cpu, ctx->n_threads);
 }
 
 // ---- devices ----
@@ -228,18 +277,29 @@ ggml_backend_t dev_init_backend(ggml_backend_dev_t, const char *) { return backe
 ggml_backend_buffer_type_t dev_repack_buft(ggml_backend_dev_t) { return repack_buffer_type(); }
 ggml_backend_buffer_type_t dev_cpu_buft(ggml_backend_dev_t) { return ggml_backend_cpu_buffer_type(); }
 
-// Every MUL_MAT whose weight lives in our buffer, and nothing else. llama.cpp asks this with
-// the weight placed in our buffer type to decide where a weight goes, so refusing here is
-// how the buffer type refuses a weight (wrong type, 3-D expert stacks, MUL_MAT_ID, ...).
-// The scheduler also asks about the weights themselves (op NONE) to place graph leaves:
-// ours are ours, every other leaf belongs to the CPU.
 bool in_our_buffer(const ggml_tensor *t) {
     return t != nullptr && t->buffer != nullptr && t->buffer->buft == repack_buffer_type();
 }
 
+// In memory neither ours nor the host's (another device's, or the CPU's own repacked types).
+bool in_foreign_buffer(const ggml_tensor *t) {
+    const ggml_backend_buffer_t buffer = t->view_src ? t->view_src->buffer : t->buffer;
+    return buffer != nullptr && buffer->buft != repack_buffer_type() && !ggml_backend_buft_is_host(buffer->buft);
+}
+
+// A MUL_MAT on a weight in our buffer when we can serve it; no other op on our weights;
+// anything else the CPU backend computes on host memory (that one runs it: graph_compute).
+// llama.cpp asks this with a weight placed in our buffer type to decide where it goes, so
+// refusing here is how the buffer type refuses a weight (wrong type, 3-D expert stacks,
+// MUL_MAT_ID, an embedding table read by GET_ROWS, norms, ...).
 bool dev_supports_op(ggml_backend_dev_t, const ggml_tensor *op) {
-    if (op->op == GGML_OP_NONE) return in_our_buffer(op);
-    return op->op == GGML_OP_MUL_MAT && in_our_buffer(op->src[0]) && can_serve(op);
+    if (op->op == GGML_OP_MUL_MAT && in_our_buffer(op->src[0])) return can_serve(op);
+    if (op->op == GGML_OP_NONE && in_our_buffer(op)) return true;
+    if (in_our_buffer(op) || in_foreign_buffer(op)) return false;
+    for (const ggml_tensor *src : op->src) {
+        if (src != nullptr && (in_our_buffer(src) || in_foreign_buffer(src))) return false;
+    }
+    return ggml_backend_dev_supports_op(cpu_device(), op);
 }
 
 bool dev_supports_buft(ggml_backend_dev_t, ggml_backend_buffer_type_t buft) {
@@ -312,10 +372,26 @@ ggml_backend_buffer_type_t repack_buffer_type() {
     return &buft;
 }
 
+// Our tasks meet at an OpenMP barrier inside ggml's parallel region: a ggml built with its
+// own thread pool instead runs them with no team to meet, so the kernels stay off there.
+bool cpu_backend_uses_openmp() {
+    auto get_features = (ggml_backend_get_features_t)ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(cpu_device()), "ggml_backend_get_features");
+    for (const ggml_backend_feature *f = get_features ? get_features(ggml_backend_dev_backend_reg(cpu_device())) : nullptr;
+         f != nullptr && f->name != nullptr; f++) {
+        if (std::strcmp(f->name, "OPENMP") == 0) return true;
+    }
+    return false;
+}
+
 ggml_backend_t backend_new(Path path) {
     const int threads = (int)std::max(1u, std::thread::hardware_concurrency());
-    return new ggml_backend{backend_guid(), kBackendInterface, &compute_device(),
-                            new BackendContext{threads, (int)path, {}, {}}};
+    auto *ctx = new BackendContext;
+    ctx->fixed_path = (int)path;
+    ctx->cpu = ggml_backend_dev_init(cpu_device(), nullptr);
+    ggml_backend_t backend = new ggml_backend{backend_guid(), kBackendInterface, &compute_device(), ctx};
+    backend_set_n_threads(backend, threads);
+    return backend;
 }
 
 void set_path(Path path) { g_path.store((int)path); }
@@ -343,7 +419,7 @@ STACKD_API const char *stackd_kernels_path_name(int path) {
 // this CPU has). Returns the path in use, or -1 if the CPU cannot run the one asked for.
 STACKD_API int stackd_kernels_register(int path) {
     if (path < 0) path = (int)stackd::best_path();
-    if (!stackd_kernels_cpu_supports(path)) return -1;
+    if (!stackd_kernels_cpu_supports(path) || !stackd::cpu_backend_uses_openmp()) return -1;
     stackd::set_path((stackd::Path)path);
     static const bool registered = [] {
         ggml_backend_register(stackd::backend_reg());

@@ -1,5 +1,6 @@
 // The ggml side: a backend registry with one ACCEL device, its repacking buffer type and
-// its backend (MUL_MAT only). See README.md for how llama.cpp picks them up.
+// its backend (whole graphs on ggml's CPU backend, our MUL_MATs inside). See README.md for
+// how llama.cpp picks them up.
 #pragma once
 
 #include "ggml-backend.h"
@@ -13,6 +14,8 @@ ggml_backend_buffer_type_t repack_buffer_type();
 // process-wide path; tests and benchmarks create one per path).
 ggml_backend_t backend_new(Path path);
 void set_path(Path path);
+// Whether the process's ggml CPU backend runs graphs on an OpenMP team (ours need it).
+bool cpu_backend_uses_openmp();
 Path current_path();
 
 }  // namespace stackd

@@ -1,7 +1,10 @@
-// MUL_MAT on weights in our repacked buffer: quantize the activations once, then run the
-// chosen path's kernel over row groups on the engine's threads.
+// MUL_MAT on weights in our repacked buffer, run as one node of ggml's own CPU graph
+// computation: every thread of ggml's team calls mul_mat_share for the node with its
+// index, quantizes its share of the activations, meets the others at one barrier, then runs
+// the chosen path's kernel over its share of the row groups.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "ggml.h"
@@ -12,11 +15,21 @@ namespace stackd {
 // Whether we can compute this MUL_MAT node given its weight is repacked (shape and types).
 bool can_serve(const ggml_tensor *op);
 
-// Computes the MUL_MAT nodes in order, dst = mul_mat(src[0] (repacked Q4_1), src[1]), in one
-// parallel region of n_threads threads: one fork and join per scheduler split rather than per
-// node. Consecutive nodes reading the same activations (q, k, v; gate, up) quantize them once.
-// scratch holds the quantized activations (grown as needed).
-void mul_mat_nodes(ggml_tensor *const *nodes, int n_nodes, Path path, int n_threads,
-                   std::vector<ActBlock> &scratch);
+// What a backend's scratch holds: the quantized activations of one tensor, as of one graph
+// computation (a reused graph brings the same tensors back with new contents).
+struct Activations {
+    std::vector<ActBlock> blocks;
+    const ggml_tensor *held = nullptr;
+    uint64_t held_epoch = 0;
+};
+
+// ActBlocks the node needs (all its planes' tokens); the scratch is sized before the threads
+// start, never inside the parallel region.
+size_t activation_blocks(const ggml_tensor *dst);
+
+// Thread ith of nth's part of dst = mul_mat(src[0] (repacked Q4_1), src[1]). Consecutive
+// nodes reading the same activations in one computation (q, k, v; gate, up) quantize them
+// once. Must be called by all nth threads of the enclosing OpenMP team.
+void mul_mat_share(ggml_tensor *dst, GemmFn gemm, Activations &act, uint64_t epoch, int ith, int nth);
 
 }  // namespace stackd

@@ -18,6 +18,18 @@ uint64_t now_us() {
         std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// llama.cpp resolves "auto" by checking that each layer's attention runs on the layer's own
+// device. Our kernels' ACCEL device (kernels/) runs whole CPU graphs, attention included, in
+// the CPU's place, so that check would turn flash attention off for a model it serves, and
+// change its arithmetic and speed against engine.kernels = off. On the CPU, where the check
+// would otherwise pass, auto means on.
+int32_t resolved_flash_attn(int32_t requested) {
+    if (requested == LLAMA_FLASH_ATTN_TYPE_AUTO && ggml_backend_reg_by_name("STACKD") != nullptr) {
+        return LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    }
+    return requested;
+}
+
 void batch_add(llama_batch & batch, int32_t token, int32_t pos, int32_t seq, bool logits) {
     const int32_t i = batch.n_tokens++;
     batch.token[i] = token;
@@ -68,7 +80,7 @@ engine::engine(const engine_params & params)
     llama_context_params cp = llama_context_default_params();
     cp.n_threads = cp.n_threads_batch = n_threads;
     cp.no_perf = true;
-    cp.flash_attn_type = (llama_flash_attn_type) params_.flash_attn;
+    cp.flash_attn_type = (llama_flash_attn_type) resolved_flash_attn(params_.flash_attn);
     if (params_.embeddings) {
         // Whole sequences must fit one micro-batch: encoder models attend both ways.
         const int32_t n = std::max(params_.n_batch, llama_model_n_ctx_train(model_));

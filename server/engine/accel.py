@@ -62,6 +62,8 @@ def register(mode: str = "auto") -> str | None:
     else:
         raise ValueError(f"engine.kernels: must be auto or off, got {mode!r}")
     chosen = library().stackd_kernels_register(path)
+    if chosen < 0:                  # a ggml without OpenMP (backend.cpp): ggml's kernels only
+        return _registered
     _registered = PATHS[chosen]
     return _registered
 
