@@ -10,22 +10,12 @@ namespace {
 
 static_assert(sizeof(block_q4_1) == 20, "block_q4_1 as ggml defines it");
 
-// The 4-bit value at position k (0..31) of a ggml Q4_1 block.
-inline uint8_t nibble(const block_q4_1 &b, int k) {
-    return k < 16 ? (b.qs[k] & 0x0F) : (b.qs[k - 16] >> 4);
-}
-
-inline void set_nibble(block_q4_1 &b, int k, uint8_t v) {
-    if (k < 16) b.qs[k] = (uint8_t)((b.qs[k] & 0xF0) | v);
-    else b.qs[k - 16] = (uint8_t)((b.qs[k - 16] & 0x0F) | (v << 4));
-}
-
-// Where position k of row r lives in a Q4x8Block: byte index and shift.
-inline void locate(int r, int k, int *byte, int *shift) {
-    const int chunk = k / 4, i = k % 4;  // chunk 0..7 holds positions 4*chunk .. 4*chunk+3
-    *byte = 32 * (chunk % 4) + 4 * r + i;
-    *shift = chunk >= 4 ? 4 : 0;
-}
+// ggml's block byte qs[p] (p = 0..15) holds position p in its low nibble and position p + 16
+// in its high one. Our byte qs[32*j + 4*r + i] holds U(r, 4*j + i) | U(r, 4*(j+4) + i) << 4
+// (layout.h): with p = 4*j + i that is exactly ggml's byte p of row r. So repacking moves
+// each row's 16 bytes, 4 at a time, to its lane of the group; no nibble is touched.
+constexpr int kChunks = 4;      // j: four 4-byte chunks of a block's 16 bytes
+constexpr int kChunkBytes = 4;  // i: four consecutive positions
 
 }  // namespace
 
@@ -42,11 +32,8 @@ void repack_q4_1(const void *q4_1, int64_t rows, int64_t k, Q4x8Block *out) {
                 const block_q4_1 &blk = src[row * nb + b];
                 dst.d[r] = q4_1_d(blk);
                 dst.m[r] = q4_1_m(blk);
-                for (int pos = 0; pos < kQK; pos++) {
-                    int byte, shift;
-                    locate(r, pos, &byte, &shift);
-                    dst.qs[byte] |= (uint8_t)(nibble(blk, pos) << shift);
-                }
+                for (int j = 0; j < kChunks; j++)
+                    std::memcpy(&dst.qs[32 * j + kChunkBytes * r], &blk.qs[kChunkBytes * j], kChunkBytes);
             }
         }
     }
@@ -63,11 +50,8 @@ void unpack_q4_1(const Q4x8Block *in, int64_t rows, int64_t k, void *q4_1) {
             block_q4_1 &blk = dst[row * nb + b];
             q4_1_d(blk) = src.d[r];
             q4_1_m(blk) = src.m[r];
-            for (int pos = 0; pos < kQK; pos++) {
-                int byte, shift;
-                locate(r, pos, &byte, &shift);
-                set_nibble(blk, pos, (uint8_t)((src.qs[byte] >> shift) & 0x0F));
-            }
+            for (int j = 0; j < kChunks; j++)
+                std::memcpy(&blk.qs[kChunkBytes * j], &src.qs[32 * j + kChunkBytes * r], kChunkBytes);
         }
     }
 }
