@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx2 as httpx
 import orjson
 
+from ..system.lazy_import import lazy_import
 from . import signing
+
+httpx = lazy_import("httpx2")  # loaded by a node with peers, not by a single node's start
 
 DEFAULT_TIMEOUT = 2.0               # seconds for one whole call
 

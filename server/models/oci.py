@@ -33,8 +33,7 @@ import shutil
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-import httpcore2._async.http11
-import httpx2 as httpx
+from ..system.lazy_import import lazy_import
 
 # Every pattern here is used with fullmatch: match() with "$" also accepts a trailing "\n".
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -54,9 +53,14 @@ PROGRESS_INTERVAL = 0.1        # seconds between progress events of one layer
 WRITE_BATCH = 1 << 20          # bytes buffered before one write+hash in a worker thread
 MAX_BATCHES_IN_FLIGHT = 8      # batches queued to the writer thread before receiving waits
 
-# httpcore reads a response 64 KiB at a time through its pure-Python parser, which caps a
-# blob download at about 0.7x curl on loopback; model blobs are gigabytes, so read 1 MiB.
-httpcore2._async.http11.AsyncHTTP11Connection.READ_NUM_BYTES = 1 << 20
+httpx = lazy_import("httpx2")  # loaded by the first pull, not by every daemon's start
+
+
+def _read_large_pieces() -> None:
+    """httpcore reads a response 64 KiB at a time through its pure-Python parser, which caps a
+    blob download at about 0.7x curl on loopback; model blobs are gigabytes, so read 1 MiB."""
+    import httpcore2._async.http11
+    httpcore2._async.http11.AsyncHTTP11Connection.READ_NUM_BYTES = 1 << 20
 HASH_CHUNK = 4 << 20
 
 
@@ -278,6 +282,7 @@ class RegistryClient:
     def __init__(self, base_url: str, *, username: str | None = None, password: str | None = None,
                  timeout: float = 30.0, stall_timeout: float = 30.0, max_blob_bytes: int = 64 << 30,
                  transport: httpx.AsyncBaseTransport | None = None):
+        _read_large_pieces()
         self.base = httpx.URL(base_url.rstrip("/"))
         if self.base.scheme not in ("http", "https") or not self.base.host:
             raise ValueError(f"registry URL must be http(s)://host[:port], got {base_url!r}")
