@@ -26,6 +26,7 @@ from .inference.limits import configure as configure_inference_limits
 from .metrics import Metrics
 from .models import routes as model_routes
 from .node import Node
+from .system.memory import release_free_heap
 from .system.sd_notify import Notifier
 
 log = logging.getLogger("server")
@@ -202,6 +203,7 @@ async def load_models(loop, settings: config.Settings, node: Node):
         model = await manager.load(model_id)
         print(f"stackd: loaded {model.kind} model {model.id} "
               f"(context {model.context_length}, {model.engine.n_slots} slots)", flush=True)
+    release_free_heap()                                # what loading vocabularies freed
     return manager
 
 

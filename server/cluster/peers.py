@@ -11,7 +11,7 @@ import asyncio
 
 import orjson
 
-from ..system.lazy_import import lazy_import
+from ..system.imports import lazy_import
 from . import signing
 
 httpx = lazy_import("httpx2")  # loaded by a node with peers, not by a single node's start

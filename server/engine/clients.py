@@ -9,6 +9,7 @@ rendering, tokenizing and validating a request never wait on the worker.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import os
 import signal
@@ -16,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Iterator
+from typing import Awaitable, Iterator
 
 from .errors import EndedEvent, EngineError, ErrorCode
 from .native import SAMPLING_FIELDS, STATUS_ERROR, SUBMIT_ACCEPTED, Engine, SamplingParams, Vocab
@@ -100,7 +101,7 @@ class WorkerEngine:
     # ---- starting ------------------------------------------------------------------------------
 
     @classmethod
-    async def start(cls, loop, params: dict, vocab: Vocab, kernels: str = "off",
+    async def start(cls, loop, params: dict, vocab: "Vocab | Awaitable[Vocab]", kernels: str = "off",
                     omp_wait_policy: str = "inherit", nice: int = 0,
                     rpc: dict | None = None) -> "WorkerEngine":
         """Spawn a worker for `params` (Engine's keyword arguments) and wait until it serves.
@@ -108,7 +109,8 @@ class WorkerEngine:
         `omp_wait_policy` (engine.omp_wait_policy) is for libgomp, which reads it when it loads;
         `nice` is added to the worker's niceness before it loads the model. `rpc` places layers
         on ggml RPC servers: {"secret": hex, "peers": [{"host", "port", "relay",
-        "placement_id"}]}, in the order of params' tensor_split."""
+        "placement_id"}]}, in the order of params' tensor_split. `vocab` may be an awaitable,
+        awaited once the worker is ready (the caller loads it meanwhile)."""
         ours, theirs = socket.socketpair()
         env = {**os.environ, "GGML_NO_BACKTRACE": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
@@ -144,6 +146,13 @@ class WorkerEngine:
             if message.get("code") == ErrorCode.PEER_UNREACHABLE.value:
                 raise EngineError(ErrorCode.PEER_UNREACHABLE, message["error"])
             raise RuntimeError(message.get("error") or "the worker could not load the model")
+        if inspect.isawaitable(vocab):
+            try:
+                vocab = await vocab
+            except BaseException:
+                ours.close()
+                _reap(proc)
+                raise
         engine = cls(loop, proc, ours, vocab, message["facts"])
         engine.reader = reader
         return engine

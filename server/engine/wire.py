@@ -107,8 +107,6 @@ def encode_events(events) -> tuple[list, bytes]:
 
 
 def decode_events(items: list, tail: bytes) -> list:
-    import numpy as np
-
     from .native import Event, Timings
 
     events, at = [], 0
@@ -117,7 +115,8 @@ def decode_events(items: list, tail: bytes) -> list:
             raise WireError("bad event")
         n_floats = item.get("n_embedding", 0)
         embedding = None
-        if n_floats:
+        if n_floats:                        # numpy only where vectors come: a chat-only
+            import numpy as np              # daemon never loads it (~10 MB of its memory)
             embedding = np.frombuffer(tail, dtype="<f4", count=n_floats, offset=at)
             at += 4 * n_floats
         try:

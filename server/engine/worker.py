@@ -216,6 +216,8 @@ def main(fd: int, parent: int) -> int:
     sock.sendall(frame({"op": "ready", "facts": {
         "n_vocab": engine.n_vocab, "n_embd": engine.n_embd, "n_ctx_train": engine.n_ctx_train,
         "n_slots": engine.n_slots, "n_ctx_seq": engine.n_ctx_seq, "pid": os.getpid()}}))
+    from ..system.memory import release_free_heap
+    release_free_heap()                            # what loading freed, once the model serves
     sock.setblocking(False)
     worker = Worker(sock, engine)
     worker.reader = reader

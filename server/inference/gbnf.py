@@ -8,24 +8,8 @@ copy of it). A process that has imported the package already reuses its module.
 """
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
+from ..system.imports import module_from_package_file
 
-
-def _llama_grammar():
-    loaded = sys.modules.get("llama_cpp.llama_grammar")
-    if loaded is not None:
-        return loaded
-    package = importlib.util.find_spec("llama_cpp")          # finds it, runs nothing
-    path = os.path.join(package.submodule_search_locations[0], "llama_grammar.py")
-    spec = importlib.util.spec_from_file_location("stackd_llama_grammar", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module                          # dataclasses look it up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-_module = _llama_grammar()
+_module = module_from_package_file("llama_cpp", "llama_grammar.py", "stackd_llama_grammar")
 json_schema_to_gbnf = _module.json_schema_to_gbnf
 JSON_GBNF = _module.JSON_GBNF

@@ -32,7 +32,12 @@ from dataclasses import dataclass
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from ..system.imports import module_from_package_file
+
+# gguf-py's enum of ggml types and their block sizes: its constants.py is standard library
+# only, its package __init__ loads numpy (~10 MB of the daemon's memory).
+_constants = module_from_package_file("gguf", "constants.py", "stackd_gguf_constants")
+GGML_QUANT_SIZES, GGMLQuantizationType = _constants.GGML_QUANT_SIZES, _constants.GGMLQuantizationType
 
 __all__ = ["GGUFError", "GGUFInfo", "Metadata", "check_gguf"]
 

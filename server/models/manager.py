@@ -376,11 +376,17 @@ class ModelManager:
                 return InlineEngine(engine), chat_template(engine)
             client, template = await self.loop.run_in_executor(None, construct)
         else:                                              # over RPC always a worker: a lost peer aborts
-            vocab, template = await self.loop.run_in_executor(None, vocabulary)
             rpc = None
             if placement is not None:
                 placement_id, rpc, split = await self._start_rpc(manifest, placement)
                 params.update(split)
+            # The daemon's copy of the vocabulary loads while the worker loads the model: on
+            # the way to a first answer after boot, the two overlap instead of adding up.
+            vocab_job = self.loop.run_in_executor(None, vocabulary)
+
+            async def vocab_loaded() -> Vocab:
+                return (await vocab_job)[0]
+            vocab = asyncio.ensure_future(vocab_loaded())
             try:
                 client = await WorkerEngine.start(self.loop, params, vocab, kernels=s.kernels,
                                                   omp_wait_policy=omp_wait_policy(s.omp_wait_policy,
@@ -389,7 +395,11 @@ class ModelManager:
             except BaseException:
                 if placement is not None:
                     await self._stop_rpc(placement, placement_id)
+                await asyncio.wait([vocab])                # not left running, its outcome read
+                if not vocab.cancelled():
+                    vocab.exception()
                 raise
+            template = (await vocab_job)[1]
             client.on_lost = self._worker_lost
         if self.compute_scale < 1.0:
             client.set_compute_scale(self.compute_scale)

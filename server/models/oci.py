@@ -33,7 +33,7 @@ import shutil
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from ..system.lazy_import import lazy_import
+from ..system.imports import lazy_import
 
 # Every pattern here is used with fullmatch: match() with "$" also accepts a trailing "\n".
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
