@@ -157,6 +157,11 @@ py::dict trace_record_to_python(const trace_record & r) {
     return d;
 }
 
+struct stopped_trace {
+    std::vector<trace_record> records;
+    size_t next = 0;  // records before it were taken
+};
+
 // An event made on the Python side: a request ended by the runner itself, an event that
 // crossed from a worker process, a test's fake.
 engine_event make_event(int64_t id_request, int status, const std::string & text, int32_t n_tokens,
@@ -330,6 +335,21 @@ PYBIND11_MODULE(_engine, m) {
         });
 
 
+    // A stopped recording, turned into dicts a chunk at a time: a 60 s trace is hundreds of
+    // thousands of records, and building them all in one call would hold the GIL (and the
+    // event loop of an inline engine) for as long.
+    py::class_<stopped_trace>(m, "TraceRecords")
+        .def("__len__", [](const stopped_trace & t) { return t.records.size(); })
+        .def("take",
+             [](stopped_trace & t, size_t n) {
+                 py::list out;
+                 for (; n > 0 && t.next < t.records.size(); n--, t.next++) {
+                     out.append(trace_record_to_python(t.records[t.next]));
+                 }
+                 return out;
+             },
+             py::arg("n"));
+
     py::class_<engine>(m, "Engine")
         .def(py::init([](const std::string & model_path, bool embeddings, int32_t n_slots,
                          int32_t n_ctx_seq, int32_t n_batch, int32_t n_threads, int32_t n_max_waiting,
@@ -393,16 +413,12 @@ PYBIND11_MODULE(_engine, m) {
         .def("trace_start", [](engine & e) { return e.observer().trace().start(); })
         .def("trace_stop",
              [](engine & e) {
-                 std::vector<trace_record> records;
+                 stopped_trace trace;
                  {
                      py::gil_scoped_release release;
-                     records = e.observer().trace().stop();
+                     trace.records = e.observer().trace().stop();
                  }
-                 py::list out;
-                 for (const trace_record & r : records) {
-                     out.append(trace_record_to_python(r));
-                 }
-                 return out;
+                 return trace;
              })
         .def("tokenize", &engine::tokenize, py::call_guard<py::gil_scoped_release>(),
              py::arg("text"), py::arg("add_special") = true,

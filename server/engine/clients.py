@@ -21,7 +21,7 @@ from typing import Awaitable, Iterator
 
 from .errors import EndedEvent, EngineError, ErrorCode
 from .native import SAMPLING_FIELDS, STATUS_ERROR, SUBMIT_ACCEPTED, Engine, SamplingParams, Vocab
-from .wire import TRACE_CHUNK, FrameReader, WireError, decode_events, decode_trace, frame
+from .wire import FrameReader, WireError, chunks_of, decode_events, decode_trace, frame
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -66,9 +66,9 @@ class InlineEngine:
         return self.engine.trace_start()
 
     async def trace_stop(self) -> tuple[Iterator[list[dict]], int]:
-        """The same shape as a worker's: the records in chunks, none dropped."""
-        records = self.engine.trace_stop()
-        return (records[at:at + TRACE_CHUNK] for at in range(0, len(records), TRACE_CHUNK)), 0
+        """The same shape as a worker's: the records in chunks, each built when the caller
+        takes it (between turns of the loop), none dropped."""
+        return chunks_of(self.engine.trace_stop()), 0
 
     async def aclose(self, grace: float = 0.0) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.engine.close)

@@ -11,6 +11,7 @@ registry, so the daemon treats what it sends as data of a fixed shape (no pickle
 from __future__ import annotations
 
 import struct
+from typing import Iterator
 
 import orjson
 
@@ -139,15 +140,24 @@ TRACE_CHUNK = 512                      # ~80 kB of JSON: a few ms to decode, con
 MAX_TRACE_TAIL = MAX_FRAME - (1 << 20) # room for the header; chunks past it are dropped
 
 
-def encode_trace(records: list[dict]) -> tuple[list[int], int, bytes]:
+def chunks_of(records) -> Iterator[list[dict]]:
+    """A stopped recording (Engine.trace_stop: TraceRecords) or a list of records, at most
+    TRACE_CHUNK records at a time; a recording builds each chunk's dicts as it is taken."""
+    if isinstance(records, list):
+        return (records[at:at + TRACE_CHUNK] for at in range(0, len(records), TRACE_CHUNK))
+    return iter(lambda: records.take(TRACE_CHUNK), [])
+
+
+def encode_trace(records) -> tuple[list[int], int, bytes]:
     """(chunk lengths, records dropped to fit one frame, tail)."""
-    chunks, size = [], 0
-    for at in range(0, len(records), TRACE_CHUNK):
-        chunk = orjson.dumps(records[at:at + TRACE_CHUNK])
+    chunks, size, at = [], 0, 0
+    for batch in chunks_of(records):
+        chunk = orjson.dumps(batch)
         if size + len(chunk) > MAX_TRACE_TAIL:
             return [len(c) for c in chunks], len(records) - at, b"".join(chunks)
         chunks.append(chunk)
         size += len(chunk)
+        at += len(batch)
     return [len(c) for c in chunks], 0, b"".join(chunks)
 
 
