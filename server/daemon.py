@@ -175,6 +175,7 @@ def attach_cluster(manager, node: Node, settings: config.Settings) -> None:
                              settings["cluster.rpc_port"], membership.secret)
     membership.on_node_down(manager.node_down)
     membership.on_fenced(manager.rpc.stop_all)
+    node.membership.provide_rpc_state(manager.rpc.listing)             # its heartbeats carry them
     rpc_routes.register()
 
 
