@@ -448,7 +448,8 @@ class ModelManager:
         for model in list(self.loaded.values()):
             if model.spans(node_id) and model.lost is None:
                 model.lost = f"node {node_id} went down"
-                model.runner.engine.kill()
+                model.runner.engine.kill(f"'{model.id}' lost part of its placement ({model.lost}); "
+                                         "it is being placed again")
 
     async def _replace(self, model: LoadedModel, status) -> None:
         model_id = model.id
@@ -479,6 +480,8 @@ class ModelManager:
                 if self._closing:
                     return
                 await asyncio.sleep(REPLACE_PAUSE)
+            reason = self._naming_lost_nodes(reason, model, excluded)
+            self.last_exits[model_id]["reason"] = reason
             if fresh is None:
                 self.order = [m for m in self.order if m != model_id]
                 self.transitions[model_id] = "failed"
@@ -489,6 +492,15 @@ class ModelManager:
                 (fresh.placement or self.placement_of(fresh)).node_ids))
             self.loaded[model_id] = fresh
             self.transitions.pop(model_id, None)
+
+    def _naming_lost_nodes(self, reason: str, model: LoadedModel, excluded: set[str]) -> str:
+        """A worker that lost its RPC connection cannot tell which node went: the nodes of its
+        placement that are down now, or did not answer when placing it again, are the ones."""
+        if model.lost is not None or self.membership is None:
+            return reason                                 # "node X went down" names it already
+        up = {n.id for n in self.membership.nodes_up()}
+        lost = [n for n in model.placement.node_ids if n != self.self_id and (n in excluded or n not in up)]
+        return f"{reason} (node {', '.join(lost)} is gone)" if lost else reason
 
     def _record_crash(self, model_id: str, status) -> int:
         now = time.monotonic()
