@@ -97,6 +97,7 @@ class WorkerEngine:
         self._stats: dict = {}
         self._metrics: dict | None = None         # histograms and gauges, pushed with the stats
         self.on_lost = None                       # called once on the loop when the worker dies
+        self.killed_for: str | None = None        # why the daemon killed it, told to its requests
 
     # ---- starting ------------------------------------------------------------------------------
 
@@ -337,7 +338,7 @@ class WorkerEngine:
         if self.proc.poll() is None:               # closed its socket yet alive: of no use now
             self.proc.kill()
         self.exit_status = self.proc.wait()
-        error = EngineError(ErrorCode.WORKER_LOST, "the model's worker process died "
+        error = EngineError(ErrorCode.WORKER_LOST, self.killed_for or "the model's worker process died "
                             f"({describe_exit(self.exit_status)}); it is being restarted")
         for future in self.verdicts.values():
             if not future.done():
@@ -363,8 +364,10 @@ class WorkerEngine:
         self.exit_status = await self.loop.run_in_executor(None, _reap, self.proc, grace)
         self.sock.close()
 
-    def kill(self) -> None:
-        """A frozen or misbehaving worker: no grace (its EOF then ends its requests)."""
+    def kill(self, why: str | None = None) -> None:
+        """A frozen or misbehaving worker: no grace (its EOF then ends its requests, with `why`
+        as their error when given)."""
+        self.killed_for = why
         if self.proc.poll() is None:
             self.proc.kill()
 
