@@ -117,15 +117,18 @@ def test_a_frozen_follower_is_dropped_fenced_and_rejoins_with_nothing_of_the_old
     old_child = assert_one_rpc_child_behind_its_relay(p)
     eventually(lambda: [c["pid"] for c in rpc_listed(p)] == [old_child])
 
-    conn, response = open_stream(p.leader)                   # SIGSTOP: sockets open, nothing answers
-    p.follower.proc.send_signal(signal.SIGSTOP)
+    conn, response = open_stream(p.leader)         # SIGSTOP of the whole node: sockets open, nothing answers
+    frozen = [p.follower.proc.pid, old_child]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
     try:
         error = assert_stream_ends_unavailable(conn, response)   # the leader's worker does not hang:
         assert f"node {p.follower.node_id} went down" in error["message"]   # the heartbeats' verdict
         p.wait_follower("down")
         assert_failed_naming(p, p.follower.node_id)
     finally:
-        p.follower.proc.send_signal(signal.SIGCONT)
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
     # Awake, it finds it lost its leader: fenced, it stops its RPC children, then rejoins.
     eventually(lambda: gone(old_child) and rpc_children(p.follower) == [])
     p.wait_follower("up")
