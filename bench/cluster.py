@@ -3,13 +3,17 @@
 `pipeline` on its own loopback RPC server, where llama.cpp's pipeline parallelism turns on)
 and with tensor split, and against llama.cpp's
 own `llama-server --rpc` over the same kind of RPC server; then the time from a follower's
-death (kill -9 of its RPC server) to the first 503 a streaming client sees.
+death to the first 503 a streaming client sees (kill -9 of the follower daemon and its RPC
+server), and from its freezing (SIGSTOP of both) to that 503.
 
-    .venv/bin/python bench/cluster.py [--clients 16] [--seconds 20] [--threads 1]
+    .venv/bin/python bench/cluster.py [--clients 16] [--seconds 20] [--threads 1] [--followers real]
 
-One thread per node. The followers are simulated on this machine (STACKD_TEST_LOOPBACK_PEERS:
-the daemon starts their RPC server children, behind their relays, as a follower would), so
-"two nodes" share its cores: on a 2-core machine, 1 thread each is the fair setting. Same
+One thread per node. The follower is a second daemon on this machine (`--followers real`, the
+default: its own data dir, on 127.0.0.2, the cluster secret; it starts its RPC server child when
+the leader asks), or simulated (`--followers simulated`: STACKD_TEST_LOOPBACK_PEERS, the
+leader starts the RPC server child, behind its relay, as a follower would; no freeze is measured
+then). Either way "two nodes" share this machine's cores: on a 2-core machine, 1 thread each is
+the fair setting. Same
 model (SmolLM2-135M Q4_1, 30 layers), same requests as bench/inference.py (a fixed prompt,
 128 tokens each, end of generation suppressed, greedy).
 """
@@ -35,12 +39,15 @@ import loadgen  # noqa: E402
 from inference import PROMPT, Server, body, free_port, row  # noqa: E402
 
 from server.models import defaults  # noqa: E402
+from tests.cluster.nodes import Node  # noqa: E402
 
-FOLLOWER = "f1"
+FOLLOWER = "f1"                        # the simulated follower's id
 OFFER_MIB = 2000                       # leader and follower offer the same: a 15 / 15 layer split
+SECRET = os.urandom(16).hex()
+FOLLOWER_HOST = "127.0.0.2"
 
 
-def start_stackd(slots: int, context: int, threads: int, kernels: str, peers: str) -> Server:
+def start_stackd(slots: int, context: int, threads: int, kernels: str, peers: str, env: dict | None = None) -> Server:
     data = tempfile.mkdtemp(prefix="stackd-cluster-bench-")
     with open(os.path.join(data, "config.toml"), "w") as f:
         f.write(f"[http]\naccess_log = false\n[rate_limits]\ninference = 0\ncluster = 0\n"
@@ -50,7 +57,7 @@ def start_stackd(slots: int, context: int, threads: int, kernels: str, peers: st
     port, cluster_port = free_port(), free_port()
     server = Server("stackd", [sys.executable, "-m", "server", "serve", "--data-dir", data,
                                "--inference-port", str(port), "--cluster-port", str(cluster_port)],
-                    port, defaults.CHAT_MODEL, cwd=ROOT, env={"STACKD_TEST_LOOPBACK_PEERS": peers},
+                    port, defaults.CHAT_MODEL, cwd=ROOT, env={"STACKD_TEST_LOOPBACK_PEERS": peers, **(env or {})},
                     ready_key=lambda: open(os.path.join(data, "admin.key")).read().strip())
     server.data, server.cluster_port = data, cluster_port
     return server
@@ -81,16 +88,63 @@ def leader_id(server: Server) -> str:
     return leader
 
 
-def rpc_child(server: Server, node_id: str) -> int:
-    marker = os.path.join(server.data, "test-peers", node_id).encode()
+def rpc_child(marker: bytes) -> int:
+    """The RPC server child whose command line holds `marker` (its cache dir names its node)."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker in f.read():
-                    return int(pid)
+                cmdline = f.read()
         except OSError:
             continue
-    sys.exit(f"no RPC child for {node_id}")
+        if b"server.cluster.rpc_server" in cmdline and marker in cmdline:
+            return int(pid)
+    sys.exit(f"no RPC child with {marker!r}")
+
+
+class RealFollower:
+    """A follower daemon on 127.0.0.2 that offers as much as the leader, with its RPC children."""
+
+    def __init__(self, leader: Server, threads: int):
+        self.data = tempfile.mkdtemp(prefix="stackd-cluster-bench-follower-")
+        self.node = Node(os.path.join(self.data, "data"), role="follower", host=FOLLOWER_HOST, reach=FOLLOWER_HOST,
+                         leader=f"http://127.0.0.1:{leader.cluster_port}", secret=SECRET, env={
+                             "STACKD_ENGINE_THREADS": str(threads), "STACKD_MODELS_MEMORY_RESERVE_MB": "0",
+                             "STACKD_MODELS_MEMORY_LIMIT_MB": str(OFFER_MIB)})
+        self.id = self.node.node_id
+        deadline = time.monotonic() + 60
+        while statuses_of(leader).get(self.id) != "up":
+            if time.monotonic() > deadline:
+                sys.exit("the follower did not join the leader")
+            time.sleep(0.05)
+
+    def rpc_child(self) -> int:
+        return rpc_child(os.path.join(self.data, "data", "rpc-cache").encode())
+
+    def kill(self) -> None:
+        """kill -9 of the node: its daemon and its RPC server child."""
+        child = self.rpc_child()
+        self.node.proc.send_signal(signal.SIGKILL)
+        os.kill(child, signal.SIGKILL)
+
+    def freeze(self) -> list[int]:
+        frozen = [self.node.proc.pid, self.rpc_child()]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        return frozen
+
+    def stop(self) -> None:
+        if self.node.proc.poll() is None:
+            self.node.proc.send_signal(signal.SIGCONT)
+        self.node.kill()
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+def statuses_of(server: Server) -> dict[str, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.cluster_port, timeout=60)
+    conn.request("GET", "/v1/topology", headers={"Authorization": f"Bearer {server.key}"})
+    nodes = orjson.loads(conn.getresponse().read())["nodes"]
+    conn.close()
+    return {n["id"]: n["status"] for n in nodes}
 
 
 def start_rpc_server(threads: int) -> tuple[subprocess.Popen, int]:
@@ -121,15 +175,15 @@ def measure(server: Server, clients: int, seconds: float, max_tokens: int) -> lo
     return asyncio.run(loadgen.run(server.port, body(server.model, max_tokens), clients, seconds, server.key))
 
 
-def time_to_first_503(server: Server) -> float:
-    """Kill -9 the follower's RPC server mid-stream; seconds until the stream's error event."""
+def time_to_first_503(server: Server, lose) -> float:
+    """lose() the follower mid-stream; seconds until the stream's error event."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
     payload = {**body(server.model, 4000), "prompt": PROMPT}
     conn.request("POST", "/v1/completions", body=orjson.dumps(payload),
                  headers={"Authorization": f"Bearer {server.key}", "Content-Type": "application/json"})
     response = conn.getresponse()
     response.readline()                                 # streaming
-    os.kill(rpc_child(server, FOLLOWER), signal.SIGKILL)
+    lose()
     killed = time.monotonic()
     while True:
         line = response.readline()
@@ -138,6 +192,38 @@ def time_to_first_503(server: Server) -> float:
     took = time.monotonic() - killed
     conn.close()
     return took
+
+
+def stop_stackd(server: Server, follower: RealFollower | None) -> None:
+    server.stop()
+    if follower is not None:
+        follower.stop()
+    shutil.rmtree(server.data, ignore_errors=True)
+
+
+def node_loss(server: Server, follower: RealFollower | None, options_of) -> None:
+    """Time from the follower's death (and, with a real follower, from its freezing) to the first
+    503 of a stream placed over it."""
+    if follower is None:
+        marker = os.path.join(server.data, "test-peers", FOLLOWER).encode()
+        took = time_to_first_503(server, lambda: os.kill(rpc_child(marker), signal.SIGKILL))
+        print(f"  follower's RPC server killed -> first 503 (stream error event): {took * 1000:.0f} ms", flush=True)
+        return
+    took = time_to_first_503(server, follower.kill)
+    print(f"  follower killed (kill -9, daemon and RPC server) -> first 503: {took * 1000:.0f} ms", flush=True)
+    follower.node.proc.wait()
+    follower.node.start()                              # back, and placed over again
+    deadline = time.monotonic() + 60
+    while statuses_of(server).get(follower.id) != "up":
+        if time.monotonic() > deadline:
+            sys.exit("the restarted follower did not rejoin")
+        time.sleep(0.05)
+    load(server, **options_of(leader_id(server), follower.id))
+    frozen = []
+    took = time_to_first_503(server, lambda: frozen.extend(follower.freeze()))
+    print(f"  follower frozen (SIGSTOP, daemon and RPC server) -> first 503: {took * 1000:.0f} ms", flush=True)
+    for pid in frozen:
+        os.kill(pid, signal.SIGCONT)
 
 
 def main() -> None:
@@ -149,34 +235,41 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--kernels", default="off", help="stackd engine.kernels (off: ggml's, as the peers)")
     parser.add_argument("--skip-llama-server", action="store_true")
+    parser.add_argument("--followers", choices=("real", "simulated"), default="real",
+                        help="a second daemon (real) or the leader's loopback test hook (simulated)")
     args = parser.parse_args()
-    c, results = args.clients, {}
+    c, results, real = args.clients, {}, args.followers == "real"
 
-    def run_stackd(name: str, peers: str, options_of) -> Server:
-        server = start_stackd(c, args.context, args.threads, args.kernels, peers)
-        answer = load(server, **options_of(leader_id(server)))
-        print(f"{name}: placement {answer.get('placement')}", flush=True)
-        results[name] = {c: measure(server, c, args.seconds, args.max_tokens)}
-        print(row(f"{name} c={c}", results[name][c]), flush=True)
-        results[name][1] = measure(server, 1, min(args.seconds, 15.0), args.max_tokens)
-        print(row(f"{name} c=1", results[name][1]), flush=True)
-        return server
+    def run_stackd(name: str, two_nodes: bool, options_of) -> tuple[Server, RealFollower | None]:
+        peers = f"{FOLLOWER}={OFFER_MIB}" if two_nodes and not real else ""
+        server = start_stackd(c, args.context, args.threads, args.kernels, peers,
+                              {"STACKD_CLUSTER_SECRET": SECRET} if real else None)
+        follower = None
+        try:
+            if two_nodes and real:
+                follower = RealFollower(server, args.threads)
+            answer = load(server, **options_of(leader_id(server), follower.id if follower else FOLLOWER))
+            print(f"{name}: placement {answer.get('placement')}", flush=True)
+            results[name] = {c: measure(server, c, args.seconds, args.max_tokens)}
+            print(row(f"{name} c={c}", results[name][c]), flush=True)
+            results[name][1] = measure(server, 1, min(args.seconds, 15.0), args.max_tokens)
+            print(row(f"{name} c=1", results[name][1]), flush=True)
+        except BaseException:
+            stop_stackd(server, follower)
+            raise
+        return server, follower
 
-    for name, peers, options_of in [
-            ("1 node", "", lambda leader: {}),
-            ("2 nodes layer", f"{FOLLOWER}={OFFER_MIB}", lambda leader: {"nodes": [leader, FOLLOWER]}),
-            ("2 nodes layer pipe", f"{FOLLOWER}={OFFER_MIB}",
-             lambda leader: {"nodes": [leader, FOLLOWER], "pipeline": True}),
-            ("2 nodes tensor", f"{FOLLOWER}={OFFER_MIB}",
-             lambda leader: {"nodes": [leader, FOLLOWER], "split_mode": "tensor"})]:
-        server = run_stackd(name, peers, options_of)
+    for name, two_nodes, options_of in [
+            ("1 node", False, lambda leader, follower: {}),
+            ("2 nodes layer", True, lambda leader, follower: {"nodes": [leader, follower]}),
+            ("2 nodes layer pipe", True, lambda leader, follower: {"nodes": [leader, follower], "pipeline": True}),
+            ("2 nodes tensor", True, lambda leader, follower: {"nodes": [leader, follower], "split_mode": "tensor"})]:
+        server, follower = run_stackd(name, two_nodes, options_of)
         try:
             if name == "2 nodes layer":
-                deaths = [time_to_first_503(server)]
-                print(f"  follower killed -> first 503 (stream error event): {deaths[0] * 1000:.0f} ms", flush=True)
+                node_loss(server, follower, lambda leader, follower: {"nodes": [leader, follower]})
         finally:
-            server.stop()
-            shutil.rmtree(server.data, ignore_errors=True)
+            stop_stackd(server, follower)
 
     if not args.skip_llama_server:
         import peers as bench_peers
