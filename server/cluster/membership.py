@@ -260,7 +260,7 @@ class Membership:
         self._arm_down_timer(member)
         if joined:
             self._changed()
-        return self._answer(sender)
+        return {**self._answer(sender), "rejoined": joined}
 
     def _answer(self, sender: str) -> dict:
         power = self.node.power.allocation(sender) if self.node.power is not None else None
@@ -318,6 +318,8 @@ class Membership:
             if self.node.models is not None:
                 self.node.models.set_compute_scale(state.compute_scale)
         self._arm_fence()
+        if answer.get("rejoined") is True and not state.fenced:
+            self._drop_leader_work()
         if state.fenced:
             state.fenced = False
             log.info("cluster: joined leader %s at %s", state.leader_id, state.leader_address)
@@ -340,6 +342,16 @@ class Membership:
         for callback in list(self._fenced_callbacks):
             _run(callback)
         self._changed()
+
+    def _drop_leader_work(self) -> None:
+        """The leader counts us as new or back, yet we never fenced: it restarted, or marked us
+        down, within our fencing window. Either way it has dropped every placement it had on us
+        (they lived in its processes, or it killed them when we went down), so what we still
+        serve for it is orphaned: the fencing callbacks stop it, as if we had fenced."""
+        log.warning("cluster: the leader at %s had lost this node: its RPC servers stop",
+                    self.follower.leader_address)
+        for callback in list(self._fenced_callbacks):
+            _run(callback)
 
     async def leave(self) -> None:
         """A follower shutting down tells its leader (best effort, short)."""
