@@ -160,3 +160,21 @@ def test_a_killed_follower_s_model_is_placed_again_on_the_leader_and_answers_the
     assert described["placement"]["nodes"][0]["layers"] == N_LAYER
     assert p.answer() == split_answer                        # layer split: byte for byte one node's
     p.wait_follower("down")
+
+
+def test_a_leader_restarted_at_once_leaves_no_rpc_server_of_its_old_placements_on_the_follower(pair):
+    """A leader back within the follower's fencing window (3 s) lost every model it had placed
+    (they were in its processes): the follower never fenced, so the leader's rejoin answer tells
+    it to drop what it serves for the leader's old life."""
+    p = pair(TOO_SMALL_MB)
+    status, _, body = p.load()
+    assert status == 200, body
+    old_child = assert_one_rpc_child_behind_its_relay(p)
+    p.leader.kill()                                          # kill -9, then back on the same ports
+    p.leader.start()
+    p.wait_follower("up")
+    eventually(lambda: gone(old_child) and rpc_children(p.follower) == [])
+    status, _, body = p.load()                               # and the follower serves the new leader
+    assert status == 200, body
+    assert_placed_on_both(p, body)
+    assert p.answer()
