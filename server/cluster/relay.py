@@ -16,7 +16,12 @@ traffic never waits on the daemon's event loop.
 The dialer listens on 127.0.0.1 (an ephemeral port) for llama.cpp's RPC client, and for each
 connection it accepts dials the remote relay, proves the secret, then pipes. When the remote
 side drops a live connection the peer is gone: `on_lost` says so at once, before llama.cpp's
-own read fails (which aborts the process without a word).
+own read fails (which aborts the process without a word). A relay that is there but frozen
+(its process stopped, its node hung: the kernel still acknowledges what is sent, so no TCP
+timeout fires and llama.cpp would wait forever) is found by probing: every PROBE_INTERVAL
+the dialer opens a connection and waits for the relay's greeting; none within PROBE_TIMEOUT
+is a lost peer too. The probe never proves the secret, so it never reaches the RPC server
+(which serves one client at a time).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import hmac
 import os
 import socket
 import threading
+import time
 
 MAGIC = b"stackd-rpc-relay/1\n"
 LABEL = b"stackd rpc relay\0"
@@ -33,6 +39,8 @@ OK = b"\x01"
 HANDSHAKE_TIMEOUT = 5.0      # seconds a client gets to prove itself; a dialer to connect
 CHUNK = 1 << 18
 USER_TIMEOUT_MS = 3000       # unacknowledged data for this long: the link is down (TCP_USER_TIMEOUT)
+PROBE_INTERVAL = 1.0         # seconds between the dialer's checks that its relay still greets
+PROBE_TIMEOUT = 3.0          # a relay that does not greet a new connection this long is frozen
 
 
 class RelayError(ConnectionError):
@@ -188,7 +196,15 @@ class Dialer:
 
     def start(self) -> "Dialer":
         threading.Thread(target=self._accept, daemon=True, name=f"dialer {self.remote}").start()
+        threading.Thread(target=self._watch, daemon=True, name=f"dialer probe {self.remote}").start()
         return self
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(PROBE_INTERVAL)
+            if not greets(*self.remote, PROBE_TIMEOUT):
+                self._lost()
+                return
 
     def _accept(self) -> None:
         while True:
@@ -208,6 +224,17 @@ class Dialer:
     def _lost(self) -> None:
         if self.on_lost is not None:
             self.on_lost("%s:%d" % self.remote)
+
+
+def greets(host: str, port: int, timeout: float) -> bool:
+    """Whether the relay accepts a connection and greets it within `timeout` seconds (each of
+    connecting and reading). The connection closes before any proof: the relay drops it."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            return recv_exactly(sock, len(MAGIC)) == MAGIC
+    except (OSError, RelayError):
+        return False
 
 
 def dial_direct(host: str, port: int) -> None:
