@@ -8,7 +8,7 @@ import os
 import signal
 
 from .two_daemons import (FOLLOWER_HOST, MODEL, N_LAYER, Pair, eventually, gone, listening, open_stream,
-                          pair, rpc_children, stream_error)
+                          pair, rpc_children, send, stream_error)
 
 # The leader offers 250 MiB to models: SmolLM2 with 2 slots of 256 needs about 297 alone.
 TOO_SMALL_MB = 250
@@ -128,7 +128,7 @@ def test_a_frozen_follower_is_dropped_fenced_and_rejoins_with_nothing_of_the_old
         assert_failed_naming(p, p.follower.node_id)
     finally:
         for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
+            send(pid, signal.SIGCONT)
     # Awake, it finds it lost its leader: fenced, it stops its RPC children, then rejoins.
     eventually(lambda: gone(old_child) and rpc_children(p.follower) == [])
     p.wait_follower("up")
@@ -177,4 +177,25 @@ def test_a_leader_restarted_at_once_leaves_no_rpc_server_of_its_old_placements_o
     status, _, body = p.load()                               # and the follower serves the new leader
     assert status == 200, body
     assert_placed_on_both(p, body)
+    assert p.answer()
+
+
+def test_a_frozen_rpc_server_under_a_live_follower_ends_the_stream_and_the_model_is_placed_again(pair):
+    """Only the RPC server child frozen (SIGSTOP), its daemon heartbeating on: no heartbeat
+    verdict comes, and the kernel still acknowledges what the worker sends, so llama.cpp would
+    wait forever; the dialer's probe finds the relay silent and the worker gives up."""
+    p = pair(TOO_SMALL_MB)
+    status, _, body = p.load()
+    assert status == 200, body
+    old_child = assert_one_rpc_child_behind_its_relay(p)
+    conn, response = open_stream(p.leader)
+    os.kill(old_child, signal.SIGSTOP)
+    try:
+        assert_stream_ends_unavailable(conn, response)
+        eventually(lambda: p.state() == "loaded" and p.described()["restarts"] == 1)
+    finally:
+        send(old_child, signal.SIGCONT)
+    assert_placed_on_both(p, p.described())                  # the follower is still up: used again
+    eventually(lambda: gone(old_child))                       # the frozen server was stopped
+    assert assert_one_rpc_child_behind_its_relay(p) != old_child
     assert p.answer()

@@ -77,7 +77,7 @@ def pair(tmp_path):
             node.proc.send_signal(signal.SIGCONT)
         node.kill()
         for pid in children:
-            _kill(pid)
+            send(pid, signal.SIGKILL)
 
 
 # ---- processes and sockets -------------------------------------------------------------------------
@@ -119,9 +119,10 @@ def listening(pid: int) -> set[tuple[str, int]]:
     return out
 
 
-def _kill(pid: int) -> None:
+def send(pid: int, signum: int) -> None:
+    """A signal to a process that may be gone already."""
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signum)
     except ProcessLookupError:
         pass
 
