@@ -124,7 +124,10 @@ class RealFollower:
         """kill -9 of the node: its daemon and its RPC server child."""
         child = self.rpc_child()
         self.node.proc.send_signal(signal.SIGKILL)
-        os.kill(child, signal.SIGKILL)
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass                                       # gone with its parent already
 
     def freeze(self) -> list[int]:
         frozen = [self.node.proc.pid, self.rpc_child()]
@@ -213,17 +216,27 @@ def node_loss(server: Server, follower: RealFollower | None, options_of) -> None
     print(f"  follower killed (kill -9, daemon and RPC server) -> first 503: {took * 1000:.0f} ms", flush=True)
     follower.node.proc.wait()
     follower.node.start()                              # back, and placed over again
-    deadline = time.monotonic() + 60
-    while statuses_of(server).get(follower.id) != "up":
-        if time.monotonic() > deadline:
-            sys.exit("the restarted follower did not rejoin")
-        time.sleep(0.05)
-    load(server, **options_of(leader_id(server), follower.id))
+    placed_again(server, follower, options_of)
     frozen = []
     took = time_to_first_503(server, lambda: frozen.extend(follower.freeze()))
     print(f"  follower frozen (SIGSTOP, daemon and RPC server) -> first 503: {took * 1000:.0f} ms", flush=True)
     for pid in frozen:
         os.kill(pid, signal.SIGCONT)
+    placed_again(server, follower, options_of)         # it fenced itself, then rejoined
+    child = follower.rpc_child()
+    took = time_to_first_503(server, lambda: os.kill(child, signal.SIGSTOP))
+    print(f"  follower's RPC server alone frozen (SIGSTOP; the daemon heartbeats) -> first 503: "
+          f"{took * 1000:.0f} ms", flush=True)
+    os.kill(child, signal.SIGCONT)
+
+
+def placed_again(server: Server, follower: RealFollower, options_of) -> None:
+    deadline = time.monotonic() + 60
+    while statuses_of(server).get(follower.id) != "up":
+        if time.monotonic() > deadline:
+            sys.exit("the follower did not rejoin")
+        time.sleep(0.05)
+    load(server, **options_of(leader_id(server), follower.id))
 
 
 def main() -> None:

@@ -64,7 +64,7 @@ def kill_follower(p: Pair) -> None:
     assert len(children) == 1
     p.follower.proc.send_signal(signal.SIGKILL)
     for pid in children:
-        os.kill(pid, signal.SIGKILL)
+        send(pid, signal.SIGKILL)                            # it may have gone with its parent
     p.follower.proc.wait()
     eventually(lambda: all(gone(pid) for pid in children))
 
