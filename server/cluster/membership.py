@@ -167,14 +167,16 @@ class Membership:
     def provide_rpc_state(self, provider) -> None:
         self.rpc_state = provider
 
-    async def call(self, node_id: str, method: str, path: str, body: dict | None = None) -> dict:
-        """A signed request to /internal/v1/... on that node; raises PeerError."""
+    async def call(self, node_id: str, method: str, path: str, body: dict | None = None,
+                   timeout: float | None = None) -> dict:
+        """A signed request to /internal/v1/... on that node (within `timeout` seconds, else
+        the client's deadline); raises PeerError."""
         if self.client is None:
             raise PeerError("a one-node cluster has no peers to call")
         address = self.address_of(node_id)
         if address is None:
             raise PeerError(f"no such node: {node_id}", 404)
-        return await self.client.call(address, method, path, body)
+        return await self.client.call(address, method, path, body, timeout=timeout)
 
     def address_of(self, node_id: str) -> str | None:
         if node_id == self.self_id:

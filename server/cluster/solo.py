@@ -49,7 +49,8 @@ class SoloMembership:
     def on_fenced(self, callback) -> None:
         self._fenced_callbacks.append(callback)
 
-    async def call(self, node_id: str, method: str, path: str, body: dict | None) -> dict:
+    async def call(self, node_id: str, method: str, path: str, body: dict | None,
+                   timeout: float | None = None) -> dict:
         raise PeerError(f"no node {node_id!r} in this one-node cluster", 404)
 
 
@@ -77,7 +78,8 @@ class LoopbackPeers(SoloMembership):
         for callback in self._down_callbacks:
             callback(node_id)
 
-    async def call(self, node_id: str, method: str, path: str, body: dict | None) -> dict:
+    async def call(self, node_id: str, method: str, path: str, body: dict | None,
+                   timeout: float | None = None) -> dict:
         if node_id not in self.offers or node_id in self.down or node_id in self.silent:
             raise PeerError(f"node {node_id!r} does not answer")
         from .rpc_routes import handle

@@ -12,6 +12,11 @@ import os
 from ..engine.native import SPLIT_MODE_LAYER, SPLIT_MODE_TENSOR
 from .placement import Placement, engine_split
 
+# Seconds the leader waits for a follower to start an RPC server child (a Python process that
+# loads ggml: about half a second on a quiet node, a few on a busy one); an ordinary internal
+# call's 2 s deadline would refuse a slow node that is only busy.
+START_DEADLINE = 15.0
+
 
 class NodeUnreachable(RuntimeError):
     """A node of the placement could not start its RPC server (down, or not answering yet)."""
@@ -40,8 +45,8 @@ class RpcDevices:
         peers, started = [], []
         try:
             for node_id in device_nodes:
-                peers.append(await self._start_on(node_id, placement_id))
-                started.append(node_id)
+                started.append(node_id)          # first: a start whose answer never came may
+                peers.append(await self._start_on(node_id, placement_id))   # still finish there
         except BaseException:
             await self.stop(started, placement_id)
             raise
@@ -62,7 +67,8 @@ class RpcDevices:
             raise NodeUnreachable(node_id, f"node {node_id} is not up")
         try:
             answer = await self.membership.call(node_id, "POST", "/internal/v1/rpc/start", {
-                "placement_id": placement_id, "threads": max(1, node.threads), "leader_id": self.me})
+                "placement_id": placement_id, "threads": max(1, node.threads), "leader_id": self.me},
+                timeout=START_DEADLINE)
         except Exception as exc:
             raise NodeUnreachable(node_id, f"node {node_id} cannot start an RPC server: {exc}") from None
         return {"host": node.host, "port": int(answer["port"]), "relay": True, "placement_id": placement_id}
