@@ -10,7 +10,7 @@ from ..http import validate
 from ..http.errors import ApiError, ErrorKind, invalid
 from ..http.response import Response
 from ..http.wire import JSON
-from . import failures, generate, templates, params
+from . import failures, generate, offload, params
 
 if TYPE_CHECKING:            # vectors arrive as numpy arrays; numpy loads with the first of them
     import numpy as np
@@ -76,12 +76,12 @@ async def embeddings(node, request) -> Response:
     if len(vectors) <= SERIALIZE_ON_LOOP:
         payload = _payload(vectors, encoding, model.id, event.n_prompt)
     else:
-        payload = await templates.off_loop(_payload, vectors, encoding, model.id, event.n_prompt)
+        payload = await offload.run(_payload, vectors, encoding, model.id, event.n_prompt)
     return Response(200, payload, JSON)
 
 
 # Up to this many vectors the answer is serialized on the loop (tens of microseconds). Larger
-# ones (2,048 x 384 floats is some 30 ms of formatting) go to a render thread, one vector per
+# ones (2,048 x 384 floats is some 30 ms of formatting) go to an offload thread, one vector per
 # orjson call, so the GIL comes back to the loop between vectors instead of after all of them.
 SERIALIZE_ON_LOOP = 32
 

@@ -3,15 +3,15 @@ and the context-length rules."""
 from __future__ import annotations
 
 from ..engine.runner import Generation
-from . import templates
+from . import offload
 from ..http.errors import ApiError, ErrorKind, invalid
 from . import params as gen_params
 from .failures import of_event
 from .responses import Choice
 
 
-# Bodies up to this size are tokenized on the loop (microseconds); larger ones on a render
-# thread, so a 1 MiB prompt or 2,048 embedding inputs never stall the other clients.
+# Bodies up to this size are tokenized on the loop (microseconds); larger ones on an offload
+# thread (offload.py), so a 1 MiB prompt or 2,048 embedding inputs never stall the other clients.
 OFF_LOOP_BYTES = 16 * 1024
 
 
@@ -24,7 +24,7 @@ async def tokenized(model, parse, body: dict, request):
         with model.runner.lease() as engine:
             return parse(body, engine)
 
-    return await templates.off_loop(run)
+    return await offload.run(run)
 
 
 def owner_of(request) -> int:

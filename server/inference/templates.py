@@ -28,7 +28,8 @@ RENDER_NICE = 10
 
 def _lower_priority() -> None:
     """Render threads yield the CPU to the engines' threads (a hostile template burns CPU up
-    to its time limit; generation for everyone else should not pay for it)."""
+    to its time limit; generation for everyone else should not pay for it). Only templates run
+    here: other off-loop work goes to offload.py, at the loop's priority (see why there)."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RENDER_NICE)
     except OSError:
@@ -62,8 +63,3 @@ async def prompt_tokens(model, messages: list[dict]) -> list[int]:
     except TemplateFailure as exc:
         raise invalid(f"the model's chat template failed for these messages: {exc}",
                       "messages") from None
-
-
-async def off_loop(function, *args):
-    """Run a tokenizing job on the render threads (large completion and embedding inputs)."""
-    return await asyncio.get_running_loop().run_in_executor(_pool, function, *args)
