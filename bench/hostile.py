@@ -2,14 +2,22 @@
 unloaded and while each attack of the hostile-request review runs beside it (goal: p50 within
 2x of unloaded). Also the worst /v1/health latency seen on the other port during each attack.
 
-    .venv/bin/python bench/hostile.py [--seconds 10] [--sampler-only]
+    .venv/bin/python bench/hostile.py [--seconds 10] [--sampler-only] [--rate-limits default|off]
 
 First, without a daemon: what one sampled token costs the engine thread under a grammar that
 keeps rejecting the model's picks, with the walk by logit (what the engine does) and with the
 full-vocabulary pass it replaced (the regression reference), on the real model's logits.
 
 The daemon runs with the real default models (4 slots of 512 tokens) plus a copy of the chat
-model whose template is hostile; attacks come from one key, the bystander uses another.
+model whose template is hostile; attacks come from one key, the bystander uses another. Two
+attacker threads send as fast as they are answered. `--rate-limits default` (the default) gives
+the attacker's key the daemon's own limit (rate_limits.inference: an ordinary key, as in the
+hostile-request review); `off` lifts it (the worst case). The bystander's key and the admin key
+of the health probe are unlimited either way: they are the instruments.
+
+Beside each row: the CPU the daemon's process used (its loop and its threads; the engine workers
+are processes of their own) and the CPU of this script's process, where the attacker's client
+runs: on one host the attacker's own CPU comes off the same cores as the engines'.
 """
 from __future__ import annotations
 
@@ -145,7 +153,22 @@ def sampler_costs(steps: int = 24) -> None:
     llm.close()
 
 
-def measure(node: Daemon, key: str, seconds: float, attack=None) -> tuple[float, float, float]:
+RATE_LIMITS = {
+    "off": "[rate_limits]\ninference = 0\ncluster = 0\n",
+    "default": "[rate_limits.keys.bystander]\ninference = 0\n[rate_limits.keys.admin]\ncluster = 0\n",
+}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU of a whole process (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(node: Daemon, key: str, seconds: float, attack=None) -> dict:
+    """The bystander's inter-token time (p50, p95, ms), the worst health latency (ms), and the
+    CPU share (% of one core) of the daemon's process and of this one while it streamed."""
     stop = threading.Event()
     worst_health = [0.0]
 
@@ -166,46 +189,57 @@ def measure(node: Daemon, key: str, seconds: float, attack=None) -> tuple[float,
     for t in threads:
         t.start()
     time.sleep(0.5)
+    daemon_cpu, own_cpu, started = cpu_seconds(node.proc.pid), cpu_seconds(os.getpid()), time.monotonic()
     result = asyncio.run(loadgen.run(node.inference_port, STREAM, 1, seconds, key))
+    elapsed = time.monotonic() - started
+    daemon_cpu, own_cpu = cpu_seconds(node.proc.pid) - daemon_cpu, cpu_seconds(os.getpid()) - own_cpu
     stop.set()
     for t in threads:
         t.join(timeout=120)
-    return result.itl(0.5) * 1000, result.itl(0.95) * 1000, worst_health[0] * 1000
+    return {"p50": result.itl(0.5) * 1000, "p95": result.itl(0.95) * 1000, "health": worst_health[0] * 1000,
+            "daemon_cpu": 100 * daemon_cpu / elapsed, "client_cpu": 100 * own_cpu / elapsed}
+
+
+def row(name: str, m: dict, base: dict) -> str:
+    return (f"{name:34s} {m['p50']:8.1f}ms {m['p95']:8.1f}ms {m['p50'] / base['p50']:6.2f} "
+            f"{m['health']:11.1f}ms {m['daemon_cpu']:9.0f}% {m['client_cpu']:9.0f}%")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--sampler-only", action="store_true", help="only the sampler costs, no daemon")
-    parser.add_argument("--only", default="", help="comma-separated parts of attack names to run "
+    parser.add_argument("--only", default="", help="semicolon-separated parts of attack names to run "
                                                    "(and no sampler costs)")
+    parser.add_argument("--rate-limits", choices=sorted(RATE_LIMITS), default="default",
+                        help="the attacker key's rate limit: the daemon's default, or none")
     args = parser.parse_args()
     if not args.only:
         sampler_costs()
     if args.sampler_only:
         return
-    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+    wanted = [w.strip() for w in args.only.split(";") if w.strip()]
     with tempfile.TemporaryDirectory(prefix="stackd-hostile-") as tmp:
         data_dir = os.path.join(tmp, "data")
         os.makedirs(data_dir, mode=0o700)
         ModelStore(data_dir).import_file(
             HOSTILE, with_chat_template(HOSTILE_TEMPLATE, os.path.join(tmp, "h.gguf")), source="local")
-        node = Daemon(data_dir, "[rate_limits]\ninference = 0\ncluster = 0\n"
-                                "[engine]\nslots = 4\nmax_queue = 8\ncontext_length = 512\n", models=True)
+        node = Daemon(data_dir, RATE_LIMITS[args.rate_limits] +
+                      "[engine]\nslots = 4\nmax_queue = 8\ncontext_length = 512\n", models=True)
         try:
             attacker = create_key(data_dir, "attacker", "inference")
             bystander = create_key(data_dir, "bystander", "inference")
             time.sleep(1.5)
             chat(node.inference_port, attacker, "hello", model=HOSTILE)      # load it beforehand
             base = measure(node, bystander, args.seconds)
-            print(f"{'attack':34s} {'ITL p50':>9s} {'ITL p95':>9s} {'x p50':>6s} {'worst health':>13s}")
-            print(f"{'(none)':34s} {base[0]:8.1f}ms {base[1]:8.1f}ms {1.0:6.2f} {base[2]:11.1f}ms")
+            print(f"rate limits: {args.rate_limits}")
+            print(f"{'attack':34s} {'ITL p50':>9s} {'ITL p95':>9s} {'x p50':>6s} {'worst health':>13s} "
+                  f"{'daemon CPU':>10s} {'client CPU':>10s}")
+            print(row("(none)", base, base), flush=True)
             for name, attack in attacks(node, attacker).items():
                 if wanted and not any(w in name for w in wanted):
                     continue
-                p50, p95, health = measure(node, bystander, args.seconds, attack)
-                print(f"{name:34s} {p50:8.1f}ms {p95:8.1f}ms {p50 / base[0]:6.2f} {health:11.1f}ms",
-                      flush=True)
+                print(row(name, measure(node, bystander, args.seconds, attack), base), flush=True)
             assert node.proc.poll() is None, "the daemon died"
         finally:
             node.stop()
