@@ -19,6 +19,11 @@ constexpr size_t k_rest_at_once = 8;
 // distribution restricted to what it allows (rejection sampling). A few tries, then the full pass.
 constexpr int k_redraws = 3;
 
+// The walk's order: by logit, descending; equal logits by id, as greedy breaks ties.
+bool by_logit(const llama_token_data & a, const llama_token_data & b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
 }  // namespace
 
 request_sampler::request_sampler(const sampling_params & p, const llama_vocab * vocab, grammar_fallback fallback)
@@ -189,17 +194,30 @@ llama_token request_sampler::walk_by_logit(const float * logits, int32_t n_vocab
             mass_all += std::exp((double) d.logit - z_max);
         }
     }
-    const auto before = [](const llama_token_data & a, const llama_token_data & b) {
-        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-    };
     found_.clear();
     seen_.allowed.clear();
+    // Every token in order_[checked, head) ranks above every token in order_[head, n_finite). A
+    // walk past its first round partitions the vocabulary once at the deepest point a sorted
+    // round can reach, and its later rounds partition only inside that head.
+    const size_t rest_at = n_finite / k_rest_at_once;
+    size_t head = n_finite;
+    bool head_bounded = false;
     for (size_t checked = 0, batch = k_first_batch; checked < n_finite; batch *= k_batch_growth) {
         // a long walk takes the rest at once: sorting it would cost more than it can save
-        const size_t end = batch >= n_finite / k_rest_at_once ? n_finite : std::min(checked + batch, n_finite);
+        const size_t end = batch >= rest_at ? n_finite : std::min(checked + batch, n_finite);
         if (end < n_finite) {              // the last batch needs no order: nothing is left behind it
-            std::nth_element(order_.begin() + checked, order_.begin() + end, order_.end(), before);
-            std::sort(order_.begin() + checked, order_.begin() + end, before);
+            if (checked > 0 && !head_bounded) {
+                head_bounded = true;       // sorted rounds end below batch + batch < 2 * rest_at
+                if (end <= 2 * rest_at && 2 * rest_at < n_finite) {
+                    head = 2 * rest_at;
+                    std::nth_element(order_.begin() + checked, order_.begin() + head, order_.end(), by_logit);
+                }
+            }
+            if (end > head) {              // not with the constants above; exact if they change
+                head = n_finite;
+            }
+            std::nth_element(order_.begin() + checked, order_.begin() + end, order_.begin() + head, by_logit);
+            std::sort(order_.begin() + checked, order_.begin() + end, by_logit);
         }
         check_batch(checked, end);
         if (needs_mass) {
@@ -240,17 +258,34 @@ llama_token request_sampler::pick_among_end(const float * logits, int32_t n_voca
     return found_.empty() ? LLAMA_TOKEN_NULL : pick_among_found();
 }
 
-// The grammar over order_[begin, end), sorted by logit: the allowed ones join found_.
+// The grammar over order_[begin, end), sorted by logit: the allowed ones join found_ (and their
+// logits seen_.allowed), in that order. The grammar gets the batch in token id order: it reads
+// each token's text from the vocabulary's tables, and in logit order those reads miss the cache
+// (a walk over the whole vocabulary cost three times the full pass; in id order, about the same).
 void request_sampler::check_batch(size_t begin, size_t end) {
-    batch_.assign(order_.begin() + begin, order_.begin() + end);
+    in_batch_.resize(cur_.size());
+    for (size_t i = begin; i < end; ++i) {
+        in_batch_[order_[i].id] = 1;
+    }
+    batch_.clear();
+    for (const llama_token_data & d : cur_) {  // cur_ is in id order: a linear, sequential scan
+        if (in_batch_[d.id]) {
+            batch_.push_back(d);
+            in_batch_[d.id] = 0;
+        }
+    }
     counts_.n_checked += (int64_t) batch_.size();
     llama_token_data_array arr = {batch_.data(), batch_.size(), -1, false};
     llama_sampler_apply(grammar_, &arr);
+    const size_t n_before = found_.size();
     for (const llama_token_data & d : batch_) {
         if (d.logit != -INFINITY) {
             found_.push_back(d);
-            seen_.allowed.push_back(d.logit);
         }
+    }
+    std::sort(found_.begin() + n_before, found_.end(), by_logit);
+    for (size_t i = n_before; i < found_.size(); ++i) {
+        seen_.allowed.push_back(found_[i].logit);
     }
 }
 

@@ -125,7 +125,8 @@ private:
     llama_token_data_array cur_p_{};
     // the walk by logit
     std::vector<llama_token_data> order_;    // tokens with a chance, the checked head sorted by logit
-    std::vector<llama_token_data> batch_;
+    std::vector<llama_token_data> batch_;    // the tokens of one grammar check, in id order
+    std::vector<char> in_batch_;             // per token id: does the batch being built hold it
     std::vector<llama_token_data> found_;    // allowed tokens found, by descending logit
     prefix_seen seen_;
 };
