@@ -199,19 +199,22 @@ def main(fd: int, parent: int) -> int:
         os.abort()                                 # testing: a worker that dies on every start
 
     os.nice(config.get("nice", 0))                 # engine.embedding_nice: this worker's threads too
+    # llama.cpp from the very file the daemon maps (server/engine/native.py), so the two
+    # processes share its code pages: the wheel ships libllama.so and .so.0 as two copies.
+    from .native import Engine
     from . import accel
     accel.register(config.get("kernels", "off"))   # engine.kernels: before the model loads
-    from .._engine import Engine
 
-    from ..cluster.relay import RelayError
     try:
         params = dict(config["engine"], rpc_endpoints=connect_devices(config.get("rpc")))
         engine = Engine(**params)
-    except RelayError as exc:                       # a node of the placement does not answer
-        sock.sendall(frame({"op": "failed", "error": str(exc), "code": "peer_unreachable"}))
-        return 2
     except Exception as exc:                        # a model that does not load: say why, exit
-        sock.sendall(frame({"op": "failed", "error": str(exc)}))
+        failed = {"op": "failed", "error": str(exc)}
+        if config.get("rpc"):                       # relay.py only where a placement dials one
+            from ..cluster.relay import RelayError
+            if isinstance(exc, RelayError):         # a node of the placement does not answer
+                failed["code"] = "peer_unreachable"
+        sock.sendall(frame(failed))
         return 2
     sock.sendall(frame({"op": "ready", "facts": {
         "n_vocab": engine.n_vocab, "n_embd": engine.n_embd, "n_ctx_train": engine.n_ctx_train,
