@@ -31,12 +31,12 @@ DIMENSIONS = validate.Integer("dimensions", lo=1, hi=1 << 16,
 FIELDS = [params.MODEL, INPUT, ENCODING_FORMAT, DIMENSIONS, params.USER]
 
 
-def inputs_of(body: dict, model) -> list[list[int]]:
-    """A string, a list of strings, a token array, or a list of token arrays (INPUT)."""
+def inputs_of(body: dict, model, engine) -> list[list[int]]:
+    """A string, a list of strings, a token array, or a list of token arrays (INPUT), tokenized
+    by `engine` (the one generate.tokenized leased: kept alive while this runs off the loop)."""
     raw = INPUT.read(body)
     if isinstance(raw, str) or validate.is_tokens(raw):
         raw = [raw]
-    engine = model.engine
     out = []
     for i, item in enumerate(raw):
         if isinstance(item, str):
@@ -62,7 +62,7 @@ async def embeddings(node, request) -> Response:
         raise invalid(f"this model's embeddings have {model.engine.n_embd} dimensions; "
                       "other sizes are not supported", "dimensions")
     params.USER.read(body)
-    inputs = await generate.tokenized(model, lambda b, _engine: inputs_of(b, model), body, request)
+    inputs = await generate.tokenized(model, lambda b, engine: inputs_of(b, model, engine), body, request)
 
     stream = await model.runner.embed(inputs, generate.owner_of(request))
     try:
