@@ -40,6 +40,7 @@ from inference import PROMPT, Server, body, free_port, row  # noqa: E402
 
 from server.models import defaults  # noqa: E402
 from tests.cluster.nodes import Node  # noqa: E402
+from tests.placement.processes import rpc_server_pids  # noqa: E402
 
 FOLLOWER = "f1"                        # the simulated follower's id
 OFFER_MIB = 2000                       # leader and follower offer the same: a 15 / 15 layer split
@@ -90,15 +91,10 @@ def leader_id(server: Server) -> str:
 
 def rpc_child(marker: bytes) -> int:
     """The RPC server child whose command line holds `marker` (its cache dir names its node)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if b"server.cluster.rpc_server" in cmdline and marker in cmdline:
-            return int(pid)
-    sys.exit(f"no RPC child with {marker!r}")
+    pids = rpc_server_pids(marker)
+    if not pids:
+        sys.exit(f"no RPC child with {marker!r}")
+    return pids[0]
 
 
 class RealFollower:

@@ -14,6 +14,8 @@ import pytest
 
 from tests.blackbox.daemon import CLIENT_TIMEOUT, Daemon
 
+from .processes import rpc_server_pids
+
 MODEL = "smollm2-135m-instruct"
 # Two slots of 256 tokens: weights 94 MiB + KV 11 MiB + buffers 192 MiB, about 297 MiB alone;
 # the leader offers 250, so the model only fits with a follower.
@@ -56,17 +58,7 @@ def ask(daemon, max_tokens=16):
 
 def rpc_children(daemon, node_id: str) -> list[int]:
     """Pids of the RPC server children a simulated follower runs (its cache dir names it)."""
-    marker = os.path.join(daemon.data_dir, "test-peers", node_id).encode()
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if b"server.cluster.rpc_server" in cmdline and marker in cmdline:
-            pids.append(int(pid))
-    return pids
+    return rpc_server_pids(os.path.join(daemon.data_dir, "test-peers", node_id).encode())
 
 
 def test_a_model_too_large_for_the_leader_loads_over_the_cluster_and_serves(cluster):

@@ -15,6 +15,8 @@ import pytest
 from tests.blackbox.daemon import CLIENT_TIMEOUT
 from tests.cluster.nodes import EVENTUAL, Node, eventually, free_port, statuses
 
+from .processes import rpc_server_pids
+
 MODEL = "smollm2-135m-instruct"
 N_LAYER = 30
 FOLLOWER_HOST = "127.0.0.2"
@@ -84,18 +86,7 @@ def pair(tmp_path):
 
 def rpc_children(node: Node) -> list[int]:
     """Pids of the ggml RPC server children of one daemon."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == node.proc.pid and b"server.cluster.rpc_server" in cmdline:
-            pids.append(int(pid))
-    return pids
+    return rpc_server_pids(parent=node.proc.pid)
 
 
 def listening(pid: int) -> set[tuple[str, int]]:
