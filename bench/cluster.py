@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import loadgen  # noqa: E402
-from inference import PROMPT, Server, body, free_port, row  # noqa: E402
+from inference import PROMPT, Server, body, free_port, row, spawn_stackd  # noqa: E402
 
 from server.models import defaults  # noqa: E402
 from tests.cluster.nodes import Node  # noqa: E402
@@ -49,19 +49,11 @@ FOLLOWER_HOST = "127.0.0.2"
 
 
 def start_stackd(slots: int, context: int, threads: int, kernels: str, peers: str, env: dict | None = None) -> Server:
-    data = tempfile.mkdtemp(prefix="stackd-cluster-bench-")
-    with open(os.path.join(data, "config.toml"), "w") as f:
-        f.write(f"[http]\naccess_log = false\n[rate_limits]\ninference = 0\ncluster = 0\n"
-                f"[engine]\nslots = {slots}\ncontext_length = {context}\nthreads = {threads}\n"
-                f"kernels = \"{kernels}\"\n"
-                f"[models]\npreload = []\nmemory_reserve_mb = 0\nmemory_limit_mb = {OFFER_MIB}\n")
-    port, cluster_port = free_port(), free_port()
-    server = Server("stackd", [sys.executable, "-m", "server", "serve", "--data-dir", data,
-                               "--inference-port", str(port), "--cluster-port", str(cluster_port)],
-                    port, defaults.CHAT_MODEL, cwd=ROOT, env={"STACKD_TEST_LOOPBACK_PEERS": peers, **(env or {})},
-                    ready_key=lambda: open(os.path.join(data, "admin.key")).read().strip())
-    server.data, server.cluster_port = data, cluster_port
-    return server
+    return spawn_stackd(f"[http]\naccess_log = false\n[rate_limits]\ninference = 0\ncluster = 0\n"
+                        f"[engine]\nslots = {slots}\ncontext_length = {context}\nthreads = {threads}\n"
+                        f"kernels = \"{kernels}\"\n"
+                        f"[models]\npreload = []\nmemory_reserve_mb = 0\nmemory_limit_mb = {OFFER_MIB}\n",
+                        prefix="stackd-cluster-bench-", env={"STACKD_TEST_LOOPBACK_PEERS": peers, **(env or {})})
 
 
 def call(server: Server, method: str, path: str, payload: dict | None = None) -> tuple[int, dict]:

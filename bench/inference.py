@@ -85,20 +85,26 @@ class Server:
             self.proc.kill()
 
 
-def start_stackd(slots: int, context: int, threads: int, isolation: str = "worker") -> Server:
-    data = tempfile.mkdtemp(prefix="stackd-bench-")
+def spawn_stackd(config: str, prefix: str = "stackd-bench-", env: dict | None = None) -> Server:
+    """A daemon on free ports with `config` (TOML) in a new data dir; ready once it answers
+    with the admin key it wrote. `server.data` and `server.cluster_port` are set."""
+    data = tempfile.mkdtemp(prefix=prefix)
     with open(os.path.join(data, "config.toml"), "w") as f:
-        f.write(f"[http]\naccess_log = false\n[rate_limits]\ninference = 0\n"
-                f"[engine]\nslots = {slots}\ncontext_length = {context}\nthreads = {threads}\n"
-                f"isolation = \"{isolation}\"\n"
-                f"[models]\npreload = [\"{defaults.CHAT_MODEL}\"]\n")
+        f.write(config)
     port, cluster_port = free_port(), free_port()
     server = Server("stackd", [sys.executable, "-m", "server", "serve", "--data-dir", data,
                                "--inference-port", str(port), "--cluster-port", str(cluster_port)],
-                    port, defaults.CHAT_MODEL, cwd=ROOT, key=None,
+                    port, defaults.CHAT_MODEL, cwd=ROOT, env=env,
                     ready_key=lambda: open(os.path.join(data, "admin.key")).read().strip())
     server.data, server.cluster_port = data, cluster_port
     return server
+
+
+def start_stackd(slots: int, context: int, threads: int, isolation: str = "worker") -> Server:
+    return spawn_stackd(f"[http]\naccess_log = false\n[rate_limits]\ninference = 0\n"
+                        f"[engine]\nslots = {slots}\ncontext_length = {context}\nthreads = {threads}\n"
+                        f"isolation = \"{isolation}\"\n"
+                        f"[models]\npreload = [\"{defaults.CHAT_MODEL}\"]\n")
 
 
 def start_llama_server(binary: str, slots: int, context: int, threads: int) -> Server:
