@@ -147,6 +147,7 @@ def _check_unique(meta: Metadata) -> dict[bytes, int]:
     """Every token text once; returns text -> id."""
     first_id: dict[bytes, int] = {}
     for token_id, text in enumerate(meta.strings("tokenizer.ggml.tokens")):
+        text = text.split(b"\0", 1)[0]           # llama.cpp reads each as a C string: to its first NUL
         if not text:
             text = b"[EMPTY_%d]" % token_id       # llama.cpp's name for an empty token
         seen = first_id.setdefault(text, token_id)

@@ -61,6 +61,11 @@ def spm(**overrides) -> dict:
     # llama.cpp renames an empty token "[EMPTY_<id>]": a real token of that name collides
     (spm(**{"tokenizer.ggml.tokens": (["<unk>", "", "[EMPTY_1]"], T.ARRAY, T.STRING),
             "tokenizer.ggml.scores": None, "tokenizer.ggml.token_type": None}), "'[EMPTY_1]' twice"),
+    # llama.cpp reads a token as a C string, to its first NUL: "x\0y" is the token "x"
+    (spm(**{"tokenizer.ggml.tokens": (["<unk>", "x", "x\0y"], T.ARRAY, T.STRING),
+            "tokenizer.ggml.scores": None, "tokenizer.ggml.token_type": None}), "'x' twice"),
+    (spm(**{"tokenizer.ggml.tokens": (["<unk>", "\0a", "[EMPTY_1]"], T.ARRAY, T.STRING),
+            "tokenizer.ggml.scores": None, "tokenizer.ggml.token_type": None}), "'[EMPTY_1]' twice"),
     (spm(**{"tokenizer.ggml.scores": ([0.0] * 3, T.ARRAY, T.FLOAT32)}), "3 entries for 11 tokens"),
     (spm(**{"tokenizer.ggml.scores": (["x"] * 11, T.ARRAY, T.STRING)}), "tokenizer.ggml.scores"),
     (spm(**{"tokenizer.ggml.token_type": ([1] * 11, T.ARRAY, T.UINT8)}), "tokenizer.ggml.token_type"),
