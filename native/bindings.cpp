@@ -214,8 +214,8 @@ py::dict plan_to_python(const batch_plan & plan) {
 class py_scheduler {
 public:
     py_scheduler(int32_t n_slots, int32_t n_batch, int32_t n_ctx_seq, int32_t n_max_waiting,
-                 int32_t n_max_slots_per_owner)
-        : sched_(scheduler_params{n_slots, n_batch, n_ctx_seq, n_max_waiting, n_max_slots_per_owner}) {}
+                 int32_t n_max_slots_per_owner, bool share_time)
+        : sched_(scheduler_params{n_slots, n_batch, n_ctx_seq, n_max_waiting, n_max_slots_per_owner, share_time}) {}
 
     bool enqueue(int64_t id, std::vector<int32_t> prompt, int32_t max_tokens, int64_t owner) {
         auto req = std::make_unique<sched_request>();
@@ -236,6 +236,9 @@ public:
             out.push_back({id, token, (request_status) status});
         }
         return sched_.apply(last_, out);
+    }
+    void charge(int64_t decode_us, const std::vector<int64_t> & sample_us) {
+        sched_.charge(last_, decode_us, sample_us);
     }
     std::vector<int32_t> slot_cache(int32_t id_slot) const { return sched_.slot(id_slot).cache; }
     py::object request(int64_t id) {
@@ -492,9 +495,9 @@ PYBIND11_MODULE(_engine, m) {
         });
 
     py::class_<py_scheduler>(m, "Scheduler")
-        .def(py::init<int32_t, int32_t, int32_t, int32_t, int32_t>(), py::arg("n_slots"),
+        .def(py::init<int32_t, int32_t, int32_t, int32_t, int32_t, bool>(), py::arg("n_slots"),
              py::arg("n_batch"), py::arg("n_ctx_seq"), py::arg("n_max_waiting") = 256,
-             py::arg("n_max_slots_per_owner") = 0)
+             py::arg("n_max_slots_per_owner") = 0, py::arg("share_time") = false)
         .def("enqueue", &py_scheduler::enqueue, py::arg("id"), py::arg("prompt"),
              py::arg("max_tokens"), py::arg("owner") = 0)
         .def("fail", &py_scheduler::fail)
@@ -502,6 +505,7 @@ PYBIND11_MODULE(_engine, m) {
         .def("cancel", &py_scheduler::cancel)
         .def("schedule", &py_scheduler::schedule)
         .def("apply", &py_scheduler::apply)
+        .def("charge", &py_scheduler::charge, py::arg("decode_us"), py::arg("sample_us"))
         .def("slot_cache", &py_scheduler::slot_cache)
         .def("request", &py_scheduler::request)
         .def("release", &py_scheduler::release)

@@ -51,6 +51,7 @@ scheduler_params scheduler_params_of(const engine_params & p) {
     sp.n_ctx_seq = p.n_ctx_seq;
     sp.n_max_waiting = p.n_max_waiting;
     sp.n_max_slots_per_owner = share_of(p.key_share, p.n_slots);
+    sp.share_time = p.key_share < 1.0f;
     return sp;
 }
 
@@ -402,6 +403,8 @@ void engine::step_generate() {
     }
 
     std::vector<step_outcome> outcomes;
+    std::vector<int64_t> sample_us(plan.items.size(), 0);
+    uint64_t t_item = t3;
     for (size_t i = 0; i < plan.items.size(); ++i) {
         const plan_item & item = plan.items[i];
         if (!item.want_logits) {
@@ -410,9 +413,13 @@ void engine::step_generate() {
         engine_event ev;
         outcomes.push_back(sample_guarded(item.id_request, logit_index[i], ev));
         events.push_back(std::move(ev));
+        const uint64_t t_sampled = now_us();
+        sample_us[i] = (int64_t) (t_sampled - t_item);
+        t_item = t_sampled;
     }
-    uint64_t t4 = now_us();
+    uint64_t t4 = t_item;
     delta.t_sample_us = t4 - t3;
+    sched_.charge(plan, (int64_t) delta.t_decode_us, sample_us);
 
     const std::vector<int64_t> finished = sched_.apply(plan, outcomes);
     finish_events(finished, events);

@@ -152,6 +152,19 @@ void scheduler::admit(batch_plan & plan, bool respect_share) {
     }
 }
 
+// Which running requests (parallel to running_) take part in this step.
+std::vector<bool> scheduler::stepping() {
+    if (!params_.share_time) {
+        return std::vector<bool>(running_.size(), true);
+    }
+    std::vector<share_candidate> candidates;
+    for (int64_t id : running_) {
+        const sched_request & req = *requests_[id];
+        candidates.push_back({req.id_owner, req.n_step_last, req.cost_us});
+    }
+    return share_.select(candidates);
+}
+
 batch_plan scheduler::schedule() {
     batch_plan plan;
     ++n_steps_;
@@ -159,28 +172,46 @@ batch_plan scheduler::schedule() {
     admit(plan, true);
     admit(plan, false);
 
+    const std::vector<bool> steps = stepping();
     int32_t budget = params_.n_batch;
     // Running streams first: one token each, so a new prompt never starves them.
-    for (int64_t id : running_) {
-        const sched_request & req = *requests_[id];
-        if (req.n_prompt_done == (int32_t) req.prompt.size() && budget > 0) {
+    for (size_t i = 0; i < running_.size(); ++i) {
+        sched_request & req = *requests_[running_[i]];
+        if (steps[i] && req.n_prompt_done == (int32_t) req.prompt.size() && budget > 0) {
             const int32_t pos = (int32_t) slots_[req.id_slot].cache.size();
-            plan.items.push_back({id, req.id_slot, pos, 1, false, true});
+            plan.items.push_back({req.id_request, req.id_slot, pos, 1, false, true});
+            req.n_step_last = n_steps_;
             --budget;
         }
     }
     // Then prompt chunks, first come first served, within what is left of the step.
-    for (int64_t id : running_) {
-        const sched_request & req = *requests_[id];
+    for (size_t i = 0; i < running_.size(); ++i) {
+        sched_request & req = *requests_[running_[i]];
         const int32_t n_left = (int32_t) req.prompt.size() - req.n_prompt_done;
-        if (n_left > 0 && budget > 0) {
+        if (steps[i] && n_left > 0 && budget > 0) {
             const int32_t n = std::min(n_left, budget);
-            plan.items.push_back({id, req.id_slot, req.n_prompt_done, n, true, n == n_left});
+            plan.items.push_back({req.id_request, req.id_slot, req.n_prompt_done, n, true, n == n_left});
+            req.n_step_last = n_steps_;
             budget -= n;
         }
     }
     plan.n_tokens = params_.n_batch - budget;
     return plan;
+}
+
+void scheduler::charge(const batch_plan & plan, int64_t decode_us, const std::vector<int64_t> & sample_us) {
+    if (!params_.share_time || plan.n_tokens <= 0) {
+        return;
+    }
+    for (size_t i = 0; i < plan.items.size(); ++i) {
+        const plan_item & item = plan.items[i];
+        sched_request * req = find(item.id_request);
+        if (req == nullptr) {
+            continue;
+        }
+        const int64_t us = decode_us * item.n_tokens / plan.n_tokens + (i < sample_us.size() ? sample_us[i] : 0);
+        req->cost_us = share_.charge(req->id_owner, us, !item.is_prompt, req->cost_us);
+    }
 }
 
 std::vector<int64_t> scheduler::apply(const batch_plan & plan, const std::vector<step_outcome> & outcomes) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "plan.h"
+#include "time_share.h"
 
 struct request_limits {
     int32_t n_max_tokens = 16;   // tokens to generate at most
@@ -27,6 +28,8 @@ struct sched_request {
     int32_t              n_generated  = 0;
     token_t              last_token   = -1;
     bool                 cancel_requested = false;
+    uint64_t             n_step_last  = 0;  // the last step it took part in
+    int64_t              cost_us      = 0;  // what one of its decode steps cost lately
 };
 
 struct slot_info {
@@ -43,6 +46,8 @@ struct scheduler_params {
     // While another owner waits, one owner is admitted into at most this many slots (its
     // further requests keep their place in the queue). 0: no limit.
     int32_t n_max_slots_per_owner = 0;
+    // While several owners run, share the engine's time equally between them (time_share.h).
+    bool share_time = false;
 };
 
 class scheduler {
@@ -57,6 +62,10 @@ public:
     batch_plan schedule();
     // Fold a step's outcomes in. Returns the requests that finished in this step.
     std::vector<int64_t> apply(const batch_plan & plan, const std::vector<step_outcome> & outcomes);
+
+    // What the step of `plan` cost: its decode (shared by tokens) and each item's sample
+    // (`sample_us`, parallel to plan.items), charged to the owners (share_time only).
+    void charge(const batch_plan & plan, int64_t decode_us, const std::vector<int64_t> & sample_us);
 
     // Forget a finished request (after the engine has emitted its last event).
     void release(int64_t id_request);
@@ -75,6 +84,7 @@ public:
 
 private:
     void    admit(batch_plan & plan, bool respect_share);
+    std::vector<bool> stepping();
     bool    may_admit(const sched_request & req, bool respect_share) const;
     void    release_finished(batch_plan & plan);
     int32_t pick_slot(const std::vector<token_t> & prompt, int32_t & n_common) const;
@@ -86,6 +96,7 @@ private:
     std::vector<int64_t> running_;   // in admission order: prefill goes first-come first-served
     std::unordered_map<int64_t, int32_t> n_running_of_;   // owner -> slots held
     std::unordered_map<int64_t, std::unique_ptr<sched_request>> requests_;
+    time_share share_;
     uint64_t n_steps_ = 0;
     int32_t n_active_slots_ = 0;     // 0: all of them
 };

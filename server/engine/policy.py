@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .native import STATUS_ABORTED, STATUS_ERROR, STATUS_LENGTH, STATUS_RUNNING
+from .time_share import Candidate, TimeShare
 
 STATUS_WAITING = 0
 
@@ -27,6 +28,8 @@ class _Request:
     n_generated: int = 0
     last_token: int = -1
     cancel_requested: bool = False
+    step_last: int = 0          # the last step it took part in
+    cost_us: int = 0            # what one of its decode steps cost lately
 
 
 @dataclass
@@ -42,9 +45,10 @@ def _finished(status: int) -> bool:
 
 class Scheduler:
     def __init__(self, n_slots: int, n_batch: int, n_ctx_seq: int, n_max_waiting: int = 256,
-                 n_max_slots_per_owner: int = 0):
+                 n_max_slots_per_owner: int = 0, share_time: bool = False):
         self.n_batch, self.n_ctx_seq, self.n_max_waiting = n_batch, n_ctx_seq, n_max_waiting
         self.n_max_slots_per_owner = n_max_slots_per_owner
+        self._share = TimeShare() if share_time else None
         self._held: dict[int, int] = {}                    # owner -> slots held
         self._active_slots = 0                             # power budget: 0 = all slots
         self._slots = [_Slot() for _ in range(n_slots)]
@@ -76,18 +80,21 @@ class Scheduler:
         self._release_cancelled(plan)
         self._admit(plan, respect_share=True)
         self._admit(plan, respect_share=False)
+        steps = self._stepping()
         budget = self.n_batch
-        for rid in self._running:                          # running streams first, one token each
+        for rid, step in zip(self._running, steps):      # running streams first, one token each
             req = self._requests[rid]
-            if req.n_prompt_done == len(req.prompt) and budget > 0:
+            if step and req.n_prompt_done == len(req.prompt) and budget > 0:
                 plan["items"].append((rid, req.slot, len(self._slots[req.slot].cache), 1, False, True))
+                req.step_last = self._steps
                 budget -= 1
-        for rid in self._running:                          # then prompt chunks, first come first served
+        for rid, step in zip(self._running, steps):      # then prompt chunks, first come first served
             req = self._requests[rid]
             left = len(req.prompt) - req.n_prompt_done
-            if left > 0 and budget > 0:
+            if step and left > 0 and budget > 0:
                 n = min(left, budget)
                 plan["items"].append((rid, req.slot, req.n_prompt_done, n, True, n == left))
+                req.step_last = self._steps
                 budget -= n
         plan["n_tokens"] = self.n_batch - budget
         self._last = plan
@@ -120,6 +127,17 @@ class Scheduler:
                 self._finish(req, status)
                 finished.append(rid)
         return finished
+
+    def charge(self, decode_us: int, sample_us: list[int]) -> None:
+        plan = self._last
+        if self._share is None or plan is None or plan["n_tokens"] <= 0:
+            return
+        for i, (rid, _, _, n, is_prompt, _) in enumerate(plan["items"]):
+            req = self._requests.get(rid)
+            if req is None:
+                continue
+            us = decode_us * n // plan["n_tokens"] + (sample_us[i] if i < len(sample_us) else 0)
+            req.cost_us = self._share.charge(req.owner, us, not is_prompt, req.cost_us)
 
     def slot_cache(self, id_slot: int) -> list[int]:
         return list(self._slots[id_slot].cache)
@@ -175,6 +193,12 @@ class Scheduler:
             if req.cancel_requested:
                 self._finish(req, STATUS_ABORTED)
                 plan["released"].append(rid)
+
+    def _stepping(self) -> list[bool]:
+        if self._share is None:
+            return [True] * len(self._running)
+        return self._share.select([Candidate(r.owner, r.step_last, r.cost_us)
+                                   for r in map(self._requests.__getitem__, self._running)])
 
     def _pick_slot(self, prompt: list[int]) -> tuple[int, int]:
         best, best_common = -1, 0

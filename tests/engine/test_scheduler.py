@@ -258,7 +258,8 @@ def test_prefix_reuse_ties_go_to_the_least_recently_used_slot_in_both_twins():
     import random
     rng = random.Random(7)
     for trial in range(30):
-        native, twin = (S(n_slots=3, n_batch=16, n_ctx_seq=64, n_max_slots_per_owner=rng.choice([0, 1, 2]))
+        cap = rng.choice([0, 1, 2])                  # one draw: both twins get the same
+        native, twin = (S(n_slots=3, n_batch=16, n_ctx_seq=64, n_max_slots_per_owner=cap)
                         for S in (NativeScheduler, PythonScheduler))
         decoders = [FakeDecoder(s, stop_after={}) for s in (native, twin)]
         next_id = 1
@@ -284,3 +285,149 @@ def test_a_power_budget_caps_the_slots_admitted(Scheduler):
     assert [a[0] for a in sched.schedule()["admissions"]] == [1, 2]
     sched.set_active_slots(0)                        # full power again: the rest come in
     assert [a[0] for a in sched.schedule()["admissions"]] == [3, 4]
+
+
+# ---- the engine's time shared between owners (time_share.h) ---------------------------------
+
+class ChargingDecoder(FakeDecoder):
+    """A fake decoder with a cost model: a step's decode costs `per_token_us` a token, and each
+    sample of a request costs what `sample_us` says for it (0 when absent)."""
+
+    def __init__(self, sched, per_token_us=1000, sample_us=None, **kw):
+        super().__init__(sched, **kw)
+        self.per_token_us, self.sample_us = per_token_us, sample_us or {}
+        self.charged: dict[int, int] = {}            # request -> microseconds charged
+
+    def step(self):
+        plan = super().step()
+        decode_us = self.per_token_us * plan["n_tokens"]
+        samples = [self.sample_us.get(item[ITEM_ID], 0) if item[ITEM_LOGITS] else 0 for item in plan["items"]]
+        for item, sample in zip(plan["items"], samples):
+            rid = item[ITEM_ID]
+            share = decode_us * item[ITEM_N] // max(plan["n_tokens"], 1)
+            self.charged[rid] = self.charged.get(rid, 0) + share + sample
+        # what the engine does after sampling: here after the outcomes were applied, which the
+        # scheduler allows (finished requests are released later and charged while they exist)
+        return plan
+
+
+def stepped(plans, rid) -> int:
+    return sum(1 for plan in plans for item in plan["items"] if item[ITEM_ID] == rid and not item[ITEM_PROMPT])
+
+
+def shared_scheduler(Scheduler, **kw):
+    return Scheduler(n_slots=4, n_batch=64, n_ctx_seq=4096, share_time=True, **kw)
+
+
+def run_charged(sched, decoder, steps):
+    plans = []
+    for _ in range(steps):
+        plan = sched.schedule()
+        decoder_plan_step(sched, decoder, plan)
+        plans.append(plan)
+    return plans
+
+
+def decoder_plan_step(sched, decoder, plan):
+    """One step of `plan` through the fake decoder, charged to the scheduler as the engine does:
+    the decode shared by tokens, then each sample, before the outcomes are applied."""
+    decode_us = decoder.per_token_us * plan["n_tokens"]
+    samples = [decoder.sample_us.get(item[ITEM_ID], 0) if item[ITEM_LOGITS] else 0 for item in plan["items"]]
+    sched.charge(decode_us, samples)
+    outcomes = [(item[ITEM_ID], 1000, STATUS_RUNNING) for item in plan["items"] if item[ITEM_LOGITS]]
+    for rid in sched.apply(outcomes):
+        sched.release(rid)
+
+
+def test_one_owner_alone_is_never_held_back(Scheduler):
+    sched = shared_scheduler(Scheduler)
+    for rid in range(1, 5):
+        sched.enqueue(rid, [1, 2], 1000, owner=1)
+    decoder = ChargingDecoder(sched, sample_us={1: 50_000})
+    plans = run_charged(sched, decoder, 20)
+    assert all(len(plan["items"]) == 4 for plan in plans)
+
+
+def test_a_cheap_stream_steps_every_time_beside_an_owner_with_three(Scheduler):
+    sched = shared_scheduler(Scheduler)
+    for rid in (1, 2, 3):
+        sched.enqueue(rid, [1, 2], 1000, owner=1)
+    sched.enqueue(4, [3, 4], 1000, owner=2)
+    decoder = ChargingDecoder(sched)
+    plans = run_charged(sched, decoder, 60)[4:]      # past the prompts and the first estimates
+    assert all(any(item[ITEM_ID] == 4 for item in plan["items"]) for plan in plans)
+    # the owner of three gets about the same engine time, not three times as much
+    owner1 = sum(stepped(plans, rid) for rid in (1, 2, 3))
+    assert owner1 <= stepped(plans, 4) + 2
+    assert owner1 >= stepped(plans, 4) - 2
+    # and it rotates: none of its three is left behind
+    assert min(stepped(plans, rid) for rid in (1, 2, 3)) >= owner1 // 3 - 1
+
+
+def test_an_expensive_sampler_sits_out_steps_and_pays_for_its_time(Scheduler):
+    sched = shared_scheduler(Scheduler)
+    sched.enqueue(1, [1, 2], 1000, owner=1)          # a grammar that costs 4 ms a sample
+    sched.enqueue(2, [3, 4], 1000, owner=2)          # an ordinary stream
+    decoder = ChargingDecoder(sched, per_token_us=1000, sample_us={1: 4000})
+    plans = run_charged(sched, decoder, 200)[4:]
+    assert all(any(item[ITEM_ID] == 2 for item in plan["items"]) for plan in plans)
+    expensive = stepped(plans, 1)
+    assert 0 < expensive < len(plans)                # it sits out some steps, not all
+    # engine time: owner 1's steps cost 1 + 4 ms, owner 2's 1 ms shared or 1 ms alone
+    time1, time2 = expensive * 5000, stepped(plans, 2) * 1000
+    assert abs(time1 - time2) <= 10_000
+
+
+def test_a_newcomer_gets_no_credit_for_having_been_away(Scheduler):
+    sched = shared_scheduler(Scheduler)
+    for rid in (1, 2):
+        sched.enqueue(rid, [1, 2], 1000, owner=1)
+    decoder = ChargingDecoder(sched)
+    run_charged(sched, decoder, 50)                  # owner 1 alone for a while
+    sched.enqueue(3, [3, 4], 1000, owner=2)
+    sched.enqueue(4, [3, 5], 1000, owner=2)
+    plans = run_charged(sched, decoder, 12)[2:]
+    # equal owners with equal loads: both step every time, nobody pays off the past
+    assert all(len(plan["items"]) == 4 for plan in plans)
+
+
+def test_without_share_time_every_running_request_steps(Scheduler):
+    sched = Scheduler(n_slots=4, n_batch=64, n_ctx_seq=4096)
+    for rid in (1, 2, 3):
+        sched.enqueue(rid, [1, 2], 1000, owner=1)
+    sched.enqueue(4, [3, 4], 1000, owner=2)
+    decoder = ChargingDecoder(sched, sample_us={1: 9000})
+    plans = run_charged(sched, decoder, 20)
+    assert all(len(plan["items"]) == 4 for plan in plans)
+
+
+def test_time_share_decisions_are_the_same_in_both_twins():
+    """Differential: random owners, prompts and costs through both implementations."""
+    import random
+    rng = random.Random(11)
+    for trial in range(30):
+        cap = rng.choice([0, 2])
+        native, twin = (S(n_slots=4, n_batch=16, n_ctx_seq=256, share_time=True, n_max_slots_per_owner=cap)
+                        for S in (NativeScheduler, PythonScheduler))
+        costs = {}
+        next_id = 1
+        for step in range(80):
+            if rng.random() < 0.3:
+                prompt = [rng.choice([1, 2, 3]) for _ in range(rng.randint(1, 20))]
+                max_tokens, owner = rng.randint(1, 30), rng.randint(0, 3)
+                costs[next_id] = rng.choice([0, 100, 3000])
+                assert native.enqueue(next_id, prompt, max_tokens, owner=owner) == \
+                    twin.enqueue(next_id, prompt, max_tokens, owner=owner)
+                next_id += 1
+            plans = [s.schedule() for s in (native, twin)]
+            assert plans[0] == plans[1], (trial, step)
+            decode_us = rng.randint(500, 20_000)
+            samples = [costs[item[ITEM_ID]] if item[ITEM_LOGITS] else 0 for item in plans[0]["items"]]
+            outcomes = [(item[ITEM_ID], 1000, STATUS_STOPPED if rng.random() < 0.05 else STATUS_RUNNING)
+                        for item in plans[0]["items"] if item[ITEM_LOGITS]]
+            for s in (native, twin):
+                s.charge(decode_us, samples)
+                for rid in s.apply(outcomes):
+                    s.release(rid)
+                for rid in plans[0]["released"]:
+                    s.release(rid)
