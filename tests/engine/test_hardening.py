@@ -138,3 +138,29 @@ def test_a_reduced_power_budget_admits_fewer_slots():
         assert order.index((first, True)) < next(i for i, (rid, _) in enumerate(order) if rid == second)
     finally:
         engine.close()
+
+
+def test_a_key_with_three_streams_gets_about_the_engine_time_of_a_key_with_one():
+    """time_share.h: while two keys run, the one with three sequences sits some of them out,
+    so in the steps of the other key's 30 tokens it makes far fewer than 3 x 30 (about 30)."""
+    engine = Engine(defaults.smollm2_path(), n_slots=4, n_ctx_seq=512, key_share=0.5)
+    driver = Driver(engine)
+    try:
+        prompt = chat_prompt(engine, "Tell me a long story.")
+        heavy = [driver.submit(prompt, max_tokens=400, ignore_eos=True, owner=1) for _ in range(3)]
+        for rid in heavy:
+            assert _first_event(driver, rid).status == STATUS_RUNNING
+        light = driver.submit(prompt, max_tokens=30, ignore_eos=True, owner=2)
+        tokens = {"heavy": 0, "light": 0}
+        while tokens["light"] < 30:
+            ready, _, _ = select.select([engine.fileno()], [], [], 120)
+            assert ready, "no event"
+            for event in engine.take_events():
+                tokens["light" if event.id_request == light else "heavy"] += event.n_tokens
+        # without the share, all three step with it: 90 tokens
+        assert tokens["heavy"] <= 60, tokens
+        for rid in heavy:
+            engine.cancel(rid)
+        driver.wait(heavy)
+    finally:
+        engine.close()
