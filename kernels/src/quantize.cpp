@@ -1,14 +1,19 @@
+#include <immintrin.h>
+
 #include <cmath>
 
+#include "cpu_features.h"
 #include "ggml.h"
 #include "kernels.h"
 
 namespace stackd {
 
+namespace {
+
 // Mirrors ggml-cpu's x86 quantize_row_q8_1 operation for operation (d = amax/127 and
 // id = 127/amax computed separately, round half to even, d and d*sum stored as fp16), so
 // that our integer block sums and scales are exactly the ones ggml's own Q4_1 path uses.
-void quantize_row(const float *x, int64_t k, ActBlock *out) {
+void quantize_row_scalar(const float *x, int64_t k, ActBlock *out) {
     for (int64_t b = 0; b < k / kQK; b++, x += kQK) {
         float amax = 0.0f;
         for (int i = 0; i < kQK; i++) amax = std::fmax(amax, std::fabs(x[i]));
@@ -23,6 +28,57 @@ void quantize_row(const float *x, int64_t k, ActBlock *out) {
         out[b].d = ggml_fp16_to_fp32(ggml_fp32_to_fp16(d));
         out[b].s = ggml_fp16_to_fp32(ggml_fp32_to_fp16(d * (float)sum));
     }
+}
+
+// The same with AVX2, as ggml's own x86 code does it (max of |x| by lanes, round to nearest
+// even, saturating packs restored to order by a lane permutation): the scalar loop above
+// called libm's fmaxf and nearbyintf through the PLT for every value.
+__attribute__((target("avx2,fma,f16c")))
+void quantize_row_avx2(const float *x, int64_t k, ActBlock *out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < k / kQK; b++, x += kQK) {
+        __m256 v[4];
+        __m256 amax8 = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(x + 8 * j);
+            amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign, v[j]));
+        }
+        __m128 h = _mm_max_ps(_mm256_extractf128_ps(amax8, 1), _mm256_castps256_ps128(amax8));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h);
+        const float d = amax / 127.f;
+        const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+        const __m256 mul = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int j = 0; j < 4; j++) {
+            q[j] = _mm256_cvtps_epi32(
+                _mm256_round_ps(_mm256_mul_ps(v[j], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        }
+        const __m256i sum8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_extracti128_si256(sum8, 1), _mm256_castsi256_si128(sum8));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+        const int sum = _mm_cvtsi128_si32(s4);
+        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(out[b].q), _mm256_permutevar8x32_epi32(packed, order));
+        out[b].d = ggml_fp16_to_fp32(ggml_fp32_to_fp16(d));
+        out[b].s = ggml_fp16_to_fp32(ggml_fp32_to_fp16(d * (float)sum));
+    }
+}
+
+using QuantizeRow = void (*)(const float *, int64_t, ActBlock *);
+
+QuantizeRow chosen_quantize_row() {
+    return cpu_supports(Path::Avx2) ? quantize_row_avx2 : quantize_row_scalar;
+}
+
+}  // namespace
+
+void quantize_row(const float *x, int64_t k, ActBlock *out) {
+    static const QuantizeRow quantize = chosen_quantize_row();
+    quantize(x, k, out);
 }
 
 }  // namespace stackd
