@@ -294,6 +294,7 @@ void engine::loop() {
         }
         const int32_t n_queued = [&] { std::lock_guard<std::mutex> lock(mu_tasks_); return n_queued_; }();
         obs_.after_step(sched_, n_queued, (int32_t) embed_jobs_.size());
+        flush_events();
     }
 }
 
@@ -730,21 +731,30 @@ void engine::step_embed() {
     stats_.t_decode_us += t1 - t0;
 }
 
+// Events wait on the engine thread until the end of the loop's turn (flush_events), so that a
+// reader who sees a request's end also sees its counts: the observer commits them after the step.
 void engine::publish(std::vector<engine_event> & events) {
-    if (events.empty()) {
+    for (auto & ev : events) {
+        outgoing_.push_back(std::move(ev));
+    }
+    events.clear();
+}
+
+void engine::flush_events() {
+    if (outgoing_.empty()) {
         return;
     }
     {
         std::lock_guard<std::mutex> lock(mu_events_);
         if (events_.empty()) {
-            events_.swap(events);
+            events_.swap(outgoing_);
         } else {
-            for (auto & ev : events) {
+            for (auto & ev : outgoing_) {
                 events_.push_back(std::move(ev));
             }
         }
     }
-    events.clear();
+    outgoing_.clear();
     const uint64_t one = 1;
     ssize_t written = write(efd_, &one, sizeof(one));
     (void) written;

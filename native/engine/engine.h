@@ -147,6 +147,7 @@ private:
     void fail_plan(const batch_plan & plan, const std::string & error);
     void fail_everything(const std::string & error);
     void publish(std::vector<engine_event> & events);
+    void flush_events();
 
     // The queue's bookkeeping, per model and per owner (under mu_tasks_).
     submit_result enter_queue(int64_t id_owner);
@@ -179,6 +180,7 @@ private:
 
     mutable std::mutex mu_events_;
     std::vector<engine_event> events_;
+    std::vector<engine_event> outgoing_;   // this turn's events, engine thread only (flush_events)
     int efd_ = -1;
 
     mutable std::mutex mu_stats_;
