@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 #include "engine/model_facts.h"
 #include "engine/scheduler.h"
+#include "engine/event_wire.h"
 #include "engine/text_stream.h"
 
 namespace py = pybind11;
@@ -338,6 +339,25 @@ PYBIND11_MODULE(_engine, m) {
         });
 
 
+    m.def("encode_events_wire",
+          [](const std::vector<engine_event> & events) {
+              std::string out;
+              encode_events(events, out);
+              return py::bytes(out);
+          },
+          "Events as event_wire.h bytes (what Engine.take_events_wire gives).");
+    m.def("decode_events_wire",
+          [](const py::bytes & data) {
+              const std::string_view view = data;
+              std::vector<engine_event> events = decode_events(view.data(), view.size());
+              py::list out(events.size());
+              for (size_t i = 0; i < events.size(); ++i) {
+                  out[i] = py::cast(std::move(events[i]));
+              }
+              return out;
+          },
+          "The events in event_wire.h bytes; ValueError when the bytes break the layout.");
+
     // A stopped recording, turned into dicts a chunk at a time: a 60 s trace is hundreds of
     // thousands of records, and building them all in one call would hold the GIL (and the
     // event loop of an inline engine) for as long.
@@ -409,6 +429,18 @@ PYBIND11_MODULE(_engine, m) {
                  }
                  return out;
              })
+        .def("take_events_wire",
+             [](engine & e) {
+                 const std::vector<engine_event> events = e.take_events();
+                 std::string out;
+                 encode_events(events, out);
+                 bool any_finished = false;
+                 for (const engine_event & ev : events) {
+                     any_finished = any_finished || request_status_is_finished(ev.status);
+                 }
+                 return py::make_tuple(py::bytes(out), any_finished);
+             },
+             "The events taken, as event_wire.h bytes, and whether any of them ends a request.")
         .def("fileno", &engine::event_fd)
         .def("close", &engine::close, py::call_guard<py::gil_scoped_release>())
         .def("stats", [](const engine & e) { return stats_to_python(e.stats()); })

@@ -310,7 +310,10 @@ class WorkerEngine:
     def _dispatch(self, message: dict, tail: bytes) -> list:
         op = message.get("op")
         if op == "events":
-            events = decode_events(message["events"], tail)
+            try:
+                events = decode_events(tail)
+            except WireError:
+                return self._lose()
             for event in events:
                 if event.status > 1:               # a finished kind: the request is done
                     self.in_flight.discard(event.id_request)

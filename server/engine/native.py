@@ -43,6 +43,8 @@ from .._engine import (  # noqa: E402
     TextStream,
     Timings,
     Vocab,
+    decode_events_wire,
+    encode_events_wire,
 )
 
 # The sampling parameters' names, as the native module binds them (its one list, in sampling.h).
@@ -50,4 +52,5 @@ SAMPLING_FIELDS = tuple(name for name in dir(SamplingParams) if not name.startsw
 
 __all__ = ["SAMPLING_FIELDS", "Engine", "Event", "COUNTERS", "HISTOGRAMS", "GAUGES", "Timings", "Sampler", "SamplingParams",
            "Scheduler", "TextStream", "FINISH_REASONS", "STATUS_RUNNING", "STATUS_STOPPED", "STATUS_LENGTH",
-           "STATUS_ABORTED", "STATUS_ERROR", "SUBMIT_ACCEPTED", "SUBMIT_QUEUE_FULL", "SUBMIT_OVER_SHARE", "Vocab"]
+           "STATUS_ABORTED", "STATUS_ERROR", "SUBMIT_ACCEPTED", "SUBMIT_QUEUE_FULL", "SUBMIT_OVER_SHARE", "Vocab",
+           "decode_events_wire", "encode_events_wire"]

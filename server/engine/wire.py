@@ -69,65 +69,18 @@ def data(text_: str) -> bytes:
 
 
 # ---- engine events ---------------------------------------------------------------------------
-# An event crosses as an object with the Event's field names (text latin-1, the embedding as
-# its number of floats, n_embedding); embedding vectors follow in the tail, in event order.
-
-EVENT_FIELDS = ("id_request", "n_tokens", "status", "n_prompt", "n_cached", "n_generated")
-TIMINGS_FIELDS = ("t_queue_us", "t_prompt_us", "t_first_token_us", "t_predicted_us")
-
-def _logprobs_out(entries):
-    if not entries:
-        return None
-    return [[token, logprob, text(piece), [[t, lp, text(p)] for t, lp, p in top]]
-            for token, logprob, piece, top in entries]
+# Events cross as an `events` frame whose tail is the native event wire (native/engine/
+# event_wire.h): the worker's Engine.take_events_wire encodes them in one call, the daemon's
+# decode_events decodes them in one, so a token costs each side one call, not a dict per event.
 
 
-def _logprobs_in(entries):
-    if not entries:
-        return None
-    return [(token, logprob, data(piece), [(t, lp, data(p)) for t, lp, p in top])
-            for token, logprob, piece, top in entries]
+def decode_events(tail: bytes) -> list:
+    from .native import decode_events_wire
 
-
-def encode_events(events) -> tuple[list, bytes]:
-    items, vectors = [], []
-    for ev in events:
-        embedding = ev.embedding
-        n_floats = 0
-        if embedding is not None:
-            raw = embedding.astype("<f4", copy=False).tobytes()
-            vectors.append(raw)
-            n_floats = len(raw) // 4
-        item = {name: getattr(ev, name) for name in EVENT_FIELDS}
-        timings = ev.timings
-        item.update(text=text(ev.text), logprobs=_logprobs_out(ev.logprobs), n_embedding=n_floats,
-                    error=ev.error or "",
-                    timings=None if timings is None else {n: getattr(timings, n) for n in TIMINGS_FIELDS})
-        items.append(item)
-    return items, b"".join(vectors)
-
-
-def decode_events(items: list, tail: bytes) -> list:
-    from .native import Event, Timings
-
-    events, at = [], 0
-    for item in items:
-        if not isinstance(item, dict) or not all(isinstance(item.get(name), int) for name in EVENT_FIELDS):
-            raise WireError("bad event")
-        n_floats = item.get("n_embedding", 0)
-        embedding = None
-        if n_floats:                        # numpy only where vectors come: a chat-only
-            import numpy as np              # daemon never loads it (~10 MB of its memory)
-            embedding = np.frombuffer(tail, dtype="<f4", count=n_floats, offset=at)
-            at += 4 * n_floats
-        try:
-            events.append(Event(**{name: item[name] for name in EVENT_FIELDS}, text=data(item["text"]),
-                                error=item["error"], logprobs=_logprobs_in(item["logprobs"]),
-                                embedding=embedding,
-                                timings=None if item.get("timings") is None else Timings(**item["timings"])))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise WireError(f"bad event: {exc}") from None
-    return events
+    try:
+        return decode_events_wire(tail)
+    except ValueError as exc:
+        raise WireError(f"bad events: {exc}") from None
 
 
 # ---- the engine trace ------------------------------------------------------------------------

@@ -22,10 +22,11 @@ import socket
 import sys
 import time
 
-from .wire import FrameReader, encode_events, encode_trace, frame
+from .wire import FrameReader, encode_trace, frame
 
 PR_SET_PDEATHSIG = 1
 STATS_INTERVAL = 1.0
+EVENTS_HEADER = {"op": "events"}    # the events themselves are the tail: native event wire
 EXIT_RPC_PEER_LOST = 75                # a node holding some of the model's layers went away
 
 
@@ -127,13 +128,10 @@ class Worker:
         self.outbox += frame(message, tail)
 
     def forward_events(self) -> None:
-        from .._engine import STATUS_RUNNING
-
-        events = self.engine.take_events()
-        if events:
-            items, tail = encode_events(events)
-            self.send({"op": "events", "events": items}, tail)
-            if any(ev.status > STATUS_RUNNING for ev in events):
+        wire, any_finished = self.engine.take_events_wire()
+        if wire:
+            self.send(EVENTS_HEADER, wire)
+            if any_finished:
                 self.send_stats()              # a request ended: its counts travel with its end
 
     def send_stats(self) -> None:
