@@ -23,6 +23,7 @@ Usage: python -m server.models.gguf_check FILE.gguf ...
 """
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import struct
@@ -33,11 +34,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..system.imports import module_from_package_file
-
-# gguf-py's enum of ggml types and their block sizes: its constants.py is standard library
-# only, its package __init__ loads numpy (~10 MB of the daemon's memory).
-_constants = module_from_package_file("gguf", "constants.py", "stackd_gguf_constants")
-GGML_QUANT_SIZES, GGMLQuantizationType = _constants.GGML_QUANT_SIZES, _constants.GGMLQuantizationType
 
 __all__ = ["GGUFError", "GGUFInfo", "Metadata", "check_gguf"]
 
@@ -129,9 +125,18 @@ FILE_TYPE_NAMES = {
     37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
 }
 
-_GGML_TYPE_NAMES = {int(t): t.name for t in GGMLQuantizationType}
-# (block size in elements, bytes per block) for every type we accept.
-_GGML_BLOCKS = {int(t): (int(b), int(s)) for t, (b, s) in GGML_QUANT_SIZES.items()}
+
+@functools.cache
+def _ggml_types() -> tuple[dict[int, str], dict[int, tuple[int, int]]]:
+    """The ggml types' names, and (block size in elements, bytes per block) for every type we
+    accept, from gguf-py's constants.py (standard library only; its package __init__ loads
+    numpy, ~10 MB). Read at the first check, not at import: a daemon whose models are in its
+    store checks none at start, and the module's hundreds of enum members cost it ~3 MB."""
+    constants = module_from_package_file("gguf", "constants.py", "stackd_gguf_constants")
+    names = {int(t): t.name for t in constants.GGMLQuantizationType}
+    blocks = {int(t): (int(b), int(s)) for t, (b, s) in constants.GGML_QUANT_SIZES.items()}
+    return names, blocks
+
 
 _ARCH_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
@@ -412,6 +417,7 @@ class _Parser:
             raise GGUFError("the file has no tensors, so it is not a usable model")
         tensors: list[_Tensor] = []
         seen: set[str] = set()
+        type_names, blocks = _ggml_types()
         for index in range(n_tensors):
             at = self.pos
             name = self._name(f"tensor name #{index}")
@@ -437,14 +443,14 @@ class _Parser:
                                 f"overflow (limit 2^62)")
             type_at = self.pos
             ggml_type = self._u32(f"ggml type of tensor {_q(name)}")
-            if ggml_type not in _GGML_TYPE_NAMES:
+            if ggml_type not in type_names:
                 raise GGUFError(f"{label} has unknown ggml type {ggml_type} at byte offset {type_at}")
-            if ggml_type not in _GGML_BLOCKS:
-                raise GGUFError(f"{label} has unsupported ggml type {_GGML_TYPE_NAMES[ggml_type]} "
+            if ggml_type not in blocks:
+                raise GGUFError(f"{label} has unsupported ggml type {type_names[ggml_type]} "
                                 f"({ggml_type}): its block size is unknown")
-            block, block_bytes = _GGML_BLOCKS[ggml_type]
+            block, block_bytes = blocks[ggml_type]
             if dims[0] % block:
-                raise GGUFError(f"{label} of type {_GGML_TYPE_NAMES[ggml_type]} has rows of {dims[0]} "
+                raise GGUFError(f"{label} of type {type_names[ggml_type]} has rows of {dims[0]} "
                                 f"elements, not a multiple of the block size {block}")
             offset_at = self.pos
             offset = self._u64(f"data offset of tensor {_q(name)}")
@@ -561,7 +567,7 @@ class _Parser:
         # No (or an unknown / "guessed") file type: the commonest type of the 2-D weights.
         pool = [t for t in tensors if t.n_dims == 2] or tensors
         most_common = Counter(t.ggml_type for t in pool).most_common(1)[0][0]
-        return _GGML_TYPE_NAMES[most_common]
+        return _ggml_types()[0][most_common]
 
 
 class Metadata:
