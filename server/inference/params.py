@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .gbnf import JSON_GBNF
-
 from ..engine.native import SAMPLING_FIELDS, SamplingParams
 from ..http import validate
 from ..http.errors import invalid
+from .gbnf import json_gbnf
 from .grammar import json_schema_grammar
 
 MAX_N = 16
@@ -165,7 +164,7 @@ def _grammar(body: dict) -> str:
     if kind in (None, "text"):
         return ""
     if kind == "json_object":
-        return JSON_GBNF
+        return json_gbnf()
     if kind != "json_schema":
         raise invalid("'response_format.type' must be 'text', 'json_object' or 'json_schema'",
                       "response_format")
