@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
+import time
 from time import perf_counter
 
 import orjson
@@ -19,8 +19,17 @@ log = logging.getLogger("server.http")
 SWEEP_INTERVAL = 0.5
 
 
-def _http_date() -> bytes:
-    return email.utils.formatdate(usegmt=True).encode()
+_DAYS = (b"Mon", b"Tue", b"Wed", b"Thu", b"Fri", b"Sat", b"Sun")
+_MONTHS = (b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
+           b"Dec")
+
+
+def _http_date(seconds: float | None = None) -> bytes:
+    """An HTTP date (RFC 9110's IMF-fixdate), as email.utils.formatdate(usegmt=True) writes it;
+    the email package (~1 MB of the daemon's memory) is not imported for it."""
+    t = time.gmtime(seconds)
+    return b"%s, %02d %s %04d %02d:%02d:%02d GMT" % (_DAYS[t.tm_wday], t.tm_mday, _MONTHS[t.tm_mon - 1],
+                                                      t.tm_year, t.tm_hour, t.tm_min, t.tm_sec)
 
 
 _OVERLOADED_BODY = orjson.dumps(ApiError(ErrorKind.UNAVAILABLE, "too many open connections").body())
