@@ -11,7 +11,7 @@ registry, so the daemon treats what it sends as data of a fixed shape (no pickle
 from __future__ import annotations
 
 import struct
-from typing import Iterator
+from collections.abc import Iterator
 
 import orjson
 
