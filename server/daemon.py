@@ -124,6 +124,7 @@ async def serve(settings: config.Settings) -> int:
             await http.shutdown(0)
             await node.models.aclose()
             return 1
+    release_free_heap()             # what start-up freed (vocabularies, route tables, listening)
     notifier = Notifier()
     notifier.ready()
     notifier.start_watchdog(loop)
@@ -204,7 +205,6 @@ async def load_models(loop, settings: config.Settings, node: Node):
         model = await manager.load(model_id)
         print(f"stackd: loaded {model.kind} model {model.id} "
               f"(context {model.context_length}, {model.engine.n_slots} slots)", flush=True)
-    release_free_heap()                                # what loading vocabularies freed
     return manager
 
 
