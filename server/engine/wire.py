@@ -10,10 +10,18 @@ registry, so the daemon treats what it sends as data of a fixed shape (no pickle
 """
 from __future__ import annotations
 
+import json
+import math
 import struct
 from collections.abc import Iterator
 
-import orjson
+from ..system.imports import lazy_import
+
+# The JSON of headers and trace chunks: orjson, loaded on first use, except in an engine worker,
+# which switches to the standard library's json (use_standard_json): importing orjson imports
+# dataclasses, inspect, uuid, datetime and more, ~1.3 MiB of a worker's memory (measured), for one
+# small frame a decode step. Both write the same documents, and read each other's.
+orjson = lazy_import("orjson")
 
 HEADER = struct.Struct("<II")
 MAX_FRAME = 256 << 20              # a 2,048-input embedding result is ~3 MiB; a prompt ~1 MiB
@@ -23,8 +31,50 @@ class WireError(ValueError):
     """A frame that breaks the format: the other side is not speaking it (or is broken)."""
 
 
+def _orjson_dumps(value) -> bytes:
+    return orjson.dumps(value)
+
+
+def _orjson_loads(data):
+    return orjson.loads(data)
+
+
+_dumps, _loads = _orjson_dumps, _orjson_loads
+
+
+def standard_dumps(value) -> bytes:
+    """orjson.dumps with the standard library: compact UTF-8, and NaN or an infinity as null (as
+    orjson writes them; json would write `NaN`, which orjson refuses to read)."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(value), separators=(",", ":"), ensure_ascii=False)
+    return text.encode()
+
+
+def _finite(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def standard_loads(data):
+    return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+
+
+def use_standard_json() -> None:
+    """Headers and trace chunks in this process go through the standard library's json (an
+    engine worker: orjson is never imported)."""
+    global _dumps, _loads
+    _dumps, _loads = standard_dumps, standard_loads
+
+
 def frame(message: dict, tail: bytes = b"") -> bytes:
-    head = orjson.dumps(message)
+    head = _dumps(message)
     return HEADER.pack(len(head) + len(tail), len(head)) + head + tail
 
 
@@ -48,8 +98,8 @@ class FrameReader:
                 break
             start = at + HEADER.size
             try:
-                header = orjson.loads(bytes(buf[start:start + n_head]))
-            except orjson.JSONDecodeError as exc:
+                header = _loads(bytes(buf[start:start + n_head]))
+            except json.JSONDecodeError as exc:          # orjson's is a subclass
                 raise WireError(f"bad frame header: {exc}") from None
             if not isinstance(header, dict):
                 raise WireError("frame header is not an object")
@@ -105,7 +155,7 @@ def encode_trace(records) -> tuple[list[int], int, bytes]:
     """(chunk lengths, records dropped to fit one frame, tail)."""
     chunks, size, at = [], 0, 0
     for batch in chunks_of(records):
-        chunk = orjson.dumps(batch)
+        chunk = _dumps(batch)
         if size + len(chunk) > MAX_TRACE_TAIL:
             return [len(c) for c in chunks], len(records) - at, b"".join(chunks)
         chunks.append(chunk)
@@ -122,8 +172,8 @@ def decode_trace(sizes: list, tail: bytes):
     view, at = memoryview(tail), 0
     for n in sizes:
         try:
-            records = orjson.loads(view[at:at + n])
-        except orjson.JSONDecodeError as exc:
+            records = _loads(view[at:at + n])
+        except json.JSONDecodeError as exc:
             raise WireError(f"bad trace chunk: {exc}") from None
         if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
             raise WireError("bad trace chunk: not a list of records")

@@ -10,7 +10,8 @@ Stats go out at once, with every request's end, and at least once a second.
 
 It exits when the daemon says close (after closing the engine), when the daemon's end of the
 socket closes, or when the daemon dies (PR_SET_PDEATHSIG, set here at start). It imports only
-what it needs: not llama-cpp-python, not the HTTP layer.
+what it needs: not llama-cpp-python, not the HTTP layer, not orjson (its frames go through the
+standard library's json, wire.use_standard_json).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import socket
 import sys
 import time
 
-from .wire import FrameReader, encode_trace, frame
+from .wire import FrameReader, encode_trace, frame, use_standard_json
 
 PR_SET_PDEATHSIG = 1
 STATS_INTERVAL = 1.0
@@ -181,6 +182,7 @@ class Worker:
 
 def main(fd: int, parent: int) -> int:
     die_with_parent(parent)
+    use_standard_json()                            # orjson's imports cost a worker ~2 MB
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # the daemon's terminal: the daemon decides
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     sock = socket.socket(fileno=fd)
