@@ -76,14 +76,15 @@ def test_a_broken_header_is_a_wire_error_with_either_codec():
 
 def test_a_worker_process_never_imports_orjson():
     """The worker's imports (server/engine/worker.py main) with its codec: orjson is never
-    loaded, nor what importing it brings (dataclasses, inspect, uuid, datetime)."""
+    loaded, nor what importing it brings (dataclasses, inspect, uuid, datetime), nor the socket
+    module (the worker uses the C type it wraps)."""
     code = ("import json, sys\n"
             "from server.engine import accel, native, worker, wire\n"
             "from server.system import memory\n"
             "wire.use_standard_json()\n"
             "[(header, _)] = wire.FrameReader().feed(wire.frame({'op': 'ready', 'x': [1.5, float('nan')]}))\n"
             "wire.encode_trace([{'t': 1}])\n"
-            "loaded = sorted(set(sys.modules) & {'dataclasses', 'inspect', 'uuid', 'datetime', 'typing'})\n"
+            "loaded = sorted(set(sys.modules) & {'dataclasses', 'inspect', 'uuid', 'datetime', 'typing', 'socket'})\n"
             "print(json.dumps([header, loaded, 'orjson.orjson' in sys.modules]))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [{"op": "ready", "x": [1.5, None]}, [], False]
