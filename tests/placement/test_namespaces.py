@@ -2,7 +2,8 @@
 link (tests/netns/topology.py): the RPC traffic crosses the link through the follower's relay
 only, a partition mid-stream ends the stream with the spec's error while the leader serves on,
 an RPC server whose rpc/stop could not reach its follower still stops, and layers over three
-nodes answer as one node does. Real daemons, real SmolLM2, real ggml RPC server children; nothing simulated."""
+nodes answer as one node does. Real daemons, real SmolLM2, real ggml RPC server children;
+nothing simulated."""
 from __future__ import annotations
 
 import socket
@@ -66,7 +67,7 @@ def assert_only_the_relay_crosses_the_link(p: NetnsPair) -> int:
     sockets = listening(child)
     upstream = [port for address, port in sockets if address == "127.0.0.1"]
     assert upstream and sockets - {("127.0.0.1", port) for port in upstream} == {("0.0.0.0", RPC_PORT)}, sockets
-    (placement_id,) = [entry["placement_id"] for entry in rpc_listed(p)]
+    (placement_id,) = eventually(lambda: [entry["placement_id"] for entry in rpc_listed(p)])   # next heartbeat
 
     def from_the_leader_s_namespace():
         for port in upstream:
