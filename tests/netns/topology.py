@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import threading
+from contextlib import contextmanager
 
 PREFIX = "stkt"
 CLONE_NEWNET = 0x40000000
@@ -145,19 +146,29 @@ class Topology:
         self.namespaces.clear()
 
 
+def _setns(fd: int) -> None:
+    """The calling thread into the network namespace `fd` refers to (setns applies to one
+    thread; threads and processes it starts afterwards are born in it)."""
+    if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "setns")
+
+
+def _join(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _setns(fd)
+    finally:
+        os.close(fd)
+
+
 def inside(netns: str, fn, *args):
-    """fn(*args) on a thread that has joined the namespace (setns applies to the calling thread
-    only), so the sockets it opens are that node's; its value, or its exception raised here."""
+    """fn(*args) on a thread that has joined the namespace, so the sockets it opens are that
+    node's (and stay so on any thread); its value, or its exception raised here."""
     outcome: dict = {}
 
     def run():
         try:
-            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
-            try:
-                if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), f"setns into {netns}")
-            finally:
-                os.close(fd)
+            _join(f"/run/netns/{netns}")
             outcome["value"] = fn(*args)
         except BaseException as exc:         # noqa: BLE001 - handed to the caller's thread
             outcome["error"] = exc
@@ -167,3 +178,16 @@ def inside(netns: str, fn, *args):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+@contextmanager
+def entered(netns: str):
+    """The calling thread in the namespace for the block (a benchmark that runs as a client on
+    that node, with the processes it starts), then back where it was."""
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        _join(f"/run/netns/{netns}")
+        yield
+    finally:
+        _setns(home)
+        os.close(home)

@@ -94,9 +94,10 @@ def test_a_model_split_across_namespaces_crosses_only_through_its_relay_and_outl
     child = assert_only_the_relay_crosses_the_link(p)
     split_answer = p.answer()
 
-    conn, response = open_stream(p.leader)                   # the link goes down mid-stream
+    streams = [open_stream(p.leader) for _ in range(2)]     # both slots decoding when the link goes down
     p.net.set_link(p.leader_ns, p.follower_ns, up=False)
-    assert_stream_ends_unavailable(conn, response)
+    for conn, response in streams:
+        assert_stream_ends_unavailable(conn, response)
     eventually(lambda: p.state() == "loaded" and p.described()["restarts"] == 1)
     placement = p.described()["placement"]
     assert [(n["id"], n["layers"]) for n in placement["nodes"]] == [(p.leader.node_id, N_LAYER)]
