@@ -15,9 +15,10 @@ from tests.netns.daemons import CLUSTER_PORT, RPC_PORT, in_namespace, namespaces
 from tests.netns.topology import inside
 
 from .test_relay import ANSWER, rpc_hello
-from .two_daemons import (EMBEDDING_MODEL, FOLLOWER_OFFER_MB, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair,
-                          assert_placed_on_both, assert_stream_ends_unavailable, daemons, eventually, gone,
-                          listening, node_env, open_stream, rpc_children, rpc_listed, statuses)
+from .two_daemons import (FOLLOWER_OFFER_MB, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair, assert_placed_on_both,
+                          assert_stream_ends_unavailable, daemons, eventually, gone, listening,
+                          load_over_both_with_room_for_one, node_env, open_stream, rpc_children, rpc_listed,
+                          statuses)
 
 pytestmark = needs_namespaces
 __all__ = ["namespaces"]
@@ -84,13 +85,7 @@ def assert_only_the_relay_crosses_the_link(p: NetnsPair) -> int:
 
 def test_a_model_split_across_namespaces_crosses_only_through_its_relay_and_outlives_a_partition(netns_pair):
     p = netns_pair(ROOM_FOR_ONE_MB)
-    status, _, body = p.load(EMBEDDING_MODEL)                # takes the room the chat model needs
-    assert status == 200, body
-    status, _, body = p.load()
-    assert status == 200, body
-    assert_placed_on_both(p, body)
-    status, _, body = p.leader.request("POST", "/v1/models/unload", body={"model": EMBEDDING_MODEL})
-    assert status == 200, body
+    load_over_both_with_room_for_one(p)
     child = assert_only_the_relay_crosses_the_link(p)
     split_answer = p.answer()
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import signal
 
-from .two_daemons import (EMBEDDING_MODEL, FOLLOWER_HOST, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair,
-                          assert_placed_on_both, assert_stream_ends_unavailable, eventually, gone, listening,
-                          open_stream, pair, rpc_children, rpc_listed, send)
+from .two_daemons import (FOLLOWER_HOST, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair, assert_placed_on_both,
+                          assert_stream_ends_unavailable, eventually, gone, listening,
+                          load_over_both_with_room_for_one, open_stream, pair, rpc_children, rpc_listed, send)
 
 __all__ = ["pair"]
 
@@ -117,13 +117,7 @@ def test_a_frozen_follower_is_dropped_fenced_and_rejoins_with_nothing_of_the_old
 
 def test_a_killed_follower_s_model_is_placed_again_on_the_leader_and_answers_the_same(pair):
     p = pair(ROOM_FOR_ONE_MB)
-    status, _, body = p.load(EMBEDDING_MODEL)                # takes the room the chat model needs
-    assert status == 200, body
-    status, _, body = p.load()
-    assert status == 200, body
-    assert_placed_on_both(p, body)
-    status, _, body = p.leader.request("POST", "/v1/models/unload", body={"model": EMBEDDING_MODEL})
-    assert status == 200, body
+    load_over_both_with_room_for_one(p)
     split_answer = p.answer()
 
     conn, response = open_stream(p.leader)

@@ -119,6 +119,19 @@ def assert_placed_on_both(p: Pair, body: dict) -> None:
     assert p.described()["placement"] == placement
 
 
+def load_over_both_with_room_for_one(p: Pair) -> None:
+    """A leader with ROOM_FOR_ONE_MB: the chat model placed over both nodes all the same (the
+    embedding model takes the leader's room while it loads, then goes), so that after the
+    follower's loss the leader can hold it alone."""
+    status, _, body = p.load(EMBEDDING_MODEL)
+    assert status == 200, body
+    status, _, body = p.load()
+    assert status == 200, body
+    assert_placed_on_both(p, body)
+    status, _, body = p.leader.request("POST", "/v1/models/unload", body={"model": EMBEDDING_MODEL})
+    assert status == 200, body
+
+
 def rpc_listed(p: Pair) -> list[dict]:
     """The follower's RPC server children, as its heartbeats tell the leader."""
     (entry,) = [e for e in p.leader.get("/v1/nodes")["data"] if e["id"] == p.follower.node_id]
