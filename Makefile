@@ -57,9 +57,10 @@ run: setup
 
 # System packages the tests need: the CNCF distribution registry (Debian's docker-registry)
 # that the pull tests run on loopback; PostgreSQL, which the console tests start in a temp dir;
-# Chromium and its driver, in which the console's web page is tested.
+# Chromium and its driver, in which the console's web page is tested; iproute2, whose `ip`
+# puts cluster nodes in network namespaces (tests/netns).
 TEST_PACKAGES := docker-registry:docker-registry postgresql:initdb chromium:chromium \
-                 chromium-driver:chromedriver
+                 chromium-driver:chromedriver iproute2:ip
 test-deps:
 	@missing=""; for entry in $(TEST_PACKAGES); do \
 	  command -v "$${entry#*:}" >/dev/null 2>&1 || [ -x /usr/lib/postgresql/15/bin/$${entry#*:} ] \

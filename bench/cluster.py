@@ -6,14 +6,18 @@ own `llama-server --rpc` over the same kind of RPC server; then the time from a 
 death to the first 503 a streaming client sees (kill -9 of the follower daemon and its RPC
 server), and from its freezing (SIGSTOP of both) to that 503.
 
-    .venv/bin/python bench/cluster.py [--clients 16] [--seconds 20] [--threads 1] [--followers real]
+    .venv/bin/python bench/cluster.py [--clients 16] [--seconds 20] [--threads 1] [--followers real] [--netns]
 
 One thread per node. The follower is a second daemon on this machine (`--followers real`, the
 default: its own data dir, on 127.0.0.2, the cluster secret; it starts its RPC server child when
 the leader asks), or simulated (`--followers simulated`: STACKD_TEST_LOOPBACK_PEERS, the
 leader starts the RPC server child, behind its relay, as a follower would; no freeze is measured
 then). Either way "two nodes" share this machine's cores: on a 2-core machine, 1 thread each is
-the fair setting. Same
+the fair setting. `--netns` (root; real followers): the leader and the follower each in a
+network namespace of its own, joined by a veth link that the RPC traffic crosses (the bench's
+clients run in the leader's namespace); llama-server --rpc there reaches the same kind of RPC
+server child in the follower's namespace through a plain forwarder (one pipe, as our relay,
+without the handshake). Same
 model (SmolLM2-135M Q4_1, 30 layers), same requests as bench/inference.py (a fixed prompt,
 128 tokens each, end of generation suppressed, greedy).
 """
@@ -25,10 +29,13 @@ import http.client
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 
 import orjson
 
@@ -38,8 +45,11 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import loadgen  # noqa: E402
 from inference import PROMPT, Server, body, free_port, row, spawn_stackd  # noqa: E402
 
+from server.cluster import relay  # noqa: E402
 from server.models import defaults  # noqa: E402
 from tests.cluster.nodes import Node  # noqa: E402
+from tests.netns import topology  # noqa: E402
+from tests.netns.daemons import CLUSTER_PORT, INFERENCE_PORT  # noqa: E402
 from tests.placement.processes import rpc_server_pids  # noqa: E402
 
 FOLLOWER = "f1"                        # the simulated follower's id
@@ -89,15 +99,53 @@ def rpc_child(marker: bytes) -> int:
     return pids[0]
 
 
-class RealFollower:
-    """A follower daemon on 127.0.0.2 that offers as much as the leader, with its RPC children."""
+class Namespaces:
+    """--netns: the leader's and the follower's network namespaces, on one veth link."""
 
-    def __init__(self, leader: Server, threads: int):
+    def __init__(self):
+        reason = topology.available()
+        if reason:
+            sys.exit(f"--netns: {reason}")
+        topology.sweep()
+        self.net = topology.Topology()
+        self.leader_ns = self.net.add_node("leader")[0]
+        self.follower_ns = self.net.add_node("follower")[0]
+        self.leader_ip, self.follower_ip = self.net.connect(self.leader_ns, self.follower_ns)
+
+
+class NamespacedLeader:
+    """The leader daemon in its namespace, where the bench's clients run too, as a Server."""
+
+    def __init__(self, net: Namespaces, slots: int, context: int, threads: int, kernels: str):
+        self.data = tempfile.mkdtemp(prefix="stackd-cluster-bench-")
+        self.node = Node(os.path.join(self.data, "data"), host="0.0.0.0", secret=SECRET,
+                         advertise=f"http://{net.leader_ip}:{CLUSTER_PORT}", ports=(INFERENCE_PORT, CLUSTER_PORT),
+                         env={"STACKD_ENGINE_SLOTS": str(slots), "STACKD_ENGINE_CONTEXT_LENGTH": str(context),
+                              "STACKD_ENGINE_THREADS": str(threads), "STACKD_ENGINE_KERNELS": kernels,
+                              "STACKD_RATE_LIMITS_INFERENCE": "0", "STACKD_RATE_LIMITS_CLUSTER": "0",
+                              "STACKD_MODELS_MEMORY_RESERVE_MB": "0", "STACKD_MODELS_MEMORY_LIMIT_MB": str(OFFER_MIB)})
+        self.port, self.cluster_port, self.key = INFERENCE_PORT, CLUSTER_PORT, self.node.admin_key
+        self.model = defaults.CHAT_MODEL
+
+    def stop(self) -> None:
+        self.node.stop()
+
+
+class RealFollower:
+    """A follower daemon that offers as much as the leader, with its RPC children: on 127.0.0.2,
+    or in its namespace across the link from the leader's."""
+
+    def __init__(self, leader: Server, threads: int, net: Namespaces | None = None):
         self.data = tempfile.mkdtemp(prefix="stackd-cluster-bench-follower-")
-        self.node = Node(os.path.join(self.data, "data"), role="follower", host=FOLLOWER_HOST, reach=FOLLOWER_HOST,
-                         leader=f"http://127.0.0.1:{leader.cluster_port}", secret=SECRET, env={
-                             "STACKD_ENGINE_THREADS": str(threads), "STACKD_MODELS_MEMORY_RESERVE_MB": "0",
-                             "STACKD_MODELS_MEMORY_LIMIT_MB": str(OFFER_MIB)})
+        if net is None:
+            where = {"host": FOLLOWER_HOST, "reach": FOLLOWER_HOST, "leader": f"http://127.0.0.1:{leader.cluster_port}"}
+        else:
+            where = {"host": "0.0.0.0", "reach": net.follower_ip, "netns": net.follower_ns,
+                     "advertise": f"http://{net.follower_ip}:{CLUSTER_PORT}", "ports": (INFERENCE_PORT, CLUSTER_PORT),
+                     "leader": f"http://{net.leader_ip}:{CLUSTER_PORT}"}
+        self.node = Node(os.path.join(self.data, "data"), role="follower", secret=SECRET, **where, env={
+            "STACKD_ENGINE_THREADS": str(threads), "STACKD_MODELS_MEMORY_RESERVE_MB": "0",
+            "STACKD_MODELS_MEMORY_LIMIT_MB": str(OFFER_MIB)})
         self.id = self.node.node_id
         deadline = time.monotonic() + 60
         while statuses_of(leader).get(self.id) != "up":
@@ -138,9 +186,11 @@ def statuses_of(server: Server) -> dict[str, str]:
     return {n["id"]: n["status"] for n in nodes}
 
 
-def start_rpc_server(threads: int) -> tuple[subprocess.Popen, int]:
-    """ggml's RPC server as our children run it (direct: 127.0.0.1, no relay), for llama-server."""
-    proc = subprocess.Popen([sys.executable, "-m", "server.cluster.rpc_server", "--direct", "--threads",
+def start_rpc_server(threads: int, netns: str | None = None) -> tuple[subprocess.Popen, int]:
+    """ggml's RPC server as our children run it (direct: 127.0.0.1, no relay), for llama-server;
+    in `netns` when given."""
+    where = ["ip", "netns", "exec", netns] if netns else []
+    proc = subprocess.Popen([*where, sys.executable, "-m", "server.cluster.rpc_server", "--direct", "--threads",
                              str(threads), "--placement-id", "bench", "--parent", str(os.getpid())],
                             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     proc.stdin.write(b"\n")
@@ -151,13 +201,31 @@ def start_rpc_server(threads: int) -> tuple[subprocess.Popen, int]:
     return proc, int(line.split()[1])
 
 
-def start_llama_server_rpc(binary: str, slots: int, context: int, threads: int, rpc_port: int) -> Server:
+def forward_across(net: Namespaces, upstream_port: int) -> int:
+    """A plain forwarder on the follower's link address to its namespace's 127.0.0.1:upstream_port
+    (llama-server's RPC client cannot prove the secret to a relay): the same copying as our
+    relay, without the handshake. Returns its port."""
+    listener = topology.inside(net.follower_ns, socket.create_server, (net.follower_ip, 0))
+
+    def accept():
+        while True:
+            conn, _ = listener.accept()
+            upstream = topology.inside(net.follower_ns, socket.create_connection, ("127.0.0.1", upstream_port))
+            relay.tune(conn)
+            relay.tune(upstream)
+            threading.Thread(target=relay.pipe, args=(conn, upstream), daemon=True).start()
+    threading.Thread(target=accept, daemon=True, name="rpc forwarder").start()
+    return listener.getsockname()[1]
+
+
+def start_llama_server_rpc(binary: str, slots: int, context: int, threads: int, rpc_port: int,
+                           rpc_host: str = "127.0.0.1") -> Server:
     port = free_port()
     # 15 of 30 layers and the output on the RPC device (-ngl counts the output as a layer)
     return Server("llama-server --rpc", [binary, "-m", defaults.smollm2_path(), "--host", "127.0.0.1",
                                          "--port", str(port), "-np", str(slots), "-c", str(slots * context),
                                          "-t", str(threads), "-tb", str(threads), "--no-webui",
-                                         "--rpc", f"127.0.0.1:{rpc_port}", "-ngl", "16"],
+                                         "--rpc", f"{rpc_host}:{rpc_port}", "-ngl", "16"],
                   port, "smollm2")
 
 
@@ -190,6 +258,19 @@ def stop_stackd(server: Server, follower: RealFollower | None) -> None:
     if follower is not None:
         follower.stop()
     shutil.rmtree(server.data, ignore_errors=True)
+
+
+@contextmanager
+def in_leader_namespace(net: Namespaces | None):
+    """--netns: this thread (the bench's clients) and what it starts in the leader's namespace."""
+    if net is None:
+        yield
+        return
+    try:
+        with topology.entered(net.leader_ns):
+            yield
+    finally:
+        net.net.close()
 
 
 def node_loss(server: Server, follower: RealFollower | None, options_of) -> None:
@@ -238,17 +319,30 @@ def main() -> None:
     parser.add_argument("--skip-llama-server", action="store_true")
     parser.add_argument("--followers", choices=("real", "simulated"), default="real",
                         help="a second daemon (real) or the leader's loopback test hook (simulated)")
+    parser.add_argument("--netns", action="store_true",
+                        help="each node in a network namespace of its own, on a veth link (root; real followers)")
     args = parser.parse_args()
+    if args.netns and args.followers != "real":
+        parser.error("--netns places the model over a real follower")
+    net = Namespaces() if args.netns else None
+    with in_leader_namespace(net):
+        run(args, net)
+
+
+def run(args, net: Namespaces | None) -> None:
     c, results, real = args.clients, {}, args.followers == "real"
 
     def run_stackd(name: str, two_nodes: bool, options_of) -> tuple[Server, RealFollower | None]:
         peers = f"{FOLLOWER}={OFFER_MIB}" if two_nodes and not real else ""
-        server = start_stackd(c, args.context, args.threads, args.kernels, peers,
-                              {"STACKD_CLUSTER_SECRET": SECRET} if real else None)
+        if net is not None:
+            server = NamespacedLeader(net, c, args.context, args.threads, args.kernels)
+        else:
+            server = start_stackd(c, args.context, args.threads, args.kernels, peers,
+                                  {"STACKD_CLUSTER_SECRET": SECRET} if real else None)
         follower = None
         try:
             if two_nodes and real:
-                follower = RealFollower(server, args.threads)
+                follower = RealFollower(server, args.threads, net)
             answer = load(server, **options_of(leader_id(server), follower.id if follower else FOLLOWER))
             print(f"{name}: placement {answer.get('placement')}", flush=True)
             results[name] = {c: measure(server, c, args.seconds, args.max_tokens)}
@@ -275,9 +369,12 @@ def main() -> None:
     if not args.skip_llama_server:
         import peers as bench_peers
         binary = bench_peers.llama_server()
-        rpc, rpc_port = start_rpc_server(args.threads)
+        rpc, rpc_port = start_rpc_server(args.threads, net.follower_ns if net else None)
         try:
-            server = start_llama_server_rpc(binary, c, args.context, args.threads, rpc_port)
+            if net is not None:
+                rpc_port = forward_across(net, rpc_port)
+            server = start_llama_server_rpc(binary, c, args.context, args.threads, rpc_port,
+                                            net.follower_ip if net else "127.0.0.1")
             try:
                 results["llama-server --rpc"] = {c: measure(server, c, args.seconds, args.max_tokens),
                                                  1: measure(server, 1, min(args.seconds, 15.0), args.max_tokens)}
@@ -290,7 +387,7 @@ def main() -> None:
             rpc.wait()
 
     print(f"\nSmolLM2-135M Q4_1, {args.threads} thread(s) per node, {c} slots, {args.max_tokens} tokens per "
-          f"request, {args.seconds:g} s closed loop, loopback")
+          f"request, {args.seconds:g} s closed loop, {'network namespaces on a veth link' if net else 'loopback'}")
     one = results["1 node"]
     for name in results:
         r = results[name]

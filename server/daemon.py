@@ -177,6 +177,8 @@ def attach_cluster(manager, node: Node, settings: config.Settings) -> None:
     membership.on_node_down(manager.node_down)
     membership.on_fenced(manager.rpc.stop_all)
     node.membership.provide_rpc_state(manager.rpc.listing)             # its heartbeats carry them
+    node.membership.provide_placements(manager.placements.on)          # a leader's answers list them
+    node.membership.on_placements_listed(manager.rpc.keep_only)        # a follower stops the rest
     rpc_routes.register()
 
 

@@ -47,10 +47,11 @@ class Heartbeat:
     async def beat(self) -> bool:
         membership = self.membership
         leader = membership.follower.leader_address
+        sent = time.monotonic()
         try:
             answer = await membership.client.call(leader, "POST", "/internal/v1/heartbeat",
                                                   membership.heartbeat_body(), timeout=CALL_TIMEOUT)
-            membership.accept_answer(answer)
+            membership.accept_answer(answer, sent_at=sent)
         except PeerError as exc:
             self._failed(exc)
             return False

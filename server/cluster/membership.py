@@ -102,6 +102,8 @@ class Membership:
         self.loop = None
         self.heartbeat: Heartbeat | None = None
         self.rpc_state = None       # () -> JSON-able: the RPC children, carried by heartbeats
+        self.placements_on = None   # (node_id) -> placement ids a leader holds RPC servers for there
+        self._listed_callbacks: list = []
         self._down_callbacks: list = []
         self._fenced_callbacks: list = []
         self._change_callbacks: list = []
@@ -166,6 +168,17 @@ class Membership:
 
     def provide_rpc_state(self, provider) -> None:
         self.rpc_state = provider
+
+    def provide_placements(self, provider) -> None:
+        """A leader's heartbeat answers list, to each follower, the placements it still holds
+        RPC servers for there: provider(node_id) -> [placement id]."""
+        self.placements_on = provider
+
+    def on_placements_listed(self, callback) -> None:
+        """callback(listed: set of placement ids, asked_before: monotonic time), on the loop,
+        when a follower learns which of its RPC servers the leader still holds: any child it was
+        asked for before `asked_before` and not listed is an orphan (its rpc/stop never came)."""
+        self._listed_callbacks.append(callback)
 
     async def call(self, node_id: str, method: str, path: str, body: dict | None = None,
                    timeout: float | None = None) -> dict:
@@ -266,9 +279,12 @@ class Membership:
 
     def _answer(self, sender: str) -> dict:
         power = self.node.power.allocation(sender) if self.node.power is not None else None
-        return {"leader_id": self.self_id, "cluster_id": self.node.identity.cluster_id,
-                "inference_url": self.inference_url, "view": views.leader_view(self.node, self),
-                "power": power, "compute_scale": power["compute_scale"] if power else 1.0}
+        answer = {"leader_id": self.self_id, "cluster_id": self.node.identity.cluster_id,
+                  "inference_url": self.inference_url, "view": views.leader_view(self.node, self),
+                  "power": power, "compute_scale": power["compute_scale"] if power else 1.0}
+        if self.placements_on is not None:
+            answer["placements"] = list(self.placements_on(sender))
+        return answer
 
     def _arm_down_timer(self, member: Member) -> None:
         if member.timer is not None:
@@ -306,8 +322,9 @@ class Membership:
     def heartbeat_body(self) -> dict:
         return {"entry": self.own_entry()}
 
-    def accept_answer(self, answer: dict) -> None:
-        """A successful heartbeat: keep the leader's view, unfence, apply the compute scale."""
+    def accept_answer(self, answer: dict, sent_at: float | None = None) -> None:
+        """A successful heartbeat (sent at monotonic `sent_at`): keep the leader's view, unfence,
+        apply the compute scale, stop the RPC servers the leader no longer holds."""
         state = self.follower
         if not isinstance(answer.get("view"), dict) or not isinstance(answer.get("leader_id"), str):
             raise PeerError("the leader's answer lacks its view")
@@ -322,6 +339,10 @@ class Membership:
         self._arm_fence()
         if answer.get("rejoined") is True and not state.fenced:
             self._drop_leader_work()
+        elif sent_at is not None and isinstance(answer.get("placements"), list):
+            listed = {p for p in answer["placements"] if isinstance(p, str)}
+            for callback in list(self._listed_callbacks):
+                _run(callback, listed, sent_at)
         if state.fenced:
             state.fenced = False
             log.info("cluster: joined leader %s at %s", state.leader_id, state.leader_address)

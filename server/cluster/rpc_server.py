@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import re
 import signal
@@ -28,6 +29,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+
+log = logging.getLogger("server.cluster")
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_TIMEOUT = 60.0
@@ -129,6 +132,7 @@ class RpcChild:
     direct: bool
     proc: subprocess.Popen = field(repr=False)
     started_at: float = field(default_factory=time.time)
+    asked_at: float = field(default_factory=time.monotonic)   # when its rpc/start came in
 
     @property
     def state(self) -> str:
@@ -164,6 +168,7 @@ class RpcServers:
             raise RpcServerError("placement_id and leader_id must be 1-128 characters of A-Z a-z 0-9 . _ -")
         if not direct and not self.secret:
             raise RpcServerError("this node has no cluster secret: its RPC relay would be open")
+        asked_at = time.monotonic()
         async with self._lock:
             await self._stop_locked(placement_id)
             cache_dir = os.path.join(self.data_dir, "rpc-cache", leader_id)
@@ -171,6 +176,7 @@ class RpcServers:
             for port in self._candidate_ports(direct):
                 child = await self._spawn(placement_id, leader_id, threads, port, cache_dir, direct)
                 if child is not None:
+                    child.asked_at = asked_at
                     self.children[placement_id] = child
                     return child
         raise RpcServerError(f"no free port for an RPC server from {self.first_port} upward")
@@ -222,6 +228,18 @@ class RpcServers:
             return False
         await self.loop.run_in_executor(None, _stop_process, child.proc)
         return True
+
+    def keep_only(self, listed: set[str], asked_before: float) -> None:
+        """The leader holds only the `listed` placements here: a child asked for before
+        `asked_before` (so that the leader's list was made after it claimed the placement) and
+        not listed missed its rpc/stop (the leader could not reach us then): it stops now.
+        Children asked for later may be too new for the list: the next heartbeat judges them."""
+        for child in list(self.children.values()):
+            if child.placement_id not in listed and child.asked_at < asked_before:
+                log.warning("cluster: the leader no longer holds placement %s: its RPC server stops",
+                            child.placement_id)
+                del self.children[child.placement_id]
+                self.loop.run_in_executor(None, _stop_process, child.proc)
 
     def stop_all(self) -> None:
         """Fenced, or shutting down: every child goes now (a half-done client is dropped)."""

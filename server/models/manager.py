@@ -10,7 +10,6 @@ then the engine is closed and its memory freed.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from ..engine.runner import ModelRunner
 from ..http.errors import ApiError, ErrorKind, invalid
 from .gguf_check import GGUFError
 from .placement import NodeOffer, Need, Placement, PlacementError, Share, place
-from .rpc_devices import NodeUnreachable, RpcDevices
+from .rpc_devices import NodeUnreachable, PlacementLedger, RpcDevices
 from .store import Manifest, ModelStore, valid_model_id
 
 MIB = 1 << 20
@@ -135,7 +134,7 @@ class ModelManager:
     memory_limit: int = 0                                          # models.memory_limit_mb; 0 = all
     membership: object = None       # the cluster (contract's Membership); None: this node alone
     rpc: object = None              # this node's RPC server children (cluster.rpc_server.RpcServers)
-    _placements: object = field(default_factory=lambda: itertools.count(1))
+    placements: PlacementLedger = field(default_factory=PlacementLedger)   # what RPC servers it holds
     _closing: bool = False
 
     # ---- what is there -------------------------------------------------------------------------
@@ -411,7 +410,7 @@ class ModelManager:
 
     def _devices(self) -> RpcDevices:
         return RpcDevices(self.membership, self.rpc, self.settings.n_threads or (os.cpu_count() or 1),
-                          self._placements)
+                          self.placements)
 
     async def _start_rpc(self, manifest: Manifest, placement: Placement) -> tuple[str, dict, dict]:
         return await self._devices().start(placement, manifest.n_layer)

@@ -7,6 +7,7 @@ child on loopback that the worker dials directly.
 """
 from __future__ import annotations
 
+import itertools
 import os
 
 from ..engine.native import SPLIT_MODE_LAYER, SPLIT_MODE_TENSOR
@@ -26,12 +27,35 @@ class NodeUnreachable(RuntimeError):
         self.node_id = node_id
 
 
+class PlacementLedger:
+    """The placements this leader holds RPC servers for, each with its nodes, from before the
+    first rpc/start until after the last rpc/stop. Its heartbeat answers list them to each
+    follower, which stops any child not listed: an rpc/stop that could not reach the follower
+    (a partition, a timeout) leaves no server behind."""
+
+    def __init__(self):
+        self._numbers = itertools.count(1)
+        self.held: dict[str, tuple[str, ...]] = {}
+
+    def claim(self, me: str, node_ids) -> str:
+        """A new placement id, unique within this daemon, held on these nodes."""
+        placement_id = f"{me}-{os.getpid()}-{next(self._numbers)}"
+        self.held[placement_id] = tuple(node_ids)
+        return placement_id
+
+    def release(self, placement_id: str) -> None:
+        self.held.pop(placement_id, None)
+
+    def on(self, node_id: str) -> list[str]:
+        return [pid for pid, nodes in self.held.items() if node_id in nodes]
+
+
 class RpcDevices:
-    def __init__(self, membership, servers, threads: int, placement_ids):
+    def __init__(self, membership, servers, threads: int, ledger: PlacementLedger):
         self.membership = membership
         self.servers = servers              # this node's cluster.rpc_server.RpcServers
         self.threads = threads              # this node's own server's threads
-        self.placement_ids = placement_ids  # a counter: ids unique within this daemon
+        self.ledger = ledger
 
     @property
     def me(self) -> str:
@@ -40,8 +64,8 @@ class RpcDevices:
     async def start(self, placement: Placement, n_layer: int) -> tuple[str, dict, dict]:
         """A server on every node behind one of the engine's devices. Returns the placement id,
         the worker's `rpc` (secret and peers) and the engine's split parameters."""
-        placement_id = f"{self.me}-{os.getpid()}-{next(self.placement_ids)}"
         device_nodes, tensor_split, n_gpu_layers = engine_split(placement, self.me, n_layer)
+        placement_id = self.ledger.claim(self.me, device_nodes)
         peers, started = [], []
         try:
             for node_id in device_nodes:
@@ -74,7 +98,9 @@ class RpcDevices:
         return {"host": node.host, "port": int(answer["port"]), "relay": True, "placement_id": placement_id}
 
     async def stop(self, node_ids, placement_id: str) -> None:
-        """Best effort: a node that is gone has no server left to stop."""
+        """Best effort: a node that is gone has no server left to stop, and one that could not
+        be reached stops it when our next heartbeat answer no longer lists it."""
+        self.ledger.release(placement_id)
         for node_id in node_ids:
             try:
                 if node_id == self.me:

@@ -5,15 +5,13 @@ there. The follower's side is real (RpcServers, its children on loopback); only 
 lateness is played."""
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 from server.cluster.rpc_server import RpcServers
 from server.cluster.solo import LoopbackPeers, PeerError
 from server.models import rpc_devices
 from server.models.placement import Placement, Share
-from server.models.rpc_devices import NodeUnreachable, RpcDevices
+from server.models.rpc_devices import NodeUnreachable, PlacementLedger, RpcDevices
 
 from .conftest import run
 
@@ -47,9 +45,11 @@ def follower(loop, tmp_path):
 def test_a_start_answered_too_late_leaves_no_server_on_the_follower(loop, tmp_path, follower):
     membership, servers = follower
     leader = RpcServers(loop, str(tmp_path / "leader"), "127.0.0.1", 0, membership.secret)
-    devices = RpcDevices(membership, leader, 1, itertools.count(1))
+    ledger = PlacementLedger()
+    devices = RpcDevices(membership, leader, 1, ledger)
     with pytest.raises(NodeUnreachable) as refused:
         run(loop, devices.start(PLACEMENT, 30))
     assert refused.value.node_id == "f1"
     assert membership.deadlines == [rpc_devices.START_DEADLINE]      # not the 2 s of an ordinary call
     assert servers.listing() == [] and leader.listing() == []
+    assert ledger.on("f1") == []                       # no longer listed to the follower either

@@ -7,25 +7,11 @@ from __future__ import annotations
 import os
 import signal
 
-from .two_daemons import (FOLLOWER_HOST, MODEL, N_LAYER, Pair, eventually, gone, listening, open_stream,
-                          pair, rpc_children, send, stream_error)
-
-# The leader offers 250 MiB to models: SmolLM2 with 2 slots of 256 needs about 297 alone.
-TOO_SMALL_MB = 250
-# 540 MiB hold SmolLM2 alone, but not beside the embedding model (about 279 MiB).
-ROOM_FOR_ONE_MB = 540
-EMBEDDING_MODEL = "all-minilm-l6-v2"
+from .two_daemons import (FOLLOWER_HOST, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair, assert_placed_on_both,
+                          assert_stream_ends_unavailable, eventually, gone, listening,
+                          load_over_both_with_room_for_one, open_stream, pair, rpc_children, rpc_listed, send)
 
 __all__ = ["pair"]
-
-
-def assert_placed_on_both(p: Pair, body: dict) -> None:
-    placement = body["placement"]
-    assert placement["split_mode"] == "layer"
-    assert [n["id"] for n in placement["nodes"]] == [p.leader.node_id, p.follower.node_id]
-    assert all(n["layers"] > 0 and n["memory_bytes"] > 0 for n in placement["nodes"])
-    assert sum(n["layers"] for n in placement["nodes"]) == N_LAYER
-    assert p.described()["placement"] == placement
 
 
 def assert_one_rpc_child_behind_its_relay(p: Pair) -> int:
@@ -52,12 +38,6 @@ def assert_views_show_the_model(p: Pair) -> None:
         eventually(shown)
 
 
-def rpc_listed(p: Pair) -> list[dict]:
-    """The follower's RPC server children, as its heartbeats tell the leader."""
-    (entry,) = [e for e in p.leader.get("/v1/nodes")["data"] if e["id"] == p.follower.node_id]
-    return entry["rpc"]
-
-
 def kill_follower(p: Pair) -> None:
     """kill -9 of the follower daemon and of its RPC server child, together."""
     children = rpc_children(p.follower)
@@ -78,12 +58,6 @@ def assert_failed_naming(p: Pair, node_id: str) -> None:
     assert node_id in body["error"]["message"]
     cluster = p.leader.get("/v1/cluster")
     assert cluster["status"] == "degraded" and any(node_id in r for r in cluster["reasons"])
-
-
-def assert_stream_ends_unavailable(conn, response) -> dict:
-    error = stream_error(conn, response)
-    assert error["code"] == 503 and error["type"] == "service_unavailable_error", error
-    return error
 
 
 def test_a_model_over_two_daemons_fails_when_its_follower_dies_and_uses_it_again_once_back(pair):
@@ -143,13 +117,7 @@ def test_a_frozen_follower_is_dropped_fenced_and_rejoins_with_nothing_of_the_old
 
 def test_a_killed_follower_s_model_is_placed_again_on_the_leader_and_answers_the_same(pair):
     p = pair(ROOM_FOR_ONE_MB)
-    status, _, body = p.load(EMBEDDING_MODEL)                # takes the room the chat model needs
-    assert status == 200, body
-    status, _, body = p.load()
-    assert status == 200, body
-    assert_placed_on_both(p, body)
-    status, _, body = p.leader.request("POST", "/v1/models/unload", body={"model": EMBEDDING_MODEL})
-    assert status == 200, body
+    load_over_both_with_room_for_one(p)
     split_answer = p.answer()
 
     conn, response = open_stream(p.leader)

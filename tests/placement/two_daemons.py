@@ -8,6 +8,7 @@ import http.client
 import os
 import signal
 import socket
+from contextlib import contextmanager
 
 import orjson
 import pytest
@@ -25,17 +26,26 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 ENGINE = {"STACKD_ENGINE_SLOTS": "2", "STACKD_ENGINE_CONTEXT_LENGTH": "256", "STACKD_ENGINE_THREADS": "1",
           "STACKD_ENGINE_KERNELS": "off"}
 FOLLOWER_OFFER_MB = 400
+# The leader offers 250 MiB to models: SmolLM2 with 2 slots of 256 needs about 297 alone.
+TOO_SMALL_MB = 250
+# 540 MiB hold SmolLM2 alone, but not beside the embedding model (about 279 MiB).
+ROOM_FOR_ONE_MB = 540
+EMBEDDING_MODEL = "all-minilm-l6-v2"
+
+
+def node_env(limit_mb: int, rpc_port: int | None = None) -> dict:
+    """A node's settings: the engine above, what it offers to models, its first RPC port."""
+    env = {**ENGINE, "STACKD_MODELS_MEMORY_LIMIT_MB": str(limit_mb)}
+    if rpc_port is not None:
+        env["STACKD_CLUSTER_RPC_PORT"] = str(rpc_port)
+    return env
 
 
 class Pair:
-    def __init__(self, start_node, leader_limit_mb: int):
-        self.start_node = start_node
-        self.leader = start_node("leader", env={**ENGINE, "STACKD_MODELS_MEMORY_LIMIT_MB": str(leader_limit_mb),
-                                                "STACKD_CLUSTER_RPC_PORT": str(free_port())})
-        self.follower = start_node("follower", role="follower", leader=self.leader.cluster_url,
-                                   host=FOLLOWER_HOST, reach=FOLLOWER_HOST,
-                                   env={**ENGINE, "STACKD_MODELS_MEMORY_LIMIT_MB": str(FOLLOWER_OFFER_MB),
-                                        "STACKD_CLUSTER_RPC_PORT": str(free_port(FOLLOWER_HOST))})
+    """A leader and its follower, once the leader counts the follower up."""
+
+    def __init__(self, leader: Node, follower: Node):
+        self.leader, self.follower = leader, follower
         self.wait_follower("up")
 
     def wait_follower(self, status: str) -> None:
@@ -61,10 +71,11 @@ class Pair:
         return self.described()["state"]
 
 
-@pytest.fixture
-def pair(tmp_path):
-    """pair(leader_limit_mb): every daemon started is killed at the end, pass or fail (a frozen
-    one is woken first), and with it its RPC server children (they die with their parent)."""
+@contextmanager
+def daemons(tmp_path):
+    """start_node(name, **Node kwargs): every daemon started is killed at the end, pass or fail
+    (a frozen one is woken first), and with it its RPC server children (they die with their
+    parent)."""
     started: list[Node] = []
 
     def start_node(name: str, **kwargs) -> Node:
@@ -72,14 +83,59 @@ def pair(tmp_path):
         started.append(node)
         return node
 
-    yield lambda leader_limit_mb: Pair(start_node, leader_limit_mb)
-    for node in started:
-        children = rpc_children(node) if node.proc.poll() is None else []
-        if node.proc.poll() is None:
-            node.proc.send_signal(signal.SIGCONT)
-        node.kill()
-        for pid in children:
-            send(pid, signal.SIGKILL)
+    try:
+        yield start_node
+    finally:
+        for node in started:
+            children = rpc_children(node) if node.proc.poll() is None else []
+            if node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGCONT)
+            node.kill()
+            for pid in children:
+                send(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """pair(leader_limit_mb): a leader on 127.0.0.1 and a follower on FOLLOWER_HOST."""
+    def make(leader_limit_mb: int) -> Pair:
+        leader = start_node("leader", env=node_env(leader_limit_mb, free_port()))
+        follower = start_node("follower", role="follower", leader=leader.cluster_url, host=FOLLOWER_HOST,
+                              reach=FOLLOWER_HOST, env=node_env(FOLLOWER_OFFER_MB, free_port(FOLLOWER_HOST)))
+        return Pair(leader, follower)
+
+    with daemons(tmp_path) as start_node:
+        yield make
+
+
+# ---- what the leader says -------------------------------------------------------------------------
+
+def assert_placed_on_both(p: Pair, body: dict) -> None:
+    placement = body["placement"]
+    assert placement["split_mode"] == "layer"
+    assert [n["id"] for n in placement["nodes"]] == [p.leader.node_id, p.follower.node_id]
+    assert all(n["layers"] > 0 and n["memory_bytes"] > 0 for n in placement["nodes"])
+    assert sum(n["layers"] for n in placement["nodes"]) == N_LAYER
+    assert p.described()["placement"] == placement
+
+
+def load_over_both_with_room_for_one(p: Pair) -> None:
+    """A leader with ROOM_FOR_ONE_MB: the chat model placed over both nodes all the same (the
+    embedding model takes the leader's room while it loads, then goes), so that after the
+    follower's loss the leader can hold it alone."""
+    status, _, body = p.load(EMBEDDING_MODEL)
+    assert status == 200, body
+    status, _, body = p.load()
+    assert status == 200, body
+    assert_placed_on_both(p, body)
+    status, _, body = p.leader.request("POST", "/v1/models/unload", body={"model": EMBEDDING_MODEL})
+    assert status == 200, body
+
+
+def rpc_listed(p: Pair) -> list[dict]:
+    """The follower's RPC server children, as its heartbeats tell the leader."""
+    (entry,) = [e for e in p.leader.get("/v1/nodes")["data"] if e["id"] == p.follower.node_id]
+    return entry["rpc"]
 
 
 # ---- processes and sockets -------------------------------------------------------------------------
@@ -147,6 +203,12 @@ def stream_error(conn, response) -> dict:
     events = [orjson.loads(line[6:]) for line in rest.split(b"\n") if line.startswith(b"data: {")]
     assert events and "error" in events[-1], rest[-500:]
     return events[-1]["error"]
+
+
+def assert_stream_ends_unavailable(conn, response) -> dict:
+    error = stream_error(conn, response)
+    assert error["code"] == 503 and error["type"] == "service_unavailable_error", error
+    return error
 
 
 __all__ = ["EVENTUAL", "eventually", "statuses"]
