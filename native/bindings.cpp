@@ -5,6 +5,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "engine/engine.h"
 #include "engine/model_facts.h"
 #include "engine/scheduler.h"
@@ -211,6 +216,35 @@ py::dict plan_to_python(const batch_plan & plan) {
     return out;
 }
 
+// An `events` frame of server/engine/wire.py: u32 body length, u32 header length, the JSON
+// header, then the event wire as its tail.
+std::string events_frame(const std::vector<engine_event> & events) {
+    static const std::string header = "{\"op\":\"events\"}";
+    std::string frame(8, '\0');
+    frame += header;
+    encode_events(events, frame);
+    const uint32_t lengths[2] = {(uint32_t) (frame.size() - 8), (uint32_t) header.size()};
+    std::memcpy(frame.data(), lengths, sizeof lengths);
+    return frame;
+}
+
+// Sends what the socket takes now; stops at EAGAIN or an error (the caller's own send, next,
+// sees the error and handles it as it always has).
+size_t send_some(int fd, const std::string & data) {
+    size_t sent = 0;
+    while (sent < data.size()) {
+        const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) {
+            sent += (size_t) n;
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else {
+            break;
+        }
+    }
+    return sent;
+}
+
 // The scheduling policy alone, for tests with a fake decoder.
 class py_scheduler {
 public:
@@ -345,7 +379,7 @@ PYBIND11_MODULE(_engine, m) {
               encode_events(events, out);
               return py::bytes(out);
           },
-          "Events as event_wire.h bytes (what Engine.take_events_wire gives).");
+          "Events as event_wire.h bytes (the tail of what Engine.forward_events sends).");
     m.def("decode_events_wire",
           [](const py::bytes & data) {
               const std::string_view view = data;
@@ -429,18 +463,28 @@ PYBIND11_MODULE(_engine, m) {
                  }
                  return out;
              })
-        .def("take_events_wire",
-             [](engine & e) {
+        .def("forward_events",
+             [](engine & e, int fd) -> py::tuple {
                  const std::vector<engine_event> events = e.take_events();
-                 std::string out;
-                 encode_events(events, out);
                  bool any_finished = false;
                  for (const engine_event & ev : events) {
                      any_finished = any_finished || request_status_is_finished(ev.status);
                  }
-                 return py::make_tuple(py::bytes(out), any_finished);
+                 if (events.empty()) {
+                     return py::make_tuple(py::bytes(), false);
+                 }
+                 const std::string frame = events_frame(events);
+                 size_t sent = 0;
+                 if (fd >= 0) {
+                     py::gil_scoped_release release;
+                     sent = send_some(fd, frame);
+                 }
+                 return py::make_tuple(py::bytes(frame.data() + sent, frame.size() - sent), (bool) any_finished);
              },
-             "The events taken, as event_wire.h bytes, and whether any of them ends a request.")
+             py::arg("fd"),
+             "A worker's relay in one call: the events taken, framed for server/engine/wire.py, and "
+             "as much of the frame as `fd` takes without blocking (fd -1: none). Returns the rest, "
+             "to be queued, and whether any event ends a request.")
         .def("fileno", &engine::event_fd)
         .def("close", &engine::close, py::call_guard<py::gil_scoped_release>())
         .def("stats", [](const engine & e) { return stats_to_python(e.stats()); })

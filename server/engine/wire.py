@@ -120,7 +120,7 @@ def data(text_: str) -> bytes:
 
 # ---- engine events ---------------------------------------------------------------------------
 # Events cross as an `events` frame whose tail is the native event wire (native/engine/
-# event_wire.h): the worker's Engine.take_events_wire encodes them in one call, the daemon's
+# event_wire.h): the worker's Engine.forward_events encodes and sends them in one call, the daemon's
 # decode_events decodes them in one, so a token costs each side one call, not a dict per event.
 
 

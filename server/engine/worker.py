@@ -27,7 +27,6 @@ from .wire import FrameReader, encode_trace, frame, use_standard_json
 
 PR_SET_PDEATHSIG = 1
 STATS_INTERVAL = 1.0
-EVENTS_HEADER = {"op": "events"}    # the events themselves are the tail: native event wire
 EXIT_RPC_PEER_LOST = 75                # a node holding some of the model's layers went away
 
 
@@ -71,6 +70,7 @@ def die_with_parent(parent: int) -> None:
 class Worker:
     def __init__(self, sock: _socket.socket, engine):
         self.sock = sock
+        self.sock_fd = sock.fileno()
         self.engine = engine
         self.reader = FrameReader()
         self.outbox = bytearray()
@@ -129,11 +129,13 @@ class Worker:
         self.outbox += frame(message, tail)
 
     def forward_events(self) -> None:
-        wire, any_finished = self.engine.take_events_wire()
-        if wire:
-            self.send(EVENTS_HEADER, wire)
-            if any_finished:
-                self.send_stats()              # a request ended: its counts travel with its end
+        # The per-token path: taking, framing and sending happen in one native call, straight
+        # to the socket when nothing is queued before them (order is kept: else they queue).
+        rest, any_finished = self.engine.forward_events(-1 if self.outbox else self.sock_fd)
+        if rest:
+            self.outbox += rest
+        if any_finished:
+            self.send_stats()                  # a request ended: its counts travel with its end
 
     def send_stats(self) -> None:
         self.send({"op": "stats", "stats": self.engine.stats(), "metrics": self.engine.metrics()})
@@ -150,15 +152,19 @@ class Worker:
 
     def serve(self) -> None:
         poller = select.poll()
-        sock_fd, events_fd = self.sock.fileno(), self.engine.fileno()
+        sock_fd, events_fd = self.sock_fd, self.engine.fileno()
         poller.register(events_fd, select.POLLIN)
         next_stats = time.monotonic()
+        watching = None
         while self.running:
             now = time.monotonic()
             if now >= next_stats:              # the first at once: /metrics has every series
                 self.send_stats()
                 next_stats = now + STATS_INTERVAL
-            poller.register(sock_fd, select.POLLIN | (select.POLLOUT if self.outbox else 0))
+            wanted = select.POLLIN | (select.POLLOUT if self.outbox else 0)
+            if wanted != watching:             # the mask rarely changes: no work a token
+                poller.register(sock_fd, wanted)
+                watching = wanted
             for fd, _ in poller.poll(STATS_INTERVAL * 1000):
                 if fd == events_fd:
                     self.forward_events()
