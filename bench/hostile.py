@@ -3,6 +3,7 @@ unloaded and while each attack of the hostile-request review runs beside it (goa
 2x of unloaded). Also the worst /v1/health latency seen on the other port during each attack.
 
     .venv/bin/python bench/hostile.py [--seconds 10] [--sampler-only] [--rate-limits default|off]
+                                      [--attacker-nice 19]
 
 First, without a daemon: what one sampled token costs the engine thread under a grammar that
 keeps rejecting the model's picks, with the walk by logit (what the engine does) and with the
@@ -166,13 +167,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(node: Daemon, key: str, seconds: float, attack=None) -> dict:
+def measure(node: Daemon, key: str, seconds: float, attack=None, attacker_nice: int = 0) -> dict:
     """The bystander's inter-token time (p50, p95, ms), the worst health latency (ms), and the
     CPU share (% of one core) of the daemon's process and of this one while it streamed."""
     stop = threading.Event()
     worst_health = [0.0]
 
     def attacker():
+        if attacker_nice:                # this thread only: Linux nice is per thread
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), attacker_nice)
         while not stop.is_set():
             attack()
 
@@ -213,6 +216,9 @@ def main() -> None:
                                                    "(and no sampler costs)")
     parser.add_argument("--rate-limits", choices=sorted(RATE_LIMITS), default="default",
                         help="the attacker key's rate limit: the daemon's default, or none")
+    parser.add_argument("--attacker-nice", type=int, default=0,
+                        help="niceness of the attacking client's threads (19: close to an attacker "
+                             "on another machine, whose client takes no CPU from the daemon's cores)")
     args = parser.parse_args()
     if not args.only:
         sampler_costs()
@@ -239,7 +245,8 @@ def main() -> None:
             for name, attack in attacks(node, attacker).items():
                 if wanted and not any(w in name for w in wanted):
                     continue
-                print(row(name, measure(node, bystander, args.seconds, attack), base), flush=True)
+                print(row(name, measure(node, bystander, args.seconds, attack, args.attacker_nice), base),
+                      flush=True)
             assert node.proc.poll() is None, "the daemon died"
         finally:
             node.stop()

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from .http.limits import Limits
 from .inference.limits import InferenceLimits
 
+RATE_LIMIT_GROUPS = ("inference", "cluster")   # the [rate_limits] settings that are groups
+
 DEFAULTS: dict = {
     "host": "127.0.0.1",
     "inference_port": 8080,
@@ -40,6 +42,7 @@ DEFAULTS: dict = {
     "rate_limits": {
         "inference": 100,     # requests per minute per key; 0 = unlimited
         "cluster": 1000,
+        "refusal_delay": 1.0, # seconds a 429 is held back (at most its Retry-After); 0: at once
     },
     "engine": {
         "slots": 16,              # sequences decoded together per chat model
@@ -185,9 +188,11 @@ def _check(values: dict) -> None:
     for name, value in _flatten(values["http"], "http.").items():
         if not isinstance(value, bool) and value <= 0:
             raise ConfigError(f"setting {name}: must be positive, got {value}")
-    for name, value in values["rate_limits"].items():
-        if value < 0:
+    for name in RATE_LIMIT_GROUPS:
+        if values["rate_limits"][name] < 0:
             raise ConfigError(f"setting rate_limits.{name}: must be 0 (unlimited) or more")
+    if values["rate_limits"]["refusal_delay"] < 0:
+        raise ConfigError("setting rate_limits.refusal_delay: must be 0 (answer at once) or more")
     engine = values["engine"]
     for name in ("slots", "context_length", "batch", "max_queue"):
         if engine[name] < 1:
@@ -343,7 +348,7 @@ def _per_key_limits(raw) -> dict[str, dict[str, int]]:
         if not isinstance(groups, dict):
             raise ConfigError(f"rate_limits.keys.{key_name} must be a table")
         for group, limit in groups.items():
-            if group not in DEFAULTS["rate_limits"] or type(limit) is not int or limit < 0:
+            if group not in RATE_LIMIT_GROUPS or type(limit) is not int or limit < 0:
                 raise ConfigError(f"rate_limits.keys.{key_name}.{group}: expected a known group "
                                   "and a whole number of requests per minute")
         out[key_name] = dict(groups)

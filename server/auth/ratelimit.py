@@ -65,8 +65,12 @@ class Bucket:
 
 class RateLimiter:
     def __init__(self, limits: dict[str, int], per_key: dict[str, dict[str, int]] | None = None,
-                 clock=time.monotonic, metrics=None):
+                 clock=time.monotonic, metrics=None, refusal_delay: float = 0.0):
         self.limits = dict(limits)
+        # rate_limits.refusal_delay: a refusal is answered after min(this, Retry-After) seconds,
+        # so a client that ignores Retry-After and retries at once cannot keep the node's cores
+        # busy answering 429s (each of its connections gets at most one refusal a delay).
+        self.refusal_delay = refusal_delay
         self.per_key = {name: dict(groups) for name, groups in (per_key or {}).items()}
         self.clock = clock
         self.metrics = metrics
@@ -102,7 +106,8 @@ class RateLimiter:
                        headers=((b"retry-after", b"%d" % retry_after),
                                 (b"x-ratelimit-limit", b"%d" % bucket.limit),
                                 (b"x-ratelimit-remaining", b"0"),
-                                (b"x-ratelimit-reset", b"%d" % bucket.reset_seconds())))
+                                (b"x-ratelimit-reset", b"%d" % bucket.reset_seconds())),
+                       delay=min(self.refusal_delay, float(retry_after)))
 
     def forget_except(self, live_key_ids: set[str]) -> None:
         """Drop buckets of revoked keys so the table stays bounded by the live keys."""

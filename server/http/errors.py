@@ -43,15 +43,16 @@ class ErrorKind(enum.Enum):
 class ApiError(Exception):
     """An error meant for the client. `headers` are extra response headers."""
 
-    __slots__ = ("kind", "message", "param", "headers")
+    __slots__ = ("kind", "message", "param", "headers", "delay")
 
     def __init__(self, kind: ErrorKind, message: str, *, param: str | None = None,
-                 headers: tuple[tuple[bytes, bytes], ...] = ()):
+                 headers: tuple[tuple[bytes, bytes], ...] = (), delay: float = 0.0):
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.param = param
         self.headers = headers
+        self.delay = delay      # seconds to hold the answer back (a refusal by rate limit)
 
     def body(self) -> dict:
         error = {"code": self.kind.status, "message": self.message, "type": self.kind.type}

@@ -122,6 +122,8 @@ class App:
                 self.guard(request, route)
             return route.handler(self.ctx, request)
         except ApiError as exc:
+            if exc.delay > 0:
+                return _held_back(exc.delay, error_response(exc))
             return error_response(exc)
         except Exception:
             return self.crashed(request)
@@ -142,3 +144,9 @@ class App:
         return error_response(ApiError(ErrorKind.INTERNAL,
                                        "internal server error; see the server log for this request id"))
 
+
+async def _held_back(delay: float, response):
+    """A refusal answered after `delay` seconds: a timer, not a thread, so holding back a
+    client that ignores Retry-After costs the node nothing while it waits."""
+    await asyncio.sleep(delay)
+    return response

@@ -151,6 +151,47 @@ def test_inference_rate_limit_and_headers(start_daemon):
     assert daemon.request("GET", "/v1/health", key=daemon.admin_key)[0] == 200
 
 
+def test_a_refused_key_waits_for_its_429_while_other_keys_are_answered(start_daemon):
+    """rate_limits.refusal_delay: a client that retries at once, ignoring Retry-After, gets its
+    429 held back (here 2 s, the whole Retry-After at 1 a minute); the node meanwhile answers
+    everyone else at once, since the wait is a timer."""
+    import threading
+
+    daemon = start_daemon("[rate_limits]\ninference = 1\nrefusal_delay = 2.0\n"
+                          "[rate_limits.keys.admin]\ninference = 0\n")
+    limited = create_key(daemon.data_dir, "limited", "inference")
+    for _ in range(300):                             # the daemon picks up the new key file
+        status = daemon.request("GET", "/v1/models", port="inference", key=limited)[0]
+        if status != 401:
+            break
+        time.sleep(0.1)
+    assert status == 200
+    order = []
+
+    def refused():
+        status, headers, _ = daemon.request("GET", "/v1/models", port="inference", key=limited)
+        order.append(("limited", status, headers.get("retry-after")))
+
+    thread = threading.Thread(target=refused)
+    thread.start()
+    for _ in range(5):                               # another key, while the 429 is held back
+        assert daemon.request("GET", "/v1/models", port="inference", key=daemon.admin_key)[0] == 200
+        order.append(("other", 200, None))
+    thread.join()
+    assert order[-1][:2] == ("limited", 429) and int(order[-1][2]) >= 1
+    assert [entry[0] for entry in order[:5]] == ["other"] * 5
+
+
+def test_refusal_delay_zero_answers_at_once_and_a_negative_one_is_refused(start_daemon, tmp_path):
+    from server import config
+
+    with pytest.raises(config.ConfigError, match="refusal_delay"):
+        config.load(cli={"data_dir": str(tmp_path)}, environ={"STACKD_RATE_LIMITS_REFUSAL_DELAY": "-1"})
+    daemon = start_daemon("[rate_limits]\ninference = 1\nrefusal_delay = 0\n")
+    daemon.request("GET", "/v1/models", port="inference", key=daemon.admin_key)
+    assert daemon.request("GET", "/v1/models", port="inference", key=daemon.admin_key)[0] == 429
+
+
 def test_model_management_counts_against_the_cluster_group(start_daemon):
     daemon = start_daemon("[rate_limits]\ncluster = 2\n")
     daemon.request("GET", "/v1/health", key=daemon.admin_key)

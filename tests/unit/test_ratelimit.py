@@ -97,3 +97,24 @@ def test_a_long_idle_bucket_refills_only_to_its_limit():
         limiter.admit("k1", "a", "inference")
     with pytest.raises(ApiError):
         limiter.admit("k1", "a", "inference")
+
+
+def test_a_refusal_is_held_back_at_most_until_its_retry_after():
+    clock = Clock()
+    limiter = RateLimiter({"inference": 60}, clock=clock, refusal_delay=1.0)
+    for _ in range(60):
+        limiter.admit("k1", "a", "inference")
+    with pytest.raises(ApiError) as refused:
+        limiter.admit("k1", "a", "inference")
+    assert refused.value.delay == 1.0                       # Retry-After is 1 s here: the same
+    slow = RateLimiter({"inference": 1}, clock=clock, refusal_delay=5.0)
+    slow.admit("k1", "a", "inference")
+    with pytest.raises(ApiError) as refused:
+        slow.admit("k1", "a", "inference")
+    retry_after = int(dict(refused.value.headers)[b"retry-after"])
+    assert refused.value.delay == min(5.0, retry_after)      # never later than it says to retry
+    at_once = RateLimiter({"inference": 1}, clock=clock)      # refusal_delay 0: answered at once
+    at_once.admit("k1", "a", "inference")
+    with pytest.raises(ApiError) as refused:
+        at_once.admit("k1", "a", "inference")
+    assert refused.value.delay == 0.0
