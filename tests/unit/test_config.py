@@ -13,7 +13,7 @@ def test_defaults_bind_loopback(tmp_path):
     settings = config.load({"data_dir": str(tmp_path)}, environ={})
     assert settings["host"] == "127.0.0.1"
     assert (settings["inference_port"], settings["cluster_port"]) == (8080, 5381)
-    assert settings["rate_limits"] == {"inference": 100, "cluster": 1000}
+    assert settings["rate_limits"] == {"inference": 100, "cluster": 1000, "refusal_delay": 1.0}
     assert settings.limits().max_head_bytes == 16 * 1024
 
 
@@ -41,6 +41,7 @@ def test_config_toml_in_data_dir_is_found(tmp_path):
     ("[rate_limits]\ninference = -1\n", "unlimited"),
     ("[debug]\ntrace_reply_timeout = 0\n", "trace_reply_timeout: must be positive"),
     ("[rate_limits.keys.ci]\nbogus = 1\n", "known group"),
+    ("[rate_limits.keys.ci]\nrefusal_delay = 1\n", "known group"),   # a setting, not a group
     ("not toml at all [", "cannot read"),
     ("[engine]\nomp_wait_policy = 'spin'\n", "auto, passive, active or inherit"),
     ("[engine]\nembedding_nice = 20\n", "from 0 to 19"),
