@@ -10,6 +10,8 @@ int64_t blend(int64_t average, int64_t us) {
     return average == 0 ? us : (3 * average + us) / 4;
 }
 
+constexpr int64_t k_slack_divisor = 8;
+
 bool contains(const std::vector<int64_t> & owners, int64_t owner) {
     return std::find(owners.begin(), owners.end(), owner) != owners.end();
 }
@@ -88,7 +90,9 @@ std::vector<bool> time_share::select(const std::vector<share_candidate> & candid
         std::stable_sort(mine.begin(), mine.end(), [&](size_t a, size_t b) {
             return candidates[a].n_step_last < candidates[b].n_step_last;
         });
-        const int64_t allowance = floor + slice - owners_[owner].used_us;
+        // An eighth of the step in hand: two owners with equal loads stay a few microseconds
+        // apart (sampling times differ), and should still run all their sequences every step.
+        const int64_t allowance = floor + slice + slice / k_slack_divisor - owners_[owner].used_us;
         int64_t spent = 0;
         for (size_t i : mine) {
             const int64_t cost = estimate(candidates[i]);
