@@ -64,19 +64,21 @@ std::vector<bool> time_share::select(const std::vector<share_candidate> & candid
     if (active.size() < 2) {
         return take;
     }
-    int64_t behind = active[0];                       // ties: the earliest admitted
+    std::unordered_map<int64_t, int64_t> spend;       // what each owner would spend in this step
+    for (const share_candidate & c : candidates) {
+        spend[c.id_owner] += estimate(c);
+    }
+    // The owner furthest behind; among equals the one that spends least, so that a tie never
+    // lets the heavier owner run everything beside the light one; then the earliest admitted.
+    int64_t behind = active[0];
     for (int64_t owner : active) {
-        if (owners_[owner].used_us < owners_[behind].used_us) {
+        const int64_t used = owners_[owner].used_us, used_behind = owners_[behind].used_us;
+        if (used < used_behind || (used == used_behind && spend[owner] < spend[behind])) {
             behind = owner;
         }
     }
     const int64_t floor = owners_[behind].used_us;
-    int64_t slice = 0;                                // what the owner behind spends in this step
-    for (const share_candidate & c : candidates) {
-        if (c.id_owner == behind) {
-            slice += estimate(c);
-        }
-    }
+    const int64_t slice = spend[behind];
     for (int64_t owner : active) {
         if (owner == behind) {
             continue;

@@ -39,12 +39,18 @@ class TimeShare:
         take = [True] * len(candidates)
         if len(active) < 2:
             return take
+        spend = dict.fromkeys(active, 0)                   # what each owner would spend in this step
+        for c in candidates:
+            spend[c.owner] += self._estimate(c)
+        # the owner furthest behind; among equals the one that spends least (a tie must not let
+        # the heavier owner run everything beside the light one); then the earliest admitted
         behind = active[0]
         for owner in active:
-            if self._owners[owner].used_us < self._owners[behind].used_us:
+            used, used_behind = self._owners[owner].used_us, self._owners[behind].used_us
+            if used < used_behind or (used == used_behind and spend[owner] < spend[behind]):
                 behind = owner
         floor = self._owners[behind].used_us
-        step = sum(self._estimate(c) for c in candidates if c.owner == behind)
+        step = spend[behind]
         for owner in active:
             if owner == behind:
                 continue
