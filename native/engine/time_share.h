@@ -5,10 +5,12 @@
 // spend milliseconds of the engine thread on its sample. Each step's time is charged to the
 // owners whose items were in it (the decode by tokens, each sample to its own request), as a
 // virtual clock per owner (the idea of Linux's CFS, with owners in the place of tasks). While
-// two or more owners run, the owner furthest behind runs all its items, and every other owner
-// takes part only up to what that owner spends in the step plus what it is behind: its
-// sequences that do not fit sit out this step (they keep their slot and their KV), the least
-// recently stepped first in line next time. A cheap stream beside an expensive key then keeps a
+// two or more owners run, the owner furthest behind runs all its items (among equals the one
+// spending least in the step, so a tie never hands a step to the heavier one), and every other
+// owner takes part only up to what that owner spends in the step, plus an eighth of it (equal
+// loads a few microseconds apart all run), plus what it is behind: its sequences that do not
+// fit sit out this step (they keep their slot and their KV), the least recently stepped first
+// in line next time. A cheap stream beside an expensive key then keeps a
 // token every step, and the expensive key gets the engine time the cheap one leaves unused.
 // With one owner running nothing changes.
 //
