@@ -431,8 +431,10 @@ class ModelManager:
         """A worker died (its socket reached EOF; its requests have their error events)."""
         for model in self.loaded.values():
             if model.runner.engine is client and not self._closing:
+                # restarting from now on, not after a hop of the task: its requests have their
+                # error events already, and a client that asks at once must not see "loaded"
+                self.transitions[model.id] = "restarting"
                 if model.placement is not None:
-                    self.transitions[model.id] = "restarting"   # from now on, not after a hop
                     self.loop.create_task(self._replace(model, client.exit_status))
                 else:
                     self.loop.create_task(self._restart(model, client.exit_status))
