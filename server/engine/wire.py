@@ -1,9 +1,8 @@
 """Framed messages between the daemon and an engine worker process.
 
 A frame is `<u32 body length><u32 header length><header: JSON object><tail: raw bytes>`. The
-header names its message (`op`) and its fields; the tail carries what JSON would bloat (the
-float32 vectors of embedding results). Bytes fields (generated text, token pieces) travel as
-latin-1 strings, which map every byte to one code point and back.
+header names its message (`op`) and its fields; the tail carries what JSON would bloat: engine
+events in their native binary layout (native/engine/event_wire.h), trace records as JSON chunks.
 
 Nothing here executes what it decodes: the worker runs llama.cpp on files that came from a
 registry, so the daemon treats what it sends as data of a fixed shape (no pickle).
@@ -108,14 +107,6 @@ class FrameReader:
             at = end
         del buf[:at]
         return frames
-
-
-def text(data: bytes) -> str:
-    return data.decode("latin-1")
-
-
-def data(text_: str) -> bytes:
-    return text_.encode("latin-1")
 
 
 # ---- engine events ---------------------------------------------------------------------------
