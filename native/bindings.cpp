@@ -5,9 +5,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <sys/socket.h>
-
-#include <cerrno>
 #include <cstring>
 
 #include "engine/engine.h"
@@ -218,31 +215,11 @@ py::dict plan_to_python(const batch_plan & plan) {
 
 // An `events` frame of server/engine/wire.py: u32 body length, u32 header length, the JSON
 // header, then the event wire as its tail.
-std::string events_frame(const std::vector<engine_event> & events) {
-    static const std::string header = "{\"op\":\"events\"}";
-    std::string frame(8, '\0');
-    frame += header;
-    encode_events(events, frame);
-    const uint32_t lengths[2] = {(uint32_t) (frame.size() - 8), (uint32_t) header.size()};
-    std::memcpy(frame.data(), lengths, sizeof lengths);
-    return frame;
-}
-
-// Sends what the socket takes now; stops at EAGAIN or an error (the caller's own send, next,
-// sees the error and handles it as it always has).
-size_t send_some(int fd, const std::string & data) {
-    size_t sent = 0;
-    while (sent < data.size()) {
-        const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n > 0) {
-            sent += (size_t) n;
-        } else if (n < 0 && errno == EINTR) {
-            continue;
-        } else {
-            break;
-        }
+frame_sink & sink_of(engine & e) {
+    if (e.sink() == nullptr) {
+        throw std::logic_error("no sink attached (Engine.attach_sink)");
     }
-    return sent;
+    return *e.sink();
 }
 
 // The scheduling policy alone, for tests with a fake decoder.
@@ -463,28 +440,22 @@ PYBIND11_MODULE(_engine, m) {
                  }
                  return out;
              })
-        .def("forward_events",
-             [](engine & e, int fd) -> py::tuple {
-                 const std::vector<engine_event> events = e.take_events();
-                 bool any_finished = false;
-                 for (const engine_event & ev : events) {
-                     any_finished = any_finished || request_status_is_finished(ev.status);
-                 }
-                 if (events.empty()) {
-                     return py::make_tuple(py::bytes(), false);
-                 }
-                 const std::string frame = events_frame(events);
-                 size_t sent = 0;
-                 if (fd >= 0) {
-                     py::gil_scoped_release release;
-                     sent = send_some(fd, frame);
-                 }
-                 return py::make_tuple(py::bytes(frame.data() + sent, frame.size() - sent), (bool) any_finished);
+        // An engine worker's socket (frame_sink.h): every frame to the daemon goes through it,
+        // the engine thread's events and the worker's own, in order.
+        .def("attach_sink", &engine::attach_sink, py::arg("fd"))
+        .def("relay_events", &engine::relay_events,
+             "Writes the events the engine left for this thread to the sink as one frame; "
+             "returns whether any ends a request.")
+        .def("send_frame",
+             [](engine & e, const py::bytes & data) {
+                 const std::string_view view = data;
+                 return sink_of(e).write(view);
              },
-             py::arg("fd"),
-             "A worker's relay in one call: the events taken, framed for server/engine/wire.py, and "
-             "as much of the frame as `fd` takes without blocking (fd -1: none). Returns the rest, "
-             "to be queued, and whether any event ends a request.")
+             py::arg("data"), "Queues or sends a whole frame; True when bytes wait for POLLOUT.")
+        .def("flush_sink", [](engine & e) { return sink_of(e).flush(); },
+             "Sends what waits, as far as the socket takes it; True when bytes still wait.")
+        .def("sink_pending", [](engine & e) { return sink_of(e).pending(); })
+        .def("sink_broken", [](engine & e) { return sink_of(e).broken(); })
         .def("fileno", &engine::event_fd)
         .def("close", &engine::close, py::call_guard<py::gil_scoped_release>())
         .def("stats", [](const engine & e) { return stats_to_python(e.stats()); })

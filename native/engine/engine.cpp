@@ -1,5 +1,6 @@
 #include "engine.h"
 
+#include "event_wire.h"
 #include "model_facts.h"
 
 #include <sys/eventfd.h>
@@ -744,6 +745,10 @@ void engine::flush_events() {
     if (outgoing_.empty()) {
         return;
     }
+    if (send_directly()) {
+        outgoing_.clear();
+        return;
+    }
     {
         std::lock_guard<std::mutex> lock(mu_events_);
         if (events_.empty()) {
@@ -755,6 +760,52 @@ void engine::flush_events() {
         }
     }
     outgoing_.clear();
+    signal_reader();
+}
+
+// A worker's step: its events straight to the daemon. Not when the reader holds events not yet
+// relayed (they go first), and not for a step that ends a request: the reader follows an end
+// with the engine's counts, so /metrics has a request once its client has its answer.
+bool engine::send_directly() {
+    std::lock_guard<std::mutex> lock(mu_events_);
+    if (!sink_ || !events_.empty()) {
+        return false;
+    }
+    for (const engine_event & ev : outgoing_) {
+        if (request_status_is_finished(ev.status)) {
+            return false;
+        }
+    }
+    if (sink_->write(events_frame(outgoing_))) {
+        signal_reader();               // bytes wait: the reader must watch for writable
+    }
+    return true;
+}
+
+bool engine::relay_events() {
+    uint64_t counter;
+    while (read(efd_, &counter, sizeof(counter)) > 0) {
+    }
+    // Taken and written under one lock: a step cannot send between the two and overtake them.
+    std::lock_guard<std::mutex> lock(mu_events_);
+    if (events_.empty() || !sink_) {
+        return false;
+    }
+    bool any_finished = false;
+    for (const engine_event & ev : events_) {
+        any_finished = any_finished || request_status_is_finished(ev.status);
+    }
+    sink_->write(events_frame(events_));
+    events_.clear();
+    return any_finished;
+}
+
+void engine::attach_sink(int fd) {
+    std::lock_guard<std::mutex> lock(mu_events_);
+    sink_ = std::make_unique<frame_sink>(fd);
+}
+
+void engine::signal_reader() {
     const uint64_t one = 1;
     ssize_t written = write(efd_, &one, sizeof(one));
     (void) written;

@@ -16,6 +16,7 @@
 
 #include "counters.h"
 #include "devices.h"
+#include "frame_sink.h"
 #include "llama.h"
 #include "observer.h"
 #include "sampling.h"
@@ -88,6 +89,17 @@ public:
     std::vector<engine_event> take_events();
     void close();
 
+    // An engine worker's socket to the daemon (frame_sink.h). Once attached, a step whose
+    // events end no request is framed and sent from the engine thread itself, with no wake-up
+    // of the event fd's reader, provided nothing is queued before it; everything else goes the
+    // usual way (events kept, event fd signalled) and the reader relays it with
+    // relay_events(), so the stream stays in step order. Attach before the first submit.
+    void attach_sink(int fd);
+    frame_sink * sink() { return sink_.get(); }
+    // The reader's half: takes the kept events and writes them to the sink as one frame.
+    // Returns whether any of them ends a request.
+    bool relay_events();
+
     int event_fd() const { return efd_; }
     engine_stats stats() const;
     engine_observer & observer() { return obs_; }   // histograms, gauges, the trace
@@ -148,6 +160,8 @@ private:
     void fail_everything(const std::string & error);
     void publish(std::vector<engine_event> & events);
     void flush_events();
+    bool send_directly();
+    void signal_reader();
 
     // The queue's bookkeeping, per model and per owner (under mu_tasks_).
     submit_result enter_queue(int64_t id_owner);
@@ -180,6 +194,7 @@ private:
 
     mutable std::mutex mu_events_;
     std::vector<engine_event> events_;
+    std::unique_ptr<frame_sink> sink_;     // under mu_events_: events_ and the sink move together
     std::vector<engine_event> outgoing_;   // this turn's events, engine thread only (flush_events)
     int efd_ = -1;
 

@@ -104,6 +104,16 @@ void encode_events(const std::vector<engine_event> & events, std::string & out) 
     }
 }
 
+std::string events_frame(const std::vector<engine_event> & events) {
+    static const std::string header = "{\"op\":\"events\"}";
+    std::string frame(8, '\0');
+    frame += header;
+    encode_events(events, frame);
+    const uint32_t lengths[2] = {(uint32_t) (frame.size() - 8), (uint32_t) header.size()};
+    std::memcpy(frame.data(), lengths, sizeof lengths);
+    return frame;
+}
+
 std::vector<engine_event> decode_events(const char * data, size_t size) {
     std::vector<engine_event> events;
     reader in(data, size);

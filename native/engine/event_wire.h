@@ -19,5 +19,8 @@
 
 // Appends the events to `out`.
 void encode_events(const std::vector<engine_event> & events, std::string & out);
+// The events as one whole `events` frame of server/engine/wire.py: u32 body length, u32 header
+// length, the header {"op":"events"}, then the events as above.
+std::string events_frame(const std::vector<engine_event> & events);
 // The events in data[0, size); std::invalid_argument when the bytes break the layout.
 std::vector<engine_event> decode_events(const char * data, size_t size);

@@ -23,6 +23,7 @@ from .errors import EndedEvent, EngineError, ErrorCode
 from .native import SAMPLING_FIELDS, STATUS_ERROR, SUBMIT_ACCEPTED, Engine, SamplingParams, Vocab
 from .wire import FrameReader, WireError, chunks_of, decode_events, decode_trace, frame
 
+RECV_SIZE = 1 << 20                # a short read drained the socket; more wakes the loop again
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -290,7 +291,7 @@ class WorkerEngine:
         events = []
         while not self.lost:
             try:
-                data = self.sock.recv(1 << 20)
+                data = self.sock.recv(RECV_SIZE)
             except BlockingIOError:
                 break
             except OSError:
@@ -305,6 +306,8 @@ class WorkerEngine:
                 break
             for message, tail in frames:
                 events += self._dispatch(message, tail)
+            if len(data) < RECV_SIZE:
+                break                              # drained (a token's frame): no second recv
         return events
 
     def _dispatch(self, message: dict, tail: bytes) -> list:

@@ -77,6 +77,19 @@ def frame(message: dict, tail: bytes = b"") -> bytes:
     return HEADER.pack(len(head) + len(tail), len(head)) + head + tail
 
 
+EVENTS_HEAD = b'{"op":"events"}'       # what native/engine/event_wire.cpp's events_frame writes
+
+
+def _parse_header(head: bytes) -> dict:
+    try:
+        header = _loads(head)
+    except json.JSONDecodeError as exc:          # orjson's is a subclass
+        raise WireError(f"bad frame header: {exc}") from None
+    if not isinstance(header, dict):
+        raise WireError("frame header is not an object")
+    return header
+
+
 class FrameReader:
     """Accumulates received bytes and yields whole frames as (header dict, tail bytes)."""
 
@@ -96,12 +109,11 @@ class FrameReader:
             if len(buf) < end:
                 break
             start = at + HEADER.size
-            try:
-                header = _loads(bytes(buf[start:start + n_head]))
-            except json.JSONDecodeError as exc:          # orjson's is a subclass
-                raise WireError(f"bad frame header: {exc}") from None
-            if not isinstance(header, dict):
-                raise WireError("frame header is not an object")
+            head = bytes(buf[start:start + n_head])
+            if head == EVENTS_HEAD:                # most frames: one a token, no parse
+                header = {"op": "events"}
+            else:
+                header = _parse_header(head)
             with memoryview(buf) as view:          # one copy of a tail, not two (a trace is MBs)
                 frames.append((header, view[start + n_head:end].tobytes()))
             at = end

@@ -6,6 +6,8 @@ FD is this end of a socketpair with the daemon. The first frame is the engine's 
 the worker loads the model, answers `ready` with the model's facts, then serves frames
 (submit, embed, cancel, close, trace_start, trace_stop) and forwards the engine's events,
 waking on the socket and on the engine's eventfd (poll, no busy loop, no thread per request).
+Most steps' events do not pass through here: the engine thread writes them to the socket
+itself (native/engine/frame_sink.h), and every frame of this process goes through that sink.
 Stats go out at once, with every request's end, and at least once a second.
 
 It exits when the daemon says close (after closing the engine), when the daemon's end of the
@@ -73,8 +75,8 @@ class Worker:
         self.sock_fd = sock.fileno()
         self.engine = engine
         self.reader = FrameReader()
-        self.outbox = bytearray()
         self.running = True
+        engine.attach_sink(self.sock_fd)       # every frame from here on goes through the engine
 
     # ---- messages from the daemon --------------------------------------------------------------
 
@@ -126,27 +128,19 @@ class Worker:
     # ---- to the daemon ---------------------------------------------------------------------------
 
     def send(self, message: dict, tail: bytes = b"") -> None:
-        self.outbox += frame(message, tail)
+        self.engine.send_frame(frame(message, tail))
 
     def forward_events(self) -> None:
-        # The per-token path: taking, framing and sending happen in one native call, straight
-        # to the socket when nothing is queued before them (order is kept: else they queue).
-        rest, any_finished = self.engine.forward_events(-1 if self.outbox else self.sock_fd)
-        if rest:
-            self.outbox += rest
-        if any_finished:
-            self.send_stats()                  # a request ended: its counts travel with its end
+        # Most steps' events left the engine thread on their own (frame_sink.h); what it left
+        # here is a step that ended a request, or one behind bytes the socket had not taken.
+        if self.engine.relay_events():
+            self.send_stats()                  # a request ended: its counts follow its end
 
     def send_stats(self) -> None:
         self.send({"op": "stats", "stats": self.engine.stats(), "metrics": self.engine.metrics()})
 
     def flush(self) -> None:
-        while self.outbox:
-            try:
-                sent = self.sock.send(self.outbox)
-            except BlockingIOError:
-                return
-            del self.outbox[:sent]
+        self.engine.flush_sink()
 
     # ---- the loop -------------------------------------------------------------------------------
 
@@ -161,7 +155,7 @@ class Worker:
             if now >= next_stats:              # the first at once: /metrics has every series
                 self.send_stats()
                 next_stats = now + STATS_INTERVAL
-            wanted = select.POLLIN | (select.POLLOUT if self.outbox else 0)
+            wanted = select.POLLIN | (select.POLLOUT if self.engine.sink_pending() else 0)
             if wanted != watching:             # the mask rarely changes: no work a token
                 poller.register(sock_fd, wanted)
                 watching = wanted
@@ -239,13 +233,19 @@ def main(fd: int, parent: int) -> int:
     finally:
         engine.close()
         worker.forward_events()
-        sock.setblocking(True)
-        try:
-            worker.flush()
-            sock.sendall(frame({"op": "closed"}))
-        except OSError:
-            pass
+        worker.send({"op": "closed"})
+        drain(sock.fileno(), engine)
     return 0
+
+
+def drain(fd: int, engine) -> None:
+    """Everything still waiting in the sink, before the worker exits (a daemon that stopped
+    reading gets ten seconds, then the bytes are lost with the process)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    deadline = time.monotonic() + 10.0
+    while engine.flush_sink() and not engine.sink_broken() and time.monotonic() < deadline:
+        poller.poll(100)
 
 
 if __name__ == "__main__":

@@ -138,32 +138,3 @@ def test_queue_refusal_when_full(chat_engine):
         select.select([small.fileno()], [], [], 5)
     finally:
         small.close()
-
-def test_a_workers_relay_sends_the_events_framed_for_the_daemon(driver, chat_engine):
-    """Engine.forward_events (the worker's per-token path) sends exactly what the daemon's
-    FrameReader and decode_events read back: the same events take_events would give."""
-    import socket
-
-    from server.engine import wire
-
-    ours, theirs = socket.socketpair()
-    rid = driver.submit(chat_prompt(chat_engine, "Hi"), max_tokens=6, ignore_eos=True)
-    reader, got, ended, queued = wire.FrameReader(), [], False, b""
-    while not ended:
-        ready, _, _ = select.select([chat_engine.fileno()], [], [], 120)
-        assert ready, "no events"
-        rest, finished = chat_engine.forward_events(theirs.fileno())
-        queued += rest                                   # a socketpair takes it all: nothing queued
-        ended = ended or finished
-    ours.setblocking(False)
-    data = ours.recv(1 << 20)
-    for header, tail in reader.feed(data):
-        assert header == {"op": "events"}
-        got += wire.decode_events(tail)
-    assert queued == b""
-    assert [e.id_request for e in got] == [rid] * len(got) and got[-1].status != STATUS_RUNNING
-    assert sum(e.n_tokens for e in got) == 6
-    again, _ = chat_engine.forward_events(-1)            # nothing new: nothing to send
-    assert again == b""
-    ours.close()
-    theirs.close()
