@@ -1,6 +1,7 @@
-"""Op level: one Q4_1 MUL_MAT, our kernels (kernels/) against ggml's CPU backend.
+"""Op level: one MUL_MAT, our kernels (kernels/) against ggml's CPU backend.
 
-The weight shapes of SmolLM2-135M Q4_1 (the default chat model), batch 1/4/16/32 tokens,
+The weight shapes of SmolLM2-135M Q4_1 (the default chat model): its Q4_1 projections and its
+tied Q8_0 vocabulary projection, batch 1/4/16/32 tokens,
 the same random weights and activations on both sides, best of --repeat runs each, timed in
 C around ggml_backend_graph_compute (stackd_kernels_time).
 
@@ -16,8 +17,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from server.engine import accel  # noqa: E402
 
-SHAPES = [("attn q / o", 576, 576), ("attn k / v", 576, 192), ("ffn gate / up", 576, 1536),
-          ("ffn down", 1536, 576)]
+SHAPES = [("attn q / o", "q4_1", 576, 576), ("attn k / v", "q4_1", 576, 192),
+          ("ffn gate / up", "q4_1", 576, 1536), ("ffn down", "q4_1", 1536, 576),
+          ("vocabulary (tied)", "q8_0", 576, 49152)]
+GGML_TYPE = {"q4_1": 3, "q8_0": 8}
 BATCHES = [1, 4, 16, 32]
 
 
@@ -30,14 +33,14 @@ def main() -> None:
     lib = accel.library()
     path = args.path or accel.PATHS[lib.stackd_kernels_best_path()]
     print(f"path {path}, {args.threads} threads, best of {args.repeat}")
-    print(f"| weight (K x rows) | batch | ggml us | ours us | speed-up |\n|---|---|---|---|---|")
-    for name, k, rows in SHAPES:
+    print(f"| weight (type, K x rows) | batch | ggml us | ours us | speed-up |\n|---|---|---|---|---|")
+    for name, type_name, k, rows in SHAPES:
         for batch in BATCHES:
             times = (ctypes.c_double * 2)()
-            if lib.stackd_kernels_time(k, rows, batch, accel.PATHS.index(path), args.threads,
+            if lib.stackd_kernels_time(GGML_TYPE[type_name], k, rows, batch, accel.PATHS.index(path), args.threads,
                                        args.repeat, times) != 0:
                 sys.exit(f"this CPU cannot run the {path} path")
-            print(f"| {name} ({k} x {rows}) | {batch} | {times[0] * 1e6:.1f} | {times[1] * 1e6:.1f} "
+            print(f"| {name} ({type_name}, {k} x {rows}) | {batch} | {times[0] * 1e6:.1f} | {times[1] * 1e6:.1f} "
                   f"| {times[0] / times[1]:.2f}x |")
 
 

@@ -42,7 +42,7 @@ void *buffer_base(ggml_backend_buffer_t buffer) {
     return static_cast<Allocation *>(buffer->context)->data;
 }
 
-bool is_repacked(const ggml_tensor *t) { return t->type == GGML_TYPE_Q4_1; }
+bool is_repacked(const ggml_tensor *t) { return is_repacked_type(t->type); }
 
 #ifndef MADV_PAGEOUT
 #define MADV_PAGEOUT 21   // Linux 5.4; an older kernel refuses it and nothing changes
@@ -70,7 +70,14 @@ void buffer_set_tensor(ggml_backend_buffer_t, ggml_tensor *t, const void *data, 
         return;
     }
     // Repacking needs whole rows of eight; llama.cpp loads a weight in one piece.
-    GGML_ASSERT(offset == 0 && size == ggml_nbytes(t) && "stackd: Q4_1 weights load whole");
+    GGML_ASSERT(offset == 0 && size == ggml_nbytes(t) && "stackd: weights load whole");
+    if (t->type == GGML_TYPE_Q8_0) {
+        // No release here: a Q8_0 weight of ours is typically the vocabulary projection tied
+        // to the token embeddings, whose table (the same bytes of the file) stays on the CPU
+        // for GET_ROWS; paging it out would make each new token's row a page fault.
+        repack_q8_0(data, t->ne[1], t->ne[0], static_cast<Q8x8Block *>(t->data));
+        return;
+    }
     repack_q4_1(data, t->ne[1], t->ne[0], static_cast<Q4x8Block *>(t->data));
     release_source_pages(data, size);
 }
@@ -81,8 +88,12 @@ void buffer_get_tensor(ggml_backend_buffer_t, const ggml_tensor *t, void *data, 
         std::memcpy(data, static_cast<const char *>(t->data) + offset, size);
         return;
     }
-    GGML_ASSERT(offset == 0 && size == ggml_nbytes(t) && "stackd: Q4_1 weights read whole");
-    unpack_q4_1(static_cast<const Q4x8Block *>(t->data), t->ne[1], t->ne[0], data);
+    GGML_ASSERT(offset == 0 && size == ggml_nbytes(t) && "stackd: weights read whole");
+    if (t->type == GGML_TYPE_Q8_0) {
+        unpack_q8_0(static_cast<const Q8x8Block *>(t->data), t->ne[1], t->ne[0], data);
+    } else {
+        unpack_q4_1(static_cast<const Q4x8Block *>(t->data), t->ne[1], t->ne[0], data);
+    }
 }
 
 void buffer_memset_tensor(ggml_backend_buffer_t, ggml_tensor *t, uint8_t value, size_t offset,
@@ -110,7 +121,7 @@ const ggml_backend_buffer_i kBufferInterface = {
 
 constexpr size_t kAlignment = 64;
 
-const char *buft_name(ggml_backend_buffer_type_t) { return "STACKD_Q4_1x8"; }
+const char *buft_name(ggml_backend_buffer_type_t) { return "STACKD_x8"; }
 
 ggml_backend_buffer_t buft_alloc(ggml_backend_buffer_type_t buft, size_t size) {
     void *data = std::aligned_alloc(kAlignment, (size + kAlignment - 1) / kAlignment * kAlignment);
@@ -121,7 +132,8 @@ ggml_backend_buffer_t buft_alloc(ggml_backend_buffer_type_t buft, size_t size) {
 size_t buft_alignment(ggml_backend_buffer_type_t) { return kAlignment; }
 
 size_t buft_alloc_size(ggml_backend_buffer_type_t, const ggml_tensor *t) {
-    return is_repacked(t) ? repacked_size(t->ne[1], t->ne[0]) : ggml_nbytes(t);
+    if (!is_repacked(t)) return ggml_nbytes(t);
+    return t->type == GGML_TYPE_Q8_0 ? repacked_size_q8_0(t->ne[1], t->ne[0]) : repacked_size(t->ne[1], t->ne[0]);
 }
 
 // Not host memory in ggml's sense: the bytes are not in ggml's layout, so no other backend
@@ -147,14 +159,14 @@ struct BackendContext {
     std::vector<std::pair<ggml_tensor *, std::array<int32_t, GGML_MAX_OP_PARAMS / sizeof(int32_t)>>> swapped;
 };
 
-GemmFn gemm_of(const BackendContext *ctx) {
-    return gemm_for(ctx->fixed_path >= 0 ? (Path)ctx->fixed_path : current_path());
+Kernels kernels_of(const BackendContext *ctx) {
+    return kernels_for(ctx->fixed_path >= 0 ? (Path)ctx->fixed_path : current_path());
 }
 
 // Runs on every thread of ggml's team for one of our MUL_MATs (GGML_OP_CUSTOM meanwhile).
 void mul_mat_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
     auto *ctx = static_cast<BackendContext *>(userdata);
-    mul_mat_share(dst, gemm_of(ctx), ctx->act, ctx->epoch, ith, nth);
+    mul_mat_share(dst, kernels_of(ctx), ctx->act, ctx->epoch, ith, nth);
 }
 
 const char *backend_name(ggml_backend_t) { return "STACKD"; }
@@ -255,7 +267,7 @@ const char *dev_name(ggml_backend_dev_t) { return "STACKD"; }
 
 const char *dev_description(ggml_backend_dev_t) {
     static std::string text;
-    text = std::string("stackd repacked Q4_1 matmul (") + path_name(current_path()) + ")";
+    text = std::string("stackd repacked Q4_1/Q8_0 matmul (") + path_name(current_path()) + ")";
     return text.c_str();
 }
 

@@ -1,6 +1,6 @@
 // The op-level self-check the tests drive (tests/kernels/test_ops.py) and the op benchmark
 // (bench/kernels_ops.py) times: our MUL_MAT against ggml's own CPU backend on the same random
-// Q4_1 weights and activations, through ggml's public graph API on both sides.
+// Q4_1 or Q8_0 weights and activations, through ggml's public graph API on both sides.
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -12,6 +12,7 @@
 #include "ggml-backend.h"
 #include "kernels.h"
 #include "layout.h"
+#include "matmul.h"
 
 #include "ggml_q4_1.h"
 
@@ -20,13 +21,14 @@ namespace stackd {
 namespace {
 
 struct Problem {
+    ggml_type type;             // of the weights: Q4_1 or Q8_0
     int64_t k, rows, tokens;
-    std::vector<uint8_t> q4;    // rows x k, ggml Q4_1
+    std::vector<uint8_t> w;     // rows x k, ggml's blocks of `type`
     std::vector<float> x;       // tokens x k
 };
 
-Problem make_problem(int64_t k, int64_t rows, int64_t tokens, uint32_t seed) {
-    Problem p{k, rows, tokens, {}, {}};
+Problem make_problem(ggml_type type, int64_t k, int64_t rows, int64_t tokens, uint32_t seed) {
+    Problem p{type, k, rows, tokens, {}, {}};
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::uniform_real_distribution<float> row_scale(0.01f, 0.1f), row_shift(-0.05f, 0.05f);
@@ -35,8 +37,8 @@ Problem make_problem(int64_t k, int64_t rows, int64_t tokens, uint32_t seed) {
         const float scale = row_scale(rng), shift = row_shift(rng);
         for (int64_t i = 0; i < k; i++) w[r * k + i] = shift + scale * normal(rng);
     }
-    p.q4.resize(ggml_row_size(GGML_TYPE_Q4_1, k) * rows);
-    ggml_quantize_chunk(GGML_TYPE_Q4_1, w.data(), p.q4.data(), 0, rows, k, nullptr);
+    p.w.resize(ggml_row_size(type, k) * rows);
+    ggml_quantize_chunk(type, w.data(), p.w.data(), 0, rows, k, nullptr);
     p.x.resize(tokens * k);
     for (auto &v : p.x) v = normal(rng);
     for (int64_t t = 0; t < tokens; t++) p.x[t * k + (t * 7) % k] *= 20.0f;  // an outlier per token
@@ -56,12 +58,12 @@ std::vector<float> run(const Problem &p, int64_t first, int64_t count, ggml_back
                        ggml_backend_buffer_type_t weight_buft, int repeat, double *seconds) {
     ggml_init_params params = {ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
     ggml_context *ctx = ggml_init(params);
-    ggml_tensor *w = ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_1, p.k, p.rows);
+    ggml_tensor *w = ggml_new_tensor_2d(ctx, p.type, p.k, p.rows);
     ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, weight_buft);
     ggml_tensor *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, p.k, count);
     ggml_tensor *y = ggml_mul_mat(ctx, w, x);
     ggml_backend_buffer_t xbuf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
-    ggml_backend_tensor_set(w, p.q4.data(), 0, p.q4.size());
+    ggml_backend_tensor_set(w, p.w.data(), 0, p.w.size());
     ggml_backend_tensor_set(x, p.x.data() + first * p.k, 0, ggml_nbytes(x));
     ggml_cgraph *graph = ggml_new_graph(ctx);
     ggml_build_forward_expand(graph, y);
@@ -80,32 +82,44 @@ std::vector<float> run(const Problem &p, int64_t first, int64_t count, ggml_back
     return out;
 }
 
-// Sum over blocks of |d_w d_a| sum|u q| + |m_w s_a|: the size of the terms both sides add up,
-// the yardstick for rounding error (any order of summing has error <= n u * this).
+// One block's |d_w d_a| sum|q_w q_a| (+ |m_w s_a| for Q4_1).
+double block_magnitude(const block_q4_1 &wb, const ActBlock &a) {
+    int64_t dot = 0;
+    for (int i = 0; i < 16; i++) {
+        dot += (wb.qs[i] & 0x0F) * std::abs((int)a.q[i]);
+        dot += (wb.qs[i] >> 4) * std::abs((int)a.q[i + 16]);
+    }
+    return std::fabs((double)ggml_fp16_to_fp32(q4_1_d(wb)) * a.d) * dot +
+           std::fabs((double)ggml_fp16_to_fp32(q4_1_m(wb)) * a.s);
+}
+
+double block_magnitude(const block_q8_0 &wb, const ActBlock &a) {
+    int64_t dot = 0;
+    for (int i = 0; i < kQK; i++) dot += std::abs((int)wb.qs[i]) * std::abs((int)a.q[i]);
+    return std::fabs((double)ggml_fp16_to_fp32(wb.d) * a.d) * dot;
+}
+
+// Sum over blocks of block_magnitude: the size of the terms both sides add up, the
+// yardstick for rounding error (any order of summing has error <= n u * this).
+template <class Block>
 std::vector<double> magnitudes(const Problem &p) {
     const int64_t nb = p.k / kQK;
-    const auto *w = reinterpret_cast<const block_q4_1 *>(p.q4.data());
+    const auto *w = reinterpret_cast<const Block *>(p.w.data());
     std::vector<ActBlock> act(p.tokens * nb);
     for (int64_t t = 0; t < p.tokens; t++) quantize_row(p.x.data() + t * p.k, p.k, act.data() + t * nb);
     std::vector<double> mag(p.tokens * p.rows);
     for (int64_t t = 0; t < p.tokens; t++) {
         for (int64_t r = 0; r < p.rows; r++) {
             double sum = 0;
-            for (int64_t b = 0; b < nb; b++) {
-                const block_q4_1 &wb = w[r * nb + b];
-                const ActBlock &a = act[t * nb + b];
-                int64_t dot = 0;
-                for (int i = 0; i < 16; i++) {
-                    dot += (wb.qs[i] & 0x0F) * std::abs((int)a.q[i]);
-                    dot += (wb.qs[i] >> 4) * std::abs((int)a.q[i + 16]);
-                }
-                sum += std::fabs((double)ggml_fp16_to_fp32(q4_1_d(wb)) * a.d) * dot +
-                       std::fabs((double)ggml_fp16_to_fp32(q4_1_m(wb)) * a.s);
-            }
+            for (int64_t b = 0; b < nb; b++) sum += block_magnitude(w[r * nb + b], act[t * nb + b]);
             mag[t * p.rows + r] = sum;
         }
     }
     return mag;
+}
+
+bool runnable(int type, int path) {
+    return is_repacked_type((ggml_type)type) && path >= 0 && path < kPathCount && cpu_supports((Path)path);
 }
 
 }  // namespace
@@ -117,12 +131,12 @@ using namespace stackd;
 // result[0]: max over outputs of |ours - ggml| / magnitude (see magnitudes())
 // result[1]: max |ours - ggml| / max |ggml|
 // result[2]: 1 if the first, a middle and the last token computed alone equal the batch bit for bit
-// result[3]: 1 if reading the repacked weight back gives ggml's Q4_1 bytes unchanged
-// Returns 0, or -1 if this CPU cannot run the path.
-STACKD_API int stackd_kernels_check(int64_t k, int64_t rows, int64_t tokens, int path,
+// result[3]: 1 if reading the repacked weight back gives ggml's bytes unchanged
+// type: a ggml_type we repack (Q4_1, Q8_0). Returns 0, or -1 if this CPU cannot run the path.
+STACKD_API int stackd_kernels_check(int type, int64_t k, int64_t rows, int64_t tokens, int path,
                                     uint32_t seed, int n_threads, double *result) {
-    if (path < 0 || path >= kPathCount || !cpu_supports((Path)path)) return -1;
-    const Problem p = make_problem(k, rows, tokens, seed);
+    if (!runnable(type, path)) return -1;
+    const Problem p = make_problem((ggml_type)type, k, rows, tokens, seed);
     ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
     ggml_backend_t ours = backend_new((Path)path);
     set_threads(cpu, n_threads);
@@ -130,7 +144,7 @@ STACKD_API int stackd_kernels_check(int64_t k, int64_t rows, int64_t tokens, int
 
     const auto ref = run(p, 0, tokens, cpu, ggml_backend_cpu_buffer_type(), 1, nullptr);
     const auto got = run(p, 0, tokens, ours, repack_buffer_type(), 1, nullptr);
-    const auto mag = magnitudes(p);
+    const auto mag = p.type == GGML_TYPE_Q8_0 ? magnitudes<block_q8_0>(p) : magnitudes<block_q4_1>(p);
     double worst = 0, worst_abs = 0, ref_max = 0;
     for (size_t i = 0; i < ref.size(); i++) {
         const double err = std::fabs((double)got[i] - ref[i]);
@@ -150,12 +164,12 @@ STACKD_API int stackd_kernels_check(int64_t k, int64_t rows, int64_t tokens, int
 
     ggml_init_params params = {ggml_tensor_overhead(), nullptr, true};
     ggml_context *ctx = ggml_init(params);
-    ggml_tensor *w = ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_1, k, rows);
+    ggml_tensor *w = ggml_new_tensor_2d(ctx, p.type, k, rows);
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, repack_buffer_type());
-    ggml_backend_tensor_set(w, p.q4.data(), 0, p.q4.size());
-    std::vector<uint8_t> back(p.q4.size());
+    ggml_backend_tensor_set(w, p.w.data(), 0, p.w.size());
+    std::vector<uint8_t> back(p.w.size());
     ggml_backend_tensor_get(w, back.data(), 0, back.size());
-    result[3] = back == p.q4;
+    result[3] = back == p.w;
     ggml_backend_buffer_free(buf);
     ggml_free(ctx);
 
@@ -164,12 +178,13 @@ STACKD_API int stackd_kernels_check(int64_t k, int64_t rows, int64_t tokens, int
     return 0;
 }
 
-// Seconds per MUL_MAT (best of `repeat`) of rows x k Q4_1 weights against `tokens` tokens:
-// times[0] ggml's CPU backend, times[1] ours on `path`. Returns 0, or -1 if the CPU lacks it.
-STACKD_API int stackd_kernels_time(int64_t k, int64_t rows, int64_t tokens, int path,
+// Seconds per MUL_MAT (best of `repeat`) of rows x k weights of `type` against `tokens`
+// tokens: times[0] ggml's CPU backend, times[1] ours on `path`. Returns 0, or -1 if the CPU
+// lacks the path.
+STACKD_API int stackd_kernels_time(int type, int64_t k, int64_t rows, int64_t tokens, int path,
                                    int n_threads, int repeat, double *times) {
-    if (path < 0 || path >= kPathCount || !cpu_supports((Path)path)) return -1;
-    const Problem p = make_problem(k, rows, tokens, 1);
+    if (!runnable(type, path)) return -1;
+    const Problem p = make_problem((ggml_type)type, k, rows, tokens, 1);
     ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
     ggml_backend_t ours = backend_new((Path)path);
     set_threads(cpu, n_threads);

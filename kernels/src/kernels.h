@@ -1,4 +1,5 @@
-// The matmul kernels: one entry point per SIMD path, all computing the same arithmetic.
+// The matmul kernels: one entry point per SIMD path and weight type, all paths computing
+// the same arithmetic.
 //
 // That arithmetic is ggml's own: the operations of ggml-cpu's x86 ggml_vec_dot_q4_1_q8_1
 // (AVX2/AVX-512 build), in the same order, so our result is bit for bit ggml's. For row r
@@ -35,6 +36,33 @@ void gemm_avx512(const Q4x8Block *, int64_t, int64_t, int64_t, int64_t, const Ac
                  float *, int64_t);
 
 GemmFn gemm_for(Path path);
+
+// Q8_0 weights (the vocabulary projection of a model with tied Q8_0 embeddings): ggml's x86
+// ggml_vec_dot_q8_0_q8_0 and llamafile's tinyBLAS_Q0_AVX (which ggml takes for 2 tokens or
+// more) compute the same thing, and so do we: for row r and token t, over K-blocks b in order,
+//     lane[c] = fma(d_w[r] * d_a[t], (float) isum_c, lane[c])   c = 0..7
+// then result = ((lane0 + lane4) + (lane2 + lane6)) + ((lane1 + lane5) + (lane3 + lane7)).
+// Activations are Q8_0, which quantizes exactly as Q8_1 does (same q, same fp16 d): ActBlock.
+using GemmQ8Fn = void (*)(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_begin,
+                          int64_t g_end, const ActBlock *act, int64_t n_tokens, float *dst,
+                          int64_t dst_stride);
+
+void gemm_q8_0_scalar(const Q8x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *,
+                      int64_t, float *, int64_t);
+void gemm_q8_0_avx2(const Q8x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *,
+                    int64_t, float *, int64_t);
+void gemm_q8_0_avx512(const Q8x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *,
+                      int64_t, float *, int64_t);
+
+GemmQ8Fn gemm_q8_0_for(Path path);
+
+// A path's kernels, one per weight type we repack.
+struct Kernels {
+    GemmFn q4_1;
+    GemmQ8Fn q8_0;
+};
+
+inline Kernels kernels_for(Path path) { return {gemm_for(path), gemm_q8_0_for(path)}; }
 
 // One row of k floats -> k/32 ActBlocks, bit for bit as ggml's quantize_row_q8_1 (x86).
 void quantize_row(const float *x, int64_t k, ActBlock *out);

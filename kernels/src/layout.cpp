@@ -56,4 +56,46 @@ void unpack_q4_1(const Q4x8Block *in, int64_t rows, int64_t k, void *q4_1) {
     }
 }
 
+namespace {
+
+static_assert(sizeof(block_q8_0) == 34, "block_q8_0 as ggml defines it");
+constexpr uint8_t kOffset = 0x80;  // q + 128 as an unsigned byte: flipping the top bit
+
+}  // namespace
+
+void repack_q8_0(const void *q8_0, int64_t rows, int64_t k, Q8x8Block *out) {
+    const int64_t nb = k / kQK, groups = row_groups(rows);
+    const block_q8_0 *src = static_cast<const block_q8_0 *>(q8_0);
+    for (int64_t g = 0; g < groups; g++) {
+        for (int64_t b = 0; b < nb; b++) {
+            Q8x8Block &dst = out[g * nb + b];
+            std::memset(&dst, 0, sizeof dst);
+            for (int r = 0; r < kRowsPerGroup; r++) {
+                const int64_t row = g * kRowsPerGroup + r;
+                if (row >= rows) break;  // padding rows stay zero: d = 0
+                const block_q8_0 &blk = src[row * nb + b];
+                dst.d[r] = blk.d;
+                for (int p = 0; p < kQK; p++)
+                    dst.qs[32 * (p / 4) + 4 * r + p % 4] = (uint8_t)blk.qs[p] ^ kOffset;
+            }
+        }
+    }
+}
+
+void unpack_q8_0(const Q8x8Block *in, int64_t rows, int64_t k, void *q8_0) {
+    const int64_t nb = k / kQK;
+    block_q8_0 *dst = static_cast<block_q8_0 *>(q8_0);
+    for (int64_t row = 0; row < rows; row++) {
+        const int64_t g = row / kRowsPerGroup;
+        const int r = (int)(row % kRowsPerGroup);
+        for (int64_t b = 0; b < nb; b++) {
+            const Q8x8Block &src = in[g * nb + b];
+            block_q8_0 &blk = dst[row * nb + b];
+            blk.d = src.d[r];
+            for (int p = 0; p < kQK; p++)
+                blk.qs[p] = (int8_t)(src.qs[32 * (p / 4) + 4 * r + p % 4] ^ kOffset);
+        }
+    }
+}
+
 }  // namespace stackd

@@ -1,4 +1,4 @@
-// The repacked weight layout and the quantized activation layout the kernels read.
+// The repacked weight layouts (Q4_1, Q8_0) and the quantized activation layout the kernels read.
 //
 // Weights (Q4_1, 32 weights per block: w = d*q + m, q in 0..15): rows are taken eight at a
 // time ("row groups"); for each group and each K-block, one Q4x8Block holds the eight rows'
@@ -44,5 +44,25 @@ inline size_t repacked_size(int64_t rows, int64_t k) {
 // Plain ggml Q4_1 rows (block_q4_1, row-major) <-> the repacked layout.
 void repack_q4_1(const void *q4_1, int64_t rows, int64_t k, Q4x8Block *out);
 void unpack_q4_1(const Q4x8Block *in, int64_t rows, int64_t k, void *q4_1);
+
+// Weights (Q8_0, 32 weights per block: w = d*q, q a signed byte): the same row groups and
+// 4-wide interleave, one byte per weight and no minimum:
+//     qs[32*c + 4*r + i] = q(r, 4*c + i) + 128     (c = 0..7, i = 0..3, stored unsigned)
+// The +128 makes the weights the unsigned operand of VNNI's u8 x s8 vpdpbusd, whose
+// accumulator then starts at -128 * (the four activations' sum): exact integers, no sign
+// tricks per row. Padding rows are zero (d = 0).
+struct Q8x8Block {
+    uint16_t d[kRowsPerGroup];  // fp16 scales of the eight rows
+    uint8_t qs[kRowsPerGroup * kQK];
+};
+static_assert(sizeof(Q8x8Block) == 272, "Q8x8Block packs like eight block_q8_0");
+
+inline size_t repacked_size_q8_0(int64_t rows, int64_t k) {
+    return (size_t)row_groups(rows) * (size_t)(k / kQK) * sizeof(Q8x8Block);
+}
+
+// Plain ggml Q8_0 rows (block_q8_0, row-major) <-> the repacked layout.
+void repack_q8_0(const void *q8_0, int64_t rows, int64_t k, Q8x8Block *out);
+void unpack_q8_0(const Q8x8Block *in, int64_t rows, int64_t k, void *q8_0);
 
 }  // namespace stackd

@@ -6,7 +6,7 @@ namespace stackd {
 
 bool can_serve(const ggml_tensor *op) {
     const ggml_tensor *w = op->src[0], *x = op->src[1];
-    return op->op == GGML_OP_MUL_MAT && w->type == GGML_TYPE_Q4_1 && w->view_src == nullptr &&
+    return op->op == GGML_OP_MUL_MAT && is_repacked_type(w->type) && w->view_src == nullptr &&
            w->ne[2] == 1 && w->ne[3] == 1 && w->ne[0] % kQK == 0 && ggml_is_contiguous(w) &&
            (x->type == GGML_TYPE_F32 || x->type == GGML_TYPE_F16) &&
            x->nb[0] == ggml_type_size(x->type) && op->type == GGML_TYPE_F32 &&
@@ -55,7 +55,7 @@ void quantize_blocks(const ggml_tensor *x, int64_t begin, int64_t end, ActBlock 
 
 }  // namespace
 
-void mul_mat_share(ggml_tensor *dst, GemmFn gemm, Activations &act, uint64_t epoch, int ith, int nth) {
+void mul_mat_share(ggml_tensor *dst, Kernels kernels, Activations &act, uint64_t epoch, int ith, int nth) {
     const ggml_tensor *w = dst->src[0], *x = dst->src[1];
     const int64_t k = w->ne[0], rows = w->ne[1], nb = k / kQK, tokens = x->ne[1];
     // Every thread reads the same history, so all agree on whether to quantize; thread 0
@@ -78,8 +78,14 @@ void mul_mat_share(ggml_tensor *dst, GemmFn gemm, Activations &act, uint64_t epo
             const ActBlock *plane = act.blocks.data() + ((i3 * x->ne[2] + i2) * tokens) * nb;
             float *out = reinterpret_cast<float *>(static_cast<char *>(dst->data) +
                                                     i2 * dst->nb[2] + i3 * dst->nb[3]);
-            gemm(static_cast<const Q4x8Block *>(w->data), nb, rows, g_begin, g_end, plane, tokens,
-                 out, (int64_t)(dst->nb[1] / sizeof(float)));
+            const int64_t stride = (int64_t)(dst->nb[1] / sizeof(float));
+            if (w->type == GGML_TYPE_Q8_0) {
+                kernels.q8_0(static_cast<const Q8x8Block *>(w->data), nb, rows, g_begin, g_end, plane,
+                             tokens, out, stride);
+            } else {
+                kernels.q4_1(static_cast<const Q4x8Block *>(w->data), nb, rows, g_begin, g_end, plane,
+                             tokens, out, stride);
+            }
         }
     }
 }

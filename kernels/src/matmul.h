@@ -12,6 +12,9 @@
 
 namespace stackd {
 
+// The weight types our buffer repacks (Q4_1, and Q8_0 for tied vocabulary projections).
+inline bool is_repacked_type(ggml_type type) { return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0; }
+
 // Whether we can compute this MUL_MAT node given its weight is repacked (shape and types).
 bool can_serve(const ggml_tensor *op);
 
@@ -27,9 +30,9 @@ struct Activations {
 // start, never inside the parallel region.
 size_t activation_blocks(const ggml_tensor *dst);
 
-// Thread ith of nth's part of dst = mul_mat(src[0] (repacked Q4_1), src[1]). Consecutive
+// Thread ith of nth's part of dst = mul_mat(src[0] (repacked Q4_1 or Q8_0), src[1]). Consecutive
 // nodes reading the same activations in one computation (q, k, v; gate, up) quantize them
 // once. Must be called by all nth threads of the enclosing OpenMP team.
-void mul_mat_share(ggml_tensor *dst, GemmFn gemm, Activations &act, uint64_t epoch, int ith, int nth);
+void mul_mat_share(ggml_tensor *dst, Kernels kernels, Activations &act, uint64_t epoch, int ith, int nth);
 
 }  // namespace stackd

@@ -31,9 +31,9 @@ def library() -> ctypes.CDLL:
         lib = ctypes.CDLL(LIBRARY)
         lib.stackd_kernels_register.argtypes = [ctypes.c_int]
         lib.stackd_kernels_cpu_supports.argtypes = [ctypes.c_int]
-        lib.stackd_kernels_check.argtypes = [ctypes.c_int64] * 3 + [
+        lib.stackd_kernels_check.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
             ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
-        lib.stackd_kernels_time.argtypes = [ctypes.c_int64] * 3 + [
+        lib.stackd_kernels_time.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
             ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         lib.stackd_kernels_accepts.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_int]
         _lib = lib

@@ -1,0 +1,50 @@
+// The Q8_0 reference path: plain C++, the arithmetic every SIMD path reproduces (kernels.h).
+#include <cmath>
+
+#include "ggml.h"
+#include "kernels.h"
+
+namespace stackd {
+
+namespace {
+
+// The exact int32 dot product of positions 4*chunk .. 4*chunk+3 of row r's block.
+int32_t chunk_dot(const Q8x8Block &w, int r, int chunk, const ActBlock &a) {
+    int32_t sum = 0;
+    for (int i = 0; i < 4; i++) sum += ((int)w.qs[32 * chunk + 4 * r + i] - 128) * a.q[4 * chunk + i];
+    return sum;
+}
+
+// One row against one token: ggml's lane accumulation and final reduction order.
+float row_dot(const Q8x8Block *wg, int64_t nb, int r, const ActBlock *a) {
+    float lane[8] = {};
+    for (int64_t b = 0; b < nb; b++) {
+        const float scale = ggml_fp16_to_fp32(wg[b].d[r]) * a[b].d;
+        for (int c = 0; c < 8; c++) lane[c] = std::fma(scale, (float)chunk_dot(wg[b], r, c, a[b]), lane[c]);
+    }
+    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
+}  // namespace
+
+void gemm_q8_0_scalar(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
+                      const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+    for (int64_t g = g_begin; g < g_end; g++) {
+        for (int64_t t = 0; t < n_tokens; t++) {
+            float out[kRowsPerGroup];
+            for (int r = 0; r < kRowsPerGroup; r++) out[r] = row_dot(w + g * nb, nb, r, act + t * nb);
+            store_group(dst + t * dst_stride, out, g * kRowsPerGroup, rows);
+        }
+    }
+}
+
+GemmQ8Fn gemm_q8_0_for(Path path) {
+    switch (path) {
+        case Path::Avx512: return gemm_q8_0_avx512;
+        case Path::Avx2: return gemm_q8_0_avx2;
+        case Path::Scalar: break;
+    }
+    return gemm_q8_0_scalar;
+}
+
+}  // namespace stackd
