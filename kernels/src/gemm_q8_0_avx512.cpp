@@ -7,17 +7,19 @@
 // Lane arithmetic is ggml's (kernels.h), the same as the scalar path's.
 #include <immintrin.h>
 
-#include <cstring>
 #include <vector>
 
 #include "kernels.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#include "avx512_lanes.h"
 
 namespace stackd {
 
 namespace {
+
+using namespace avx512;
 
 constexpr int kTile = 2;  // 8 weight vectors + 8 accumulators a token + temps in 32 registers
 
@@ -35,21 +37,8 @@ void correct(const ActBlock *act, int64_t count, Corrections *out) {
     }
 }
 
-inline int32_t quad(const ActBlock &a, int chunk) {
-    int32_t v;
-    std::memcpy(&v, a.q + 4 * chunk, sizeof v);
-    return v;
-}
 
-inline __m512i pair256(const uint8_t *lo, const uint8_t *hi) {
-    return _mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)lo)),
-                              _mm256_loadu_si256((const __m256i *)hi), 1);
-}
 
-inline __m512 pair_fp16(const uint16_t *lo, const uint16_t *hi) {
-    return _mm512_cvtph_ps(_mm256_set_m128i(_mm_loadu_si128((const __m128i *)hi),
-                                            _mm_loadu_si128((const __m128i *)lo)));
-}
 
 // Two groups (16 rows) against TT tokens; out receives TT x 16 floats.
 template <int TT>
@@ -73,12 +62,7 @@ inline void pair_tile(const Q8x8Block *w0, const Q8x8Block *w1, int64_t nb, cons
             }
         }
     }
-    for (int t = 0; t < TT; t++) {
-        const __m512 *l = lane[t];
-        _mm512_storeu_ps(out + 16 * t,
-                         _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
-                                       _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7]))));
-    }
+    for (int t = 0; t < TT; t++) _mm512_storeu_ps(out + 16 * t, reduce_lanes(lane[t]));
 }
 
 // One group (8 rows) against TT tokens at 256 bits; out receives TT x 8 floats.
@@ -103,12 +87,7 @@ inline void group_tile(const Q8x8Block *wg, int64_t nb, const ActBlock *act, con
             }
         }
     }
-    for (int t = 0; t < TT; t++) {
-        const __m256 *l = lane[t];
-        _mm256_storeu_ps(out + 8 * t,
-                         _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
-                                       _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7]))));
-    }
+    for (int t = 0; t < TT; t++) _mm256_storeu_ps(out + 8 * t, reduce_lanes(lane[t]));
 }
 
 void run_pair(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g, const ActBlock *act,

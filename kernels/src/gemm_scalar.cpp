@@ -1,4 +1,4 @@
-// The reference path: plain C++, the arithmetic every SIMD path reproduces (kernels.h).
+// The reference paths: plain C++, the arithmetic every SIMD path reproduces (kernels.h).
 #include <cmath>
 
 #include "ggml.h"
@@ -8,12 +8,23 @@ namespace stackd {
 
 namespace {
 
+// ggml's final reduction of a row's eight partial sums (kernels.h).
+float reduce_lanes(const float *lane) {
+    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
 // The exact int32 dot product of positions 4*chunk .. 4*chunk+3 of row r's block.
 int32_t chunk_dot(const Q4x8Block &w, int r, int chunk, const ActBlock &a) {
     const int shift = chunk >= 4 ? 4 : 0;
     int32_t sum = 0;
     for (int i = 0; i < 4; i++)
         sum += ((w.qs[32 * (chunk % 4) + 4 * r + i] >> shift) & 0x0F) * a.q[4 * chunk + i];
+    return sum;
+}
+
+int32_t chunk_dot(const Q8x8Block &w, int r, int chunk, const ActBlock &a) {
+    int32_t sum = 0;
+    for (int i = 0; i < 4; i++) sum += ((int)w.qs[32 * chunk + 4 * r + i] - 128) * a.q[4 * chunk + i];
     return sum;
 }
 
@@ -27,14 +38,22 @@ float row_dot(const Q4x8Block *wg, int64_t nb, int r, const ActBlock *a) {
             lane[c] = std::fma(scale, (float)chunk_dot(wg[b], r, c, a[b]), lane[c]);
         summs = std::fma(ggml_fp16_to_fp32(wg[b].m[r]), a[b].s, summs);
     }
-    return (((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]))) +
-           summs;
+    return reduce_lanes(lane) + summs;
 }
 
-}  // namespace
+float row_dot(const Q8x8Block *wg, int64_t nb, int r, const ActBlock *a) {
+    float lane[8] = {};
+    for (int64_t b = 0; b < nb; b++) {
+        const float scale = ggml_fp16_to_fp32(wg[b].d[r]) * a[b].d;
+        for (int c = 0; c < 8; c++)
+            lane[c] = std::fma(scale, (float)chunk_dot(wg[b], r, c, a[b]), lane[c]);
+    }
+    return reduce_lanes(lane);
+}
 
-void gemm_scalar(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-                 const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+template <class Block>
+void gemm_rows(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
+               const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
     for (int64_t g = g_begin; g < g_end; g++) {
         for (int64_t t = 0; t < n_tokens; t++) {
             float out[kRowsPerGroup];
@@ -44,13 +63,25 @@ void gemm_scalar(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, 
     }
 }
 
-GemmFn gemm_for(Path path) {
+}  // namespace
+
+void gemm_scalar(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
+                 const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+    gemm_rows(w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
+}
+
+void gemm_q8_0_scalar(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
+                      const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+    gemm_rows(w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
+}
+
+Kernels kernels_for(Path path) {
     switch (path) {
-        case Path::Avx512: return gemm_avx512;
-        case Path::Avx2: return gemm_avx2;
+        case Path::Avx512: return {gemm_avx512, gemm_q8_0_avx512};
+        case Path::Avx2: return {gemm_avx2, gemm_q8_0_avx2};
         case Path::Scalar: break;
     }
-    return gemm_scalar;
+    return {gemm_scalar, gemm_q8_0_scalar};
 }
 
 }  // namespace stackd

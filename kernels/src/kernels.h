@@ -35,8 +35,6 @@ void gemm_avx2(const Q4x8Block *, int64_t, int64_t, int64_t, int64_t, const ActB
 void gemm_avx512(const Q4x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *, int64_t,
                  float *, int64_t);
 
-GemmFn gemm_for(Path path);
-
 // Q8_0 weights (the vocabulary projection of a model with tied Q8_0 embeddings): ggml's x86
 // ggml_vec_dot_q8_0_q8_0 and llamafile's tinyBLAS_Q0_AVX (which ggml takes for 2 tokens or
 // more) compute the same thing, and so do we: for row r and token t, over K-blocks b in order,
@@ -54,15 +52,13 @@ void gemm_q8_0_avx2(const Q8x8Block *, int64_t, int64_t, int64_t, int64_t, const
 void gemm_q8_0_avx512(const Q8x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *,
                       int64_t, float *, int64_t);
 
-GemmQ8Fn gemm_q8_0_for(Path path);
-
 // A path's kernels, one per weight type we repack.
 struct Kernels {
     GemmFn q4_1;
     GemmQ8Fn q8_0;
 };
 
-inline Kernels kernels_for(Path path) { return {gemm_for(path), gemm_q8_0_for(path)}; }
+Kernels kernels_for(Path path);
 
 // One row of k floats -> k/32 ActBlocks, bit for bit as ggml's quantize_row_q8_1 (x86).
 void quantize_row(const float *x, int64_t k, ActBlock *out);

@@ -30,6 +30,13 @@ void quantize_row_scalar(const float *x, int64_t k, ActBlock *out) {
     }
 }
 
+// A float rounded to fp16 (to nearest even, as ggml's F16C conversion) and back, inline: the
+// ggml-base functions cost a call through the PLT each, two per block.
+__attribute__((target("f16c")))
+inline float through_fp16(float x) {
+    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+}
+
 // The same with AVX2, as ggml's own x86 code does it (max of |x| by lanes, round to nearest
 // even, saturating packs restored to order by a lane permutation): the scalar loop above
 // called libm's fmaxf and nearbyintf through the PLT for every value.
@@ -63,8 +70,8 @@ void quantize_row_avx2(const float *x, int64_t k, ActBlock *out) {
         const int sum = _mm_cvtsi128_si32(s4);
         const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         _mm256_storeu_si256(reinterpret_cast<__m256i *>(out[b].q), _mm256_permutevar8x32_epi32(packed, order));
-        out[b].d = ggml_fp16_to_fp32(ggml_fp32_to_fp16(d));
-        out[b].s = ggml_fp16_to_fp32(ggml_fp32_to_fp16(d * (float)sum));
+        out[b].d = through_fp16(d);
+        out[b].s = through_fp16(d * (float)sum);
     }
 }
 
