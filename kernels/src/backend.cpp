@@ -17,6 +17,7 @@
 #pragma GCC diagnostic ignored "-Wunused-function"  // the header's static helpers we do not use
 #include "ggml-impl.h"  // ggml_custom_op_params: how a GGML_OP_CUSTOM node names its function
 #pragma GCC diagnostic pop
+#include "get_rows.h"
 #include "layout.h"
 #include "matmul.h"
 
@@ -72,13 +73,11 @@ void buffer_set_tensor(ggml_backend_buffer_t, ggml_tensor *t, const void *data, 
     // Repacking needs whole rows of eight; llama.cpp loads a weight in one piece.
     GGML_ASSERT(offset == 0 && size == ggml_nbytes(t) && "stackd: weights load whole");
     if (t->type == GGML_TYPE_Q8_0) {
-        // No release here: a Q8_0 weight of ours is typically the vocabulary projection tied
-        // to the token embeddings, whose table (the same bytes of the file) stays on the CPU
-        // for GET_ROWS; paging it out would make each new token's row a page fault.
+        // A tied embedding table is ours too (get_rows.h): nothing reads these bytes again.
         repack_q8_0(data, t->ne[1], t->ne[0], static_cast<Q8x8Block *>(t->data));
-        return;
+    } else {
+        repack_q4_1(data, t->ne[1], t->ne[0], static_cast<Q4x8Block *>(t->data));
     }
-    repack_q4_1(data, t->ne[1], t->ne[0], static_cast<Q4x8Block *>(t->data));
     release_source_pages(data, size);
 }
 
@@ -156,7 +155,12 @@ struct BackendContext {
     ggml_backend_t cpu = nullptr;
     Activations act;
     uint64_t epoch = 0;
-    std::vector<std::pair<ggml_tensor *, std::array<int32_t, GGML_MAX_OP_PARAMS / sizeof(int32_t)>>> swapped;
+    struct Swapped {                   // a node of ours, with what to put back
+        ggml_tensor *node;
+        ggml_op op;
+        std::array<int32_t, GGML_MAX_OP_PARAMS / sizeof(int32_t)> params;
+    };
+    std::vector<Swapped> swapped;
 };
 
 Kernels kernels_of(const BackendContext *ctx) {
@@ -180,17 +184,23 @@ void backend_free(ggml_backend_t backend) {
 
 bool in_our_buffer(const ggml_tensor *t);
 
+// Runs on every thread of ggml's team for a GET_ROWS on a table of ours (get_rows.h).
+void get_rows_task(ggml_tensor *dst, int ith, int nth, void *) { get_rows_share(dst, ith, nth); }
+
 // Ours become custom ops (op and op_params kept to put back); the scratch is sized first.
 void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph) {
     size_t need = 0;
     ctx->swapped.clear();
     for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
         ggml_tensor *node = ggml_graph_node(graph, i);
-        if (node->op != GGML_OP_MUL_MAT || !in_our_buffer(node->src[0])) continue;
-        need = std::max(need, activation_blocks(node));
-        ctx->swapped.emplace_back(node, std::array<int32_t, GGML_MAX_OP_PARAMS / sizeof(int32_t)>{});
-        std::memcpy(ctx->swapped.back().second.data(), node->op_params, sizeof(node->op_params));
-        const ggml_custom_op_params task = {mul_mat_task, GGML_N_TASKS_MAX, ctx};
+        if ((node->op != GGML_OP_MUL_MAT && node->op != GGML_OP_GET_ROWS) || !in_our_buffer(node->src[0])) continue;
+        ctx->swapped.push_back({node, node->op, {}});
+        std::memcpy(ctx->swapped.back().params.data(), node->op_params, sizeof(node->op_params));
+        ggml_custom_op_params task = {get_rows_task, GGML_N_TASKS_MAX, ctx};
+        if (node->op == GGML_OP_MUL_MAT) {
+            need = std::max(need, activation_blocks(node));
+            task.fun = mul_mat_task;
+        }
         node->op = GGML_OP_CUSTOM;
         std::memcpy(node->op_params, &task, sizeof(task));
     }
@@ -198,8 +208,8 @@ void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph) {
 }
 
 void swap_back(BackendContext *ctx) {
-    for (auto &[node, params] : ctx->swapped) {
-        node->op = GGML_OP_MUL_MAT;
+    for (const auto &[node, op, params] : ctx->swapped) {
+        node->op = op;
         std::memcpy(node->op_params, params.data(), sizeof(node->op_params));
     }
     ctx->swapped.clear();
@@ -299,13 +309,14 @@ bool in_foreign_buffer(const ggml_tensor *t) {
     return buffer != nullptr && buffer->buft != repack_buffer_type() && !ggml_backend_buft_is_host(buffer->buft);
 }
 
-// A MUL_MAT on a weight in our buffer when we can serve it; no other op on our weights;
-// anything else the CPU backend computes on host memory (that one runs it: graph_compute).
-// llama.cpp asks this with a weight placed in our buffer type to decide where it goes, so
-// refusing here is how the buffer type refuses a weight (wrong type, 3-D expert stacks,
-// MUL_MAT_ID, an embedding table read by GET_ROWS, norms, ...).
+// A MUL_MAT on a weight in our buffer when we can serve it, and a GET_ROWS on a Q8_0 table
+// (get_rows.h); no other op on our weights; anything else the CPU backend computes on host
+// memory (that one runs it: graph_compute). llama.cpp asks this with a weight placed in our
+// buffer type to decide where it goes, so refusing here is how the buffer type refuses a
+// weight (wrong type, 3-D expert stacks, MUL_MAT_ID, a Q4_1 embedding table, norms, ...).
 bool dev_supports_op(ggml_backend_dev_t, const ggml_tensor *op) {
     if (op->op == GGML_OP_MUL_MAT && in_our_buffer(op->src[0])) return can_serve(op);
+    if (op->op == GGML_OP_GET_ROWS && in_our_buffer(op->src[0])) return can_serve_get_rows(op);
     if (op->op == GGML_OP_NONE && in_our_buffer(op)) return true;
     if (in_our_buffer(op) || in_foreign_buffer(op)) return false;
     for (const ggml_tensor *src : op->src) {

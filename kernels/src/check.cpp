@@ -178,6 +178,55 @@ STACKD_API int stackd_kernels_check(int type, int64_t k, int64_t rows, int64_t t
     return 0;
 }
 
+namespace {
+
+// get_rows(table, ids) on a backend, the table in table_buft.
+std::vector<float> run_get_rows(const Problem &p, const std::vector<int32_t> &ids, ggml_backend_t backend,
+                                ggml_backend_buffer_type_t table_buft) {
+    ggml_init_params params = {ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
+    ggml_context *ctx = ggml_init(params);
+    ggml_tensor *w = ggml_new_tensor_2d(ctx, p.type, p.k, p.rows);
+    ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, table_buft);
+    ggml_tensor *index = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t)ids.size());
+    ggml_tensor *y = ggml_get_rows(ctx, w, index);
+    ggml_backend_buffer_t ibuf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
+    ggml_backend_tensor_set(w, p.w.data(), 0, p.w.size());
+    ggml_backend_tensor_set(index, ids.data(), 0, ids.size() * sizeof(int32_t));
+    ggml_cgraph *graph = ggml_new_graph(ctx);
+    ggml_build_forward_expand(graph, y);
+    ggml_backend_graph_compute(backend, graph);
+    std::vector<float> out(ids.size() * p.k);
+    ggml_backend_tensor_get(y, out.data(), 0, out.size() * sizeof(float));
+    ggml_backend_buffer_free(ibuf);
+    ggml_backend_buffer_free(wbuf);
+    ggml_free(ctx);
+    return out;
+}
+
+}  // namespace
+
+// GET_ROWS on a repacked Q8_0 table (get_rows.h) against ggml's CPU backend: `n_ids` row ids
+// (the first and last row, a repeat, the rest random). Returns 1 when every float is ggml's
+// bit for bit, else 0.
+STACKD_API int stackd_kernels_check_get_rows(int64_t k, int64_t rows, int64_t n_ids, uint32_t seed, int n_threads) {
+    const Problem p = make_problem(GGML_TYPE_Q8_0, k, rows, 1, seed);
+    std::mt19937 rng(seed);
+    std::vector<int32_t> ids(n_ids);
+    for (auto &id : ids) id = (int32_t)(rng() % rows);
+    ids.front() = 0;
+    ids.back() = (int32_t)(rows - 1);
+    if (n_ids > 2) ids[1] = ids.back();
+    ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    ggml_backend_t ours = backend_new((Path)-1);
+    set_threads(cpu, n_threads);
+    set_threads(ours, n_threads);
+    const auto ref = run_get_rows(p, ids, cpu, ggml_backend_cpu_buffer_type());
+    const auto got = run_get_rows(p, ids, ours, repack_buffer_type());
+    ggml_backend_free(ours);
+    ggml_backend_free(cpu);
+    return std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float)) == 0 ? 1 : 0;
+}
+
 // Seconds per MUL_MAT (best of `repeat`) of rows x k weights of `type` against `tokens`
 // tokens: times[0] ggml's CPU backend, times[1] ours on `path`. Returns 0, or -1 if the CPU
 // lacks the path.

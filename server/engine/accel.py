@@ -35,6 +35,7 @@ def library() -> ctypes.CDLL:
             ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         lib.stackd_kernels_time.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
             ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+        lib.stackd_kernels_check_get_rows.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_uint32, ctypes.c_int]
         lib.stackd_kernels_accepts.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_int]
         _lib = lib
     return _lib
