@@ -157,8 +157,10 @@ def test_a_key_with_three_streams_gets_about_the_engine_time_of_a_key_with_one()
             assert ready, "no event"
             for event in engine.take_events():
                 tokens["light" if event.id_request == light else "heavy"] += event.n_tokens
-        # without the share, all three step with it: 90 tokens
-        assert tokens["heavy"] <= 60, tokens
+        # Without the share all three step with it: 90 tokens and more. With it about 30-45 on
+        # a quiet machine; a loaded one has given 63 (sampling is charged by measured time,
+        # and a sample preempted by another process charges its key for the wait).
+        assert tokens["heavy"] < 80, tokens
         for rid in heavy:
             engine.cancel(rid)
         driver.wait(heavy)
