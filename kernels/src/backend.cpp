@@ -187,6 +187,10 @@ bool in_our_buffer(const ggml_tensor *t);
 // Runs on every thread of ggml's team for a GET_ROWS on a table of ours (get_rows.h).
 void get_rows_task(ggml_tensor *dst, int ith, int nth, void *) { get_rows_share(dst, ith, nth); }
 
+// GET_ROWS nodes run on tables of ours, ever: whether a model's embedding table is ours (a
+// test's question: when it is not, llama.cpp loads a tied table twice).
+std::atomic<uint64_t> g_get_rows_nodes{0};
+
 // Ours become custom ops (op and op_params kept to put back); the scratch is sized first.
 void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph) {
     size_t need = 0;
@@ -200,6 +204,8 @@ void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph) {
         if (node->op == GGML_OP_MUL_MAT) {
             need = std::max(need, activation_blocks(node));
             task.fun = mul_mat_task;
+        } else {
+            g_get_rows_nodes.fetch_add(1, std::memory_order_relaxed);
         }
         node->op = GGML_OP_CUSTOM;
         std::memcpy(node->op_params, &task, sizeof(task));
@@ -453,3 +459,6 @@ STACKD_API int stackd_kernels_register(int path) {
 }
 
 STACKD_API int stackd_kernels_current_path() { return (int)stackd::current_path(); }
+
+// How many GET_ROWS nodes our backends have computed in this process (tables of ours).
+STACKD_API uint64_t stackd_kernels_get_rows_nodes() { return stackd::g_get_rows_nodes.load(); }

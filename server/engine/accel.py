@@ -36,6 +36,7 @@ def library() -> ctypes.CDLL:
         lib.stackd_kernels_time.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
             ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         lib.stackd_kernels_check_get_rows.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_uint32, ctypes.c_int]
+        lib.stackd_kernels_get_rows_nodes.restype = ctypes.c_uint64
         lib.stackd_kernels_accepts.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_int]
         _lib = lib
     return _lib

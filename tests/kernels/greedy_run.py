@@ -3,12 +3,11 @@
     python -m tests.kernels.greedy_run MODE N_PROMPTS MAX_TOKENS
 MODE is engine.kernels (auto | off) or a path name. Prints JSON: the path in use, and
 each prompt's token ids generated alone (one stream) and with 16 streams sharing each step,
-and how much of the model file stays mapped once the model is loaded.
+and whether the token embedding table was read on our device (kernels/src/get_rows.h).
 """
 from __future__ import annotations
 
 import json
-import os
 import select
 import sys
 
@@ -44,19 +43,6 @@ def generate(engine, batch: list[list[int]], max_tokens: int, first_id: int) -> 
     return [tokens[rid] for rid in ids]
 
 
-def mapped_kib(path: str) -> int:
-    """KiB of the model file this process holds mapped and resident, once the model is loaded."""
-    real, total, inside = os.path.realpath(path), 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if "-" in fields[0] and not fields[0].endswith(":"):   # a mapping's first line
-                inside = len(fields) > 5 and fields[5] == real
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1])
-    return total
-
-
 def main(mode: str, n_prompts: int, max_tokens: int) -> None:
     path = accel.register(mode)  # before the model loads
     from server.engine.native import Engine
@@ -66,14 +52,14 @@ def main(mode: str, n_prompts: int, max_tokens: int) -> None:
     # from waiting on thread barriers when the machine is busy.
     engine = Engine(defaults.smollm2_path(), n_slots=STREAMS, n_ctx_seq=512, n_batch=256,
                     n_threads=1)
-    mapped = mapped_kib(defaults.smollm2_path())
     batch = prompts(engine, n_prompts)
     alone = [generate(engine, [p], max_tokens, 1 + i)[0] for i, p in enumerate(batch)]
     together = []
     for start in range(0, len(batch), STREAMS):
         together += generate(engine, batch[start:start + STREAMS], max_tokens, 1000 + start)
     engine.close()
-    print(json.dumps({"path": path, "alone": alone, "together": together, "model_file_kib": mapped}))
+    table_ours = bool(path) and accel.library().stackd_kernels_get_rows_nodes() > 0
+    print(json.dumps({"path": path, "alone": alone, "together": together, "table_ours": table_ours}))
 
 
 if __name__ == "__main__":
