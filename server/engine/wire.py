@@ -123,8 +123,9 @@ class FrameReader:
 
 # ---- engine events ---------------------------------------------------------------------------
 # Events cross as an `events` frame whose tail is the native event wire (native/engine/
-# event_wire.h): the worker's Engine.forward_events encodes and sends them in one call, the daemon's
-# decode_events decodes them in one, so a token costs each side one call, not a dict per event.
+# event_wire.h): the worker's engine thread frames and sends a step's events itself (native/engine/
+# frame_sink.h), the daemon's decode_events decodes them in one call, so a token costs no Python
+# in the worker and one call in the daemon, not a dict per event.
 
 
 def decode_events(tail: bytes) -> list:
