@@ -213,8 +213,7 @@ py::dict plan_to_python(const batch_plan & plan) {
     return out;
 }
 
-// An `events` frame of server/engine/wire.py: u32 body length, u32 header length, the JSON
-// header, then the event wire as its tail.
+// A worker engine's sink (Engine.attach_sink first): the Python side's frames go through it too.
 frame_sink & sink_of(engine & e) {
     if (e.sink() == nullptr) {
         throw std::logic_error("no sink attached (Engine.attach_sink)");

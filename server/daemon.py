@@ -38,8 +38,9 @@ def build_node(settings: config.Settings) -> tuple[Node, str | None]:
     admin_key_path = bootstrap_admin_key(keys, settings.data_dir)
     metrics = Metrics()
     rate_limits = settings["rate_limits"]
-    limiter = RateLimiter({group: rate_limits[group] for group in config.RATE_LIMIT_GROUPS}, settings.per_key_limits,
-                          metrics=metrics, refusal_delay=rate_limits["refusal_delay"])
+    groups = {group: rate_limits[group] for group in config.RATE_LIMIT_GROUPS}
+    limiter = RateLimiter(groups, settings.per_key_limits, metrics=metrics,
+                          refusal_delay=rate_limits["refusal_delay"])
     node = Node(settings, identity.load_or_create(settings.data_dir), keys, limiter, metrics)
     node.membership = Membership.from_settings(node, settings)
     return node, admin_key_path

@@ -56,6 +56,15 @@ scheduler_params scheduler_params_of(const engine_params & p) {
     return sp;
 }
 
+bool any_ends_a_request(const std::vector<engine_event> & events) {
+    for (const engine_event & ev : events) {
+        if (request_status_is_finished(ev.status)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 }  // namespace
 
 engine::engine(const engine_params & params)
@@ -227,10 +236,14 @@ void engine::cancel(int64_t id_request) {
     cv_.notify_one();
 }
 
-std::vector<engine_event> engine::take_events() {
+void engine::drain_event_fd() {
     uint64_t counter;
     while (read(efd_, &counter, sizeof(counter)) > 0) {
     }
+}
+
+std::vector<engine_event> engine::take_events() {
+    drain_event_fd();
     std::vector<engine_event> out;
     std::lock_guard<std::mutex> lock(mu_events_);
     out.swap(events_);
@@ -768,13 +781,8 @@ void engine::flush_events() {
 // with the engine's counts, so /metrics has a request once its client has its answer.
 bool engine::send_directly() {
     std::lock_guard<std::mutex> lock(mu_events_);
-    if (!sink_ || !events_.empty()) {
+    if (!sink_ || !events_.empty() || any_ends_a_request(outgoing_)) {
         return false;
-    }
-    for (const engine_event & ev : outgoing_) {
-        if (request_status_is_finished(ev.status)) {
-            return false;
-        }
     }
     if (sink_->write(events_frame(outgoing_))) {
         signal_reader();               // bytes wait: the reader must watch for writable
@@ -783,18 +791,13 @@ bool engine::send_directly() {
 }
 
 bool engine::relay_events() {
-    uint64_t counter;
-    while (read(efd_, &counter, sizeof(counter)) > 0) {
-    }
+    drain_event_fd();
     // Taken and written under one lock: a step cannot send between the two and overtake them.
     std::lock_guard<std::mutex> lock(mu_events_);
     if (events_.empty() || !sink_) {
         return false;
     }
-    bool any_finished = false;
-    for (const engine_event & ev : events_) {
-        any_finished = any_finished || request_status_is_finished(ev.status);
-    }
+    const bool any_finished = any_ends_a_request(events_);
     sink_->write(events_frame(events_));
     events_.clear();
     return any_finished;

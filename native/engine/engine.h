@@ -162,6 +162,7 @@ private:
     void flush_events();
     bool send_directly();
     void signal_reader();
+    void drain_event_fd();
 
     // The queue's bookkeeping, per model and per owner (under mu_tasks_).
     submit_result enter_queue(int64_t id_owner);
