@@ -328,6 +328,7 @@ class Membership:
         state = self.follower
         if not isinstance(answer.get("view"), dict) or not isinstance(answer.get("leader_id"), str):
             raise PeerError("the leader's answer lacks its view")
+        self._fence_if_overdue()
         state.leader_id, state.inference_url = answer["leader_id"], answer.get("inference_url")
         state.view, state.view_received = answer["view"], time.monotonic()
         state.power = answer.get("power")
@@ -347,6 +348,14 @@ class Membership:
             state.fenced = False
             log.info("cluster: joined leader %s at %s", state.leader_id, state.leader_address)
             self._changed()
+
+    def _fence_if_overdue(self) -> None:
+        # A loop that was frozen past the window (SIGSTOP, swap) may wake with an answer and its
+        # fencing timer both due; whichever runs first, a node silent that long has fenced.
+        timer = self.follower.fence_timer
+        if timer is not None and timer.when() <= self.loop.time():
+            timer.cancel()
+            self._fence()
 
     def _arm_fence(self) -> None:
         state = self.follower

@@ -3,6 +3,7 @@ up, leave, the follower's fencing and unfencing, and the callbacks other modules
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -80,6 +81,21 @@ def test_a_follower_fences_itself_without_its_leader_and_unfences(short_window, 
     assert follower.fenced and fenced == [True]
     follower.accept_answer(leader.receive_heartbeat(follower.self_id, _heartbeat(follower)))
     assert not follower.fenced and fenced == [True]
+
+
+def test_a_follower_whose_loop_froze_past_the_window_fences_before_it_takes_an_answer(
+        short_window, pair, loop):
+    """An answer can be handled before the overdue fencing timer runs (a SIGSTOPped node woken
+    with a reply waiting): the node was out of touch longer than the window, so it fences."""
+    leader, follower = pair
+    fenced = []
+    follower.on_fenced(lambda: fenced.append(True))
+    follower.accept_answer(leader.receive_heartbeat(follower.self_id, _heartbeat(follower)))
+    time.sleep(WINDOW * 2)                         # the loop does not run: its timer is overdue
+    follower.accept_answer(leader.receive_heartbeat(follower.self_id, _heartbeat(follower)))
+    assert fenced == [True] and not follower.fenced
+    loop.run_until_complete(asyncio.sleep(0))      # the cancelled timer does not fence again
+    assert fenced == [True] and not follower.fenced
 
 
 def test_the_leader_refuses_a_second_node_with_a_taken_id(pair):
