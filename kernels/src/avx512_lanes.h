@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "layout.h"
 
@@ -30,15 +31,39 @@ inline __m512 pair_fp16(const uint16_t *lo, const uint16_t *hi) {
                                             _mm_loadu_si128((const __m128i *)lo)));
 }
 
-// ggml's horizontal-add order over a row's eight partial sums (kernels.h), for 16 or 8 rows.
-inline __m512 reduce_lanes(const __m512 *l) {
-    return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
-                         _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])));
+// Each row's exact block sum: u[c] holds four weight bytes per row (unsigned), matched with
+// activation bytes 4c .. 4c+3; `start` is the integer the sum starts from. Two chains of four
+// vpdpbusd keep the adder busy; integer sums are exact in any order (kernels.h).
+inline __m512i block_dot(const __m512i *u, const ActBlock &a, __m512i start = _mm512_setzero_si512()) {
+    __m512i even = _mm512_dpbusd_epi32(start, u[0], _mm512_set1_epi32(quad(a, 0)));
+    __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_set1_epi32(quad(a, 1)));
+    for (int c = 2; c < 8; c += 2) {
+        even = _mm512_dpbusd_epi32(even, u[c], _mm512_set1_epi32(quad(a, c)));
+        odd = _mm512_dpbusd_epi32(odd, u[c + 1], _mm512_set1_epi32(quad(a, c + 1)));
+    }
+    return _mm512_add_epi32(even, odd);
 }
 
-inline __m256 reduce_lanes(const __m256 *l) {
-    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
-                         _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])));
+inline __m256i block_dot(const __m256i *u, const ActBlock &a, __m256i start = _mm256_setzero_si256()) {
+    __m256i even = _mm256_dpbusd_epi32(start, u[0], _mm256_set1_epi32(quad(a, 0)));
+    __m256i odd = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[1], _mm256_set1_epi32(quad(a, 1)));
+    for (int c = 2; c < 8; c += 2) {
+        even = _mm256_dpbusd_epi32(even, u[c], _mm256_set1_epi32(quad(a, c)));
+        odd = _mm256_dpbusd_epi32(odd, u[c + 1], _mm256_set1_epi32(quad(a, c + 1)));
+    }
+    return _mm256_add_epi32(even, odd);
+}
+
+// Calls body(std::integral_constant<int, TT>, first_token) over n tokens in tiles of kTile,
+// then of 4, then of 1: a token's arithmetic is the same in any tile (kernels.h).
+template <int kTile, class Body>
+inline void for_tiles(int64_t n, Body body) {
+    int64_t t = 0;
+    for (; t + kTile <= n; t += kTile) body(std::integral_constant<int, kTile>{}, t);
+    if constexpr (kTile > 4) {
+        for (; t + 4 <= n; t += 4) body(std::integral_constant<int, 4>{}, t);
+    }
+    for (; t < n; t++) body(std::integral_constant<int, 1>{}, t);
 }
 
 }  // namespace avx512

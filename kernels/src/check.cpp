@@ -132,6 +132,7 @@ using namespace stackd;
 // result[1]: max |ours - ggml| / max |ggml|
 // result[2]: 1 if the first, a middle and the last token computed alone equal the batch bit for bit
 // result[3]: 1 if reading the repacked weight back gives ggml's bytes unchanged
+// result[4]: 1 if the output equals the scalar reference path's bit for bit
 // type: a ggml_type we repack (Q4_1, Q8_0). Returns 0, or -1 if this CPU cannot run the path.
 STACKD_API int stackd_kernels_check(int type, int64_t k, int64_t rows, int64_t tokens, int path,
                                     uint32_t seed, int n_threads, double *result) {
@@ -161,6 +162,12 @@ STACKD_API int stackd_kernels_check(int type, int64_t k, int64_t rows, int64_t t
         invariant = invariant && std::memcmp(alone.data(), got.data() + t * rows, rows * sizeof(float)) == 0;
     }
     result[2] = invariant;
+
+    ggml_backend_t scalar = backend_new(Path::Scalar);
+    set_threads(scalar, n_threads);
+    const auto reference = path == (int)Path::Scalar ? got : run(p, 0, tokens, scalar, repack_buffer_type(), 1, nullptr);
+    result[4] = std::memcmp(reference.data(), got.data(), got.size() * sizeof(float)) == 0;
+    ggml_backend_free(scalar);
 
     ggml_init_params params = {ggml_tensor_overhead(), nullptr, true};
     ggml_context *ctx = ggml_init(params);

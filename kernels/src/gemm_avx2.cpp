@@ -14,7 +14,9 @@ namespace stackd {
 
 namespace {
 
-constexpr int kTile = 1;  // 9 accumulators a token (kernels.h) fill the 16 registers already
+// Tokens per tile: a token needs an integer and a float accumulator; with the two unpacked
+// weight vectors of one step and the constants, four tokens fit the 16 registers.
+constexpr int kTile = 4;
 
 inline __m256i broadcast_quad(const ActBlock &a, int chunk) {
     int32_t quad;
@@ -22,46 +24,43 @@ inline __m256i broadcast_quad(const ActBlock &a, int chunk) {
     return _mm256_set1_epi32(quad);
 }
 
-// Accumulates one group (8 rows) against TT consecutive tokens over all K-blocks;
-// out receives TT x 8 floats.
+// u8 x s8 over four positions per row into one int32 lane per row: pairs into int16
+// (|2 x 15 x 127| fits), pairs of those into int32.
+inline __m256i dot4(__m256i u, __m256i a, __m256i ones) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones);
+}
+
+// One group (8 rows) against TT consecutive tokens over all K-blocks; out receives TT x 8
+// floats. Each 32-byte step of the block's weights is unpacked once and used by every token.
 template <int TT>
 inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 lane[TT][8], summs[TT];
-    for (int t = 0; t < TT; t++) {
-        for (int c = 0; c < 8; c++) lane[t][c] = _mm256_setzero_ps();
-        summs[t] = _mm256_setzero_ps();
-    }
+    __m256 acc[TT];
+    for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const Q4x8Block &blk = wg[b];
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk.d));
-        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk.m));
-        __m256i u[8];
+        __m256i isum[TT];
+        for (int t = 0; t < TT; t++) isum[t] = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             const __m256i p = _mm256_loadu_si256((const __m256i *)(blk.qs + 32 * j));
-            u[j] = _mm256_and_si256(p, low);
-            u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+            const __m256i lo = _mm256_and_si256(p, low), hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+            for (int t = 0; t < TT; t++) {
+                const ActBlock &a = act[t * nb + b];
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(dot4(lo, broadcast_quad(a, j), ones),
+                                                                     dot4(hi, broadcast_quad(a, j + 4), ones)));
+            }
         }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk.d));
+        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk.m));
         for (int t = 0; t < TT; t++) {
             const ActBlock &a = act[t * nb + b];
             const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d));
-            for (int c = 0; c < 8; c++) {
-                // u8 x s8 pairs into int16 (|2 x 15 x 127| fits), pairs of those into int32.
-                const __m256i dot = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(u[c], broadcast_quad(a, c)), ones);
-                lane[t][c] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), lane[t][c]);
-            }
-            summs[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), summs[t]);
+            acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum[t]), acc[t]);
+            acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), acc[t]);
         }
     }
-    for (int t = 0; t < TT; t++) {
-        const __m256 *l = lane[t];
-        const __m256 sum = _mm256_add_ps(
-            _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
-            _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])));
-        _mm256_storeu_ps(out + 8 * t, _mm256_add_ps(sum, summs[t]));
-    }
+    for (int t = 0; t < TT; t++) _mm256_storeu_ps(out + 8 * t, acc[t]);
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 // GCC 12 flags its own _mm512 intrinsics as maybe-uninitialized; a false positive.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // The AVX-512 path: VNNI's vpdpbusd does the u8 x s8 dot of four positions per row in one
-// instruction. Two row groups fill a 512-bit vector (16 rows); an odd last group runs at
-// 256 bits (AVX512VL). Compiled for these instructions by the target pragma, chosen at
-// run time (cpu_features.cpp). Lane arithmetic is the same as every other path (kernels.h).
+// instruction, adding into an int32 lane per row; eight of them make a block's exact integer
+// sum. Two row groups fill a 512-bit vector (16 rows); an odd last group runs at 256 bits
+// (AVX512VL). Compiled for these instructions by the target pragma, chosen at run time
+// (cpu_features.cpp). Float arithmetic as every other path (kernels.h).
 #include <immintrin.h>
 
 #include "kernels.h"
@@ -18,114 +19,88 @@ namespace {
 
 using namespace avx512;
 
-constexpr int kTile = 2;  // 32 vector registers: 8 nibble vectors + 9 accumulators a token + temps
-
-
-
+// Tokens per tile: the eight unpacked weight vectors are reused by each, and a token needs one
+// accumulator, so eight tokens fit the 32 registers with the temporaries.
+constexpr int kTile = 8;
 
 // Two groups (16 rows) against TT tokens; out receives TT x 16 floats.
 template <int TT>
 inline void pair_tile(const Q4x8Block *w0, const Q4x8Block *w1, int64_t nb, const ActBlock *act,
                       float *out) {
     const __m512i low = _mm512_set1_epi8(0x0F);
-    __m512 lane[TT][8], summs[TT];
-    for (int t = 0; t < TT; t++) {
-        for (int c = 0; c < 8; c++) lane[t][c] = _mm512_setzero_ps();
-        summs[t] = _mm512_setzero_ps();
-    }
+    __m512 acc[TT];
+    for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const __m512 dw = pair_fp16(w0[b].d, w1[b].d);
-        const __m512 mw = pair_fp16(w0[b].m, w1[b].m);
         __m512i u[8];
         for (int j = 0; j < 4; j++) {
             const __m512i p = pair256(w0[b].qs + 32 * j, w1[b].qs + 32 * j);
             u[j] = _mm512_and_si512(p, low);
             u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
         }
+        const __m512 dw = pair_fp16(w0[b].d, w1[b].d);
+        const __m512 mw = pair_fp16(w0[b].m, w1[b].m);
         for (int t = 0; t < TT; t++) {
             const ActBlock &a = act[t * nb + b];
+            const __m512i isum = block_dot(u, a);
             const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a.d));
-            for (int c = 0; c < 8; c++) {
-                const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[c],
-                                                        _mm512_set1_epi32(quad(a, c)));
-                lane[t][c] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), lane[t][c]);
-            }
-            summs[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s), summs[t]);
+            acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc[t]);
+            acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s), acc[t]);
         }
     }
-    for (int t = 0; t < TT; t++) {
-        _mm512_storeu_ps(out + 16 * t, _mm512_add_ps(reduce_lanes(lane[t]), summs[t]));
-    }
+    for (int t = 0; t < TT; t++) _mm512_storeu_ps(out + 16 * t, acc[t]);
 }
 
 // One group (8 rows) against TT tokens at 256 bits; out receives TT x 8 floats.
 template <int TT>
 inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0F);
-    __m256 lane[TT][8], summs[TT];
-    for (int t = 0; t < TT; t++) {
-        for (int c = 0; c < 8; c++) lane[t][c] = _mm256_setzero_ps();
-        summs[t] = _mm256_setzero_ps();
-    }
+    __m256 acc[TT];
+    for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wg[b].d));
-        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wg[b].m));
         __m256i u[8];
         for (int j = 0; j < 4; j++) {
             const __m256i p = _mm256_loadu_si256((const __m256i *)(wg[b].qs + 32 * j));
             u[j] = _mm256_and_si256(p, low);
             u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
         }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wg[b].d));
+        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wg[b].m));
         for (int t = 0; t < TT; t++) {
             const ActBlock &a = act[t * nb + b];
+            const __m256i isum = block_dot(u, a);
             const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d));
-            for (int c = 0; c < 8; c++) {
-                const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[c],
-                                                        _mm256_set1_epi32(quad(a, c)));
-                lane[t][c] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), lane[t][c]);
-            }
-            summs[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), summs[t]);
+            acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc[t]);
+            acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), acc[t]);
         }
     }
-    for (int t = 0; t < TT; t++) {
-        _mm256_storeu_ps(out + 8 * t, _mm256_add_ps(reduce_lanes(lane[t]), summs[t]));
-    }
+    for (int t = 0; t < TT; t++) _mm256_storeu_ps(out + 8 * t, acc[t]);
 }
 
 void run_pair(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g, const ActBlock *act,
               int64_t n_tokens, float *dst, int64_t dst_stride) {
-    alignas(64) float out[kTile * 16];
     const Q4x8Block *w0 = w + g * nb, *w1 = w + (g + 1) * nb;
-    int64_t t = 0;
-    for (; t + kTile <= n_tokens; t += kTile) {
-        pair_tile<kTile>(w0, w1, nb, act + t * nb, out);
-        for (int i = 0; i < kTile; i++) {
+    for_tiles<kTile>(n_tokens, [&](auto tile, int64_t t) {
+        constexpr int TT = decltype(tile)::value;
+        alignas(64) float out[TT * 16];
+        pair_tile<TT>(w0, w1, nb, act + t * nb, out);
+        for (int i = 0; i < TT; i++) {
             float *row = dst + (t + i) * dst_stride;
             store_group(row, out + 16 * i, g * kRowsPerGroup, rows);
             store_group(row, out + 16 * i + 8, (g + 1) * kRowsPerGroup, rows);
         }
-    }
-    for (; t < n_tokens; t++) {
-        pair_tile<1>(w0, w1, nb, act + t * nb, out);
-        store_group(dst + t * dst_stride, out, g * kRowsPerGroup, rows);
-        store_group(dst + t * dst_stride, out + 8, (g + 1) * kRowsPerGroup, rows);
-    }
+    });
 }
 
 void run_single(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g, const ActBlock *act,
                 int64_t n_tokens, float *dst, int64_t dst_stride) {
-    alignas(32) float out[kTile * 8];
     const Q4x8Block *wg = w + g * nb;
-    int64_t t = 0;
-    for (; t + kTile <= n_tokens; t += kTile) {
-        group_tile<kTile>(wg, nb, act + t * nb, out);
-        for (int i = 0; i < kTile; i++)
+    for_tiles<kTile>(n_tokens, [&](auto tile, int64_t t) {
+        constexpr int TT = decltype(tile)::value;
+        alignas(32) float out[TT * 8];
+        group_tile<TT>(wg, nb, act + t * nb, out);
+        for (int i = 0; i < TT; i++)
             store_group(dst + (t + i) * dst_stride, out + 8 * i, g * kRowsPerGroup, rows);
-    }
-    for (; t < n_tokens; t++) {
-        group_tile<1>(wg, nb, act + t * nb, out);
-        store_group(dst + t * dst_stride, out, g * kRowsPerGroup, rows);
-    }
+    });
 }
 
 }  // namespace

@@ -8,47 +8,42 @@ namespace stackd {
 
 namespace {
 
-// ggml's final reduction of a row's eight partial sums (kernels.h).
-float reduce_lanes(const float *lane) {
-    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-}
-
-// The exact int32 dot product of positions 4*chunk .. 4*chunk+3 of row r's block.
-int32_t chunk_dot(const Q4x8Block &w, int r, int chunk, const ActBlock &a) {
-    const int shift = chunk >= 4 ? 4 : 0;
+// The exact int32 dot product of row r's block with the activation block.
+int32_t block_dot(const Q4x8Block &w, int r, const ActBlock &a) {
     int32_t sum = 0;
-    for (int i = 0; i < 4; i++)
-        sum += ((w.qs[32 * (chunk % 4) + 4 * r + i] >> shift) & 0x0F) * a.q[4 * chunk + i];
+    for (int chunk = 0; chunk < 8; chunk++) {
+        const int shift = chunk >= 4 ? 4 : 0;
+        for (int i = 0; i < 4; i++)
+            sum += ((w.qs[32 * (chunk % 4) + 4 * r + i] >> shift) & 0x0F) * a.q[4 * chunk + i];
+    }
     return sum;
 }
 
-int32_t chunk_dot(const Q8x8Block &w, int r, int chunk, const ActBlock &a) {
+int32_t block_dot(const Q8x8Block &w, int r, const ActBlock &a) {
     int32_t sum = 0;
-    for (int i = 0; i < 4; i++) sum += ((int)w.qs[32 * chunk + 4 * r + i] - 128) * a.q[4 * chunk + i];
+    for (int chunk = 0; chunk < 8; chunk++)
+        for (int i = 0; i < 4; i++) sum += ((int)w.qs[32 * chunk + 4 * r + i] - 128) * a.q[4 * chunk + i];
     return sum;
 }
 
-// One row against one token: ggml's lane accumulation and final reduction order.
+// One row against one token (kernels.h).
 float row_dot(const Q4x8Block *wg, int64_t nb, int r, const ActBlock *a) {
-    float lane[8] = {};
-    float summs = 0.0f;
+    float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const float scale = ggml_fp16_to_fp32(wg[b].d[r]) * a[b].d;
-        for (int c = 0; c < 8; c++)
-            lane[c] = std::fma(scale, (float)chunk_dot(wg[b], r, c, a[b]), lane[c]);
-        summs = std::fma(ggml_fp16_to_fp32(wg[b].m[r]), a[b].s, summs);
+        acc = std::fma(scale, (float)block_dot(wg[b], r, a[b]), acc);
+        acc = std::fma(ggml_fp16_to_fp32(wg[b].m[r]), a[b].s, acc);
     }
-    return reduce_lanes(lane) + summs;
+    return acc;
 }
 
 float row_dot(const Q8x8Block *wg, int64_t nb, int r, const ActBlock *a) {
-    float lane[8] = {};
+    float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const float scale = ggml_fp16_to_fp32(wg[b].d[r]) * a[b].d;
-        for (int c = 0; c < 8; c++)
-            lane[c] = std::fma(scale, (float)chunk_dot(wg[b], r, c, a[b]), lane[c]);
+        acc = std::fma(scale, (float)block_dot(wg[b], r, a[b]), acc);
     }
-    return reduce_lanes(lane);
+    return acc;
 }
 
 template <class Block>

@@ -1,18 +1,23 @@
 // The matmul kernels: one entry point per SIMD path and weight type, all paths computing
-// the same arithmetic.
+// the same arithmetic, bit for bit.
 //
-// That arithmetic is ggml's own: the operations of ggml-cpu's x86 ggml_vec_dot_q4_1_q8_1
-// (AVX2/AVX-512 build), in the same order, so our result is bit for bit ggml's. For row r
-// and token t, over K-blocks b in order:
-//     lane[c] = fma(d_w[r] * d_a[t], (float) isum_c, lane[c])   c = 0..7, isum_c the exact
-//                                                               int32 dot of positions 4c..4c+3
-//     summs   = fma(m_w[r], s_a[t], summs)
-// then  result = ((lane0 + lane4) + (lane2 + lane6)) + ((lane1 + lane5) + (lane3 + lane7)) + summs.
-// ggml keeps one row in a vector's lanes and reduces it at the end; we keep eight or sixteen
-// rows in the lanes, one vector per c, so the unpacked weights and each broadcast activation
-// serve all those rows at once. Each (row, token) result is a fixed sequence of IEEE
-// operations that depends on neither the number of tokens in the call, nor the tile a token
-// falls in, nor the thread that computes it: batch-invariant, and identical across paths.
+// That arithmetic, for row r and token t, over K-blocks b in order (Q4_1: w = d*q + m):
+//     isum = the exact int32 dot product of the block's 32 weight and activation bytes
+//     acc  = fma(d_w[r] * d_a[t], (float) isum, acc)
+//     acc  = fma(m_w[r], s_a[t], acc)                   (Q4_1 only)
+// and the result is acc. The integer sums are exact whatever order a path adds them in, so
+// each path is free to split them across registers; the float operations are the same
+// sequence on every path. ggml's own x86 dot products keep eight float partial sums per row
+// (one per four positions) and add them at the end: the same terms, summed in a different
+// order, so our result is within float rounding of ggml's (kernels/README.md states the
+// bound the op tests check). Per block that is 8x fewer float conversions and multiply-adds,
+// which is what the tiles below spend their time on.
+//
+// We keep eight or sixteen rows in a vector's lanes, so the unpacked weights and each
+// broadcast activation serve all those rows at once. Each (row, token) result is a fixed
+// sequence of IEEE operations that depends on neither the number of tokens in the call, nor
+// the tile a token falls in, nor the thread that computes it: batch-invariant, and identical
+// across paths.
 #pragma once
 
 #include <cstdint>
@@ -35,12 +40,9 @@ void gemm_avx2(const Q4x8Block *, int64_t, int64_t, int64_t, int64_t, const ActB
 void gemm_avx512(const Q4x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *, int64_t,
                  float *, int64_t);
 
-// Q8_0 weights (the vocabulary projection of a model with tied Q8_0 embeddings): ggml's x86
-// ggml_vec_dot_q8_0_q8_0 and llamafile's tinyBLAS_Q0_AVX (which ggml takes for 2 tokens or
-// more) compute the same thing, and so do we: for row r and token t, over K-blocks b in order,
-//     lane[c] = fma(d_w[r] * d_a[t], (float) isum_c, lane[c])   c = 0..7
-// then result = ((lane0 + lane4) + (lane2 + lane6)) + ((lane1 + lane5) + (lane3 + lane7)).
-// Activations are Q8_0, which quantizes exactly as Q8_1 does (same q, same fp16 d): ActBlock.
+// Q8_0 weights (the vocabulary projection of a model with tied Q8_0 embeddings): the same
+// arithmetic without the minimum term. Activations are Q8_0, which quantizes exactly as Q8_1
+// does (same q, same fp16 d): ActBlock.
 using GemmQ8Fn = void (*)(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_begin,
                           int64_t g_end, const ActBlock *act, int64_t n_tokens, float *dst,
                           int64_t dst_stride);

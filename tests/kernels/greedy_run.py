@@ -1,9 +1,10 @@
 """One process's greedy generations, for test_model.py (kernel registration is per process).
 
-    python -m tests.kernels.greedy_run MODE N_PROMPTS MAX_TOKENS
-MODE is engine.kernels (auto | off) or a path name. Prints JSON: the path in use, and
-each prompt's token ids generated alone (one stream) and with 16 streams sharing each step,
-and whether the token embedding table was read on our device (kernels/src/get_rows.h).
+    python -m tests.kernels.greedy_run MODE N_PROMPTS MAX_TOKENS [FLASH_ATTN]
+MODE is engine.kernels (auto | off) or a path name. Prints JSON: the path in use; for each
+prompt, generated alone (one stream) and with 16 streams sharing each step, every token as
+[id, logprob, [[id, logprob] of the top alternatives]]; and whether the token embedding table
+was read on our device (kernels/src/get_rows.h).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ TOPICS = ["the sea", "a mountain", "bread", "the moon", "rain", "a city", "music
           "winter", "a library", "coffee", "a garden", "trains", "the desert", "a lighthouse",
           "bees", "a forest", "snow", "a market", "the stars"]
 STREAMS = 16
+TOP_LOGPROBS = 5
 
 
 def prompts(engine, n: int) -> list[list[int]]:
@@ -24,11 +26,13 @@ def prompts(engine, n: int) -> list[list[int]]:
                             "<|im_start|>assistant\n", False, True) for topic in TOPICS[:n]]
 
 
-def generate(engine, batch: list[list[int]], max_tokens: int, first_id: int) -> list[list[int]]:
+def generate(engine, batch: list[list[int]], max_tokens: int, first_id: int) -> list[list]:
     from server.engine.native import STATUS_RUNNING, SUBMIT_ACCEPTED, SamplingParams
     params = SamplingParams()
     params.temperature = 0.0
     params.ignore_eos = True
+    params.logprobs = True
+    params.n_top_logprobs = TOP_LOGPROBS
     ids = list(range(first_id, first_id + len(batch)))
     for rid, prompt in zip(ids, batch):
         assert engine.submit(rid, prompt, max_tokens, [], params) == SUBMIT_ACCEPTED
@@ -37,13 +41,14 @@ def generate(engine, batch: list[list[int]], max_tokens: int, first_id: int) -> 
     while pending:
         select.select([engine.fileno()], [], [])
         for event in engine.take_events():
-            tokens[event.id_request].append(event.text.hex())
+            tokens[event.id_request] += [[token, logprob, [[alt, alt_logprob] for alt, alt_logprob, _ in top]]
+                                         for token, logprob, _, top in event.logprobs or []]
             if event.status != STATUS_RUNNING:
                 pending.discard(event.id_request)
     return [tokens[rid] for rid in ids]
 
 
-def main(mode: str, n_prompts: int, max_tokens: int) -> None:
+def main(mode: str, n_prompts: int, max_tokens: int, flash_attn: int = -1) -> None:
     path = accel.register(mode)  # before the model loads
     from server.engine.native import Engine
     from server.models import defaults
@@ -51,7 +56,7 @@ def main(mode: str, n_prompts: int, max_tokens: int) -> None:
     # (test_ops.py runs both on two threads); one thread keeps 2,560 single-stream steps
     # from waiting on thread barriers when the machine is busy.
     engine = Engine(defaults.smollm2_path(), n_slots=STREAMS, n_ctx_seq=512, n_batch=256,
-                    n_threads=1)
+                    n_threads=1, flash_attn=flash_attn)
     batch = prompts(engine, n_prompts)
     alone = [generate(engine, [p], max_tokens, 1 + i)[0] for i, p in enumerate(batch)]
     together = []
@@ -63,4 +68,4 @@ def main(mode: str, n_prompts: int, max_tokens: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *(int(a) for a in sys.argv[4:5]))

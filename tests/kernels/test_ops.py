@@ -1,11 +1,18 @@
 """Our MUL_MAT (kernels/) against ggml's CPU backend, per code path, on random Q4_1 and Q8_0
 weights.
 
-The bound: zero. Activations are quantized exactly as ggml does (Q8_1 for Q4_1 weights, Q8_0
-for Q8_0 ones) and each path repeats ggml's x86 dot-product arithmetic for that type operation
-for operation (kernels/src/kernels.h), so the result must be bit for bit ggml's, for every
-shape and batch size: for Q8_0 that is ggml's vec_dot at one token and llamafile's tinyBLAS
-from two, which compute the same. Anything else is a bug, not rounding. The check runs in C
+Activations are quantized exactly as ggml does (Q8_1 for Q4_1 weights, Q8_0 for Q8_0 ones),
+and each block's integer dot product is exact on both sides, so the two differ only in the
+order their floats are summed (kernels/src/kernels.h): we add one term per block to one
+accumulator per row, ggml adds eight partial sums per row. Summing n terms in any order errs by
+at most (n - 1) u times the sum of their magnitudes (u = 2^-24), so with nb blocks:
+    |ours - ggml| <= (3 nb + 6) u * sum over blocks of |d_w d_a| sum|q_w q_a| (+ |m_w s_a|)
+ours: 2 nb multiply-adds and a rounded scale per block; ggml: nb per partial sum, a rounded
+scale, its three-level reduction and the minimum term's sum. A wrong integer or a lost block
+is off by a whole term, about 1 / nb of that magnitude: over 10^3 times the bound.
+
+Every SIMD path must also equal the scalar reference path bit for bit, and a token computed
+alone must equal the same token in a batch (batch invariance). The check runs in C
 (stackd_kernels_check) through ggml's public graph API.
 """
 from __future__ import annotations
@@ -28,7 +35,7 @@ BATCHES = [1, 3, 16, 17, 64]
 
 
 def check(k: int, rows: int, tokens: int, path: str, seed: int = 1, type_name: str = "q4_1") -> list[float]:
-    result = (ctypes.c_double * 4)()
+    result = (ctypes.c_double * 5)()
     rc = accel.library().stackd_kernels_check(GGML_TYPE[type_name], k, rows, tokens,
                                               accel.PATHS.index(path), seed, 2, result)
     assert rc == 0
@@ -40,28 +47,35 @@ def require(path: str) -> None:
         pytest.skip(f"this CPU cannot run the {path} path: skipped, not tested")
 
 
-def assert_exact(k, rows, tokens, path, type_name="q4_1"):
-    rel_magnitude, rel_max, batch_invariant, round_trip = check(k, rows, tokens, path, type_name=type_name)
-    assert rel_magnitude == 0.0 and rel_max == 0.0, (type_name, k, rows, tokens, path, rel_max)
+def summation_bound(k: int) -> float:
+    """The rounding bound above, relative to the terms' magnitude."""
+    return (3 * (k // 32) + 6) * 2.0 ** -24
+
+
+def assert_within_rounding(k, rows, tokens, path, type_name="q4_1"):
+    rel_magnitude, _, batch_invariant, round_trip, same_as_scalar = check(k, rows, tokens, path,
+                                                                          type_name=type_name)
+    assert rel_magnitude <= summation_bound(k), (type_name, k, rows, tokens, path, rel_magnitude)
     assert batch_invariant == 1.0, "a token alone differs from the same token in the batch"
     assert round_trip == 1.0, f"reading the repacked weight back does not give the {type_name} bytes"
+    assert same_as_scalar == 1.0, f"the {path} path differs from the scalar reference"
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("k,rows", MODEL_SHAPES + AWKWARD_SHAPES)
 @pytest.mark.parametrize("tokens", BATCHES)
-def test_matmul_equals_ggml_bit_for_bit(path, k, rows, tokens):
+def test_matmul_within_rounding_of_ggml(path, k, rows, tokens):
     require(path)
     if path == "scalar" and rows * tokens > 576 * 16:
         tokens = 3  # the reference path is slow; the wide batches run on the SIMD paths
-    assert_exact(k, rows, tokens, path)
+    assert_within_rounding(k, rows, tokens, path)
 
 
 @pytest.mark.parametrize("path", ["avx2", "avx512-vnni"])
 def test_output_projection_shape(path):
     """The widest matmul a Q4_1 model of this family has: the vocabulary projection."""
     require(path)
-    assert_exact(576, 49152, 16, path)
+    assert_within_rounding(576, 49152, 16, path)
 
 
 # Q8_0: SmolLM2-135M's tied vocabulary projection (576 x 49152), then awkward shapes. The
@@ -76,9 +90,9 @@ Q8_0_CASES = (
 
 
 @pytest.mark.parametrize("path,k,rows,tokens", Q8_0_CASES)
-def test_q8_0_matmul_equals_ggml_bit_for_bit(path, k, rows, tokens):
+def test_q8_0_matmul_within_rounding_of_ggml(path, k, rows, tokens):
     require(path)
-    assert_exact(k, rows, tokens, path, "q8_0")
+    assert_within_rounding(k, rows, tokens, path, "q8_0")
 
 
 @pytest.mark.parametrize("k,rows,n_ids", [(576, 49152, 1), (576, 49152, 17), (96, 13, 40), (32, 1, 3)])
