@@ -23,6 +23,7 @@ using namespace avx512;
 
 // Tokens per tile: eight weight vectors + one accumulator a token + temporaries in 32 registers.
 constexpr int kTile = 8;
+constexpr int kAhead = 4, kPairsFrom = 4;  // as gemm_avx512.cpp (streaming)
 
 // -128 x (the sum of a token-block's 32 activation bytes): vpdpbusd of 128 (unsigned)
 // against the bytes, then the eight lanes added.
@@ -44,7 +45,10 @@ inline void pair_tile(const Q8x8Block *w0, const Q8x8Block *w1, int64_t nb, cons
     __m512 acc[TT];
     for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        prefetch_block(w0 + kAhead * nb + b);
+        prefetch_block(w1 + kAhead * nb + b);
         __m512i u[8];
+#pragma GCC unroll 8
         for (int c = 0; c < 8; c++) u[c] = pair256(w0[b].qs + 32 * c, w1[b].qs + 32 * c);
         const __m512 dw = pair_fp16(w0[b].d, w1[b].d);
         for (int t = 0; t < TT; t++) {
@@ -64,7 +68,9 @@ inline void group_tile(const Q8x8Block *wg, int64_t nb, const ActBlock *act, con
     __m256 acc[TT];
     for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        prefetch_block(wg + kAhead * nb + b);
         __m256i u[8];
+#pragma GCC unroll 8
         for (int c = 0; c < 8; c++) u[c] = _mm256_loadu_si256((const __m256i *)(wg[b].qs + 32 * c));
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wg[b].d));
         for (int t = 0; t < TT; t++) {
@@ -114,8 +120,9 @@ void gemm_q8_0_avx512(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_be
     if (corr.size() < (size_t)(n_tokens * nb)) corr.resize(n_tokens * nb);
     correct(act, n_tokens * nb, corr.data());
     int64_t g = g_begin;
-    for (; g + 2 <= g_end; g += 2) run_pair(w, nb, rows, g, act, corr.data(), n_tokens, dst, dst_stride);
-    if (g < g_end) run_single(w, nb, rows, g, act, corr.data(), n_tokens, dst, dst_stride);
+    if (n_tokens >= kPairsFrom)
+        for (; g + 2 <= g_end; g += 2) run_pair(w, nb, rows, g, act, corr.data(), n_tokens, dst, dst_stride);
+    for (; g < g_end; g++) run_single(w, nb, rows, g, act, corr.data(), n_tokens, dst, dst_stride);
 }
 
 }  // namespace stackd
