@@ -4,6 +4,7 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -54,18 +55,8 @@ inline __m256i block_dot(const __m256i *u, const ActBlock &a, __m256i start = _m
     return _mm256_add_epi32(even, odd);
 }
 
-// Asks for a block's cache lines ahead of use. At a few tokens the kernels stream the weights
-// once, and the hardware prefetcher alone left a thread well under the bandwidth it can read
-// (9.5 against 20 GB/s here, one thread, one token): the tiles prefetch the same block a few
-// row groups on (gemm_avx512.cpp, kAhead).
-template <class Block>
-inline void prefetch_block(const Block *block) {
-    const char *p = reinterpret_cast<const char *>(block);
-    for (size_t offset = 0; offset < sizeof(Block); offset += 64) _mm_prefetch(p + offset, _MM_HINT_T0);
-}
-
 // Calls body(std::integral_constant<int, TT>, first_token) over n tokens in tiles of kTile,
-// then of 4, then of 1: a token's arithmetic is the same in any tile (kernels.h).
+// then of 4, 2 and 1: a token's arithmetic is the same in any tile (kernels.h).
 template <int kTile, class Body>
 inline void for_tiles(int64_t n, Body body) {
     int64_t t = 0;
@@ -73,6 +64,7 @@ inline void for_tiles(int64_t n, Body body) {
     if constexpr (kTile > 4) {
         for (; t + 4 <= n; t += 4) body(std::integral_constant<int, 4>{}, t);
     }
+    for (; t + 2 <= n; t += 2) body(std::integral_constant<int, 2>{}, t);
     for (; t < n; t++) body(std::integral_constant<int, 1>{}, t);
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "prefetch.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -13,12 +14,6 @@
 namespace stackd {
 
 namespace {
-
-template <class Block>
-inline void prefetch_block(const Block *block) {
-    const char *p = reinterpret_cast<const char *>(block);
-    for (size_t offset = 0; offset < sizeof(Block); offset += 64) _mm_prefetch(p + offset, _MM_HINT_T0);
-}
 
 // Tokens per tile: a token needs an integer and a float accumulator; with the two unpacked
 // weight vectors of one step and the constants, four tokens fit the 16 registers.
@@ -30,12 +25,6 @@ inline __m256i broadcast_quad(const ActBlock &a, int chunk) {
     return _mm256_set1_epi32(quad);
 }
 
-// u8 x s8 over four positions per row into one int32 lane per row: pairs into int16
-// (|2 x 15 x 127| fits), pairs of those into int32.
-inline __m256i dot4(__m256i u, __m256i a, __m256i ones) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones);
-}
-
 // One group (8 rows) against TT consecutive tokens over all K-blocks; out receives TT x 8
 // floats. Each 32-byte step of the block's weights is unpacked once and used by every token.
 template <int TT>
@@ -45,17 +34,21 @@ inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, flo
     __m256 acc[TT];
     for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_block(wg + 4 * nb + b);  // four groups on, as the AVX-512 tiles (gemm_avx512.cpp)
+        prefetch_block(wg, 4 * nb + b);  // four groups on, as the AVX-512 tiles (gemm_avx512.cpp)
         const Q4x8Block &blk = wg[b];
-        __m256i isum[TT];
-        for (int t = 0; t < TT; t++) isum[t] = _mm256_setzero_si256();
+        // vpmaddubsw: u8 x s8 pairs into int16 lanes (|2 x 15 x 127| = 3810). Eight of those
+        // added per lane stay within 30480, exact in int16, so one vpmaddwd per token and
+        // block turns the lanes into each row's int32 sum.
+        __m256i pairs[TT];
+        for (int t = 0; t < TT; t++) pairs[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             const __m256i p = _mm256_loadu_si256((const __m256i *)(blk.qs + 32 * j));
             const __m256i lo = _mm256_and_si256(p, low), hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
             for (int t = 0; t < TT; t++) {
                 const ActBlock &a = act[t * nb + b];
-                isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(dot4(lo, broadcast_quad(a, j), ones),
-                                                                     dot4(hi, broadcast_quad(a, j + 4), ones)));
+                pairs[t] = _mm256_add_epi16(pairs[t], _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast_quad(a, j)),
+                                                                       _mm256_maddubs_epi16(hi, broadcast_quad(a, j + 4))));
             }
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk.d));
@@ -63,7 +56,7 @@ inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, flo
         for (int t = 0; t < TT; t++) {
             const ActBlock &a = act[t * nb + b];
             const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d));
-            acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum[t]), acc[t]);
+            acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs[t], ones)), acc[t]);
             acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), acc[t]);
         }
     }

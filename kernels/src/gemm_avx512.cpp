@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include "kernels.h"
+#include "prefetch.h"  // before the target pragma: one baseline definition for every file
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
@@ -38,8 +39,8 @@ inline void pair_tile(const Q4x8Block *w0, const Q4x8Block *w1, int64_t nb, cons
     __m512 acc[TT];
     for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_block(w0 + kAhead * nb + b);
-        prefetch_block(w1 + kAhead * nb + b);
+        prefetch_block(w0, kAhead * nb + b);
+        prefetch_block(w1, kAhead * nb + b);
         __m512i u[8];
 #pragma GCC unroll 4  // kept in registers: a loop here went through the stack
         for (int j = 0; j < 4; j++) {
@@ -67,7 +68,7 @@ inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, flo
     __m256 acc[TT];
     for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_block(wg + kAhead * nb + b);
+        prefetch_block(wg, kAhead * nb + b);
         __m256i u[8];
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {

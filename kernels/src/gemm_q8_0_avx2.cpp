@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "prefetch.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -15,12 +16,6 @@
 namespace stackd {
 
 namespace {
-
-template <class Block>
-inline void prefetch_block(const Block *block) {
-    const char *p = reinterpret_cast<const char *>(block);
-    for (size_t offset = 0; offset < sizeof(Block); offset += 64) _mm_prefetch(p + offset, _MM_HINT_T0);
-}
 
 constexpr int kTile = 4;  // an integer and a float accumulator a token, as gemm_avx2.cpp
 
@@ -39,7 +34,7 @@ inline void group_tile(const Q8x8Block *wg, int64_t nb, const ActBlock *act, flo
     __m256 acc[TT];
     for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_block(wg + 4 * nb + b);  // four groups on, as the AVX-512 tiles (gemm_avx512.cpp)
+        prefetch_block(wg, 4 * nb + b);  // four groups on, as the AVX-512 tiles (gemm_avx512.cpp)
         const Q8x8Block &blk = wg[b];
         __m256i isum[TT];
         for (int t = 0; t < TT; t++) isum[t] = _mm256_setzero_si256();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "prefetch.h"  // before the target pragma: one baseline definition for every file
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
@@ -45,8 +46,8 @@ inline void pair_tile(const Q8x8Block *w0, const Q8x8Block *w1, int64_t nb, cons
     __m512 acc[TT];
     for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_block(w0 + kAhead * nb + b);
-        prefetch_block(w1 + kAhead * nb + b);
+        prefetch_block(w0, kAhead * nb + b);
+        prefetch_block(w1, kAhead * nb + b);
         __m512i u[8];
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) u[c] = pair256(w0[b].qs + 32 * c, w1[b].qs + 32 * c);
@@ -68,7 +69,7 @@ inline void group_tile(const Q8x8Block *wg, int64_t nb, const ActBlock *act, con
     __m256 acc[TT];
     for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_block(wg + kAhead * nb + b);
+        prefetch_block(wg, kAhead * nb + b);
         __m256i u[8];
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) u[c] = _mm256_loadu_si256((const __m256i *)(wg[b].qs + 32 * c));

@@ -20,14 +20,12 @@ size_t activation_blocks(const ggml_tensor *dst) {
 
 namespace {
 
-// [begin, end) of n items for thread ith among nth, in even-sized chunks when `pairs` (the
-// AVX-512 path takes row groups two at a time). Where an item lands never changes its
-// arithmetic: each row's result and each block's quantization stand alone.
-void share(int64_t n, int ith, int nth, bool pairs, int64_t *begin, int64_t *end) {
-    int64_t per = (n + nth - 1) / nth;
-    if (pairs) per += per & 1;
-    *begin = std::min(n, per * ith);
-    *end = std::min(n, *begin + per);
+// [begin, end) of n items for thread ith among nth, as even as integers allow. Where an item
+// lands never changes its arithmetic: each row's result and each block's quantization stand
+// alone, and a tile of two row groups may start at any group.
+void share(int64_t n, int ith, int nth, int64_t *begin, int64_t *end) {
+    *begin = n * ith / nth;
+    *end = n * (ith + 1) / nth;
 }
 
 // Activation blocks [begin, end) (numbered token by token over every plane) into act.
@@ -62,7 +60,7 @@ void mul_mat_share(ggml_tensor *dst, Kernels kernels, Activations &act, uint64_t
     // records the new one only after the barrier, once nobody reads it for this node.
     if (act.held != x || act.held_epoch != epoch) {
         int64_t begin, end;
-        share((int64_t)activation_blocks(dst), ith, nth, false, &begin, &end);
+        share((int64_t)activation_blocks(dst), ith, nth, &begin, &end);
         quantize_blocks(x, begin, end, act.blocks.data());
 #pragma omp barrier
         if (ith == 0) {
@@ -71,7 +69,7 @@ void mul_mat_share(ggml_tensor *dst, Kernels kernels, Activations &act, uint64_t
         }
     }
     int64_t g_begin, g_end;
-    share(row_groups(rows), ith, nth, true, &g_begin, &g_end);
+    share(row_groups(rows), ith, nth, &g_begin, &g_end);
     if (g_begin >= g_end) return;
     for (int64_t i3 = 0; i3 < x->ne[3]; i3++) {
         for (int64_t i2 = 0; i2 < x->ne[2]; i2++) {

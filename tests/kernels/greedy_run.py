@@ -1,10 +1,15 @@
 """One process's greedy generations, for test_model.py (kernel registration is per process).
 
     python -m tests.kernels.greedy_run MODE N_PROMPTS MAX_TOKENS [FLASH_ATTN]
+    python -m tests.kernels.greedy_run score MODE < sequences.json
 MODE is engine.kernels (auto | off) or a path name. Prints JSON: the path in use; for each
 prompt, generated alone (one stream) and with 16 streams sharing each step, every token as
 [id, logprob, [[id, logprob] of the top alternatives]]; and whether the token embedding table
 was read on our device (kernels/src/get_rows.h).
+
+`score` reads {"sequences": [token ids after prompt i, ...]} and, teacher-forced, prints for
+each prompt and each position j the top alternatives after the prompt and its first j tokens
+(one 1-token request per position; the engine reuses the cached prefix).
 """
 from __future__ import annotations
 
@@ -48,15 +53,30 @@ def generate(engine, batch: list[list[int]], max_tokens: int, first_id: int) -> 
     return [tokens[rid] for rid in ids]
 
 
-def main(mode: str, n_prompts: int, max_tokens: int, flash_attn: int = -1) -> None:
+def open_engine(mode: str, flash_attn: int = -1):
     path = accel.register(mode)  # before the model loads
     from server.engine.native import Engine
     from server.models import defaults
     # One thread: the comparison is of our matmul with ggml's, which no thread count changes
     # (test_ops.py runs both on two threads); one thread keeps 2,560 single-stream steps
     # from waiting on thread barriers when the machine is busy.
-    engine = Engine(defaults.smollm2_path(), n_slots=STREAMS, n_ctx_seq=512, n_batch=256,
-                    n_threads=1, flash_attn=flash_attn)
+    return path, Engine(defaults.smollm2_path(), n_slots=STREAMS, n_ctx_seq=512, n_batch=256,
+                        n_threads=1, flash_attn=flash_attn)
+
+
+def score(mode: str) -> None:
+    sequences = json.load(sys.stdin)["sequences"]
+    _, engine = open_engine(mode)
+    scored = []
+    for i, (prompt, sequence) in enumerate(zip(prompts(engine, len(sequences)), sequences)):
+        scored.append([generate(engine, [prompt + sequence[:j]], 1, 1 + 1000 * i + j)[0][0][2]
+                       for j in range(len(sequence))])
+    engine.close()
+    print(json.dumps({"scored": scored}))
+
+
+def main(mode: str, n_prompts: int, max_tokens: int, flash_attn: int = -1) -> None:
+    path, engine = open_engine(mode, flash_attn)
     batch = prompts(engine, n_prompts)
     alone = [generate(engine, [p], max_tokens, 1 + i)[0] for i, p in enumerate(batch)]
     together = []
@@ -68,4 +88,7 @@ def main(mode: str, n_prompts: int, max_tokens: int, flash_attn: int = -1) -> No
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *(int(a) for a in sys.argv[4:5]))
+    if sys.argv[1] == "score":
+        score(sys.argv[2])
+    else:
+        main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *(int(a) for a in sys.argv[4:5]))

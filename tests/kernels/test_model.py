@@ -16,8 +16,9 @@ same when only flash attention is switched (llama.cpp's `-fa`; measured here on 
 prompts: every text changes, logprobs move by up to 0.25 nats; kernels/README.md). So the
 test asserts, per prompt, that the two runs agree to DRIFT nats on every token they share,
 and that where they part, each run's token is among the other's top alternatives within TIE
-nats of its best: a near tie, not a different model. A wrong kernel (a lost block, a bad
-scale) moves logprobs by whole nats from the first token.
+nats of its best: a near tie, not a different model; and, teacher-forced along ggml's texts
+(so nothing can part), that the logprobs agree at every position. A wrong kernel (a lost
+block, a bad scale) moves logprobs by whole nats from the first token.
 """
 from __future__ import annotations
 
@@ -34,11 +35,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PROMPTS, TOKENS = 20, 128
 DRIFT = 0.5   # nats: twice the largest move measured, ours and flash attention's alike
 TIE = 1.0     # nats: a top-2 gap both runs' drifts can close
+FORCED = 5    # prompts scored teacher-forced (128 one-token requests each)
 
 
-def generations(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "tests.kernels.greedy_run", mode, str(PROMPTS),
-                          str(TOKENS)], cwd=ROOT, check=True, capture_output=True, text=True)
+def greedy_run(*args: str, stdin: str | None = None) -> dict:
+    out = subprocess.run([sys.executable, "-m", "tests.kernels.greedy_run", *args], cwd=ROOT,
+                         check=True, capture_output=True, text=True, input=stdin)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -46,7 +48,15 @@ def generations(mode: str) -> dict:
 def runs():
     if not accel.cpu_supports("avx2"):
         pytest.skip("this CPU lacks AVX2: engine.kernels=auto leaves every matmul to ggml")
-    return {mode: generations(mode) for mode in ("off", "auto")}
+    return {mode: greedy_run(mode, str(PROMPTS), str(TOKENS)) for mode in ("off", "auto")}
+
+
+@pytest.fixture(scope="module")
+def forced(runs):
+    """Kernels on, teacher-forced along ggml's greedy texts of the first FORCED prompts: the
+    top alternatives at every position, the context the same on both sides."""
+    texts = [[token for token, _, _ in g] for g in runs["off"]["alone"][:FORCED]]
+    return greedy_run("score", "auto", stdin=json.dumps({"sequences": texts}))["scored"]
 
 
 def test_kernels_registered_only_when_asked(runs):
@@ -84,8 +94,22 @@ def assert_close(ours: list[list], ggml: list[list]) -> int | None:
 
 @pytest.mark.parametrize("batching", ["alone", "together"])
 def test_kernels_on_and_off_agree_up_to_near_ties(runs, batching):
-    parted = [assert_close(ours, ggml) for ours, ggml in zip(runs["auto"][batching], runs["off"][batching])]
-    assert len(parted) == PROMPTS
+    for ours, ggml in zip(runs["auto"][batching], runs["off"][batching]):
+        assert_close(ours, ggml)
+
+
+def test_kernels_on_scores_ggml_s_texts_as_ggml_does(runs, forced):
+    """Teacher-forced, so the texts cannot part: at all 128 positions of each text, ggml's
+    greedy token is among our top alternatives with its logprob within DRIFT of ggml's, and
+    it is our first choice too at nearly every position (measured: 614 of 640)."""
+    agree = 0
+    for ours, ggml in zip(forced, runs["off"]["alone"]):
+        for j, (alternatives, (token, logprob, _)) in enumerate(zip(ours, ggml)):
+            alternatives = dict(alternatives)
+            assert token in alternatives, (j, token, alternatives)
+            assert abs(alternatives[token] - logprob) <= DRIFT, (j, token, alternatives[token], logprob)
+            agree += max(alternatives, key=alternatives.get) == token
+    assert agree >= 0.9 * FORCED * TOKENS, agree
 
 
 def test_kernels_on_and_off_give_the_same_first_candidates(runs):

@@ -31,7 +31,7 @@ GGML_TYPE = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 8}
 # of 256, a single row, a single block.
 MODEL_SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]
 AWKWARD_SHAPES = [(96, 13), (320, 100), (576, 200), (32, 1), (1056, 24)]
-BATCHES = [1, 3, 16, 17, 64]
+BATCHES = [1, 3, 4, 5, 7, 13, 16, 17, 64]  # every tile and remainder: 8, 4, 2, 1 tokens
 
 
 def check(k: int, rows: int, tokens: int, path: str, seed: int = 1, type_name: str = "q4_1") -> list[float]:
@@ -86,7 +86,7 @@ Q8_0_CASES = (
     [(path, k, rows, tokens) for path in PATHS for (k, rows) in
      [(96, 13), (320, 100), (32, 1), (1056, 24), (576, 200)] for tokens in BATCHES] +
     [(path, *VOCABULARY, tokens) for path in PATHS
-     for tokens in ([1, 3] if path == "scalar" else [1, 3, 16, 17])])
+     for tokens in ([1, 3] if path == "scalar" else [1, 3, 5, 13, 16, 17])])
 
 
 @pytest.mark.parametrize("path,k,rows,tokens", Q8_0_CASES)
