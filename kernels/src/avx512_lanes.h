@@ -6,9 +6,9 @@
 
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "layout.h"
+#include "tiles.h"
 
 namespace stackd {
 namespace avx512 {
@@ -53,19 +53,6 @@ inline __m256i block_dot(const __m256i *u, const ActBlock &a, __m256i start = _m
         odd = _mm256_dpbusd_epi32(odd, u[c + 1], _mm256_set1_epi32(quad(a, c + 1)));
     }
     return _mm256_add_epi32(even, odd);
-}
-
-// Calls body(std::integral_constant<int, TT>, first_token) over n tokens in tiles of kTile,
-// then of 4, 2 and 1: a token's arithmetic is the same in any tile (kernels.h).
-template <int kTile, class Body>
-inline void for_tiles(int64_t n, Body body) {
-    int64_t t = 0;
-    for (; t + kTile <= n; t += kTile) body(std::integral_constant<int, kTile>{}, t);
-    if constexpr (kTile > 4) {
-        for (; t + 4 <= n; t += 4) body(std::integral_constant<int, 4>{}, t);
-    }
-    for (; t + 2 <= n; t += 2) body(std::integral_constant<int, 2>{}, t);
-    for (; t < n; t++) body(std::integral_constant<int, 1>{}, t);
 }
 
 }  // namespace avx512

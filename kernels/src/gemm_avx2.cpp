@@ -10,6 +10,7 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#include "tiles.h"
 
 namespace stackd {
 
@@ -67,19 +68,14 @@ inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, flo
 
 void gemm_avx2(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
                const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    alignas(32) float out[kTile * 8];
     for (int64_t g = g_begin; g < g_end; g++) {
         const Q4x8Block *wg = w + g * nb;
-        int64_t t = 0;
-        for (; t + kTile <= n_tokens; t += kTile) {
-            group_tile<kTile>(wg, nb, act + t * nb, out);
-            for (int i = 0; i < kTile; i++)
-                store_group(dst + (t + i) * dst_stride, out + 8 * i, g * kRowsPerGroup, rows);
-        }
-        for (; t < n_tokens; t++) {
-            group_tile<1>(wg, nb, act + t * nb, out);
-            store_group(dst + t * dst_stride, out, g * kRowsPerGroup, rows);
-        }
+        tiles::for_tiles<kTile>(n_tokens, [&](auto tile, int64_t t) {
+            constexpr int TT = decltype(tile)::value;
+            alignas(32) float out[TT * 8];
+            group_tile<TT>(wg, nb, act + t * nb, out);
+            store_group_tile(dst, dst_stride, out, TT, t, g, rows);
+        });
     }
 }
 

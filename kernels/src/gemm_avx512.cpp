@@ -92,7 +92,7 @@ inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, flo
 void run_pair(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g, const ActBlock *act,
               int64_t n_tokens, float *dst, int64_t dst_stride) {
     const Q4x8Block *w0 = w + g * nb, *w1 = w + (g + 1) * nb;
-    for_tiles<kTile>(n_tokens, [&](auto tile, int64_t t) {
+    tiles::for_tiles<kTile>(n_tokens, [&](auto tile, int64_t t) {
         constexpr int TT = decltype(tile)::value;
         alignas(64) float out[TT * 16];
         pair_tile<TT>(w0, w1, nb, act + t * nb, out);
@@ -107,12 +107,11 @@ void run_pair(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g, const Act
 void run_single(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g, const ActBlock *act,
                 int64_t n_tokens, float *dst, int64_t dst_stride) {
     const Q4x8Block *wg = w + g * nb;
-    for_tiles<kTile>(n_tokens, [&](auto tile, int64_t t) {
+    tiles::for_tiles<kTile>(n_tokens, [&](auto tile, int64_t t) {
         constexpr int TT = decltype(tile)::value;
         alignas(32) float out[TT * 8];
         group_tile<TT>(wg, nb, act + t * nb, out);
-        for (int i = 0; i < TT; i++)
-            store_group(dst + (t + i) * dst_stride, out + 8 * i, g * kRowsPerGroup, rows);
+        store_group_tile(dst, dst_stride, out, TT, t, g, rows);
     });
 }
 
