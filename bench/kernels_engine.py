@@ -8,6 +8,12 @@ tokens over the time to every stream's first token, decode tok/s the remaining t
 time from there to the last one; llama-batched-bench reports the same split (S_PP, S_TG).
 
     .venv/bin/python bench/kernels_engine.py [--threads 2] [--streams 1,16,32]
+    .venv/bin/python bench/kernels_engine.py --rounds 5    # kernels on vs the peer, alternating
+
+One stream decodes 127 tokens in about a second, and this machine's speed drifts by tens of
+percent from one second to the next: one run can land stackd and the peer in different
+phases. `--rounds N` runs the two one after the other N times and reports each round's ratios
+and their medians.
 """
 from __future__ import annotations
 
@@ -92,16 +98,44 @@ def batched_bench(streams: list[int], threads: int) -> dict:
     return result
 
 
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def alternate(rounds: int, streams: list[int], threads: int) -> None:
+    """Kernels on against llama-batched-bench, one after the other, `rounds` times."""
+    pre = streams[1] if len(streams) > 1 else streams[0]
+    ratios: dict[str, list[float]] = {**{f"decode ({n})": [] for n in streams}, f"prefill ({pre})": []}
+    for r in range(rounds):
+        ours, peer = stackd("auto", streams, threads), batched_bench(streams, threads)
+        for n in streams:
+            ratios[f"decode ({n})"].append(ours[n]["decode"] / peer[n]["decode"])
+        ratios[f"prefill ({pre})"].append(ours[pre]["prefill"] / peer[pre]["prefill"])
+        print(f"round {r + 1} ({ours['path']}): " + ", ".join(
+            f"{n} streams {ours[n]['decode']:.1f} / {peer[n]['decode']:.1f} tok/s" for n in streams), flush=True)
+    print(f"{threads} threads, {PROMPT_TOKENS}-token prompts, {GEN_TOKENS} generated, flash attention on; "
+          f"stackd (kernels on) / llama-batched-bench over {rounds} alternating rounds")
+    print("| | median | min | max |\n|---|---|---|---|")
+    for name, values in ratios.items():
+        print(f"| {name} | {median(values):.2f}x | {min(values):.2f}x | {max(values):.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--streams", default="1,16,32")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--no-peer", action="store_true", help="skip llama-batched-bench")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="kernels on against the peer, alternating N times (medians of the ratios)")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     if args.child:
         return child(args.child, streams, args.threads)
+    if args.rounds:
+        return alternate(args.rounds, streams, args.threads)
     runs = {"stackd, kernels off": stackd("off", streams, args.threads)}
     on = stackd("auto", streams, args.threads)
     runs[f"stackd, kernels on ({on.pop('path')})"] = on
