@@ -43,85 +43,46 @@ from tests.placement.conftest import Peers, chat_prompt, engine_params, start_wo
 
 CLIENTS, TOKENS = 16, 64
 LEADER_CPU, FOLLOWER_CPU = {0}, {1}
-pin = ""          # "", "all" or "compute"
-warm = False      # set once a warm-up ran (--pin compute needs the threads' CPU so far)
-pinned_followers: list = []
+pin = ""          # --pin: "", "all" or "compute"
 stagger = False   # --stagger: the second engine at nice 19 on both nodes
 
 
-def thread_cpu(pid: int, tid: str) -> int:
-    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+def stat_cpu(path: str) -> int:
+    """utime + stime, in clock ticks, of a /proc/.../stat file."""
+    with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
 
 
-def pin_to(pid: int, cpus: set[int]) -> None:
-    """Every thread of the process (affinity is per thread; new ones inherit it), or with
-    --pin compute, once warm, its busiest thread only."""
-    if pin == "all":
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            os.sched_setaffinity(int(tid), cpus)
-    elif pin == "compute" and warm:
-        tids = os.listdir(f"/proc/{pid}/task")
-        os.sched_setaffinity(int(max(tids, key=lambda tid: thread_cpu(pid, tid))), cpus)
-
-
 def cpu_seconds(pids) -> float:
     """User + system CPU of these processes (all threads) so far."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    return sum(stat_cpu(f"/proc/{pid}/stat") for pid in pids) / os.sysconf("SC_CLK_TCK")
 
 
-def pin_followers(children) -> None:
-    pinned_followers[:] = children
-    for child in children:
-        pin_to(child.proc.pid, FOLLOWER_CPU)
+def threads(pid: int) -> list[int]:
+    return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
 
 
-def pin_warm(leader_pids) -> None:
-    """After a warm-up: --pin compute can tell the compute threads now."""
-    global warm
-    warm = True
+def pin_to(pid: int, cpus: set[int], warm: bool = False) -> None:
+    """--pin all: every thread of the process (affinity is per thread; new ones inherit it).
+    --pin compute: once `warm`, only its busiest thread (its compute thread)."""
+    if pin == "all":
+        for tid in threads(pid):
+            os.sched_setaffinity(tid, cpus)
+    elif pin == "compute" and warm:
+        busiest = max(threads(pid), key=lambda tid: stat_cpu(f"/proc/{pid}/task/{tid}/stat"))
+        os.sched_setaffinity(busiest, cpus)
+
+
+async def measure(loop, params, rpcs=(None,), followers=()) -> tuple[float, float]:
+    """(tokens/s with 16 clients shared by the engines, one per entry of `rpcs`; tokens/s with
+    one client). `followers`: the RPC server children of the run, pinned to the follower's core."""
+    runners = [await start_worker(loop, dict(params, n_slots=CLIENTS // len(rpcs)), rpc) for rpc in rpcs]
+    leader_pids, follower_pids = [r.engine.pid for r in runners], [f.proc.pid for f in followers]
     for pid in leader_pids:
         pin_to(pid, LEADER_CPU)
-    for child in pinned_followers:
-        pin_to(child.proc.pid, FOLLOWER_CPU)
-    warm = False
-
-
-async def measure(loop, params, rpc=None) -> tuple[float, float]:
-    """(tokens/s with 16 clients, tokens/s with one)."""
-    runner = await start_worker(loop, dict(params, n_slots=CLIENTS), rpc)
-    pin_to(runner.engine.pid, LEADER_CPU)
-    try:
-        sampling = SamplingParams()
-        sampling.temperature, sampling.ignore_eos = 0.0, True
-        prompt = chat_prompt(runner.engine.vocab, "Tell me a story.")
-
-        async def one() -> int:
-            stream = await runner.generate([(prompt, TOKENS, sampling)], [])
-            return sum([event.n_tokens async for event in stream])
-
-        await one()                                     # warm up
-        pin_warm([runner.engine.pid])
-        start = time.monotonic()
-        many = sum(await asyncio.gather(*(one() for _ in range(CLIENTS)))) / (time.monotonic() - start)
-        start = time.monotonic()
-        single = await one() / (time.monotonic() - start)
-        return many, single
-    finally:
-        await runner.close()
-
-
-async def measure_two(loop, params, rpcs, follower_pids=()) -> tuple[float, float]:
-    """(tokens/s with 8 clients on each of two engines at once, tokens/s with one client)."""
-    runners = [await start_worker(loop, dict(params, n_slots=CLIENTS // 2), rpc) for rpc in rpcs]
-    for runner in runners:
-        pin_to(runner.engine.pid, LEADER_CPU)
+    for pid in follower_pids:
+        pin_to(pid, FOLLOWER_CPU)
     try:
         sampling = SamplingParams()
         sampling.temperature, sampling.ignore_eos = 0.0, True
@@ -132,22 +93,24 @@ async def measure_two(loop, params, rpcs, follower_pids=()) -> tuple[float, floa
             return sum([event.n_tokens async for event in stream])
 
         await asyncio.gather(*(one(r) for r in runners))           # warm up
-        leader_pids = [r.engine.pid for r in runners]
-        pin_warm(leader_pids)
-        if stagger:   # the second engine (and its RPC server) yields its core to the first
+        for pids, cpus in ((leader_pids, LEADER_CPU), (follower_pids, FOLLOWER_CPU)):
+            for pid in pids:
+                pin_to(pid, cpus, warm=True)
+        if stagger and len(runners) == 2:   # the second engine and its RPC server yield their cores
             for pid in (leader_pids[1], follower_pids[1]):
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    os.setpriority(os.PRIO_PROCESS, int(tid), 19)
-        cpu0 = cpu_seconds(leader_pids), cpu_seconds(follower_pids)
+                for tid in threads(pid):
+                    os.setpriority(os.PRIO_PROCESS, tid, 19)
+        busy_before = cpu_seconds(leader_pids), cpu_seconds(follower_pids)
         start = time.monotonic()
-        many = sum(await asyncio.gather(*(one(r) for r in runners for _ in range(CLIENTS // 2))))
+        many = sum(await asyncio.gather(*(one(r) for r in runners for _ in range(CLIENTS // len(runners)))))
         wall = time.monotonic() - start
-        many /= wall
-        print(f"  two engines: leader's workers busy {(cpu_seconds(leader_pids) - cpu0[0]) / wall:.0%} of a core, "
-              f"follower's RPC servers {(cpu_seconds(follower_pids) - cpu0[1]) / wall:.0%}", flush=True)
+        if follower_pids:
+            print(f"  {len(runners)} engine(s): leader's workers busy "
+                  f"{(cpu_seconds(leader_pids) - busy_before[0]) / wall:.0%} of a core, follower's RPC "
+                  f"servers {(cpu_seconds(follower_pids) - busy_before[1]) / wall:.0%}", flush=True)
         start = time.monotonic()
         single = await one(runners[0]) / (time.monotonic() - start)
-        return many, single
+        return many / wall, single
     finally:
         for runner in runners:
             await runner.close()
@@ -157,25 +120,22 @@ async def main(ubatches: list[int], two_engines: bool) -> None:
     loop = asyncio.get_running_loop()
     peers = Peers(loop, tempfile.mkdtemp(prefix="stackd-pipeline-"))
     try:
-        pinned_followers.clear()
         rows = [("1 node", await measure(loop, engine_params()))]
         follower = await peers.start()
-        pin_followers([follower])
         rows.append(("layer, leader CPU", await measure(
-            loop, engine_params(split_mode=1, tensor_split=[16.0], n_gpu_layers=16), peers.rpc([follower]))))
+            loop, engine_params(split_mode=1, tensor_split=[16.0], n_gpu_layers=16), [peers.rpc([follower])],
+            [follower])))
         for ubatch in ubatches:
             own, follower = await peers.start(direct=True), await peers.start()
             pin_to(own.proc.pid, LEADER_CPU)
-            pin_followers([follower])
             rows.append((f"pipeline, ubatch {ubatch}", await measure(
                 loop, engine_params(split_mode=1, tensor_split=[15.0, 16.0], n_gpu_layers=31, n_ubatch=ubatch),
-                peers.rpc([own, follower]))))
+                [peers.rpc([own, follower])], [follower])))
         if two_engines:
             followers = [await peers.start(), await peers.start()]
-            pin_followers(followers)
-            rows.append(("two engines in flight", await measure_two(
+            rows.append(("two engines in flight", await measure(
                 loop, engine_params(split_mode=1, tensor_split=[16.0], n_gpu_layers=16),
-                [peers.rpc([f]) for f in followers], [f.proc.pid for f in followers])))
+                [peers.rpc([f]) for f in followers], followers)))
         base = rows[0][1]
         for name, (many, single) in rows:
             print(f"  {name:22s} c={CLIENTS}: {many:6.1f} tok/s ({many / base[0]:.2f}x)   "
