@@ -35,7 +35,7 @@ inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, flo
     __m256 acc[TT];
     for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_block(wg, 4 * nb + b);  // four groups on, as the AVX-512 tiles (gemm_avx512.cpp)
+        prefetch_ahead(wg, nb, b);
         const Q4x8Block &blk = wg[b];
         // vpmaddubsw: u8 x s8 pairs into int16 lanes (|2 x 15 x 127| = 3810). Eight of those
         // added per lane stay within 30480, exact in int16, so one vpmaddwd per token and

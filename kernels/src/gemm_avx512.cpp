@@ -2,8 +2,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // The AVX-512 path: VNNI's vpdpbusd does the u8 x s8 dot of four positions per row in one
 // instruction, adding into an int32 lane per row; eight of them make a block's exact integer
-// sum. Two row groups fill a 512-bit vector (16 rows); an odd last group runs at 256 bits
-// (AVX512VL). Compiled for these instructions by the target pragma, chosen at run time
+// sum. Two row groups fill a 512-bit vector (16 rows); below 4 tokens, and for an odd last
+// group, one group runs at 256 bits (AVX512VL; for_row_groups). Compiled for these instructions by the target pragma, chosen at run time
 // (cpu_features.cpp). Float arithmetic as every other path (kernels.h).
 #include <immintrin.h>
 
@@ -24,13 +24,6 @@ using namespace avx512;
 // accumulator, so eight tokens fit the 32 registers with the temporaries.
 constexpr int kTile = 8;
 
-// Streaming: each thread reads its row groups in order, and the tiles prefetch the block
-// kAhead groups on (prefetch_block). Below kPairsFrom tokens a step is bound by reading the
-// weights, and a pair tile's two streams (its groups lie nb blocks apart) read DRAM at about
-// 0.6x the rate of one group after another here (576 x 393216 at one token, two threads:
-// 7.4 against 4.5-5.5 ms); from kPairsFrom tokens the arithmetic dominates and pairs win.
-constexpr int kAhead = 4, kPairsFrom = 4;
-
 // Two groups (16 rows) against TT tokens; out receives TT x 16 floats.
 template <int TT>
 inline void pair_tile(const Q4x8Block *w0, const Q4x8Block *w1, int64_t nb, const ActBlock *act,
@@ -39,8 +32,8 @@ inline void pair_tile(const Q4x8Block *w0, const Q4x8Block *w1, int64_t nb, cons
     __m512 acc[TT];
     for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_block(w0, kAhead * nb + b);
-        prefetch_block(w1, kAhead * nb + b);
+        prefetch_ahead(w0, nb, b);
+        prefetch_ahead(w1, nb, b);
         __m512i u[8];
 #pragma GCC unroll 4  // kept in registers: a loop here went through the stack
         for (int j = 0; j < 4; j++) {
@@ -68,7 +61,7 @@ inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, flo
     __m256 acc[TT];
     for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_block(wg, kAhead * nb + b);
+        prefetch_ahead(wg, nb, b);
         __m256i u[8];
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
@@ -119,10 +112,9 @@ void run_single(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g, const A
 
 void gemm_avx512(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
                  const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    int64_t g = g_begin;
-    if (n_tokens >= kPairsFrom)
-        for (; g + 2 <= g_end; g += 2) run_pair(w, nb, rows, g, act, n_tokens, dst, dst_stride);
-    for (; g < g_end; g++) run_single(w, nb, rows, g, act, n_tokens, dst, dst_stride);
+    for_row_groups(g_begin, g_end, n_tokens,
+                   [&](int64_t g) { run_pair(w, nb, rows, g, act, n_tokens, dst, dst_stride); },
+                   [&](int64_t g) { run_single(w, nb, rows, g, act, n_tokens, dst, dst_stride); });
 }
 
 }  // namespace stackd

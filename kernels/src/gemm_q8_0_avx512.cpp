@@ -3,7 +3,8 @@
 // The Q8_0 AVX-512 path: the weights are stored as q + 128 (layout.h), the unsigned operand
 // of VNNI's vpdpbusd, and each block's integer sum starts at -128 times the sum of the
 // block's 32 activation bytes, so it ends exactly at sum(q_w * q_a).
-// Two row groups fill a 512-bit vector (16 rows); an odd last group runs at 256 bits.
+// Two row groups fill a 512-bit vector (16 rows); below 4 tokens, and for an odd last group,
+// one group runs at 256 bits (for_row_groups).
 // Float arithmetic as every other path (kernels.h).
 #include <immintrin.h>
 
@@ -24,7 +25,6 @@ using namespace avx512;
 
 // Tokens per tile: eight weight vectors + one accumulator a token + temporaries in 32 registers.
 constexpr int kTile = 8;
-constexpr int kAhead = 4, kPairsFrom = 4;  // as gemm_avx512.cpp (streaming)
 
 // -128 x (the sum of a token-block's 32 activation bytes): vpdpbusd of 128 (unsigned)
 // against the bytes, then the eight lanes added.
@@ -46,8 +46,8 @@ inline void pair_tile(const Q8x8Block *w0, const Q8x8Block *w1, int64_t nb, cons
     __m512 acc[TT];
     for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_block(w0, kAhead * nb + b);
-        prefetch_block(w1, kAhead * nb + b);
+        prefetch_ahead(w0, nb, b);
+        prefetch_ahead(w1, nb, b);
         __m512i u[8];
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) u[c] = pair256(w0[b].qs + 32 * c, w1[b].qs + 32 * c);
@@ -69,7 +69,7 @@ inline void group_tile(const Q8x8Block *wg, int64_t nb, const ActBlock *act, con
     __m256 acc[TT];
     for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_block(wg, kAhead * nb + b);
+        prefetch_ahead(wg, nb, b);
         __m256i u[8];
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) u[c] = _mm256_loadu_si256((const __m256i *)(wg[b].qs + 32 * c));
@@ -119,10 +119,9 @@ void gemm_q8_0_avx512(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_be
     thread_local std::vector<int32_t> corr;
     if (corr.size() < (size_t)(n_tokens * nb)) corr.resize(n_tokens * nb);
     correct(act, n_tokens * nb, corr.data());
-    int64_t g = g_begin;
-    if (n_tokens >= kPairsFrom)
-        for (; g + 2 <= g_end; g += 2) run_pair(w, nb, rows, g, act, corr.data(), n_tokens, dst, dst_stride);
-    for (; g < g_end; g++) run_single(w, nb, rows, g, act, corr.data(), n_tokens, dst, dst_stride);
+    for_row_groups(g_begin, g_end, n_tokens,
+                   [&](int64_t g) { run_pair(w, nb, rows, g, act, corr.data(), n_tokens, dst, dst_stride); },
+                   [&](int64_t g) { run_single(w, nb, rows, g, act, corr.data(), n_tokens, dst, dst_stride); });
 }
 
 }  // namespace stackd

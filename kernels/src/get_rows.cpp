@@ -1,6 +1,6 @@
 #include "get_rows.h"
 
-#include <algorithm>
+#include "matmul.h"
 
 namespace stackd {
 
@@ -27,8 +27,8 @@ void dequantize_row_q8x8(const Q8x8Block *w, int64_t k, int64_t row, float *out)
 
 void get_rows_share(ggml_tensor *dst, int ith, int nth) {
     const ggml_tensor *w = dst->src[0], *ids = dst->src[1];
-    const int64_t n = ids->ne[0], per = (n + nth - 1) / nth;
-    const int64_t begin = std::min(n, per * ith), end = std::min(n, begin + per);
+    int64_t begin, end;
+    share(ids->ne[0], ith, nth, &begin, &end);
     for (int64_t i = begin; i < end; i++) {
         const int32_t row = *reinterpret_cast<const int32_t *>(static_cast<const char *>(ids->data) + i * ids->nb[0]);
         GGML_ASSERT(row >= 0 && row < w->ne[1]);  // as ggml's own get_rows

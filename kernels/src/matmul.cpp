@@ -4,6 +4,11 @@
 
 namespace stackd {
 
+void share(int64_t n, int ith, int nth, int64_t *begin, int64_t *end) {
+    *begin = n * ith / nth;
+    *end = n * (ith + 1) / nth;
+}
+
 bool can_serve(const ggml_tensor *op) {
     const ggml_tensor *w = op->src[0], *x = op->src[1];
     return op->op == GGML_OP_MUL_MAT && is_repacked_type(w->type) && w->view_src == nullptr &&
@@ -19,14 +24,6 @@ size_t activation_blocks(const ggml_tensor *dst) {
 }
 
 namespace {
-
-// [begin, end) of n items for thread ith among nth, as even as integers allow. Where an item
-// lands never changes its arithmetic: each row's result and each block's quantization stand
-// alone, and a tile of two row groups may start at any group.
-void share(int64_t n, int ith, int nth, int64_t *begin, int64_t *end) {
-    *begin = n * ith / nth;
-    *end = n * (ith + 1) / nth;
-}
 
 // Activation blocks [begin, end) (numbered token by token over every plane) into act.
 // Q8_1 scales are per block of 32, so any block range quantizes as the whole row would.

@@ -15,6 +15,11 @@ namespace stackd {
 // The weight types our buffer repacks (Q4_1, and Q8_0 for tied vocabulary projections).
 inline bool is_repacked_type(ggml_type type) { return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0; }
 
+// [begin, end) of n items (activation blocks, row groups, rows) for thread ith among nth, as
+// even as integers allow. Where an item lands never changes its arithmetic: each row's result
+// and each block's quantization stand alone, and a tile of two row groups may start at any group.
+void share(int64_t n, int ith, int nth, int64_t *begin, int64_t *end);
+
 // Whether we can compute this MUL_MAT node given its weight is repacked (shape and types).
 bool can_serve(const ggml_tensor *op);
 
