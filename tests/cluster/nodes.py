@@ -96,7 +96,13 @@ class Node:
         return self.proc.returncode
 
     def log(self) -> str:
+        """What the node printed so far, as far as the drain threads have read it: a line the
+        node wrote a moment ago may not be here yet (assert presence with logged())."""
         return "".join(self.stdout) + "".join(self.stderr)
+
+    def logged(self, text: str) -> str:
+        """Waits until `text` is in the log (the drain threads catch up), else fails."""
+        return eventually(lambda: text in self.log() and self.log())
 
 
 def _drain(stream, sink) -> None:

@@ -174,7 +174,7 @@ def test_followers_rejoin_a_restarted_leader_and_fence_while_it_is_gone(start_no
     fenced = eventually(lambda: follower.get("/v1/cluster")["status"] == "unavailable"
                         and follower.get("/v1/cluster"))
     assert "lost its leader" in fenced["reasons"][0]
-    assert "fenced" in follower.log()
+    follower.logged("fenced")
     assert follower.request("POST", "/v1/chat/completions", port="inference", body={})[0] == 503
 
     leader.start()                                   # same data dir, same ports

@@ -105,7 +105,7 @@ def test_a_frozen_follower_is_dropped_fenced_and_rejoins_with_nothing_of_the_old
             send(pid, signal.SIGCONT)
     # Awake, it finds it lost its leader: fenced, it stops its RPC children, then rejoins.
     eventually(lambda: gone(old_child) and rpc_children(p.follower) == [])
-    assert "fenced" in p.follower.log()           # however its loop ordered the wake-up
+    p.follower.logged("fenced")                   # however its loop ordered the wake-up
     p.wait_follower("up")
     eventually(lambda: rpc_listed(p) == [])                  # what its heartbeats say, too
     status, _, body = p.load()
