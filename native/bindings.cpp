@@ -388,9 +388,11 @@ PYBIND11_MODULE(_engine, m) {
                          int32_t n_ctx_seq, int32_t n_batch, int32_t n_threads, int32_t n_max_waiting,
                          int32_t flash_attn, float key_share, bool quiet,
                          std::vector<std::string> rpc_endpoints, int32_t split_mode,
-                         std::vector<float> tensor_split, int32_t n_gpu_layers, int32_t n_ubatch) {
+                         std::vector<float> tensor_split, int32_t n_gpu_layers, int32_t n_ubatch,
+                         int32_t n_lanes) {
                  engine_params p;
                  p.n_ubatch = n_ubatch;
+                 p.n_lanes = n_lanes;
                  p.placement = {std::move(rpc_endpoints), split_mode, std::move(tensor_split), n_gpu_layers};
                  p.model_path = model_path;
                  p.embeddings = embeddings;
@@ -411,7 +413,7 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("quiet") = true, py::arg("rpc_endpoints") = std::vector<std::string>{},
              py::arg("split_mode") = (int32_t) LLAMA_SPLIT_MODE_LAYER,
              py::arg("tensor_split") = std::vector<float>{}, py::arg("n_gpu_layers") = 0,
-             py::arg("n_ubatch") = 0)
+             py::arg("n_ubatch") = 0, py::arg("n_lanes") = 1)
         .def("submit",
              [](engine & e, int64_t id, std::vector<int32_t> prompt, int32_t max_tokens,
                 std::vector<std::string> stop, const sampling_params & sampling, int64_t owner) {
@@ -484,7 +486,8 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("token_bos", &engine::token_bos)
         .def_property_readonly("token_eos", &engine::token_eos)
         .def_property_readonly("n_slots", [](const engine & e) { return e.params().n_slots; })
-        .def_property_readonly("n_ctx_seq", [](const engine & e) { return e.params().n_ctx_seq; });
+        .def_property_readonly("n_ctx_seq", [](const engine & e) { return e.params().n_ctx_seq; })
+        .def_property_readonly("n_lanes", &engine::n_lanes);
 
     // A model's vocabulary and metadata without its weights: what the daemon needs to render,
     // tokenize and validate while the engine itself runs in a worker process.

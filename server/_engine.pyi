@@ -113,7 +113,9 @@ class Engine:
     def __init__(self, model_path: str, embeddings: bool = False, n_slots: int = 4,
                  n_ctx_seq: int = 2048, n_batch: int = 512, n_threads: int = 0,
                  n_max_waiting: int = 256, flash_attn: int = -1, key_share: float = 1.0,
-                 quiet: bool = True) -> None: ...
+                 quiet: bool = True, rpc_endpoints: list[str] = ..., split_mode: int = ...,
+                 tensor_split: list[float] = ..., n_gpu_layers: int = 0, n_ubatch: int = 0,
+                 n_lanes: int = 1) -> None: ...   # n_lanes: contexts stepping in turn (engine.h)
     def submit(self, id: int, prompt: list[int], max_tokens: int, stop: list[str],
                sampling: SamplingParams, owner: int = 0) -> int: ...   # a SUBMIT_* code
     def submit_embedding(self, id: int, inputs: list[list[int]], owner: int = 0) -> int: ...
@@ -150,6 +152,7 @@ class Engine:
     token_eos: int
     n_slots: int
     n_ctx_seq: int
+    n_lanes: int   # as resolved: 1 for an embedding model, never more than n_slots
 
 class Scheduler:
     def __init__(self, n_slots: int, n_batch: int, n_ctx_seq: int, n_max_waiting: int = 256,

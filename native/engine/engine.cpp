@@ -45,15 +45,28 @@ int32_t share_of(float share, int32_t n) {
     return std::max(1, std::min(n, (int32_t) std::floor(share * (float) n)));
 }
 
-scheduler_params scheduler_params_of(const engine_params & p) {
+// Lane `index`'s share of the slots: an even share, the first lanes taking one more.
+int32_t lane_slots(const engine_params & p, int32_t index) {
+    const int32_t n_lanes = p.n_lanes;
+    return p.n_slots / n_lanes + (index < p.n_slots % n_lanes ? 1 : 0);
+}
+
+scheduler_params scheduler_params_of(const engine_params & p, int32_t index) {
+    const int32_t n_slots = lane_slots(p, index);
     scheduler_params sp;
-    sp.n_slots = p.n_slots;
-    sp.n_batch = std::max(p.n_batch, p.n_slots);
+    sp.n_slots = n_slots;
+    sp.n_batch = std::max(p.n_batch, n_slots);
     sp.n_ctx_seq = p.n_ctx_seq;
     sp.n_max_waiting = p.n_max_waiting;
-    sp.n_max_slots_per_owner = share_of(p.key_share, p.n_slots);
+    sp.n_max_slots_per_owner = share_of(p.key_share, n_slots);
     sp.share_time = p.key_share < 1.0f;
     return sp;
+}
+
+// Embedding models and a single slot get one lane; never more lanes than slots.
+engine_params with_lanes_resolved(engine_params p) {
+    p.n_lanes = p.embeddings ? 1 : std::max(1, std::min(p.n_lanes, p.n_slots));
+    return p;
 }
 
 bool any_ends_a_request(const std::vector<engine_event> & events) {
@@ -68,9 +81,9 @@ bool any_ends_a_request(const std::vector<engine_event> & events) {
 }  // namespace
 
 engine::engine(const engine_params & params)
-    : params_(params), sched_(scheduler_params_of(params)),
+    : params_(with_lanes_resolved(params)),
       n_max_queued_per_owner_(share_of(params.key_share, params.n_max_waiting)),
-      obs_(params.n_slots, params.n_ctx_seq, params.embeddings) {
+      obs_(params.n_slots, params.n_ctx_seq, params.embeddings, params_.n_lanes) {
     if (params_.quiet) {
         quiet_llama_log();
     }
@@ -103,32 +116,65 @@ engine::engine(const engine_params & params)
         // sequence within it). Separate streams also make a sequence's attention independent
         // of its neighbours: with a unified buffer the masked cells of other sequences change
         // the summation order, and greedy output under load drifts from the same prompt alone.
-        cp.n_ctx = (uint32_t) params_.n_ctx_seq * params_.n_slots;
-        cp.n_batch = std::max(params_.n_batch, params_.n_slots);
-        cp.n_ubatch = std::min<uint32_t>(cp.n_batch, params_.n_ubatch > 0 ? params_.n_ubatch : 512);
-        cp.n_seq_max = params_.n_slots;
+        // (n_ctx, n_batch and n_seq_max are the lane's: make_lanes)
+        cp.n_ubatch = params_.n_ubatch > 0 ? params_.n_ubatch : 512;
         cp.kv_unified = false;
     }
-    ctx_ = llama_init_from_model(model_, cp);
-    if (ctx_ == nullptr) {
-        llama_model_free(model_);
-        throw std::runtime_error("cannot create a context for " + params_.model_path);
-    }
-    batch_ = llama_batch_init((int32_t) cp.n_batch, 0, 1);
 
     for (int32_t t = 0; t < llama_vocab_n_tokens(vocab_); ++t) {
         if (llama_vocab_is_eog(vocab_, t)) {
             eog_tokens_.push_back(t);
         }
     }
-    efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (efd_ < 0) {
-        llama_batch_free(batch_);
-        llama_free(ctx_);
+    try {
+        make_lanes(cp);
+        efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (efd_ < 0) {
+            throw std::runtime_error("eventfd failed");
+        }
+    } catch (...) {
+        for (auto & ln : lanes_) {
+            unload_lane(*ln);
+        }
         llama_model_free(model_);
-        throw std::runtime_error("eventfd failed");
+        throw;
     }
-    thread_ = std::thread([this] { loop(); });
+    for (auto & ln : lanes_) {
+        lane * mine = ln.get();
+        ln->thread = std::thread([this, mine] { loop(*mine); });
+    }
+}
+
+void engine::make_lanes(const llama_context_params & base) {
+    for (int32_t i = 0; i < params_.n_lanes; ++i) {
+        auto ln = std::make_unique<lane>(scheduler_params_of(params_, i));
+        ln->index = i;
+        ln->n_slots = lane_slots(params_, i);
+        llama_context_params cp = base;
+        if (!params_.embeddings) {
+            const int32_t n_slots = lane_slots(params_, i);
+            cp.n_ctx = (uint32_t) params_.n_ctx_seq * n_slots;
+            cp.n_batch = std::max(params_.n_batch, n_slots);
+            cp.n_ubatch = std::min(cp.n_ubatch, cp.n_batch);
+            cp.n_seq_max = n_slots;
+        }
+        ln->ctx = llama_init_from_model(model_, cp);
+        if (ln->ctx == nullptr) {
+            throw std::runtime_error("cannot create a context for " + params_.model_path);
+        }
+        ln->batch = llama_batch_init((int32_t) cp.n_batch, 0, 1);
+        lanes_.push_back(std::move(ln));
+    }
+}
+
+// Sampler chains go before the context they belong with.
+void engine::unload_lane(lane & ln) {
+    ln.live.clear();
+    if (ln.ctx != nullptr) {
+        llama_batch_free(ln.batch);
+        llama_free(ln.ctx);
+        ln.ctx = nullptr;
+    }
 }
 
 engine::~engine() {
@@ -141,20 +187,17 @@ engine::~engine() {
 void engine::close() {
     {
         std::lock_guard<std::mutex> lock(mu_tasks_);
-        if (stop_ && !thread_.joinable()) {
+        if (stop_ && (lanes_.empty() || !lanes_.front()->thread.joinable())) {
             return;
         }
         stop_ = true;
     }
     cv_.notify_all();
-    if (thread_.joinable()) {
-        thread_.join();
-    }
-    live_.clear();   // sampler chains go before the context they belong with
-    if (ctx_ != nullptr) {
-        llama_batch_free(batch_);
-        llama_free(ctx_);
-        ctx_ = nullptr;
+    for (auto & ln : lanes_) {
+        if (ln->thread.joinable()) {
+            ln->thread.join();
+        }
+        unload_lane(*ln);
     }
     if (model_ != nullptr) {
         llama_model_free(model_);
@@ -205,10 +248,44 @@ submit_result engine::submit(generation_request req) {
     t.request = std::make_unique<generation_request>(std::move(req));
     {
         std::lock_guard<std::mutex> lock(mu_tasks_);
-        tasks_.push_back(std::move(t));
+        if (lanes_.size() == 1) {
+            lanes_.front()->tasks.push_back(std::move(t));
+        } else {
+            pending_.push_back(std::move(t));
+        }
     }
-    cv_.notify_one();
+    cv_.notify_all();
     return SUBMIT_ACCEPTED;
+}
+
+// How many queued requests a lane takes: no more than its free slots, so what it holds waits
+// only for its own running requests; and, while another lane has room too, no more than its
+// even share of all that is held and queued, so a burst spreads over the lanes.
+int32_t engine::n_to_take(const lane & ln) const {
+    if (pending_.empty()) {
+        return 0;
+    }
+    int32_t n_total = (int32_t) pending_.size(), n_free_elsewhere = 0;
+    for (const auto & other : lanes_) {
+        n_total += other->n_held;
+        if (other.get() != &ln) {
+            n_free_elsewhere += other->n_slots - other->n_held;
+        }
+    }
+    int32_t n = std::min((int32_t) pending_.size(), ln.n_slots - ln.n_held);
+    if (n_free_elsewhere > 0) {
+        const int32_t n_lanes = (int32_t) lanes_.size();
+        n = std::min(n, (n_total + n_lanes - 1) / n_lanes - ln.n_held);
+    }
+    return std::max(0, n);
+}
+
+void engine::take_pending(lane & ln, std::vector<task> & incoming) {
+    for (int32_t n = n_to_take(ln); n > 0; --n) {
+        incoming.push_back(std::move(pending_.front()));
+        pending_.pop_front();
+        ln.n_held += 1;
+    }
 }
 
 submit_result engine::submit_embedding(int64_t id_request, int64_t id_owner,
@@ -222,18 +299,25 @@ submit_result engine::submit_embedding(int64_t id_request, int64_t id_owner,
     }
     {
         std::lock_guard<std::mutex> lock(mu_tasks_);
-        tasks_.push_back({task::TASK_EMBED, id_request, id_owner, nullptr, nullptr, std::move(inputs)});
+        lanes_.front()->tasks.push_back({task::TASK_EMBED, id_request, id_owner, nullptr, nullptr, std::move(inputs)});
     }
-    cv_.notify_one();
+    cv_.notify_all();
     return SUBMIT_ACCEPTED;
 }
 
 void engine::cancel(int64_t id_request) {
     {
         std::lock_guard<std::mutex> lock(mu_tasks_);
-        tasks_.push_back({task::TASK_CANCEL, id_request, 0, nullptr, nullptr, {}});
+        for (task & t : pending_) {     // not in a lane yet: the lane that takes it cancels it
+            if (t.id_request == id_request) {
+                t.cancelled = true;
+            }
+        }
+        for (auto & ln : lanes_) {      // the lane that holds it acts; the others find nothing
+            ln->tasks.push_back({task::TASK_CANCEL, id_request, 0, nullptr, nullptr, {}});
+        }
     }
-    cv_.notify_one();
+    cv_.notify_all();
 }
 
 void engine::drain_event_fd() {
@@ -275,48 +359,50 @@ std::string engine::description() const {
 
 // ---- the scheduler thread ------------------------------------------------------------------
 
-void engine::loop() {
+void engine::loop(lane & ln) {
     std::vector<task> incoming;
     while (true) {
         {
             std::unique_lock<std::mutex> lock(mu_tasks_);
             cv_.wait(lock, [&] {
-                return stop_ || !tasks_.empty() || !sched_.idle() || !embed_jobs_.empty();
+                return stop_ || !ln.tasks.empty() || !ln.sched.idle() || (ln.index == 0 && !embed_jobs_.empty()) ||
+                       n_to_take(ln) > 0;
             });
             if (stop_) {
                 return;
             }
-            incoming.swap(tasks_);
+            incoming.swap(ln.tasks);
+            take_pending(ln, incoming);
         }
         // Nothing may leave this thread as an exception: std::terminate would end the whole
         // process. The per-request boundary is in sample_guarded(); this one is the last resort.
         try {
-            apply_compute_scale();
-            take_tasks(incoming);
+            apply_compute_scale(ln);
+            take_tasks(ln, incoming);
             incoming.clear();
             if (params_.embeddings) {
-                step_embed();
+                step_embed(ln);
             } else {
-                step_generate();
+                step_generate(ln);
             }
         } catch (const std::exception & e) {
             incoming.clear();
-            fail_everything(std::string("engine error: ") + e.what());
+            fail_everything(ln, std::string("engine error: ") + e.what());
         } catch (...) {
             incoming.clear();
-            fail_everything("engine error");
+            fail_everything(ln, "engine error");
         }
         const int32_t n_queued = [&] { std::lock_guard<std::mutex> lock(mu_tasks_); return n_queued_; }();
-        obs_.after_step(sched_, n_queued, (int32_t) embed_jobs_.size());
-        flush_events();
+        obs_.after_step(ln.index, ln.sched, n_queued, (int32_t) embed_jobs_.size());
+        flush_events(ln);
     }
 }
 
-void engine::take_tasks(std::vector<task> & incoming) {
+void engine::take_tasks(lane & ln, std::vector<task> & incoming) {
     std::vector<engine_event> events;
     for (task & t : incoming) {
         if (t.kind == task::TASK_CANCEL) {
-            if (!sched_.cancel(t.id_request)) {
+            if (!ln.sched.cancel(t.id_request) && ln.index == 0) {
                 cancel_embedding(t.id_request, events);   // or finished already: nothing to do
             }
             continue;
@@ -335,8 +421,9 @@ void engine::take_tasks(std::vector<task> & incoming) {
         live_request live{std::move(t.request), std::move(t.sampler), std::move(stream),
                           (int32_t) req->prompt.size()};
         const int64_t id = t.id_request;
-        if (!sched_.enqueue(std::move(req))) {
+        if (!ln.sched.enqueue(std::move(req))) {
             leave_queue(t.id_owner);
+            release_held(ln, 1);
             engine_event ev;
             ev.id_request = id;
             ev.status = REQUEST_STATUS_FINISHED_ERROR;
@@ -346,9 +433,12 @@ void engine::take_tasks(std::vector<task> & incoming) {
             continue;
         }
         obs_.queued(id, t.t_submit_us, live.n_prompt);
-        live_.emplace(id, std::move(live));
+        ln.live.emplace(id, std::move(live));
+        if (t.cancelled) {
+            ln.sched.cancel(id);
+        }
     }
-    publish(events);
+    publish(ln, events);
 }
 
 // An embedding job is dropped between batches: an abandoned request stops costing anything.
@@ -367,19 +457,19 @@ void engine::cancel_embedding(int64_t id_request, std::vector<engine_event> & ev
     }
 }
 
-void engine::step_generate() {
+void engine::step_generate(lane & ln) {
     engine_stats delta;
     uint64_t t0 = now_us();
-    batch_plan plan = sched_.schedule();
+    batch_plan plan = ln.sched.schedule();
     std::vector<engine_event> events;
 
     for (const plan_admission & adm : plan.admissions) {
-        leave_queue(live_.at(adm.id_request).request->id_owner);
+        leave_queue(ln.live.at(adm.id_request).request->id_owner);
         obs_.admitted(adm);
-        llama_memory_seq_rm(llama_get_memory(ctx_), adm.id_slot, adm.n_keep, -1);
+        llama_memory_seq_rm(llama_get_memory(ln.ctx), adm.id_slot, adm.n_keep, -1);
     }
     for (int64_t id : plan.released_waiting) {
-        leave_queue(live_.at(id).request->id_owner);
+        leave_queue(ln.live.at(id).request->id_owner);
     }
     for (int64_t id : plan.released) {                 // cancelled: a last event, then forget
         engine_event ev;
@@ -387,32 +477,31 @@ void engine::step_generate() {
         ev.status = REQUEST_STATUS_FINISHED_ABORTED;
         ev.timings = obs_.finished(id, ev.status);
         events.push_back(std::move(ev));
-        live_.erase(id);
-        sched_.release(id);
+        forget(ln, id);
     }
     uint64_t t1 = now_us();
     delta.t_schedule_us = t1 - t0;
 
     if (plan.empty()) {
-        publish(events);
+        publish(ln, events);
         return;
     }
     std::vector<int32_t> logit_index;
-    decode_plan(plan, logit_index);
+    decode_plan(ln, plan, logit_index);
     uint64_t t2 = now_us();
     delta.t_batch_us = t2 - t1;
     int32_t rc = -1;
     std::string failure;
     try {
-        rc = decode();
+        rc = decode(ln);
     } catch (const std::exception & e) {
         failure = e.what();
     }
     uint64_t t3 = now_us();
     delta.t_decode_us = t3 - t2;
     if (rc != 0) {
-        publish(events);
-        fail_plan(plan, rc == 1 ? "no room left in the KV cache"
+        publish(ln, events);
+        fail_plan(ln, plan, rc == 1 ? "no room left in the KV cache"
                                 : "llama_decode failed" + (failure.empty() ? "" : ": " + failure));
         return;
     }
@@ -426,7 +515,7 @@ void engine::step_generate() {
             continue;
         }
         engine_event ev;
-        outcomes.push_back(sample_guarded(item.id_request, logit_index[i], ev));
+        outcomes.push_back(sample_guarded(ln, item.id_request, logit_index[i], ev));
         events.push_back(std::move(ev));
         const uint64_t t_sampled = now_us();
         sample_us[i] = (int64_t) (t_sampled - t_item);
@@ -434,11 +523,11 @@ void engine::step_generate() {
     }
     uint64_t t4 = t_item;
     delta.t_sample_us = t4 - t3;
-    sched_.charge(plan, (int64_t) delta.t_decode_us, sample_us);
+    ln.sched.charge(plan, (int64_t) delta.t_decode_us, sample_us);
 
-    const std::vector<int64_t> finished = sched_.apply(plan, outcomes);
-    finish_events(finished, events);
-    publish(events);
+    const std::vector<int64_t> finished = ln.sched.apply(plan, outcomes);
+    finish_events(ln, finished, events);
+    publish(ln, events);
     uint64_t t5 = now_us();
     delta.t_emit_us = t5 - t4;
     delta.n_steps = 1;
@@ -451,51 +540,66 @@ void engine::step_generate() {
 
 void engine::set_compute_scale(float scale) {
     compute_scale_ = std::min(1.0f, std::max(0.0f, scale));
-    cv_.notify_one();
+    cv_.notify_all();
 }
 
 // On the engine thread, between steps: llama.cpp takes a new thread count for the next decode.
-void engine::apply_compute_scale() {
+void engine::apply_compute_scale(lane & ln) {
     const float scale = compute_scale_.load();
-    if (scale == compute_scale_applied_) {
+    if (scale == ln.compute_scale_applied) {
         return;
     }
-    compute_scale_applied_ = scale;
+    ln.compute_scale_applied = scale;
     const int32_t n_threads = std::max(1, (int32_t) std::lround(n_threads_full_ * scale));
-    llama_set_n_threads(ctx_, n_threads, n_threads);
-    sched_.set_active_slots(scale >= 1.0f ? 0 : std::max(1, (int32_t) std::lround(params_.n_slots * scale)));
+    llama_set_n_threads(ln.ctx, n_threads, n_threads);
+    const int32_t n_slots = ln.sched.params().n_slots;
+    ln.sched.set_active_slots(scale >= 1.0f ? 0 : std::max(1, (int32_t) std::lround(n_slots * scale)));
 }
 
-int32_t engine::decode() {
+int32_t engine::decode(lane & ln) {
     if (n_fail_decodes_.load(std::memory_order_relaxed) > 0) {
         n_fail_decodes_.fetch_sub(1);
         return -3;                     // what llama_decode answers when it aborts a batch
     }
-    return llama_decode(ctx_, batch_);
+    int32_t rc;
+    {
+        // One lane at a time submits: ggml's RPC client keeps per device the last graph sent,
+        // and a lane that found its own there would ask the server to run "the last graph"
+        // again while the other lane's replaced it. What runs in here is this node's layers
+        // and the queueing of the rest; the other lanes' steps on other nodes go on meanwhile.
+        std::lock_guard<std::mutex> submitting(mu_decode_);
+        rc = llama_decode(ln.ctx, ln.batch);
+    }
+    // Wait for the step here, not in the first logits read. The RPC backend has one queue per
+    // server for every context of the model, and a wait is a marker queued behind all that is
+    // there: a lane that waited later would wait for the other lane's step, queued meanwhile.
+    llama_synchronize(ln.ctx);
+    return rc;
 }
 
-void engine::decode_plan(const batch_plan & plan, std::vector<int32_t> & logit_index) {
-    batch_.n_tokens = 0;
+void engine::decode_plan(lane & ln, const batch_plan & plan, std::vector<int32_t> & logit_index) {
+    llama_batch & batch = ln.batch;
+    batch.n_tokens = 0;
     logit_index.assign(plan.items.size(), -1);
     for (size_t i = 0; i < plan.items.size(); ++i) {
         const plan_item & item = plan.items[i];
-        const sched_request * req = sched_.find(item.id_request);
+        const sched_request * req = ln.sched.find(item.id_request);
         for (int32_t k = 0; k < item.n_tokens; ++k) {
             const int32_t token = item.is_prompt ? req->prompt[item.pos0 + k] : req->last_token;
             const bool last = k == item.n_tokens - 1;
-            batch_add(batch_, token, item.pos0 + k, item.id_slot, item.want_logits && last);
+            batch_add(batch, token, item.pos0 + k, item.id_slot, item.want_logits && last);
         }
         if (item.want_logits) {
-            logit_index[i] = batch_.n_tokens - 1;
+            logit_index[i] = batch.n_tokens - 1;
         }
     }
 }
 
 // One request's failure in sampling (a grammar that throws, a bad state in llama.cpp) ends
 // that request with an error event; the others in the batch go on.
-step_outcome engine::sample_guarded(int64_t id_request, int32_t index, engine_event & ev) {
+step_outcome engine::sample_guarded(lane & ln, int64_t id_request, int32_t index, engine_event & ev) {
     try {
-        return sample(id_request, index, ev);
+        return sample(ln, id_request, index, ev);
     } catch (const std::exception & e) {
         ev.error = std::string("sampling failed: ") + e.what();
     } catch (...) {
@@ -508,11 +612,11 @@ step_outcome engine::sample_guarded(int64_t id_request, int32_t index, engine_ev
 }
 
 // Sample the next token of one request from output row `index`, and describe it in `ev`.
-step_outcome engine::sample(int64_t id_request, int32_t index, engine_event & ev) {
-    live_request & live = live_.at(id_request);
-    const sched_request & req = *sched_.find(id_request);
+step_outcome engine::sample(lane & ln, int64_t id_request, int32_t index, engine_event & ev) {
+    live_request & live = ln.live.at(id_request);
+    const sched_request & req = *ln.sched.find(id_request);
     const sampling_params & sp = live.request->sampling;
-    const float * logits = llama_get_logits_ith(ctx_, index);
+    const float * logits = llama_get_logits_ith(ln.ctx, index);
     const int32_t n_vocab = llama_vocab_n_tokens(vocab_);
 
     logit_stats stats{};
@@ -556,10 +660,10 @@ step_outcome engine::sample(int64_t id_request, int32_t index, engine_event & ev
 }
 
 // The last event of each finished request carries its status and any text held back.
-void engine::finish_events(const std::vector<int64_t> & finished, std::vector<engine_event> & events) {
+void engine::finish_events(lane & ln, const std::vector<int64_t> & finished, std::vector<engine_event> & events) {
     for (int64_t id : finished) {
-        const sched_request * req = sched_.find(id);
-        live_request & live = live_.at(id);
+        const sched_request * req = ln.sched.find(id);
+        live_request & live = ln.live.at(id);
         for (auto it = events.rbegin(); it != events.rend(); ++it) {
             if (it->id_request == id) {
                 it->status = req->status;
@@ -568,19 +672,36 @@ void engine::finish_events(const std::vector<int64_t> & finished, std::vector<en
                 break;
             }
         }
-        live_.erase(id);
-        sched_.release(id);
+        forget(ln, id);
     }
+}
+
+void engine::forget(lane & ln, int64_t id_request) {
+    ln.live.erase(id_request);
+    ln.sched.release(id_request);
+    release_held(ln, 1);
+}
+
+// Requests of a lane are over: with several lanes, its room for queued ones grows.
+void engine::release_held(lane & ln, int32_t n) {
+    if (lanes_.size() == 1) {
+        return;                        // one lane takes everything at once (submit)
+    }
+    {
+        std::lock_guard<std::mutex> lock(mu_tasks_);
+        ln.n_held -= n;
+    }
+    cv_.notify_all();                  // another lane may now take its share
 }
 
 // The decode of a plan failed. Its requests end with an error and their sequences are cleared,
 // in the KV cache and in the scheduler's view alike, so prefix reuse never trusts cells that
 // no longer hold what it thinks. llama.cpp leaves the sequences outside the batch untouched.
-void engine::fail_plan(const batch_plan & plan, const std::string & error) {
+void engine::fail_plan(lane & ln, const batch_plan & plan, const std::string & error) {
     std::vector<engine_event> events;
-    llama_memory_t mem = llama_get_memory(ctx_);
+    llama_memory_t mem = llama_get_memory(ln.ctx);
     for (const plan_item & item : plan.items) {
-        if (live_.count(item.id_request) == 0) {
+        if (ln.live.count(item.id_request) == 0) {
             continue;                  // several items of one request: handled at the first
         }
         engine_event ev;
@@ -590,19 +711,18 @@ void engine::fail_plan(const batch_plan & plan, const std::string & error) {
         ev.timings = obs_.finished(item.id_request, ev.status);
         events.push_back(std::move(ev));
         llama_memory_seq_rm(mem, item.id_slot, -1, -1);
-        sched_.fail(item.id_request);
-        sched_.release(item.id_request);
-        live_.erase(item.id_request);
+        ln.sched.fail(item.id_request);
+        forget(ln, item.id_request);
     }
-    publish(events);
+    publish(ln, events);
 }
 
 // The last resort of the engine thread: every request ends with an error, the scheduler and
 // the KV cache start over empty, and the engine goes on serving new requests.
-void engine::fail_everything(const std::string & error) {
+void engine::fail_everything(lane & ln, const std::string & error) {
     std::vector<engine_event> events;
-    for (auto & [id, live] : live_) {
-        const sched_request * req = sched_.find(id);
+    for (auto & [id, live] : ln.live) {
+        const sched_request * req = ln.sched.find(id);
         if (req != nullptr && req->status == REQUEST_STATUS_WAITING) {
             leave_queue(live.request->id_owner);
         }
@@ -613,7 +733,7 @@ void engine::fail_everything(const std::string & error) {
         ev.timings = obs_.finished(ev.id_request, ev.status);
         events.push_back(std::move(ev));
     }
-    for (const embed_job & job : embed_jobs_) {
+    for (const embed_job & job : embed_jobs_) {   // lane 0's, and only an embedding model's
         leave_queue(job.id_owner);
         engine_event ev;
         ev.id_request = job.id_request;
@@ -622,31 +742,35 @@ void engine::fail_everything(const std::string & error) {
         ev.timings = obs_.finished(ev.id_request, ev.status);
         events.push_back(std::move(ev));
     }
-    live_.clear();
-    embed_jobs_.clear();
-    sched_ = scheduler(scheduler_params_of(params_));
-    if (llama_memory_t mem = llama_get_memory(ctx_)) {
+    release_held(ln, (int32_t) ln.live.size());
+    ln.live.clear();
+    if (ln.index == 0) {
+        embed_jobs_.clear();
+    }
+    ln.sched = scheduler(scheduler_params_of(params_, ln.index));
+    ln.compute_scale_applied = 1.0f;   // the new scheduler admits every slot: apply the scale again
+    if (llama_memory_t mem = llama_get_memory(ln.ctx)) {
         llama_memory_clear(mem, true);
     }
-    publish(events);
+    publish(ln, events);
 }
 
 // ---- embeddings ----------------------------------------------------------------------------
 
 // Whole inputs go into one batch: first one input of every job, oldest first, so a small
 // request is never stuck behind a large one; then as many more as fit, oldest job first.
-void engine::step_embed() {
+void engine::step_embed(lane & ln) {
     if (embed_jobs_.empty()) {
         return;
     }
     const int32_t n_embd = llama_model_n_embd(model_);
-    const int32_t n_cap = (int32_t) llama_n_batch(ctx_);
-    const int32_t n_seq_cap = (int32_t) llama_n_seq_max(ctx_);
+    const int32_t n_cap = (int32_t) llama_n_batch(ln.ctx);
+    const int32_t n_seq_cap = (int32_t) llama_n_seq_max(ln.ctx);
 
     struct placed { size_t job, input; int32_t seq; };
     std::vector<placed> placed_inputs;
     std::vector<size_t> next(embed_jobs_.size());
-    batch_.n_tokens = 0;
+    ln.batch.n_tokens = 0;
     auto place = [&](size_t j) {
         const embed_job & job = embed_jobs_[j];
         if (next[j] >= job.inputs.size()) {
@@ -654,11 +778,11 @@ void engine::step_embed() {
         }
         const auto & tokens = job.inputs[next[j]];
         const int32_t seq = (int32_t) placed_inputs.size();
-        if (batch_.n_tokens + (int32_t) tokens.size() > n_cap || seq >= n_seq_cap) {
+        if (ln.batch.n_tokens + (int32_t) tokens.size() > n_cap || seq >= n_seq_cap) {
             return false;
         }
         for (size_t k = 0; k < tokens.size(); ++k) {
-            batch_add(batch_, tokens[k], (int32_t) k, seq, true);
+            batch_add(ln.batch, tokens[k], (int32_t) k, seq, true);
         }
         placed_inputs.push_back({j, next[j], seq});
         next[j] += 1;
@@ -683,21 +807,21 @@ void engine::step_embed() {
         events.push_back(std::move(ev));
         leave_queue(embed_jobs_.front().id_owner);
         embed_jobs_.erase(embed_jobs_.begin());
-        publish(events);
+        publish(ln, events);
         return;
     }
-    if (llama_memory_t mem = llama_get_memory(ctx_)) {
+    if (llama_memory_t mem = llama_get_memory(ln.ctx)) {
         llama_memory_clear(mem, true);
     }
     const uint64_t t0 = now_us();
-    const int32_t rc = decode();
+    const int32_t rc = decode(ln);
     const uint64_t t1 = now_us();
     for (const placed & p : placed_inputs) {
         embed_job & job = embed_jobs_[p.job];
         if (job.out.empty()) {
             job.out.assign(job.inputs.size() * n_embd, 0.0f);
         }
-        const float * v = rc == 0 ? llama_get_embeddings_seq(ctx_, p.seq) : nullptr;
+        const float * v = rc == 0 ? llama_get_embeddings_seq(ln.ctx, p.seq) : nullptr;
         if (v != nullptr) {
             double norm = 0.0;
             for (int32_t d = 0; d < n_embd; ++d) {
@@ -738,53 +862,54 @@ void engine::step_embed() {
         leave_queue(it->id_owner);
         it = embed_jobs_.erase(it);
     }
-    publish(events);
+    publish(ln, events);
     std::lock_guard<std::mutex> lock(mu_stats_);
     stats_.n_steps += 1;
-    stats_.n_tokens_decoded += batch_.n_tokens;
+    stats_.n_tokens_decoded += ln.batch.n_tokens;
     stats_.t_decode_us += t1 - t0;
 }
 
 // Events wait on the engine thread until the end of the loop's turn (flush_events), so that a
 // reader who sees a request's end also sees its counts: the observer commits them after the step.
-void engine::publish(std::vector<engine_event> & events) {
+void engine::publish(lane & ln, std::vector<engine_event> & events) {
     for (auto & ev : events) {
-        outgoing_.push_back(std::move(ev));
+        ln.outgoing.push_back(std::move(ev));
     }
     events.clear();
 }
 
-void engine::flush_events() {
-    if (outgoing_.empty()) {
+void engine::flush_events(lane & ln) {
+    std::vector<engine_event> & outgoing = ln.outgoing;
+    if (outgoing.empty()) {
         return;
     }
-    if (send_directly()) {
-        outgoing_.clear();
+    if (send_directly(ln)) {
+        outgoing.clear();
         return;
     }
     {
         std::lock_guard<std::mutex> lock(mu_events_);
         if (events_.empty()) {
-            events_.swap(outgoing_);
+            events_.swap(outgoing);
         } else {
-            for (auto & ev : outgoing_) {
+            for (auto & ev : outgoing) {
                 events_.push_back(std::move(ev));
             }
         }
     }
-    outgoing_.clear();
+    outgoing.clear();
     signal_reader();
 }
 
 // A worker's step: its events straight to the daemon. Not when the reader holds events not yet
 // relayed (they go first), and not for a step that ends a request: the reader follows an end
 // with the engine's counts, so /metrics has a request once its client has its answer.
-bool engine::send_directly() {
+bool engine::send_directly(lane & ln) {
     std::lock_guard<std::mutex> lock(mu_events_);
-    if (!sink_ || !events_.empty() || any_ends_a_request(outgoing_)) {
+    if (!sink_ || !events_.empty() || any_ends_a_request(ln.outgoing)) {
         return false;
     }
-    if (sink_->write(events_frame(outgoing_))) {
+    if (sink_->write(events_frame(ln.outgoing))) {
         signal_reader();               // bytes wait: the reader must watch for writable
     }
     return true;

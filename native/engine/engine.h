@@ -1,12 +1,22 @@
-// The engine: one loaded model, its context, and a scheduler thread that runs continuous
-// batching without ever touching Python. Callers post id-tagged tasks (submit, cancel);
-// the thread drains them between steps and publishes events, then signals an eventfd
-// that the event loop watches. Embedding models run the same loop with a simpler step.
+// The engine: one loaded model and its lanes. A lane is a context with its own slots, KV
+// cache and scheduler, and a thread that runs continuous batching on it without ever touching
+// Python. Callers post id-tagged tasks (submit, cancel); a lane's thread drains them between
+// steps and publishes events, then signals an eventfd that the event loop watches. Embedding models run the same loop with a simpler step.
+//
+// One lane is the rule. A model whose layers are split over several nodes gets one lane per
+// node (engine_params::n_lanes): a lane's step runs on the nodes one after another, so while
+// one lane's step is on a follower, the next lane's runs on the leader (pipeline parallelism
+// with whole steps as the micro-batches). New requests then wait in one queue, and lanes take
+// them while they have free slots, each its even share of what all hold and wait for: two
+// requests go to two lanes, and no request waits behind a busy lane while another has room
+// (fair share between owners then orders each lane's slots, not that queue). Lanes share only the model, that queue, the observer and the outgoing events,
+// each under its lock.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -35,6 +45,8 @@ struct engine_params {
     int32_t     n_max_waiting = 256;     // queued requests beyond which submit() refuses
     int32_t     flash_attn    = -1;      // llama_flash_attn_type: -1 auto, 0 off, 1 on
     float       key_share     = 1.0f;    // most of the slots and of the queue one owner may hold
+    int32_t     n_lanes       = 1;       // contexts stepping in turn (slots shared out among them);
+                                         // a layer split over N nodes wants N
     bool        quiet         = true;    // silence llama.cpp's own logging
     placement_params placement;          // empty: every layer on this CPU
 };
@@ -82,7 +94,7 @@ public:
                                    std::vector<std::vector<int32_t>> inputs);
     void cancel(int64_t id_request);
     // Throttle to a share of full compute (a power contract): threads and admitted slots in
-    // proportion, never below one of each. Applied between steps.
+    // proportion, never below one of each (per lane). Applied between steps.
     void set_compute_scale(float scale);
     // Testing: make the next `n` decode calls fail as llama_decode can (no KV room, abort).
     void fail_next_decodes(int32_t n) { n_fail_decodes_ = n; }
@@ -118,6 +130,7 @@ public:
     int32_t              token_bos() const { return llama_vocab_bos(vocab_); }
     int32_t              token_eos() const { return llama_vocab_eos(vocab_); }
     const engine_params & params() const { return params_; }
+    int32_t              n_lanes() const { return (int32_t) lanes_.size(); }
 
 private:
     struct task {
@@ -128,6 +141,7 @@ private:
         std::unique_ptr<request_sampler> sampler;
         std::vector<std::vector<int32_t>> inputs;
         uint64_t t_submit_us = steady_now_us();
+        bool cancelled = false;           // cancelled while in the shared queue (pending_)
     };
 
     struct live_request {                 // engine-side state of an admitted generation
@@ -146,21 +160,44 @@ private:
         int32_t n_tokens = 0;
     };
 
-    void loop();
-    void take_tasks(std::vector<task> & incoming);
+    // A context with its share of the slots, and the thread that steps it. Everything here
+    // but `tasks` and `n_held` (under mu_tasks_) belongs to the lane's thread.
+    struct lane {
+        int32_t index = 0;
+        llama_context * ctx = nullptr;
+        llama_batch batch{};
+        scheduler sched;
+        std::unordered_map<int64_t, live_request> live;
+        std::vector<engine_event> outgoing;   // this turn's events (flush_events)
+        std::vector<task> tasks;              // posted for this lane, not taken yet
+        int32_t n_slots = 0;
+        int32_t n_held = 0;                   // requests taken from pending_ and not over
+        float compute_scale_applied = 1.0f;
+        std::thread thread;
+
+        explicit lane(const scheduler_params & sp) : sched(sp) {}
+    };
+
+    void make_lanes(const llama_context_params & cp);
+    int32_t n_to_take(const lane & ln) const;                     // under mu_tasks_
+    void take_pending(lane & ln, std::vector<task> & incoming);   // under mu_tasks_
+    void loop(lane & ln);
+    void take_tasks(lane & ln, std::vector<task> & incoming);
     void cancel_embedding(int64_t id_request, std::vector<engine_event> & events);
-    void step_generate();
-    void step_embed();
-    int32_t decode();
-    void decode_plan(const batch_plan & plan, std::vector<int32_t> & logit_index);
-    step_outcome sample(int64_t id_request, int32_t index, engine_event & event);
-    step_outcome sample_guarded(int64_t id_request, int32_t index, engine_event & event);
-    void finish_events(const std::vector<int64_t> & finished, std::vector<engine_event> & events);
-    void fail_plan(const batch_plan & plan, const std::string & error);
-    void fail_everything(const std::string & error);
-    void publish(std::vector<engine_event> & events);
-    void flush_events();
-    bool send_directly();
+    void step_generate(lane & ln);
+    void step_embed(lane & ln);
+    int32_t decode(lane & ln);
+    void decode_plan(lane & ln, const batch_plan & plan, std::vector<int32_t> & logit_index);
+    step_outcome sample(lane & ln, int64_t id_request, int32_t index, engine_event & event);
+    step_outcome sample_guarded(lane & ln, int64_t id_request, int32_t index, engine_event & event);
+    void finish_events(lane & ln, const std::vector<int64_t> & finished, std::vector<engine_event> & events);
+    void forget(lane & ln, int64_t id_request);
+    void release_held(lane & ln, int32_t n);
+    void fail_plan(lane & ln, const batch_plan & plan, const std::string & error);
+    void fail_everything(lane & ln, const std::string & error);
+    void publish(lane & ln, std::vector<engine_event> & events);
+    void flush_events(lane & ln);
+    bool send_directly(lane & ln);
     void signal_reader();
     void drain_event_fd();
 
@@ -170,33 +207,28 @@ private:
 
     engine_params  params_;
     llama_model *  model_ = nullptr;
-    llama_context * ctx_  = nullptr;
     const llama_vocab * vocab_ = nullptr;
-    llama_batch    batch_{};
     std::vector<int32_t> eog_tokens_;
+    std::vector<std::unique_ptr<lane>> lanes_;
+    std::mutex mu_decode_;                // one lane in llama_decode at a time (decode())
+    std::vector<embed_job> embed_jobs_;   // lane 0's (embedding models have one lane)
 
-    scheduler sched_;
-    std::unordered_map<int64_t, live_request> live_;
-    std::vector<embed_job> embed_jobs_;
-
-    std::thread thread_;
     std::mutex mu_tasks_;
     std::condition_variable cv_;
-    std::vector<task> tasks_;
+    std::deque<task> pending_;            // several lanes: submitted, no lane has taken them yet
     bool stop_ = false;
     int32_t n_queued_ = 0;
     std::unordered_map<int64_t, int32_t> n_queued_of_;   // owner -> requests in the queue
     int32_t n_max_queued_per_owner_ = 0;
     std::atomic<int32_t> n_fail_decodes_{0};
     std::atomic<float> compute_scale_{1.0f};
-    float compute_scale_applied_ = 1.0f;
     int32_t n_threads_full_ = 1;
-    void apply_compute_scale();
+    void apply_compute_scale(lane & ln);
+    void unload_lane(lane & ln);
 
     mutable std::mutex mu_events_;
     std::vector<engine_event> events_;
     std::unique_ptr<frame_sink> sink_;     // under mu_events_: events_ and the sink move together
-    std::vector<engine_event> outgoing_;   // this turn's events, engine thread only (flush_events)
     int efd_ = -1;
 
     mutable std::mutex mu_stats_;

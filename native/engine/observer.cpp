@@ -1,15 +1,19 @@
 #include "observer.h"
 
-engine_observer::engine_observer(int32_t n_slots, int32_t n_ctx_seq, bool embeddings)
-    : n_slots_(n_slots), n_ctx_seq_(n_ctx_seq), embeddings_(embeddings) {}
+#include <algorithm>
+
+engine_observer::engine_observer(int32_t n_slots, int32_t n_ctx_seq, bool embeddings, int32_t n_lanes)
+    : n_slots_(n_slots), n_ctx_seq_(n_ctx_seq), embeddings_(embeddings), lanes_(std::max(1, n_lanes)) {}
 
 void engine_observer::queued(int64_t id_request, uint64_t t_submit_us, int32_t n_prompt) {
+    std::lock_guard<std::mutex> hooks(mu_hooks_);
     request_clock & clock = clocks_[id_request];
     clock.t_submit_us = t_submit_us;
     clock.n_prompt = n_prompt;
 }
 
 void engine_observer::admitted(const plan_admission & admission) {
+    std::lock_guard<std::mutex> hooks(mu_hooks_);
     auto it = clocks_.find(admission.id_request);
     if (it == clocks_.end()) {
         return;
@@ -23,6 +27,7 @@ void engine_observer::admitted(const plan_admission & admission) {
 }
 
 void engine_observer::token(int64_t id_request) {
+    std::lock_guard<std::mutex> hooks(mu_hooks_);
     auto it = clocks_.find(id_request);
     if (it == clocks_.end()) {
         return;
@@ -41,6 +46,7 @@ void engine_observer::token(int64_t id_request) {
 }
 
 request_timings engine_observer::finished(int64_t id_request, request_status status) {
+    std::lock_guard<std::mutex> hooks(mu_hooks_);
     switch (status) {
         case REQUEST_STATUS_FINISHED_STOPPED: pending_.n_finished_stop += 1; break;
         case REQUEST_STATUS_FINISHED_LENGTH:  pending_.n_finished_length += 1; break;
@@ -89,6 +95,7 @@ void engine_observer::step(const batch_plan & plan, uint64_t t_begin_us, const e
     if (!trace_.on()) {
         return;
     }
+    std::lock_guard<std::mutex> hooks(mu_hooks_);
     trace_record s{TRACE_STEP};
     s.t_begin_us = t_begin_us;
     s.d_us[PHASE_SCHEDULE] = (uint32_t) delta.t_schedule_us;
@@ -115,21 +122,29 @@ void engine_observer::step(const batch_plan & plan, uint64_t t_begin_us, const e
     }
 }
 
-void engine_observer::after_step(const scheduler & sched, int32_t n_queued, int32_t n_embed_jobs) {
-    int32_t n_busy = 0;
-    size_t n_cells = 0;
+void engine_observer::after_step(int32_t lane, const scheduler & sched, int32_t n_queued, int32_t n_embed_jobs) {
+    lane_gauges mine;
     for (int32_t i = 0; i < (int32_t) sched.params().n_slots && !embeddings_; ++i) {
         const slot_info & slot = sched.slot(i);
         if (slot.id_request >= 0) {
-            n_busy += 1;
-            n_cells += slot.cache.size();
+            mine.n_busy += 1;
+            mine.n_cells += slot.cache.size();
         }
     }
+    mine.n_running = sched.n_running();
+    std::lock_guard<std::mutex> hooks(mu_hooks_);
+    lanes_[lane] = mine;
+    lane_gauges sum;
+    for (const lane_gauges & g : lanes_) {
+        sum.n_running += g.n_running;
+        sum.n_busy += g.n_busy;
+        sum.n_cells += g.n_cells;
+    }
     const double n_total = embeddings_ ? 0.0 : (double) n_slots_ * n_ctx_seq_;
-    gauges_.num_requests_running.store(sched.n_running() + n_embed_jobs, std::memory_order_relaxed);
+    gauges_.num_requests_running.store(sum.n_running + n_embed_jobs, std::memory_order_relaxed);
     gauges_.num_requests_waiting.store(std::max(0, n_queued - n_embed_jobs), std::memory_order_relaxed);
-    gauges_.slots_busy.store(n_busy + n_embed_jobs, std::memory_order_relaxed);
-    gauges_.kv_cache_usage_ratio.store(n_total > 0 ? (double) n_cells / n_total : 0.0, std::memory_order_relaxed);
+    gauges_.slots_busy.store(sum.n_busy + n_embed_jobs, std::memory_order_relaxed);
+    gauges_.kv_cache_usage_ratio.store(n_total > 0 ? (double) sum.n_cells / n_total : 0.0, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(mu_);
     totals_ += pending_;
     pending_ = engine_stats{};

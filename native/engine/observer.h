@@ -1,8 +1,9 @@
 // What the engine measures about itself: counters, latency histograms, gauges, each
 // request's timings and the trace. The engine calls one hook per event of a request's life
-// (queued, admitted, a token, finished) and one per step; every hook runs on the engine
-// thread, so per-request state needs no lock. Readers on other threads see counters
-// through one lock taken once per step, histograms and gauges through relaxed atomics.
+// (queued, admitted, a token, finished) and one per step. Hooks run on the engine's lane
+// threads (engine.h: one, or one per node of a pipelined placement) under one lock of their
+// own, uncontended with one lane. Readers on other threads see counters through one lock
+// taken once per step, histograms and gauges through relaxed atomics.
 #pragma once
 
 #include <cstdint>
@@ -18,17 +19,17 @@
 
 class engine_observer {
 public:
-    engine_observer(int32_t n_slots, int32_t n_ctx_seq, bool embeddings);
+    engine_observer(int32_t n_slots, int32_t n_ctx_seq, bool embeddings, int32_t n_lanes = 1);
 
-    // ---- hooks: the engine thread only
+    // ---- hooks: the lane threads
     void queued(int64_t id_request, uint64_t t_submit_us, int32_t n_prompt);
     void admitted(const plan_admission & admission);
     void token(int64_t id_request);
     // The request's last event is being built: count it, and return its timings.
     request_timings finished(int64_t id_request, request_status status);
     void step(const batch_plan & plan, uint64_t t_begin_us, const engine_stats & delta);
-    // After every step: sample the gauges and publish the counters.
-    void after_step(const scheduler & sched, int32_t n_queued, int32_t n_embed_jobs);
+    // After every step of a lane: sample its gauges, publish the sums over lanes and the counters.
+    void after_step(int32_t lane, const scheduler & sched, int32_t n_queued, int32_t n_embed_jobs);
 
     // ---- readers: any thread
     engine_stats counters() const;
@@ -42,8 +43,12 @@ private:
     const int32_t n_slots_, n_ctx_seq_;
     const bool embeddings_;
 
-    std::unordered_map<int64_t, request_clock> clocks_;   // engine thread only
-    engine_stats pending_;                                 // engine thread only: since the last publish
+    struct lane_gauges { int32_t n_running = 0, n_busy = 0; size_t n_cells = 0; };
+
+    std::mutex mu_hooks_;                                  // the hooks' state below
+    std::unordered_map<int64_t, request_clock> clocks_;
+    engine_stats pending_;                                 // since the last publish
+    std::vector<lane_gauges> lanes_;
 
     mutable std::mutex mu_;
     engine_stats totals_;

@@ -1,0 +1,68 @@
+"""Lanes (engine.h): several contexts of one model, each with its share of the slots, stepping
+on threads of their own. A multi-node layer split gets one per node so that one lane's step
+runs on a follower while another's runs on the leader; here they run on this CPU, which is
+enough to check what lanes must keep: every answer as one lane gives it, new requests going
+to whichever lane has room, cancellation in the shared queue, the gauges summed over lanes."""
+import pytest
+
+from server.engine.native import STATUS_ABORTED, STATUS_LENGTH, Engine
+from server.models import defaults
+
+from .conftest import Driver, chat_prompt
+from .test_engine import QUESTIONS
+
+
+@pytest.fixture(scope="module")
+def two_lanes():
+    engine = Engine(defaults.smollm2_path(), n_slots=4, n_ctx_seq=512, n_batch=256, n_lanes=2)
+    yield engine
+    engine.close()
+
+
+def test_slots_are_shared_out_and_lanes_never_outnumber_slots():
+    one_slot = Engine(defaults.smollm2_path(), n_slots=1, n_ctx_seq=256, n_lanes=4)
+    try:
+        assert one_slot.n_lanes == 1
+    finally:
+        one_slot.close()
+    embedder = Engine(defaults.minilm_path(), embeddings=True, n_slots=4, n_lanes=2)
+    try:
+        assert embedder.n_lanes == 1                  # an embedding step has no second stage
+    finally:
+        embedder.close()
+
+
+def test_greedy_answers_over_two_lanes_equal_one_lane(two_lanes, chat_engine):
+    one, two = Driver(chat_engine), Driver(two_lanes)
+    assert two_lanes.n_lanes == 2
+    prompts = [chat_prompt(chat_engine, q) for q in QUESTIONS[:6]]      # more than the 4 slots
+    alone = one.wait([one.submit(p, max_tokens=20) for p in prompts])
+    ids = [two.submit(p, max_tokens=20) for p in prompts]
+    together = two.wait(ids)
+    for (_, a), rid in zip(sorted(alone.items()), ids):
+        assert (together[rid]["status"], together[rid]["text"]) == (a["status"], a["text"])
+
+
+def test_a_request_cancelled_in_the_shared_queue_never_runs(two_lanes):
+    driver = Driver(two_lanes)
+    prompt = chat_prompt(two_lanes, "Write an essay.")
+    busy = [driver.submit(prompt, max_tokens=200, ignore_eos=True) for _ in range(4)]   # every slot
+    queued = driver.submit(prompt, max_tokens=50)
+    two_lanes.cancel(queued)
+    after = driver.submit(prompt, max_tokens=3)
+    for rid in busy:
+        two_lanes.cancel(rid)
+    results = driver.wait(busy + [queued, after])
+    assert results[queued]["status"] == STATUS_ABORTED
+    assert sum(e.n_tokens for e in results[queued]["events"]) == 0
+    assert results[after]["status"] == STATUS_LENGTH
+
+
+def test_gauges_count_the_slots_of_every_lane(two_lanes):
+    driver = Driver(two_lanes)
+    prompt = chat_prompt(two_lanes, "Tell me a story.")
+    seen = []
+    ids = [driver.submit(prompt, max_tokens=40, ignore_eos=True) for _ in range(4)]
+    driver.wait(ids, on_event=lambda _: seen.append(two_lanes.metrics()["gauges"]["slots_busy"]))
+    assert max(seen) == 4                             # two lanes of two, both full at once
+    assert two_lanes.metrics()["gauges"]["slots_busy"] == 0
