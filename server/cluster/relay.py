@@ -208,7 +208,10 @@ class Dialer:
 
     def _accept(self) -> None:
         while True:
-            local, _ = self.listener.accept()
+            try:
+                local, _ = self.listener.accept()
+            except OSError:                  # the listener is closed: the dialer is done
+                return
             threading.Thread(target=self._carry, args=(local,), daemon=True).start()
 
     def _carry(self, local: socket.socket) -> None:
