@@ -70,6 +70,13 @@ class Placement:
                                  # llama.cpp overlaps micro-batches across the devices
 
     @property
+    def lanes(self) -> int:
+        """The engine's lanes (native/engine/engine.h): a layer split over N nodes keeps N steps
+        in flight, each on a node of its own at any moment, so no node waits for the others'
+        halves of one step. A tensor split's step uses every node at once: one lane."""
+        return len(self.shares) if self.split_mode == "layer" else 1
+
+    @property
     def node_ids(self) -> list[str]:
         return [s.node_id for s in self.shares]
 
@@ -90,6 +97,8 @@ class Placement:
         out = {"split_mode": self.split_mode, "nodes": nodes}
         if self.pipeline:
             out["pipeline"] = True
+        if self.lanes > 1:
+            out["lanes"] = self.lanes
         return out
 
 

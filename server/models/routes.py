@@ -103,6 +103,9 @@ MODEL_SCHEMA = {"type": "object", "required": [
                   "properties": {
                       "split_mode": {"type": "string", "enum": ["layer", "tensor"]},
                       "pipeline": {"type": "boolean"},
+                      "lanes": {"type": "integer", "minimum": 2,
+                                "description": "layer split over several nodes: the engine's "
+                                               "contexts, one step of each in flight at once"},
                       "nodes": {"type": "array", "items": {
                           "type": "object", "required": ["id", "memory_bytes"], "properties": {
                               "id": _STR, "memory_bytes": _INT,

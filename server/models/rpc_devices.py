@@ -76,7 +76,7 @@ class RpcDevices:
             raise
         tensor = placement.split_mode == "tensor"
         split = {"split_mode": SPLIT_MODE_TENSOR if tensor else SPLIT_MODE_LAYER,
-                 "tensor_split": tensor_split, "n_gpu_layers": n_gpu_layers}
+                 "tensor_split": tensor_split, "n_gpu_layers": n_gpu_layers, "n_lanes": placement.lanes}
         if tensor:
             split["flash_attn"] = 1                      # llama.cpp's tensor split needs it
         secret = self.membership.secret

@@ -80,9 +80,17 @@ def test_tensor_split(offers, expected):
 def test_describe_has_the_spec_fields():
     layer = Placement("layer", (Share("L", 5 * MIB, layers=10), Share("F1", 9 * MIB, layers=20)))
     assert layer.describe() == {"split_mode": "layer", "nodes": [
-        {"id": "L", "layers": 10, "memory_bytes": 5 * MIB}, {"id": "F1", "layers": 20, "memory_bytes": 9 * MIB}]}
+        {"id": "L", "layers": 10, "memory_bytes": 5 * MIB}, {"id": "F1", "layers": 20, "memory_bytes": 9 * MIB}],
+        "lanes": 2}
     tensor = Placement("tensor", (Share("L", MIB, share=0.25), Share("F1", MIB, share=0.75)))
     assert tensor.describe()["nodes"][1] == {"id": "F1", "share": 0.75, "memory_bytes": MIB}
+    assert "lanes" not in tensor.describe()            # a tensor split's step uses every node at once
+
+
+def test_a_layer_split_gets_a_lane_per_node():
+    three = Placement("layer", tuple(Share(n, MIB, layers=10) for n in ("L", "F1", "F2")))
+    assert three.lanes == 3
+    assert Placement("layer", (Share("L", MIB, layers=30),)).lanes == 1
 
 
 ENGINE_CASES = [
