@@ -26,10 +26,10 @@ def engine_params(**placement) -> dict:
                 n_threads=1, **placement)
 
 
-async def start_worker(loop, params: dict, rpc: dict | None = None) -> ModelRunner:
+async def start_worker(loop, params: dict, rpc: dict | None = None, kernels: str = "off") -> ModelRunner:
     path = params["model_path"]
     vocab = await loop.run_in_executor(None, Vocab, path)
-    client = await WorkerEngine.start(loop, params, vocab, kernels="off", rpc=rpc)
+    client = await WorkerEngine.start(loop, params, vocab, kernels=kernels, rpc=rpc)
     return ModelRunner(loop, client)
 
 
