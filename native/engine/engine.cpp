@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -280,10 +281,22 @@ int32_t engine::n_to_take(const lane & ln) const {
     return std::max(0, n);
 }
 
+// Oldest first among the owners that hold fewest requests in the lanes.
 void engine::take_pending(lane & ln, std::vector<task> & incoming) {
     for (int32_t n = n_to_take(ln); n > 0; --n) {
-        incoming.push_back(std::move(pending_.front()));
-        pending_.pop_front();
+        auto pick = pending_.begin();
+        int32_t fewest = INT32_MAX;
+        for (auto it = pending_.begin(); it != pending_.end() && fewest > 0; ++it) {
+            auto held = n_held_of_.find(it->id_owner);
+            const int32_t n_owner = held == n_held_of_.end() ? 0 : held->second;
+            if (n_owner < fewest) {
+                fewest = n_owner;
+                pick = it;
+            }
+        }
+        n_held_of_[pick->id_owner] += 1;
+        incoming.push_back(std::move(*pick));
+        pending_.erase(pick);
         ln.n_held += 1;
     }
 }
@@ -423,7 +436,7 @@ void engine::take_tasks(lane & ln, std::vector<task> & incoming) {
         const int64_t id = t.id_request;
         if (!ln.sched.enqueue(std::move(req))) {
             leave_queue(t.id_owner);
-            release_held(ln, 1);
+            release_held(ln, t.id_owner);
             engine_event ev;
             ev.id_request = id;
             ev.status = REQUEST_STATUS_FINISHED_ERROR;
@@ -677,19 +690,26 @@ void engine::finish_events(lane & ln, const std::vector<int64_t> & finished, std
 }
 
 void engine::forget(lane & ln, int64_t id_request) {
-    ln.live.erase(id_request);
+    auto it = ln.live.find(id_request);
+    if (it != ln.live.end()) {
+        release_held(ln, it->second.request->id_owner);
+        ln.live.erase(it);
+    }
     ln.sched.release(id_request);
-    release_held(ln, 1);
 }
 
 // Requests of a lane are over: with several lanes, its room for queued ones grows.
-void engine::release_held(lane & ln, int32_t n) {
+void engine::release_held(lane & ln, int64_t id_owner) {
     if (lanes_.size() == 1) {
         return;                        // one lane takes everything at once (submit)
     }
     {
         std::lock_guard<std::mutex> lock(mu_tasks_);
-        ln.n_held -= n;
+        ln.n_held -= 1;
+        auto held = n_held_of_.find(id_owner);
+        if (held != n_held_of_.end() && --held->second <= 0) {
+            n_held_of_.erase(held);
+        }
     }
     cv_.notify_all();                  // another lane may now take its share
 }
@@ -742,7 +762,9 @@ void engine::fail_everything(lane & ln, const std::string & error) {
         ev.timings = obs_.finished(ev.id_request, ev.status);
         events.push_back(std::move(ev));
     }
-    release_held(ln, (int32_t) ln.live.size());
+    for (const auto & [id, live] : ln.live) {
+        release_held(ln, live.request->id_owner);
+    }
     ln.live.clear();
     if (ln.index == 0) {
         embed_jobs_.clear();

@@ -8,8 +8,9 @@
 // one lane's step is on a follower, the next lane's runs on the leader (pipeline parallelism
 // with whole steps as the micro-batches). New requests then wait in one queue, and lanes take
 // them while they have free slots, each its even share of what all hold and wait for: two
-// requests go to two lanes, and no request waits behind a busy lane while another has room
-// (fair share between owners then orders each lane's slots, not that queue). Lanes share only the model, that queue, the observer and the outgoing events,
+// requests go to two lanes, and no request waits behind a busy lane while another has room.
+// The queue is taken owner by owner, the one holding fewest slots over all lanes first, so one
+// key's flood never stands between another key and a free slot. Lanes share only the model, that queue, the observer and the outgoing events,
 // each under its lock.
 #pragma once
 
@@ -192,7 +193,7 @@ private:
     step_outcome sample_guarded(lane & ln, int64_t id_request, int32_t index, engine_event & event);
     void finish_events(lane & ln, const std::vector<int64_t> & finished, std::vector<engine_event> & events);
     void forget(lane & ln, int64_t id_request);
-    void release_held(lane & ln, int32_t n);
+    void release_held(lane & ln, int64_t id_owner);
     void fail_plan(lane & ln, const batch_plan & plan, const std::string & error);
     void fail_everything(lane & ln, const std::string & error);
     void publish(lane & ln, std::vector<engine_event> & events);
@@ -216,6 +217,7 @@ private:
     std::mutex mu_tasks_;
     std::condition_variable cv_;
     std::deque<task> pending_;            // several lanes: submitted, no lane has taken them yet
+    std::unordered_map<int64_t, int32_t> n_held_of_;   // several lanes: owner -> requests lanes hold
     bool stop_ = false;
     int32_t n_queued_ = 0;
     std::unordered_map<int64_t, int32_t> n_queued_of_;   // owner -> requests in the queue

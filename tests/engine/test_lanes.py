@@ -5,7 +5,7 @@ enough to check what lanes must keep: every answer as one lane gives it, new req
 to whichever lane has room, cancellation in the shared queue, the gauges summed over lanes."""
 import pytest
 
-from server.engine.native import STATUS_ABORTED, STATUS_LENGTH, Engine
+from server.engine.native import STATUS_ABORTED, STATUS_LENGTH, STATUS_RUNNING, Engine
 from server.models import defaults
 
 from .conftest import Driver, chat_prompt
@@ -66,3 +66,16 @@ def test_gauges_count_the_slots_of_every_lane(two_lanes):
     driver.wait(ids, on_event=lambda _: seen.append(two_lanes.metrics()["gauges"]["slots_busy"]))
     assert max(seen) == 4                             # two lanes of two, both full at once
     assert two_lanes.metrics()["gauges"]["slots_busy"] == 0
+
+
+def test_the_shared_queue_goes_first_to_the_owner_holding_fewest_slots(two_lanes):
+    driver = Driver(two_lanes)
+    prompt = chat_prompt(two_lanes, "Write an essay.")
+    flood = [driver.submit(prompt, max_tokens=40, ignore_eos=True, owner=1) for _ in range(12)]  # 4 run, 8 wait
+    other = driver.submit(prompt, max_tokens=3, owner=2)
+    ended = []
+    driver.wait(flood + [other], timeout=300,
+                on_event=lambda e: ended.append(e.id_request) if e.status != STATUS_RUNNING else None)
+    # Taken in order of arrival, the other key's request would wait for two waves of the flood.
+    # Taken owner by owner, it runs as soon as the first wave frees a slot.
+    assert ended.index(other) < min(ended.index(rid) for rid in flood[4:])
