@@ -277,7 +277,7 @@ class ModelManager:
         split_mode, pinned, pipeline = options.get("split_mode"), options.get("nodes"), options.get("pipeline", False)
         others = [] if self.membership is None else [
             n for n in self.membership.nodes_up() if n.id != self.self_id and n.id not in excluded]
-        if split_mode in (None, "layer") and pinned is None:
+        if split_mode in (None, "layer") and pinned is None and options.get("layers") is None:
             try:
                 self.admit(manifest, context_length)
                 return None
@@ -291,10 +291,11 @@ class ModelManager:
         offers = [NodeOffer(self.self_id, self.own_offer())] + [
             NodeOffer(n.id, n.model_memory_bytes) for n in others]
         try:
-            return place(need, offers, self.self_id, split_mode or "layer", pinned, pipeline)
+            return place(need, offers, self.self_id, split_mode or "layer", pinned, pipeline, options.get("layers"))
         except PlacementError as exc:
             if exc.kind == "invalid":
-                raise invalid(str(exc), "options.split_mode" if "split_mode" in str(exc) else "options.nodes")
+                field = next((f for f in ("layers", "split_mode") if f"options.{f}" in str(exc)), "nodes")
+                raise invalid(str(exc), f"options.{field}")
             raise ApiError(ErrorKind.INSUFFICIENT_MEMORY,
                            f"loading '{manifest.id}' with a context of {context_length}: {exc}; "
                            "nothing was changed") from None
@@ -344,7 +345,7 @@ class ModelManager:
         said out loud, or a pipeline on a one-node cluster, are the same load)."""
         alone = self.membership is None or len(self.membership.nodes_up()) < 2
         return {k: v for k, v in options.items()
-                if k in ("split_mode", "nodes", "pipeline") and v is not None
+                if k in ("split_mode", "nodes", "pipeline", "layers") and v is not None
                 and (k, v) not in (("split_mode", "layer"), ("pipeline", False))
                 and not (k == "pipeline" and alone)}
 

@@ -12,6 +12,11 @@ starts the RPC servers and the engine from it.
   their memory. The leader's CPU is not a member of llama.cpp's tensor group, so a leader
   that computes joins through an RPC server of its own on loopback.
 - `nodes` pins the placement to those nodes (in that order after the leader).
+- `layers` (layer split, with `nodes`): how many layers each of those nodes takes, as
+  llama.cpp's --tensor-split sets them, instead of shares of memory. A layer split runs a step
+  on the nodes in turn, so its throughput follows the slowest node's part: the last node also
+  computes the output layer (on a small model, several layers' worth), and a follower may be a
+  slower device. Memory still bounds every node.
 
 Memory is an estimate: weights + KV cache spread evenly over the layers, plus one set of
 compute buffers on every node that takes part.
@@ -103,10 +108,15 @@ class Placement:
 
 
 def place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str = "layer",
-          pinned: list[str] | None = None, pipeline: bool = False) -> Placement:
+          pinned: list[str] | None = None, pipeline: bool = False,
+          layers: list[int] | None = None) -> Placement:
     """`nodes`: the nodes that are up, the leader among them. `pipeline` (layer split over
-    several nodes only): the leader computes through its own loopback RPC server."""
-    placement = _place(need, nodes, leader_id, split_mode, pinned)
+    several nodes only): the leader computes through its own loopback RPC server. `layers`:
+    one count per node of `pinned`, in its order."""
+    if layers is not None:
+        placement = _given_layers(need, nodes, leader_id, split_mode, pinned, layers)
+    else:
+        placement = _place(need, nodes, leader_id, split_mode, pinned)
     if pipeline and placement.split_mode == "layer" and len(placement.shares) > 1:
         return Placement("layer", placement.shares, pipeline=True)
     return placement
@@ -123,6 +133,27 @@ def _place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str,
             return Placement("layer", (Share(leader_id, need.alone, layers=need.n_layer),))
         return _layer_split(need, candidates)
     return _tensor_split(need, candidates)
+
+
+def _given_layers(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str,
+                  pinned: list[str] | None, layers: list[int]) -> Placement:
+    if split_mode != "layer":
+        raise PlacementError("invalid", "'options.layers' is for the layer split")
+    if pinned is None or len(pinned) != len(layers):
+        raise PlacementError("invalid", "'options.layers' needs 'options.nodes', one count for each of its nodes")
+    if any(k < 1 for k in layers) or sum(layers) != need.n_layer:
+        raise PlacementError("invalid", f"'options.layers' must be counts of at least 1 that add up to the "
+                                        f"model's {need.n_layer} layers")
+    count = dict(zip(pinned, layers))
+    per_layer = -(-need.layered // max(1, need.n_layer))
+    shares = []
+    for node in _candidates(nodes, leader_id, pinned):
+        k = count[node.id]
+        if k * per_layer + need.buffers > node.memory_bytes:
+            raise PlacementError("insufficient", f"{k} layers need about {_mib(k * per_layer + need.buffers)} MiB "
+                                                 f"on node {node.id}, which offers {_mib(node.memory_bytes)} MiB")
+        shares.append(Share(node.id, k * per_layer + need.buffers, layers=k))
+    return Placement("layer", tuple(shares))
 
 
 def _candidates(nodes: list[NodeOffer], leader_id: str, pinned: list[str] | None) -> list[NodeOffer]:

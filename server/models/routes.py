@@ -30,7 +30,11 @@ NODES = validate.Array("nodes", validate.String(max_len=128), min_items=1, max_i
 PIPELINE = validate.Boolean("pipeline", doc="Layer split over several nodes: the leader computes its layers "
                                              "through its own loopback RPC server, so every layer is on an RPC "
                                              "device and llama.cpp overlaps micro-batches across the nodes.")
-OPTIONS = validate.Object("options", CONTEXT_LENGTH, SPLIT_MODE, NODES, PIPELINE)
+LAYERS = validate.Array("layers", validate.Integer(lo=1, hi=1 << 16), min_items=1, max_items=16,
+                        doc="Layer split: how many layers each node of 'nodes' takes, in that order (they add "
+                            "up to the model's layer count), as llama.cpp's --tensor-split; the default shares "
+                            "the layers out in proportion to the memory each node offers.")
+OPTIONS = validate.Object("options", CONTEXT_LENGTH, SPLIT_MODE, NODES, PIPELINE, LAYERS)
 PULL_MODEL = validate.String("model", required=True, max_len=256,
                              doc="A registry reference: name, name:tag or namespace/name:tag.")
 STREAM = validate.Boolean("stream", doc="Report progress as NDJSON lines.")

@@ -128,3 +128,39 @@ def test_pipeline_puts_the_leaders_layers_on_its_own_rpc_device_too():
     assert engine_split(placement, "L", 30) == (["L", "F1"], [15.0, 16.0], 31)
     alone = place(NEED, nodes(L=4000, F1=4000), "L", "layer", pipeline=True)   # one node: no RPC
     assert not alone.pipeline and alone.is_local("L")
+
+
+GIVEN_LAYER_CASES = [
+    # (pinned, layers, expected layers per node in placement order)
+    (["L", "F1"], [18, 12], [("L", 18), ("F1", 12)]),
+    (["F1", "L"], [12, 18], [("L", 18), ("F1", 12)]),               # the leader goes first, its count with it
+    (["L", "F1", "F2"], [10, 12, 8], [("L", 10), ("F1", 12), ("F2", 8)]),
+    (["F2", "F1"], [1, 29], [("F2", 1), ("F1", 29)]),
+    (["L"], [30], [("L", 30)]),
+]
+
+
+@pytest.mark.parametrize("pinned, layers, expected", GIVEN_LAYER_CASES)
+def test_given_layer_counts_are_kept(pinned, layers, expected):
+    placement = place(NEED, nodes(L=4000, F1=4000, F2=4000), "L", "layer", pinned, layers=layers)
+    assert [(s.node_id, s.layers) for s in placement.shares] == expected
+    assert all(s.memory_bytes == s.layers * 10 * MIB + 20 * MIB for s in placement.shares)
+
+
+@pytest.mark.parametrize("split_mode, pinned, layers, says", [
+    ("layer", None, [15, 15], "needs 'options.nodes'"),
+    ("layer", ["L", "F1"], [30], "one count for each"),
+    ("layer", ["L", "F1"], [15, 16], "add up to the model's 30 layers"),
+    ("layer", ["L", "F1"], [0, 30], "at least 1"),
+    ("tensor", ["L", "F1"], [15, 15], "is for the layer split"),
+])
+def test_given_layer_counts_that_cannot_be_honoured_are_refused(split_mode, pinned, layers, says):
+    with pytest.raises(PlacementError) as refused:
+        place(NEED, nodes(L=4000, F1=4000), "L", split_mode, pinned, layers=layers)
+    assert refused.value.kind == "invalid" and "'options.layers'" in str(refused.value) and says in str(refused.value)
+
+
+def test_given_layer_counts_past_a_nodes_memory_are_insufficient():
+    with pytest.raises(PlacementError) as refused:       # 25 layers need 270 MiB; F1 offers 200
+        place(NEED, nodes(L=4000, F1=200), "L", "layer", ["L", "F1"], layers=[5, 25])
+    assert refused.value.kind == "insufficient" and "node F1" in str(refused.value)
