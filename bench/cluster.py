@@ -7,6 +7,7 @@ death to the first 503 a streaming client sees (kill -9 of the follower daemon a
 server), and from its freezing (SIGSTOP of both) to that 503.
 
     .venv/bin/python bench/cluster.py [--clients 16] [--seconds 20] [--threads 1] [--followers real] [--netns]
+                                      [--pin] [--balanced 18,12]
 
 One thread per node. The follower is a second daemon on this machine (`--followers real`, the
 default: its own data dir, on 127.0.0.2, the cluster secret; it starts its RPC server child when
@@ -17,7 +18,12 @@ the fair setting. `--netns` (root; real followers): the leader and the follower 
 network namespace of its own, joined by a veth link that the RPC traffic crosses (the bench's
 clients run in the leader's namespace); llama-server --rpc there reaches the same kind of RPC
 server child in the follower's namespace through a plain forwarder (one pipe, as our relay,
-without the handshake). Same
+without the handshake). `--pin` (real followers, two or more cores) gives each node a core of
+its own: the leader's processes (daemon, worker; llama-server) on CPU 0, the follower's (daemon,
+RPC server child; llama-server's rpc server) on CPU 1, the bench's clients where the kernel puts
+them. `--balanced L,F` adds a layer split with those layer counts (`options.layers`): the follower
+also computes the output layer, several layers' worth on this model, so halves of the layers are
+not halves of the work. Same
 model (SmolLM2-135M Q4_1, 30 layers), same requests as bench/inference.py (a fixed prompt,
 128 tokens each, end of generation suppressed, greedy).
 """
@@ -56,6 +62,34 @@ FOLLOWER = "f1"                        # the simulated follower's id
 OFFER_MIB = 2000                       # leader and follower offer the same: a 15 / 15 layer split
 SECRET = os.urandom(16).hex()
 FOLLOWER_HOST = "127.0.0.2"
+LEADER_CPUS, FOLLOWER_CPUS = {0}, {1}   # --pin
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants now."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                pass
+    tree, frontier = [pid], [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        tree += frontier
+    return tree
+
+
+def pin_tree(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` and of its descendants on `cpus` (affinity is per thread)."""
+    for p in process_tree(pid):
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass                                       # gone meanwhile
 
 
 def start_stackd(slots: int, context: int, threads: int, kernels: str, peers: str, env: dict | None = None) -> Server:
@@ -321,9 +355,13 @@ def main() -> None:
                         help="a second daemon (real) or the leader's loopback test hook (simulated)")
     parser.add_argument("--netns", action="store_true",
                         help="each node in a network namespace of its own, on a veth link (root; real followers)")
+    parser.add_argument("--pin", action="store_true", help="a core per node: the leader's on CPU 0, the follower's on 1")
+    parser.add_argument("--balanced", default="", help="L,F: also a layer split with these layer counts")
     args = parser.parse_args()
-    if args.netns and args.followers != "real":
-        parser.error("--netns places the model over a real follower")
+    if (args.netns or args.pin) and args.followers != "real":
+        parser.error("--netns and --pin place the model over a real follower")
+    if args.pin and os.cpu_count() < 2:
+        parser.error("--pin needs two cores")
     net = Namespaces() if args.netns else None
     with in_leader_namespace(net):
         run(args, net)
@@ -345,6 +383,10 @@ def run(args, net: Namespaces | None) -> None:
                 follower = RealFollower(server, args.threads, net)
             answer = load(server, **options_of(leader_id(server), follower.id if follower else FOLLOWER))
             print(f"{name}: placement {answer.get('placement')}", flush=True)
+            if args.pin:
+                pin_tree((server.proc if hasattr(server, "proc") else server.node.proc).pid, LEADER_CPUS)
+                if follower is not None:
+                    pin_tree(follower.node.proc.pid, FOLLOWER_CPUS)
             results[name] = {c: measure(server, c, args.seconds, args.max_tokens)}
             print(row(f"{name} c={c}", results[name][c]), flush=True)
             results[name][1] = measure(server, 1, min(args.seconds, 15.0), args.max_tokens)
@@ -354,9 +396,12 @@ def run(args, net: Namespaces | None) -> None:
             raise
         return server, follower
 
+    balanced = [int(k) for k in args.balanced.split(",") if k]
     for name, two_nodes, options_of in [
             ("1 node", False, lambda leader, follower: {}),
             ("2 nodes layer", True, lambda leader, follower: {"nodes": [leader, follower]}),
+            *([(f"2 nodes layer {balanced[0]}/{balanced[1]}", True,
+                lambda leader, follower: {"nodes": [leader, follower], "layers": balanced})] if balanced else []),
             ("2 nodes layer pipe", True, lambda leader, follower: {"nodes": [leader, follower], "pipeline": True}),
             ("2 nodes tensor", True, lambda leader, follower: {"nodes": [leader, follower], "split_mode": "tensor"})]:
         server, follower = run_stackd(name, two_nodes, options_of)
@@ -375,6 +420,9 @@ def run(args, net: Namespaces | None) -> None:
                 rpc_port = forward_across(net, rpc_port)
             server = start_llama_server_rpc(binary, c, args.context, args.threads, rpc_port,
                                             net.follower_ip if net else "127.0.0.1")
+            if args.pin:
+                pin_tree(server.proc.pid, LEADER_CPUS)
+                pin_tree(rpc.pid, FOLLOWER_CPUS)
             try:
                 results["llama-server --rpc"] = {c: measure(server, c, args.seconds, args.max_tokens),
                                                  1: measure(server, 1, min(args.seconds, 15.0), args.max_tokens)}
@@ -387,7 +435,8 @@ def run(args, net: Namespaces | None) -> None:
             rpc.wait()
 
     print(f"\nSmolLM2-135M Q4_1, {args.threads} thread(s) per node, {c} slots, {args.max_tokens} tokens per "
-          f"request, {args.seconds:g} s closed loop, {'network namespaces on a veth link' if net else 'loopback'}")
+          f"request, {args.seconds:g} s closed loop, {'network namespaces on a veth link' if net else 'loopback'}"
+          f"{', a core per node' if args.pin else ''}, kernels {args.kernels}")
     one = results["1 node"]
     for name in results:
         r = results[name]
