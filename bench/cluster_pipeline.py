@@ -14,7 +14,7 @@ thread per node, the follower's RPC server behind its relay on loopback:
                          works on the next (--ubatch, none by default)
 
     .venv/bin/python bench/cluster_pipeline.py [--rounds 3] [--pin] [--follower-layers 11]
-                                               [--ubatch 16,8,4] [--kernels off|auto]
+                                               [--lanes 2,3] [--ubatch 16,8,4] [--kernels off|auto]
 
 --pin gives each node a core of its own (two or more cores): the leader's worker runs on CPU
 0 and the follower's RPC server on CPU 1, so "one thread per node" holds however the
@@ -115,7 +115,7 @@ async def measure(loop, params, rpcs=(None,), followers=()) -> tuple[float, floa
             await runner.close()
 
 
-async def main(rounds: int, follower_layers: int, ubatches: list[int]) -> None:
+async def main(rounds: int, follower_layers: int, ubatches: list[int], lanes: list[int]) -> None:
     loop = asyncio.get_running_loop()
     peers = Peers(loop, tempfile.mkdtemp(prefix="stackd-pipeline-"))
     split = dict(split_mode=1, tensor_split=[float(follower_layers + 1)], n_gpu_layers=follower_layers + 1)
@@ -144,7 +144,8 @@ async def main(rounds: int, follower_layers: int, ubatches: list[int]) -> None:
                 await peers.servers.stop(follower.placement_id)
         return run
 
-    rows = [("1 node", one_node), ("layer, 1 lane", layer_split(1)), ("layer, 2 lanes", layer_split(2))]
+    rows = [("1 node", one_node), ("layer, 1 lane", layer_split(1))]
+    rows += [(f"layer, {n} lanes", layer_split(n)) for n in lanes]
     rows += [(f"pipeline, ubatch {u}", pipelined(u)) for u in ubatches]
     results = {name: [] for name, _ in rows}
     try:
@@ -169,9 +170,11 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--follower-layers", type=int, default=15)
     parser.add_argument("--ubatch", default="")
+    parser.add_argument("--lanes", default="2", help="lane counts to try beside one lane (2: what a 2-node split gets)")
     parser.add_argument("--kernels", default="off", choices=["off", "auto"])
     parser.add_argument("--pin", nargs="?", const="all", default="", choices=["all", "compute"],
                         help="leader's processes on CPU 0, follower's on CPU 1 (compute: their busiest threads only)")
     args = parser.parse_args()
     pin, kernels = args.pin, args.kernels
-    uvloop.run(main(args.rounds, args.follower_layers, [int(u) for u in args.ubatch.split(",") if u]))
+    uvloop.run(main(args.rounds, args.follower_layers, [int(u) for u in args.ubatch.split(",") if u],
+                    [int(n) for n in args.lanes.split(",") if n]))
