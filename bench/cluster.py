@@ -21,7 +21,8 @@ server child in the follower's namespace through a plain forwarder (one pipe, as
 without the handshake). `--pin` (real followers, two or more cores) gives each node a core of
 its own: the leader's processes (daemon, worker; llama-server) on CPU 0, the follower's (daemon,
 RPC server child; llama-server's rpc server) on CPU 1, the bench's clients where the kernel puts
-them. `--balanced L,F` adds a layer split with those layer counts (`options.layers`): the follower
+them. `--balanced L,F` adds a layer split with those layer counts (`options.layers`) and two
+lanes (`options.lanes`), the in-engine pipeline: the follower
 also computes the output layer, several layers' worth on this model, so halves of the layers are
 not halves of the work. Same
 model (SmolLM2-135M Q4_1, 30 layers), same requests as bench/inference.py (a fixed prompt,
@@ -400,8 +401,9 @@ def run(args, net: Namespaces | None) -> None:
     for name, two_nodes, options_of in [
             ("1 node", False, lambda leader, follower: {}),
             ("2 nodes layer", True, lambda leader, follower: {"nodes": [leader, follower]}),
-            *([(f"2 nodes layer {balanced[0]}/{balanced[1]}", True,
-                lambda leader, follower: {"nodes": [leader, follower], "layers": balanced})] if balanced else []),
+            *([(f"2 nodes layer {balanced[0]}/{balanced[1]} 2 lanes", True,
+                lambda leader, follower: {"nodes": [leader, follower], "layers": balanced, "lanes": 2})]
+              if balanced else []),
             ("2 nodes layer pipe", True, lambda leader, follower: {"nodes": [leader, follower], "pipeline": True}),
             ("2 nodes tensor", True, lambda leader, follower: {"nodes": [leader, follower], "split_mode": "tensor"})]:
         server, follower = run_stackd(name, two_nodes, options_of)

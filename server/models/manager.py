@@ -291,7 +291,8 @@ class ModelManager:
         offers = [NodeOffer(self.self_id, self.own_offer())] + [
             NodeOffer(n.id, n.model_memory_bytes) for n in others]
         try:
-            return place(need, offers, self.self_id, split_mode or "layer", pinned, pipeline, options.get("layers"))
+            return place(need, offers, self.self_id, split_mode or "layer", pinned, pipeline, options.get("layers"),
+                         min(options.get("lanes") or 1, max(1, self.settings.n_slots)))   # a lane needs a slot
         except PlacementError as exc:
             if exc.kind == "invalid":
                 field = next((f for f in ("layers", "split_mode") if f"options.{f}" in str(exc)), "nodes")
@@ -345,9 +346,9 @@ class ModelManager:
         said out loud, or a pipeline on a one-node cluster, are the same load)."""
         alone = self.membership is None or len(self.membership.nodes_up()) < 2
         return {k: v for k, v in options.items()
-                if k in ("split_mode", "nodes", "pipeline", "layers") and v is not None
-                and (k, v) not in (("split_mode", "layer"), ("pipeline", False))
-                and not (k == "pipeline" and alone)}
+                if k in ("split_mode", "nodes", "pipeline", "layers", "lanes") and v is not None
+                and (k, v) not in (("split_mode", "layer"), ("pipeline", False), ("lanes", 1))
+                and not (k in ("pipeline", "lanes") and alone)}
 
     async def _construct(self, manifest: Manifest, context: int,
                          placement: Placement | None = None) -> LoadedModel:

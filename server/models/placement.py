@@ -12,6 +12,10 @@ starts the RPC servers and the engine from it.
   their memory. The leader's CPU is not a member of llama.cpp's tensor group, so a leader
   that computes joins through an RPC server of its own on loopback.
 - `nodes` pins the placement to those nodes (in that order after the leader).
+- `lanes` (layer split over several nodes): the engine's lanes, contexts stepping in turn so
+  that one lane's step runs on a follower while another's runs on the leader. Worth it when
+  the nodes' parts of a step take about as long; when one node's part dominates (the leader on
+  our kernels, a follower's RPC server on ggml's), smaller steps only slow that node down.
 - `layers` (layer split, with `nodes`): how many layers each of those nodes takes, as
   llama.cpp's --tensor-split sets them, instead of shares of memory. A layer split runs a step
   on the nodes in turn, so its throughput follows the slowest node's part: the last node also
@@ -73,13 +77,8 @@ class Placement:
     pipeline: bool = False       # layer split with the leader's layers on its own loopback RPC
                                  # server too: every layer on an RPC device, which is when
                                  # llama.cpp overlaps micro-batches across the devices
-
-    @property
-    def lanes(self) -> int:
-        """The engine's lanes (native/engine/engine.h): a layer split over N nodes keeps N steps
-        in flight, each on a node of its own at any moment, so no node waits for the others'
-        halves of one step. A tensor split's step uses every node at once: one lane."""
-        return len(self.shares) if self.split_mode == "layer" else 1
+    lanes: int = 1               # the engine's lanes (native/engine/engine.h): with a layer split
+                                 # over several nodes, steps in flight at once, each on a node
 
     @property
     def node_ids(self) -> list[str]:
@@ -109,16 +108,17 @@ class Placement:
 
 def place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str = "layer",
           pinned: list[str] | None = None, pipeline: bool = False,
-          layers: list[int] | None = None) -> Placement:
+          layers: list[int] | None = None, lanes: int = 1) -> Placement:
     """`nodes`: the nodes that are up, the leader among them. `pipeline` (layer split over
     several nodes only): the leader computes through its own loopback RPC server. `layers`:
-    one count per node of `pinned`, in its order."""
+    one count per node of `pinned`, in its order. `lanes` (layer split over several nodes
+    only): the engine's lanes."""
     if layers is not None:
         placement = _given_layers(need, nodes, leader_id, split_mode, pinned, layers)
     else:
         placement = _place(need, nodes, leader_id, split_mode, pinned)
-    if pipeline and placement.split_mode == "layer" and len(placement.shares) > 1:
-        return Placement("layer", placement.shares, pipeline=True)
+    if placement.split_mode == "layer" and len(placement.shares) > 1:
+        return Placement("layer", placement.shares, pipeline=pipeline, lanes=max(1, lanes))
     return placement
 
 

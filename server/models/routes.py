@@ -34,7 +34,12 @@ LAYERS = validate.Array("layers", validate.Integer(lo=1, hi=1 << 16), min_items=
                         doc="Layer split: how many layers each node of 'nodes' takes, in that order (they add "
                             "up to the model's layer count), as llama.cpp's --tensor-split; the default shares "
                             "the layers out in proportion to the memory each node offers.")
-OPTIONS = validate.Object("options", CONTEXT_LENGTH, SPLIT_MODE, NODES, PIPELINE, LAYERS)
+LANES = validate.Integer("lanes", lo=1, hi=8,
+                         doc="Layer split over several nodes: the engine's lanes, contexts of the model that "
+                             "share the slots and step in turn, so that one lane's step runs on a follower "
+                             "while another's runs on the leader (1, the default: one context). Pays when the "
+                             "nodes' parts of a step take about as long (see 'layers').")
+OPTIONS = validate.Object("options", CONTEXT_LENGTH, SPLIT_MODE, NODES, PIPELINE, LAYERS, LANES)
 PULL_MODEL = validate.String("model", required=True, max_len=256,
                              doc="A registry reference: name, name:tag or namespace/name:tag.")
 STREAM = validate.Boolean("stream", doc="Report progress as NDJSON lines.")
@@ -108,8 +113,8 @@ MODEL_SCHEMA = {"type": "object", "required": [
                       "split_mode": {"type": "string", "enum": ["layer", "tensor"]},
                       "pipeline": {"type": "boolean"},
                       "lanes": {"type": "integer", "minimum": 2,
-                                "description": "layer split over several nodes: the engine's "
-                                               "contexts, one step of each in flight at once"},
+                                "description": "layer split over several nodes, options.lanes: the "
+                                               "engine's contexts, a step of each in flight at once"},
                       "nodes": {"type": "array", "items": {
                           "type": "object", "required": ["id", "memory_bytes"], "properties": {
                               "id": _STR, "memory_bytes": _INT,

@@ -80,17 +80,18 @@ def test_tensor_split(offers, expected):
 def test_describe_has_the_spec_fields():
     layer = Placement("layer", (Share("L", 5 * MIB, layers=10), Share("F1", 9 * MIB, layers=20)))
     assert layer.describe() == {"split_mode": "layer", "nodes": [
-        {"id": "L", "layers": 10, "memory_bytes": 5 * MIB}, {"id": "F1", "layers": 20, "memory_bytes": 9 * MIB}],
-        "lanes": 2}
+        {"id": "L", "layers": 10, "memory_bytes": 5 * MIB}, {"id": "F1", "layers": 20, "memory_bytes": 9 * MIB}]}
     tensor = Placement("tensor", (Share("L", MIB, share=0.25), Share("F1", MIB, share=0.75)))
     assert tensor.describe()["nodes"][1] == {"id": "F1", "share": 0.75, "memory_bytes": MIB}
-    assert "lanes" not in tensor.describe()            # a tensor split's step uses every node at once
 
 
-def test_a_layer_split_gets_a_lane_per_node():
-    three = Placement("layer", tuple(Share(n, MIB, layers=10) for n in ("L", "F1", "F2")))
-    assert three.lanes == 3
-    assert Placement("layer", (Share("L", MIB, layers=30),)).lanes == 1
+
+def test_lanes_are_for_a_layer_split_over_several_nodes():
+    offers = nodes(L=319, F1=319)
+    assert place(NEED, offers, "L", "layer", lanes=2).describe()["lanes"] == 2
+    assert "lanes" not in place(NEED, offers, "L", "layer").describe()                   # one by default
+    assert place(NEED, nodes(L=4000), "L", "layer", lanes=2).lanes == 1                 # one node
+    assert place(NEED, offers, "L", "tensor", lanes=2).lanes == 1                       # every node each step
 
 
 ENGINE_CASES = [
