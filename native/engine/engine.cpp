@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <climits>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -153,11 +152,10 @@ void engine::make_lanes(const llama_context_params & base) {
         ln->n_slots = lane_slots(params_, i);
         llama_context_params cp = base;
         if (!params_.embeddings) {
-            const int32_t n_slots = lane_slots(params_, i);
-            cp.n_ctx = (uint32_t) params_.n_ctx_seq * n_slots;
-            cp.n_batch = std::max(params_.n_batch, n_slots);
+            cp.n_ctx = (uint32_t) params_.n_ctx_seq * ln->n_slots;
+            cp.n_batch = std::max(params_.n_batch, ln->n_slots);
             cp.n_ubatch = std::min(cp.n_ubatch, cp.n_batch);
-            cp.n_seq_max = n_slots;
+            cp.n_seq_max = ln->n_slots;
         }
         ln->ctx = llama_init_from_model(model_, cp);
         if (ln->ctx == nullptr) {
@@ -565,8 +563,7 @@ void engine::apply_compute_scale(lane & ln) {
     ln.compute_scale_applied = scale;
     const int32_t n_threads = std::max(1, (int32_t) std::lround(n_threads_full_ * scale));
     llama_set_n_threads(ln.ctx, n_threads, n_threads);
-    const int32_t n_slots = ln.sched.params().n_slots;
-    ln.sched.set_active_slots(scale >= 1.0f ? 0 : std::max(1, (int32_t) std::lround(n_slots * scale)));
+    ln.sched.set_active_slots(scale >= 1.0f ? 0 : std::max(1, (int32_t) std::lround(ln.n_slots * scale)));
 }
 
 int32_t engine::decode(lane & ln) {

@@ -1,17 +1,18 @@
 // The engine: one loaded model and its lanes. A lane is a context with its own slots, KV
 // cache and scheduler, and a thread that runs continuous batching on it without ever touching
 // Python. Callers post id-tagged tasks (submit, cancel); a lane's thread drains them between
-// steps and publishes events, then signals an eventfd that the event loop watches. Embedding models run the same loop with a simpler step.
+// steps and publishes events, then signals an eventfd that the event loop watches. Embedding
+// models run the same loop with a simpler step.
 //
-// One lane is the rule. A model whose layers are split over several nodes gets one lane per
-// node (engine_params::n_lanes): a lane's step runs on the nodes one after another, so while
-// one lane's step is on a follower, the next lane's runs on the leader (pipeline parallelism
-// with whole steps as the micro-batches). New requests then wait in one queue, and lanes take
-// them while they have free slots, each its even share of what all hold and wait for: two
-// requests go to two lanes, and no request waits behind a busy lane while another has room.
-// The queue is taken owner by owner, the one holding fewest slots over all lanes first, so one
-// key's flood never stands between another key and a free slot. Lanes share only the model, that queue, the observer and the outgoing events,
-// each under its lock.
+// One lane is the rule. A model whose layers are split over several nodes may ask for more
+// (engine_params::n_lanes, the placement's options.lanes): a lane's step runs on the nodes one
+// after another, so while one lane's step is on a follower, the next lane's runs on the leader
+// (pipeline parallelism with whole steps as the micro-batches). New requests then wait in one
+// queue, and lanes take them while they have free slots, each its even share of what all hold
+// and wait for: two requests go to two lanes, and no request waits behind a busy lane while
+// another has room. The queue is taken owner by owner, the one holding fewest slots over all
+// lanes first, so one key's flood never stands between another key and a free slot. Lanes
+// share only the model, that queue, the observer and the outgoing events, each under its lock.
 #pragma once
 
 #include <atomic>
@@ -46,8 +47,8 @@ struct engine_params {
     int32_t     n_max_waiting = 256;     // queued requests beyond which submit() refuses
     int32_t     flash_attn    = -1;      // llama_flash_attn_type: -1 auto, 0 off, 1 on
     float       key_share     = 1.0f;    // most of the slots and of the queue one owner may hold
-    int32_t     n_lanes       = 1;       // contexts stepping in turn (slots shared out among them);
-                                         // a layer split over N nodes wants N
+    int32_t     n_lanes       = 1;       // contexts stepping in turn (slots shared out among them):
+                                         // for a layer split over several nodes
     bool        quiet         = true;    // silence llama.cpp's own logging
     placement_params placement;          // empty: every layer on this CPU
 };
@@ -171,7 +172,7 @@ private:
         std::unordered_map<int64_t, live_request> live;
         std::vector<engine_event> outgoing;   // this turn's events (flush_events)
         std::vector<task> tasks;              // posted for this lane, not taken yet
-        int32_t n_slots = 0;
+        int32_t n_slots = 0;                  // its share; set once (other lanes read it)
         int32_t n_held = 0;                   // requests taken from pending_ and not over
         float compute_scale_applied = 1.0f;
         std::thread thread;
