@@ -295,8 +295,7 @@ class ModelManager:
                          min(options.get("lanes") or 1, max(1, self.settings.n_slots)))   # a lane needs a slot
         except PlacementError as exc:
             if exc.kind == "invalid":
-                field = next((f for f in ("layers", "split_mode") if f"options.{f}" in str(exc)), "nodes")
-                raise invalid(str(exc), f"options.{field}")
+                raise invalid(str(exc), exc.param)
             raise ApiError(ErrorKind.INSUFFICIENT_MEMORY,
                            f"loading '{manifest.id}' with a context of {context_length}: {exc}; "
                            "nothing was changed") from None

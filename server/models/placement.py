@@ -33,11 +33,13 @@ SPLIT_MODES = ("layer", "tensor")
 
 
 class PlacementError(Exception):
-    """`kind` is "insufficient" (the cluster cannot hold it: 507) or "invalid" (bad options: 400)."""
+    """`kind` is "insufficient" (the cluster cannot hold it: 507) or "invalid" (bad options: 400,
+    naming the option in `param`)."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, param: str | None = None):
         super().__init__(message)
         self.kind = kind
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,14 @@ class Need:
     @property
     def layered(self) -> int:
         return self.weights + self.kv_cache
+
+    @property
+    def per_layer(self) -> int:
+        return -(-self.layered // max(1, self.n_layer))
+
+    def of_layers(self, k: int) -> int:
+        """What a node holding `k` layers needs: their share and its compute buffers."""
+        return k * self.per_layer + self.buffers
 
     @property
     def alone(self) -> int:
@@ -125,7 +135,8 @@ def place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str = 
 def _place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str,
            pinned: list[str] | None) -> Placement:
     if split_mode not in SPLIT_MODES:
-        raise PlacementError("invalid", f"'options.split_mode' must be one of {', '.join(SPLIT_MODES)}")
+        raise PlacementError("invalid", f"'options.split_mode' must be one of {', '.join(SPLIT_MODES)}",
+                             "options.split_mode")
     candidates = _candidates(nodes, leader_id, pinned)
     if split_mode == "layer":
         leader = next((n for n in candidates if n.id == leader_id), None)
@@ -138,21 +149,21 @@ def _place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str,
 def _given_layers(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str,
                   pinned: list[str] | None, layers: list[int]) -> Placement:
     if split_mode != "layer":
-        raise PlacementError("invalid", "'options.layers' is for the layer split")
+        raise PlacementError("invalid", "'options.layers' is for the layer split", "options.layers")
     if pinned is None or len(pinned) != len(layers):
-        raise PlacementError("invalid", "'options.layers' needs 'options.nodes', one count for each of its nodes")
+        raise PlacementError("invalid", "'options.layers' needs 'options.nodes', one count for each of its nodes",
+                             "options.layers")
     if any(k < 1 for k in layers) or sum(layers) != need.n_layer:
         raise PlacementError("invalid", f"'options.layers' must be counts of at least 1 that add up to the "
-                                        f"model's {need.n_layer} layers")
+                                        f"model's {need.n_layer} layers", "options.layers")
     count = dict(zip(pinned, layers))
-    per_layer = -(-need.layered // max(1, need.n_layer))
     shares = []
     for node in _candidates(nodes, leader_id, pinned):
         k = count[node.id]
-        if k * per_layer + need.buffers > node.memory_bytes:
-            raise PlacementError("insufficient", f"{k} layers need about {_mib(k * per_layer + need.buffers)} MiB "
+        if need.of_layers(k) > node.memory_bytes:
+            raise PlacementError("insufficient", f"{k} layers need about {_mib(need.of_layers(k))} MiB "
                                                  f"on node {node.id}, which offers {_mib(node.memory_bytes)} MiB")
-        shares.append(Share(node.id, k * per_layer + need.buffers, layers=k))
+        shares.append(Share(node.id, need.of_layers(k), layers=k))
     return Placement("layer", tuple(shares))
 
 
@@ -162,12 +173,13 @@ def _candidates(nodes: list[NodeOffer], leader_id: str, pinned: list[str] | None
         ordered = [by_id[leader_id]] if leader_id in by_id else []
         return ordered + [n for n in nodes if n.id != leader_id]
     if not pinned:
-        raise PlacementError("invalid", "'options.nodes' must name at least one node")
+        raise PlacementError("invalid", "'options.nodes' must name at least one node", "options.nodes")
     if len(set(pinned)) != len(pinned):
-        raise PlacementError("invalid", "'options.nodes' names a node twice")
+        raise PlacementError("invalid", "'options.nodes' names a node twice", "options.nodes")
     unknown = [n for n in pinned if n not in by_id]
     if unknown:
-        raise PlacementError("invalid", f"'options.nodes': no node {unknown[0]!r} is up in this cluster")
+        raise PlacementError("invalid", f"'options.nodes': no node {unknown[0]!r} is up in this cluster",
+                             "options.nodes")
     ordered = [leader_id] if leader_id in pinned else []
     return [by_id[i] for i in ordered + [i for i in pinned if i != leader_id]]
 
@@ -183,12 +195,11 @@ def _mib(n: int) -> int:
 
 
 def _layer_split(need: Need, nodes: list[NodeOffer]) -> Placement:
-    per_layer = -(-need.layered // max(1, need.n_layer))
-    capacity = [max(0, (n.memory_bytes - need.buffers) // per_layer) for n in nodes]
+    capacity = [max(0, (n.memory_bytes - need.buffers) // need.per_layer) for n in nodes]
     if sum(capacity) < need.n_layer:
         raise _insufficient(need, nodes, "the model")
     layers = _proportional(need.n_layer, [max(0, n.memory_bytes) for n in nodes], capacity)
-    shares = tuple(Share(n.id, k * per_layer + need.buffers, layers=k)
+    shares = tuple(Share(n.id, need.of_layers(k), layers=k)
                    for n, k in zip(nodes, layers) if k > 0)
     return Placement("layer", shares)
 
