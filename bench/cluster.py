@@ -51,6 +51,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import loadgen  # noqa: E402
 from inference import PROMPT, Server, body, free_port, row, spawn_stackd  # noqa: E402
+from procs import pin_tree  # noqa: E402
 
 from server.cluster import relay  # noqa: E402
 from server.models import defaults  # noqa: E402
@@ -64,33 +65,6 @@ OFFER_MIB = 2000                       # leader and follower offer the same: a 1
 SECRET = os.urandom(16).hex()
 FOLLOWER_HOST = "127.0.0.2"
 LEADER_CPUS, FOLLOWER_CPUS = {0}, {1}   # --pin
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and its descendants now."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                pass
-    tree, frontier = [pid], [pid]
-    while frontier:
-        frontier = [child for child, parent in parents.items() if parent in frontier]
-        tree += frontier
-    return tree
-
-
-def pin_tree(pid: int, cpus: set[int]) -> None:
-    """Every thread of `pid` and of its descendants on `cpus` (affinity is per thread)."""
-    for p in process_tree(pid):
-        try:
-            for tid in os.listdir(f"/proc/{p}/task"):
-                os.sched_setaffinity(int(tid), cpus)
-        except OSError:
-            pass                                       # gone meanwhile
 
 
 def start_stackd(slots: int, context: int, threads: int, kernels: str, peers: str, env: dict | None = None) -> Server:

@@ -35,8 +35,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import uvloop  # noqa: E402
+from procs import cpu_seconds, cpu_ticks, threads  # noqa: E402
 
 from server.engine.native import SamplingParams  # noqa: E402
 from tests.placement.conftest import Peers, chat_prompt, engine_params, start_worker  # noqa: E402
@@ -47,22 +49,6 @@ pin = ""          # --pin: "", "all" or "compute"
 kernels = "off"   # --kernels: the leader's (the follower's RPC server runs ggml's)
 
 
-def stat_cpu(path: str) -> int:
-    """utime + stime, in clock ticks, of a /proc/.../stat file."""
-    with open(path) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def cpu_seconds(pids) -> float:
-    """User + system CPU of these processes (all threads) so far."""
-    return sum(stat_cpu(f"/proc/{pid}/stat") for pid in pids) / os.sysconf("SC_CLK_TCK")
-
-
-def threads(pid: int) -> list[int]:
-    return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-
-
 def pin_to(pid: int, cpus: set[int], warm: bool = False, n_compute: int = 1) -> None:
     """--pin all: every thread of the process (affinity is per thread; new ones inherit it).
     --pin compute: once `warm`, only its `n_compute` busiest threads (its compute threads: one
@@ -71,7 +57,7 @@ def pin_to(pid: int, cpus: set[int], warm: bool = False, n_compute: int = 1) -> 
         for tid in threads(pid):
             os.sched_setaffinity(tid, cpus)
     elif pin == "compute" and warm:
-        by_cpu = sorted(threads(pid), key=lambda tid: stat_cpu(f"/proc/{pid}/task/{tid}/stat"), reverse=True)
+        by_cpu = sorted(threads(pid), key=lambda tid: cpu_ticks(f"/proc/{pid}/task/{tid}/stat"), reverse=True)
         for tid in by_cpu[:n_compute]:
             os.sched_setaffinity(tid, cpus)
 

@@ -29,23 +29,11 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import peers  # noqa: E402
 from inference import free_port  # noqa: E402
+from procs import process_tree  # noqa: E402
 
 from server.models import defaults  # noqa: E402
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
-
-
-def tree(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            with open(f"/proc/{p}/task/{p}/children") as f:
-                todo += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    return out
 
 
 def rollup(pid: int) -> tuple[int, int]:
@@ -108,7 +96,7 @@ def spawn_and_measure(cmd: list[str], port: int, model: str, key: str | None) ->
     try:
         seconds = first_answer(port, model, key, proc, started)
         time.sleep(0.5)
-        readings = [rollup(p) for p in tree(proc.pid)]
+        readings = [rollup(p) for p in process_tree(proc.pid)]
         return seconds, sum(pss for pss, _ in readings), sum(anon for _, anon in readings)
     finally:
         proc.send_signal(signal.SIGTERM)
