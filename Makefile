@@ -16,14 +16,14 @@ PYTEST_ARGS ?=
 TEST_FUZZ_SECONDS ?= 60
 FUZZ_SECONDS ?= 600
 
-NATIVE_INPUTS := setup.py server/native.py $(wildcard server/*.py server/http/*.py server/auth/*.py) \
+NATIVE_INPUTS := setup.py server/compiled.py $(wildcard server/*.py server/http/*.py server/auth/*.py) \
                  CMakeLists.txt $(shell find native kernels -name '*.cpp' -o -name '*.h' 2>/dev/null) \
                  kernels/CMakeLists.txt kernels/fetch_ggml_source.py
 MINILM := $(VENV)/share/stackd/models/all-minilm-l6-v2.gguf
 
 .PHONY: setup run test test-deps bench fuzz clean mutate
 
-setup: $(VENV)/.native $(MINILM) $(DATA_DIR)/models/.defaults
+setup: $(VENV)/.native $(VENV)/.editable $(MINILM) $(DATA_DIR)/models/.defaults
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,18 +42,24 @@ $(VENV)/.native: $(VENV)/.llama $(NATIVE_INPUTS)
 	$(PY) setup.py -q build_ext --inplace
 	touch $@
 
-# The default models in the store of `make run`'s data dir (the daemon also does this on a
-# first start in any other data dir).
-$(DATA_DIR)/models/.defaults: $(VENV)/.native $(MINILM)
-	$(PY) -m server models defaults --data-dir $(DATA_DIR)
+# The checkout as the package `stackd` (an editable install: the folder server/ is the package,
+# and the `stackd` command). Its native modules are the ones build_ext put in place above.
+$(VENV)/.editable: $(VENV)/.llama setup.py pyproject.toml
+	STACKD_NO_NATIVE_BUILD=1 $(PIP) install --no-build-isolation --no-deps -e .
 	touch $@
 
-$(MINILM): $(VENV)/.deps server/models/minilm_gguf.py
+# The default models in the store of `make run`'s data dir (the daemon also does this on a
+# first start in any other data dir).
+$(DATA_DIR)/models/.defaults: $(VENV)/.native $(VENV)/.editable $(MINILM)
+	$(VENV)/bin/stackd models defaults --data-dir $(DATA_DIR)
+	touch $@
+
+$(MINILM): $(VENV)/.deps native/minilm_gguf.py
 	mkdir -p $(dir $@)
-	$(PY) -m server.models.minilm_gguf $@
+	$(PY) native/minilm_gguf.py $@
 
 run: setup
-	$(PY) -m server serve --console --data-dir $(DATA_DIR)
+	$(VENV)/bin/stackd serve --console --data-dir $(DATA_DIR)
 
 # System packages the tests need: the CNCF distribution registry (Debian's docker-registry)
 # that the pull tests run on loopback; PostgreSQL, which the console tests start in a temp dir;

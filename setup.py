@@ -1,5 +1,7 @@
 """Build the native parts of stackd.
 
+* The package: the folder `server/` installs as the package `stackd` (package_dir), so an
+  install never puts a top-level `server` into site-packages.
 * Cython: the HTTP hot path (`server/http/protocol.py`, `wire.py`, `request.py`) is written in
   Cython's pure-Python mode and compiled here. The same source, uncompiled, is its Python twin:
   the protocol test suite runs against both. Production refuses to start on the uncompiled twin.
@@ -16,13 +18,13 @@ import subprocess
 import sys
 
 from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
-# The module list lives in server/native.py, which also enforces it at start-up.
-COMPILED_MODULES = runpy.run_path(os.path.join("server", "native.py"))["COMPILED_MODULES"]
+PACKAGE, SOURCE_DIR = "stackd", "server"
+# The module list lives in server/compiled.py, which also enforces it at start-up.
+COMPILED_MODULES = runpy.run_path(os.path.join(SOURCE_DIR, "compiled.py"))["COMPILED_MODULES"]
 KERNELS_LIBRARY = "libstackd_kernels.so"
-CYTHON_MODULES = [name.replace(".", "/") + ".py" for name in COMPILED_MODULES]
 
 
 class CMakeExtension(Extension):
@@ -54,20 +56,30 @@ class BuildExt(build_ext):
         super().copy_extensions_to_source()
         # CMake also builds kernels/ as a plain shared library (loaded with ctypes by
         # server/engine/accel.py), which setuptools does not know to copy in place.
-        built = os.path.join(self.build_lib, "server", KERNELS_LIBRARY)
+        built = os.path.join(self.build_lib, PACKAGE, KERNELS_LIBRARY)
         if os.path.exists(built):  # replaced, not rewritten: a running process may map it
-            target = os.path.join("server", KERNELS_LIBRARY)
+            target = os.path.join(SOURCE_DIR, KERNELS_LIBRARY)
             shutil.copyfile(built, target + ".tmp")
             os.replace(target + ".tmp", target)
 
 
 extensions = cythonize(
-    [Extension(path[:-3].replace("/", "."), [path]) for path in CYTHON_MODULES],
+    [Extension(f"{PACKAGE}.{name}", [os.path.join(SOURCE_DIR, *name.split(".")) + ".py"])
+     for name in COMPILED_MODULES],
     compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False,
                          "binding": False},
     quiet=True,
 )
-if os.path.exists("CMakeLists.txt"):
-    extensions.append(CMakeExtension("server._engine"))
+if os.environ.get("STACKD_NO_NATIVE_BUILD") == "1":
+    extensions = []     # the Makefile's editable install: build_ext --inplace built them already
+elif os.path.exists("CMakeLists.txt"):
+    extensions.append(CMakeExtension(f"{PACKAGE}._engine"))
 
-setup(ext_modules=extensions, cmdclass={"build_ext": BuildExt})
+setup(
+    package_dir={PACKAGE: SOURCE_DIR},
+    packages=[PACKAGE] + [f"{PACKAGE}.{name}" for name in find_packages(SOURCE_DIR)],
+    package_data={PACKAGE: ["_engine.pyi", KERNELS_LIBRARY],
+                  f"{PACKAGE}.console": ["static/*", "db/migrations/*.mako"]},
+    ext_modules=extensions,
+    cmdclass={"build_ext": BuildExt},
+)

@@ -53,8 +53,8 @@ import loadgen  # noqa: E402
 from inference import PROMPT, Server, body, free_port, row, spawn_stackd  # noqa: E402
 from procs import pin_tree  # noqa: E402
 
-from server.cluster import relay  # noqa: E402
-from server.models import defaults  # noqa: E402
+from stackd.cluster import relay  # noqa: E402
+from stackd.store import defaults  # noqa: E402
 from tests.cluster.nodes import Node  # noqa: E402
 from tests.netns import topology  # noqa: E402
 from tests.netns.daemons import CLUSTER_PORT, INFERENCE_PORT  # noqa: E402
@@ -199,7 +199,7 @@ def start_rpc_server(threads: int, netns: str | None = None) -> tuple[subprocess
     """ggml's RPC server as our children run it (direct: 127.0.0.1, no relay), for llama-server;
     in `netns` when given."""
     where = ["ip", "netns", "exec", netns] if netns else []
-    proc = subprocess.Popen([*where, sys.executable, "-m", "server.cluster.rpc_server", "--direct", "--threads",
+    proc = subprocess.Popen([*where, sys.executable, "-m", "stackd.cluster.rpc_server", "--direct", "--threads",
                              str(threads), "--placement-id", "bench", "--parent", str(os.getpid())],
                             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     proc.stdin.write(b"\n")

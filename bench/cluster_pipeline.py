@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import uvloop  # noqa: E402
 from procs import cpu_seconds, cpu_ticks, threads  # noqa: E402
 
-from server.engine.native import SamplingParams  # noqa: E402
+from stackd.engine.core import SamplingParams  # noqa: E402
 from tests.placement.conftest import Peers, chat_prompt, engine_params, start_worker  # noqa: E402
 
 CLIENTS, TOKENS = 16, 64

@@ -39,7 +39,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import loadgen  # noqa: E402
 
-from server.models.store import ModelStore  # noqa: E402
+from stackd.store.store import ModelStore  # noqa: E402
 from tests.blackbox.daemon import Daemon, create_key  # noqa: E402
 from tests.blackbox.gguf_patch import with_chat_template  # noqa: E402
 from tests.blackbox.test_attacks import HOSTILE, HOSTILE_TEMPLATE  # noqa: E402
@@ -108,9 +108,9 @@ def sampler_costs(steps: int = 24) -> None:
     import llama_cpp
     import numpy as np
 
-    from server.engine.native import Sampler, SamplingParams, Vocab
-    from server.inference.grammar import json_schema_grammar
-    from server.models import defaults
+    from stackd.engine.core import Sampler, SamplingParams, Vocab
+    from stackd.chat.grammar import json_schema_grammar
+    from stackd.store import defaults
 
     path = defaults.smollm2_path()
     vocab = Vocab(path)

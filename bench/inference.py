@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import loadgen  # noqa: E402
 import peers  # noqa: E402
 
-from server.models import defaults  # noqa: E402
+from stackd.store import defaults  # noqa: E402
 
 PROMPT = ("Once upon a time, in a small village at the edge of a great forest, there lived a "
           "curious young girl who loved to explore. One morning she")

@@ -34,7 +34,7 @@ PROMPT_TOKENS, GEN_TOKENS = 32, 128
 
 
 def run_streams(engine, n: int, first_id: int) -> dict:
-    from server.engine.native import STATUS_RUNNING, SUBMIT_ACCEPTED, SamplingParams
+    from stackd.engine.core import STATUS_RUNNING, SUBMIT_ACCEPTED, SamplingParams
     params = SamplingParams()
     params.temperature = 0.0
     params.ignore_eos = True
@@ -61,10 +61,10 @@ def run_streams(engine, n: int, first_id: int) -> dict:
 
 
 def child(mode: str, streams: list[int], threads: int) -> None:
-    from server.engine import accel
+    from stackd.engine import accel
     path = accel.register(mode)
-    from server.engine.native import Engine
-    from server.models import defaults
+    from stackd.engine.core import Engine
+    from stackd.store import defaults
     engine = Engine(defaults.smollm2_path(), n_slots=max(streams), n_ctx_seq=256, n_batch=512,
                     n_threads=threads, flash_attn=1)
     run_streams(engine, 2, 1)  # warm up
@@ -84,7 +84,7 @@ def stackd(mode: str, streams: list[int], threads: int) -> dict:
 
 def batched_bench(streams: list[int], threads: int) -> dict:
     import peers
-    from server.models import defaults
+    from stackd.store import defaults
     ctx = max(streams) * (PROMPT_TOKENS + GEN_TOKENS) + 64
     out = subprocess.run([peers.llama_batched_bench(), "-m", defaults.smollm2_path(), "-c", str(ctx),
                           "-b", "512", "-ub", "512", "-npp", str(PROMPT_TOKENS), "-ntg",

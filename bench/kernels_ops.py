@@ -15,7 +15,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from server.engine import accel  # noqa: E402
+from stackd.engine import accel  # noqa: E402
 
 SHAPES = [("attn q / o", "q4_1", 576, 576), ("attn k / v", "q4_1", 576, 192),
           ("ffn gate / up", "q4_1", 576, 1536), ("ffn down", "q4_1", 1536, 576),

@@ -31,7 +31,7 @@ import peers  # noqa: E402
 from inference import free_port  # noqa: E402
 from procs import process_tree  # noqa: E402
 
-from server.models import defaults  # noqa: E402
+from stackd.store import defaults  # noqa: E402
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
 
@@ -77,7 +77,7 @@ def run_stackd(args) -> tuple[float, int, int]:
                     f"[models]\npreload = [\"{defaults.CHAT_MODEL}\"]\n")
         subprocess.run([sys.executable, "-m", "server", "models", "defaults", "--data-dir", data],
                        cwd=ROOT, check=True, capture_output=True)
-        from server.auth.keys import KeyStore
+        from stackd.auth.keys import KeyStore
         store = KeyStore(data)
         _, key = store.create("bench", frozenset({"inference"}))
         port = free_port()

@@ -100,8 +100,8 @@ def replayed(n_records: int) -> None:
     decoded, turned into events and encoded by server/observe/trace.py, while a task measures
     the longest the loop waited for a turn, in CPU time of this thread (a busy machine's
     preemptions are not the code's), and in wall time. Independent of how busy the engine is."""
-    from server.engine import wire
-    from server.observe import trace
+    from stackd.engine import wire
+    from stackd.observe import trace
 
     phases = {"schedule": 40, "batch": 30, "decode": 30000, "sample": 200, "emit": 50}
     kinds = [{"kind": "step", "t_begin_us": 0, "t_end_us": 30320, "phase_us": phases, "n_items": 16,

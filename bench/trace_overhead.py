@@ -39,7 +39,7 @@ def worker(module: str | None, trace_on: bool, n_tokens: int, n_requests: int, t
     """One measurement in this process: print {"tok_s": ...}."""
     sys.path.insert(0, ROOT)
     import llama_cpp  # noqa: F401  (load order: see server/engine/__init__.py)
-    import server
+    import stackd
     if module:                                   # the compiled-out build stands in for server._engine
         import importlib.util
         spec = importlib.util.spec_from_file_location("server._engine", module)
@@ -48,8 +48,8 @@ def worker(module: str | None, trace_on: bool, n_tokens: int, n_requests: int, t
         spec.loader.exec_module(native)
         server._engine = native
     import select
-    from server.engine.native import STATUS_RUNNING, Engine, SamplingParams
-    from server.models import defaults
+    from stackd.engine.core import STATUS_RUNNING, Engine, SamplingParams
+    from stackd.store import defaults
 
     engine = Engine(defaults.smollm2_path(), n_slots=n_requests, n_ctx_seq=512, n_threads=threads)
     sampling = SamplingParams()

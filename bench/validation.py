@@ -12,7 +12,7 @@ import timeit
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from server.inference import chat, params  # noqa: E402
+from stackd.api.inference import chat, params  # noqa: E402
 
 BODY = {
     "model": "smollm2-135m-instruct",

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         from .daemon import run
         return run(settings)
     if args.command == "models":
-        from .models.cli import main as models_main
+        from .store.cli import main as models_main
         return models_main(args, settings)
     if args.command == "console":
         from .console.cli import main as console_main

@@ -15,7 +15,7 @@ import tomllib
 from dataclasses import dataclass
 
 from .http.limits import Limits
-from .inference.limits import InferenceLimits
+from .chat.limits import InferenceLimits
 
 RATE_LIMIT_GROUPS = ("inference", "cluster")   # the [rate_limits] settings that are groups
 

@@ -10,26 +10,27 @@ import sys
 
 import uvloop
 
-from . import __version__, config, native
+from . import __version__, compiled, config
 from .auth.guard import KeyGuard
 from .auth.keys import KeyStore, bootstrap_admin_key
 from .auth.ratelimit import RateLimiter
-from .cluster import gate, identity, internal
+from .api.cluster import gate, internal
+from .cluster import identity
 from .cluster.membership import Membership
-from .cluster import routes as cluster_routes
+from .api.cluster import routes as cluster_routes
 from .http import openapi
 from .http.access_log import AccessLog
 from .http.routing import App
 from .http.server import HttpServer
-from .inference import routes as inference_routes
-from .inference.limits import configure as configure_inference_limits
-from .metrics import Metrics
-from .models import routes as model_routes
+from .api.inference import routes as inference_routes
+from .chat.limits import configure as configure_inference_limits
+from .observe.metrics import Metrics
+from .api import models as model_routes
 from .node import Node
 from .system.memory import release_free_heap
 from .system.sd_notify import Notifier
 
-log = logging.getLogger("server")
+log = logging.getLogger("stackd")
 
 
 def build_node(settings: config.Settings) -> tuple[Node, str | None]:
@@ -170,7 +171,8 @@ async def start_console(http: HttpServer, node: Node, settings: config.Settings,
 
 def attach_cluster(manager, node: Node, settings: config.Settings) -> None:
     """Placement over the cluster: the membership and this node's RPC server children."""
-    from .cluster import rpc_routes, solo
+    from .api.cluster import rpc as rpc_routes
+    from .testing import loopback_peers as solo
     from .cluster.rpc_server import RpcServers
 
     membership = solo.test_peers(node, settings, manager.loop) or node.membership
@@ -186,12 +188,14 @@ def attach_cluster(manager, node: Node, settings: config.Settings) -> None:
 
 
 async def load_models(loop, settings: config.Settings, node: Node):
-    from .models.defaults import import_defaults
-    from .models.manager import MIB, EngineSettings, ModelManager
-    from .models.store import ModelStore
+    from .store.defaults import import_defaults
+    from .runtime.registry import MIB, EngineSettings, ModelManager
+    from .store.store import ModelStore
 
     store = ModelStore(settings.data_dir)
-    await loop.run_in_executor(None, import_defaults, store)
+    missing = await loop.run_in_executor(None, import_defaults, store)
+    for model_id, why in missing.items():
+        print(f"stackd: default model {model_id} left out: {why}", flush=True)
     engine = settings["engine"]
     inference_limits = configure_inference_limits(settings["inference.limits"])
     manager = ModelManager(loop, store, EngineSettings(
@@ -207,6 +211,8 @@ async def load_models(loop, settings: config.Settings, node: Node):
     attach_cluster(manager, node, settings)
     preload = settings["models.preload"] if settings["cluster.role"] == "leader" else []  # the leader's job
     for model_id in preload:
+        if model_id in missing:
+            continue
         model = await manager.load(model_id)
         print(f"stackd: loaded {model.kind} model {model.id} "
               f"(context {model.context_length}, {model.engine.n_slots} slots)", flush=True)
@@ -228,7 +234,7 @@ def power_contracts(node: Node, loop):
 
 
 def pull_service(store, settings: config.Settings):
-    from .models.pulling import GIB, PullService, RegistrySettings
+    from .store.pulling import GIB, PullService, RegistrySettings
 
     m = settings["models"]
     return PullService(store, RegistrySettings(
@@ -242,7 +248,7 @@ def _url_host(host: str) -> str:
 
 
 def run(settings: config.Settings) -> int:
-    native.require_compiled()
+    compiled.require_compiled()
     logging.basicConfig(level=settings["log_level"].upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _raise_fd_limit()

@@ -9,7 +9,7 @@ from .auth.ratelimit import RateLimiter
 from .cluster.identity import Identity
 from .system.readings import Thermometer
 from .config import Settings
-from .metrics import Metrics
+from .observe.metrics import Metrics
 
 
 @dataclass

@@ -14,7 +14,7 @@ import time
 
 from .peers import PeerError
 
-log = logging.getLogger("server.cluster")
+log = logging.getLogger("stackd.cluster")
 
 HEARTBEAT_INTERVAL = 1.0            # seconds between a follower's heartbeats
 CALL_TIMEOUT = 2.0                  # seconds for one heartbeat's answer (under membership.DOWN_AFTER)

@@ -28,7 +28,7 @@ from . import views
 from .heartbeat import Heartbeat
 from .peers import PeerClient, PeerError
 
-log = logging.getLogger("server.cluster")
+log = logging.getLogger("stackd.cluster")
 
 DOWN_AFTER = 3.0                    # seconds of silence: the leader marks a follower down,
                                     # a follower without its leader fences itself

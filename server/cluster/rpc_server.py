@@ -30,7 +30,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-log = logging.getLogger("server.cluster")
+from .. import PACKAGE
+
+log = logging.getLogger("stackd.cluster")
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_TIMEOUT = 60.0
@@ -62,7 +64,7 @@ def wait_accepting(port: int, timeout: float) -> bool:
 # ---- the child ----------------------------------------------------------------------------------
 
 def child_main(argv: list[str]) -> int:
-    args = argparse.ArgumentParser(prog="server.cluster.rpc_server")
+    args = argparse.ArgumentParser(prog="stackd.cluster.rpc_server")
     args.add_argument("--host", default="127.0.0.1")
     args.add_argument("--port", type=int, default=0)
     args.add_argument("--threads", type=int, default=1)
@@ -191,7 +193,7 @@ class RpcServers:
                 yield port
 
     async def _spawn(self, placement_id, leader_id, threads, port, cache_dir, direct) -> RpcChild | None:
-        cmd = [sys.executable, "-m", "server.cluster.rpc_server", "--host", self.host, "--port", str(port),
+        cmd = [sys.executable, "-m", f"{PACKAGE}.cluster.rpc_server", "--host", self.host, "--port", str(port),
                "--threads", str(max(1, threads)), "--cache-dir", cache_dir,
                "--placement-id", placement_id, "--parent", str(os.getpid())]
         if direct:

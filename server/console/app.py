@@ -16,11 +16,11 @@ from ..auth.guard import Guard
 from ..http.access_log import AccessLog
 from ..http.routing import App
 from ..http.server import HttpServer
-from ..metrics import Metrics
-from . import routes
+from ..observe.metrics import Metrics
+from ..api import console as routes
 from .service import Console, ConsoleSettings
 
-log = logging.getLogger("server.console")
+log = logging.getLogger("stackd.console")
 
 
 def build_app(console: Console, max_body: int) -> App:

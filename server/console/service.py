@@ -19,7 +19,7 @@ from .throttle import LoginThrottle
 from .upstream import Upstream
 from .vault import Vault
 
-log = logging.getLogger("server.console")
+log = logging.getLogger("stackd.console")
 
 ADMIN_NAME = "admin"
 ADMIN_PASSWORD_FILE = "console-admin.password"

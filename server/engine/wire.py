@@ -129,7 +129,7 @@ class FrameReader:
 
 
 def decode_events(tail: bytes) -> list:
-    from .native import decode_events_wire
+    from .core import decode_events_wire
 
     try:
         return decode_events_wire(tail)

@@ -203,7 +203,7 @@ def main(fd: int, parent: int) -> int:
     os.nice(config.get("nice", 0))                 # engine.embedding_nice: this worker's threads too
     # llama.cpp from the very file the daemon maps (server/engine/native.py), so the two
     # processes share its code pages: the wheel ships libllama.so and .so.0 as two copies.
-    from .native import Engine
+    from .core import Engine
     from . import accel
     accel.register(config.get("kernels", "off"))   # engine.kernels: before the model loads
 

@@ -27,7 +27,7 @@ from .request import Request, Session
 from .response import Response, StreamingResponse, error_response
 from .wire import CONTINUE, LAST_CHUNK, chunk, encode_headers, response_head, stream_head
 
-log = logging.getLogger("server.http")
+log = logging.getLogger("stackd.http")
 
 # Parse phases of a connection.
 IDLE, HEAD, BODY = 0, 1, 2

@@ -16,7 +16,7 @@ from urllib.parse import unquote
 from .errors import ApiError, ErrorKind
 from .response import Response, error_response
 
-log = logging.getLogger("server.http")
+log = logging.getLogger("stackd.http")
 
 
 @dataclass(frozen=True)

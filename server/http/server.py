@@ -14,7 +14,7 @@ from .limits import Limits
 from .protocol import HttpProtocol
 from .wire import response_head
 
-log = logging.getLogger("server.http")
+log = logging.getLogger("stackd.http")
 
 SWEEP_INTERVAL = 0.5
 

@@ -5,7 +5,7 @@ GAUGES: native/engine/counters.h and timings.h), so nothing here repeats them.
 """
 from __future__ import annotations
 
-from ..engine.native import COUNTERS, GAUGES, HISTOGRAMS
+from ..engine.core import COUNTERS, GAUGES, HISTOGRAMS
 
 PREFIX = "stackd_"
 

@@ -31,7 +31,7 @@ import orjson
 
 from ..http.errors import ApiError, ErrorKind, invalid
 from ..engine.errors import EngineError
-from ..engine.native import FINISH_REASONS
+from ..engine.core import FINISH_REASONS
 from ..engine.wire import WireError
 
 MIN_SECONDS, MAX_SECONDS = 1, 60

@@ -16,7 +16,7 @@ import time
 import orjson
 import pytest
 
-from server.models.store import ModelStore
+from stackd.store.store import ModelStore
 
 from .daemon import CLIENT_TIMEOUT, Daemon, cli, create_key
 from .gguf_patch import with_chat_template

@@ -183,7 +183,7 @@ def test_a_refused_key_waits_for_its_429_while_other_keys_are_answered(start_dae
 
 
 def test_refusal_delay_zero_answers_at_once_and_a_negative_one_is_refused(start_daemon, tmp_path):
-    from server import config
+    from stackd import config
 
     with pytest.raises(config.ConfigError, match="refusal_delay"):
         config.load(cli={"data_dir": str(tmp_path)}, environ={"STACKD_RATE_LIMITS_REFUSAL_DELAY": "-1"})

@@ -10,7 +10,7 @@ import pytest
 
 from tests.models.registry_server import MEDIA_MODEL, MEDIA_PARAMS, MEDIA_TEMPLATE, RegistryServer
 
-from server.models.store import ModelStore
+from stackd.store.store import ModelStore
 from tests.models.crafted import duplicate_token_copy, old_store_manifest
 from tests.models.tiny import write_tiny
 

@@ -14,7 +14,7 @@ import time
 
 import orjson
 
-from server.cluster import signing
+from stackd.cluster import signing
 from tests.blackbox.daemon import ROOT, http_request
 
 SECRET = "test-cluster-secret-0123456789abcdef"

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from server import config, daemon
-from server.cluster import membership as membership_module
-from server.http.errors import ApiError
+from stackd import config, daemon
+from stackd.cluster import membership as membership_module
+from stackd.http.errors import ApiError
 
 SECRET = "t" * 32
 WINDOW = 0.2

@@ -8,9 +8,9 @@ import time
 import orjson
 import pytest
 
-import server.daemon  # noqa: F401  (imports every module that registers internal routes)
-from server.cluster import internal
-from server.system import readings
+import stackd.daemon  # noqa: F401  (imports every module that registers internal routes)
+from stackd.api.cluster import internal
+from stackd.system import readings
 
 from .nodes import SECRET, Node, eventually, statuses
 

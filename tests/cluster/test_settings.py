@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from server import config
-from server.config import ConfigError
+from stackd import config
+from stackd.config import ConfigError
 
 SECRET = "s" * 16
 

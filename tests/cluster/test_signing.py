@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.cluster import signing
-from server.cluster.signing import REPLAY_WINDOW, ReplayCache, SignatureError
+from stackd.cluster import signing
+from stackd.cluster.signing import REPLAY_WINDOW, ReplayCache, SignatureError
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 NOW = 1_800_000_000.0

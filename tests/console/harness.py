@@ -13,12 +13,12 @@ import threading
 import orjson
 import uvloop
 
-from server.console import app as console_app
-from server.console.service import Console, ConsoleSettings
-from server.http.access_log import AccessLog
-from server.http.limits import Limits
-from server.http.server import HttpServer
-from server.metrics import Metrics
+from stackd.console import app as console_app
+from stackd.console.service import Console, ConsoleSettings
+from stackd.http.access_log import AccessLog
+from stackd.http.limits import Limits
+from stackd.http.server import HttpServer
+from stackd.observe.metrics import Metrics
 
 from .fake_node import FakeNode
 

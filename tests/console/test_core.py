@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from server import config, native
-from server.auth import levels
-from server.auth.guard import Guard
-from server.auth.permissions import PUBLIC
-from server.auth.principal import Authenticator, Principal
-from server.console.throttle import MAX_BUCKETS, LoginThrottle
-from server.http.errors import ApiError
-from server.http.request import Request, Session
+from stackd import compiled, config
+from stackd.auth import levels
+from stackd.auth.guard import Guard
+from stackd.auth.permissions import PUBLIC
+from stackd.auth.principal import Authenticator, Principal
+from stackd.console.throttle import MAX_BUCKETS, LoginThrottle
+from stackd.http.errors import ApiError
+from stackd.http.request import Request, Session
 
 
 def test_console_settings_follow_the_precedence(tmp_path):
@@ -98,10 +98,10 @@ def test_the_guard_re_checks_a_cached_credential_past_its_expiry():
 
 
 def test_the_overload_503_carries_the_current_date(loop, monkeypatch):
-    from server.http import server as http_server
-    from server.http.access_log import AccessLog
-    from server.http.limits import Limits
-    from server.metrics import Metrics
+    from stackd.http import server as http_server
+    from stackd.http.access_log import AccessLog
+    from stackd.http.limits import Limits
+    from stackd.observe.metrics import Metrics
 
     server = http_server.HttpServer(loop, Limits(), Metrics(), AccessLog(enabled=False))
     assert server.date in server.overloaded_response
@@ -112,7 +112,7 @@ def test_the_overload_503_carries_the_current_date(loop, monkeypatch):
     assert server.overloaded_response.startswith(b"HTTP/1.1 503")
 
 
-@pytest.mark.skipif(native.pure_requested(), reason="the Python twin is a plain class")
+@pytest.mark.skipif(compiled.pure_requested(), reason="the Python twin is a plain class")
 def test_request_is_a_compiled_type_with_fixed_fields():
     made = request(None, Session())
     with pytest.raises(AttributeError):

@@ -12,10 +12,10 @@ import jwt
 import pytest
 from sqlalchemy import select, update
 
-from server.auth.jwt_verify import TokenError
-from server.auth.keys import KeyStore
-from server.auth.terminal import TerminalVerifier
-from server.console.db.schema import devices, pairing_tokens
+from stackd.auth.jwt_verify import TokenError
+from stackd.auth.keys import KeyStore
+from stackd.auth.terminal import TerminalVerifier
+from stackd.console.db.schema import devices, pairing_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORD_FIELDS = {"id", "name", "inference_url", "cluster_url", "status", "last_seen_at",

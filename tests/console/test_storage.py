@@ -8,8 +8,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import text
 
-from server.console.db.database import migrate, open_engine, resolve_url
-from server.console.db.schema import metadata
+from stackd.console.db.database import migrate, open_engine, resolve_url
+from stackd.console.db.schema import metadata
 
 
 def test_migrations_create_exactly_the_schema(shared):

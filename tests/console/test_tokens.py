@@ -13,7 +13,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from server.console.signing import ISSUER
+from stackd.console.signing import ISSUER
 
 
 def b64(raw: bytes) -> str:

@@ -2,8 +2,8 @@ import select
 
 import pytest
 
-from server.engine.native import STATUS_RUNNING, SUBMIT_ACCEPTED, Engine, SamplingParams
-from server.models import defaults
+from stackd.engine.core import STATUS_RUNNING, SUBMIT_ACCEPTED, Engine, SamplingParams
+from stackd.store import defaults
 
 
 class Driver:

@@ -5,7 +5,7 @@ import time
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from server.engine.native import STATUS_ABORTED, STATUS_LENGTH, STATUS_RUNNING, STATUS_STOPPED
+from stackd.engine.core import STATUS_ABORTED, STATUS_LENGTH, STATUS_RUNNING, STATUS_STOPPED
 
 from .conftest import Driver, chat_prompt
 
@@ -118,8 +118,8 @@ def test_logprobs_are_probabilities(driver, chat_engine):
 
 
 def test_queue_refusal_when_full(chat_engine):
-    from server.engine.native import SUBMIT_ACCEPTED, SUBMIT_QUEUE_FULL, Engine, SamplingParams
-    from server.models import defaults
+    from stackd.engine.core import SUBMIT_ACCEPTED, SUBMIT_QUEUE_FULL, Engine, SamplingParams
+    from stackd.store import defaults
     small = Engine(defaults.smollm2_path(), n_slots=1, n_ctx_seq=256, n_max_waiting=2)
     driver = Driver(small)
     try:

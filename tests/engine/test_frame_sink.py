@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
-from server.models import defaults
-from server.engine import wire
-from server.engine.native import STATUS_RUNNING, Engine, SamplingParams
+from stackd.store import defaults
+from stackd.engine import wire
+from stackd.engine.core import STATUS_RUNNING, Engine, SamplingParams
 
 from .conftest import chat_prompt
 

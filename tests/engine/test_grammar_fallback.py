@@ -10,9 +10,9 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from server.engine.native import Sampler, SamplingParams, Vocab
-from server.inference.grammar import json_schema_grammar
-from server.models import defaults
+from stackd.engine.core import Sampler, SamplingParams, Vocab
+from stackd.chat.grammar import json_schema_grammar
+from stackd.store import defaults
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 ENUM = json_schema_grammar({"enum": [f"value {i}" for i in range(256)]})

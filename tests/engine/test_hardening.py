@@ -4,10 +4,9 @@ import select
 
 import pytest
 
-from server.engine.native import (STATUS_ABORTED, STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED,
-                           SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE, Engine, SamplingParams)
-from server.inference.grammar import json_schema_grammar
-from server.models import defaults
+from stackd.engine.core import (STATUS_ABORTED, STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE, Engine, SamplingParams)
+from stackd.chat.grammar import json_schema_grammar
+from stackd.store import defaults
 
 from .conftest import Driver, chat_prompt
 

@@ -5,8 +5,8 @@ enough to check what lanes must keep: every answer as one lane gives it, new req
 to whichever lane has room, cancellation in the shared queue, the gauges summed over lanes."""
 import pytest
 
-from server.engine.native import STATUS_ABORTED, STATUS_LENGTH, STATUS_RUNNING, Engine
-from server.models import defaults
+from stackd.engine.core import STATUS_ABORTED, STATUS_LENGTH, STATUS_RUNNING, Engine
+from stackd.store import defaults
 
 from .conftest import Driver, chat_prompt
 from .test_engine import QUESTIONS

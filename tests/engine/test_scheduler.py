@@ -2,9 +2,9 @@
 Every test runs twice: against the native scheduler and against its Python twin."""
 import pytest
 
-from server.engine.native import STATUS_ABORTED, STATUS_LENGTH, STATUS_RUNNING, STATUS_STOPPED
-from server.engine.native import Scheduler as NativeScheduler
-from server.engine.policy import Scheduler as PythonScheduler
+from stackd.engine.core import STATUS_ABORTED, STATUS_LENGTH, STATUS_RUNNING, STATUS_STOPPED
+from stackd.engine.core import Scheduler as NativeScheduler
+from .oracle.policy import Scheduler as PythonScheduler
 
 
 @pytest.fixture(params=[NativeScheduler, PythonScheduler], ids=["native", "python"])

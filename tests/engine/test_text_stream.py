@@ -1,5 +1,5 @@
 """Incremental detokenization: whole UTF-8 characters only, stop strings never leak."""
-from server.engine.native import TextStream
+from stackd.engine.core import TextStream
 
 
 def feed(stream, pieces):

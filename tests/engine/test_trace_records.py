@@ -1,7 +1,7 @@
 """A stopped recording hands its records out a chunk at a time (Engine.trace_stop returns
 TraceRecords): an inline engine's trace is turned into dicts between turns of the loop, not
 in one call holding the GIL."""
-from server.engine.wire import TRACE_CHUNK, chunks_of
+from stackd.engine.wire import TRACE_CHUNK, chunks_of
 
 from .conftest import chat_prompt
 

@@ -10,7 +10,7 @@ import sys
 import orjson
 import pytest
 
-from server.engine import wire
+from stackd.engine import wire
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -68,7 +68,7 @@ def test_a_broken_header_is_a_wire_error_with_either_codec():
     framed = wire.HEADER.pack(len(broken), len(broken)) + broken
     with pytest.raises(wire.WireError):
         wire.FrameReader().feed(framed)
-    code = ("import sys\nfrom server.engine import wire\nwire.use_standard_json()\n"
+    code = ("import sys\nfrom stackd.engine import wire\nwire.use_standard_json()\n"
             f"try:\n    wire.FrameReader().feed({framed!r})\nexcept wire.WireError:\n    print('wire error')\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "wire error"
@@ -79,8 +79,8 @@ def test_a_worker_process_never_imports_orjson():
     loaded, nor what importing it brings (dataclasses, inspect, uuid, datetime), nor the socket
     module (the worker uses the C type it wraps)."""
     code = ("import json, sys\n"
-            "from server.engine import accel, native, worker, wire\n"
-            "from server.system import memory\n"
+            "from stackd.engine import accel, core, worker, wire\n"
+            "from stackd.system import memory\n"
             "wire.use_standard_json()\n"
             "[(header, _)] = wire.FrameReader().feed(wire.frame({'op': 'ready', 'x': [1.5, float('nan')]}))\n"
             "wire.encode_trace([{'t': 1}])\n"

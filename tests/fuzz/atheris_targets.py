@@ -18,9 +18,9 @@ import orjson
 
 # only the project's own code is instrumented (llama_cpp, numpy, httpx... would take minutes)
 with atheris.instrument_imports(include=["server"]):
-    from server.http.errors import ApiError
-    from server.inference import params
-    from server.models import oci
+    from stackd.http.errors import ApiError
+    from stackd.api.inference import params
+    from stackd.store import oci
     from tests.fuzz.test_fuzz_gguf import described_or_refused
     from tests.fuzz.test_fuzz_registry import GOOD_MANIFEST, parse_manifest_or_refuse
     from tests.models.tiny import write_tiny

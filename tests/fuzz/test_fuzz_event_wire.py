@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from server.engine import native, wire
+from stackd.engine import core as native, wire
 
 from .budget import fuzz
 from .test_fuzz_gguf import mutations

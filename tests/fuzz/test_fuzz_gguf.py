@@ -14,8 +14,8 @@ import struct
 import pytest
 from hypothesis import strategies as st
 
-from server.models.gguf_check import GGUFError
-from server.models.vocab_check import VocabError, check_model_file, load_in_child
+from stackd.store.gguf_check import GGUFError
+from stackd.store.vocab_check import VocabError, check_model_file, load_in_child
 from tests.models.tiny import write_tiny
 
 from . import gguf_bytes as g

@@ -12,8 +12,8 @@ import orjson
 import pytest
 from hypothesis import strategies as st
 
-from server.http.errors import ApiError
-from server.inference import params
+from stackd.http.errors import ApiError
+from stackd.api.inference import params
 
 from .budget import fuzz
 

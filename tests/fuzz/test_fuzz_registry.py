@@ -23,8 +23,8 @@ import httpx2
 import pytest
 from hypothesis import strategies as st
 
-from server.models import oci
-from server.models.oci import PullError, Puller, RegistryClient
+from stackd.store import oci
+from stackd.store.oci import PullError, Puller, RegistryClient
 
 from .budget import fuzz
 

@@ -17,7 +17,7 @@ import json
 import select
 import sys
 
-from server.engine import accel
+from stackd.engine import accel
 
 TOPICS = ["the sea", "a mountain", "bread", "the moon", "rain", "a city", "music", "a river",
           "winter", "a library", "coffee", "a garden", "trains", "the desert", "a lighthouse",
@@ -32,7 +32,7 @@ def prompts(engine, n: int) -> list[list[int]]:
 
 
 def generate(engine, batch: list[list[int]], max_tokens: int, first_id: int) -> list[list]:
-    from server.engine.native import STATUS_RUNNING, SUBMIT_ACCEPTED, SamplingParams
+    from stackd.engine.core import STATUS_RUNNING, SUBMIT_ACCEPTED, SamplingParams
     params = SamplingParams()
     params.temperature = 0.0
     params.ignore_eos = True
@@ -55,8 +55,8 @@ def generate(engine, batch: list[list[int]], max_tokens: int, first_id: int) -> 
 
 def open_engine(mode: str, flash_attn: int = -1):
     path = accel.register(mode)  # before the model loads
-    from server.engine.native import Engine
-    from server.models import defaults
+    from stackd.engine.core import Engine
+    from stackd.store import defaults
     # One thread: the comparison is of our matmul with ggml's, which no thread count changes
     # (test_ops.py runs both on two threads); one thread keeps 2,560 single-stream steps
     # from waiting on thread barriers when the machine is busy.

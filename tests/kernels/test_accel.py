@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from server import config
-from server.engine import accel
+from stackd import config
+from stackd.engine import accel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # what accel reports and the devices in the registry libllama reads.
 PROBE = """
 import ctypes, json, os, sys
-from server.engine import accel
+from stackd.engine import accel
 import llama_cpp
 result = accel.register(sys.argv[1])
 ggml = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml.so.0"))

@@ -29,7 +29,7 @@ import sys
 
 import pytest
 
-from server.engine import accel
+from stackd.engine import accel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPTS, TOKENS = 20, 128

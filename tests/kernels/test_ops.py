@@ -21,7 +21,7 @@ import ctypes
 
 import pytest
 
-from server.engine import accel
+from stackd.engine import accel
 
 PATHS = ["scalar", "avx2", "avx512-vnni"]
 GGML_TYPE = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 8}

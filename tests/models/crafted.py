@@ -13,9 +13,9 @@ import struct
 
 import orjson
 
-from server.models.defaults import smollm2_path
-from server.models.gguf_check import check_gguf
-from server.models.store import Manifest, ModelStore, file_sha256
+from stackd.store.defaults import smollm2_path
+from stackd.store.gguf_check import check_gguf
+from stackd.store.store import Manifest, ModelStore, file_sha256
 
 TOKENS_KEY = b"tokenizer.ggml.tokens"
 _T_ARRAY, _T_STRING = 9, 8

@@ -10,8 +10,8 @@ import time
 import httpx2
 import pytest
 
-from server.models import oci
-from server.models.oci import Layer, PullError, Puller, RegistryClient, parse_reference
+from stackd.store import oci
+from stackd.store.oci import Layer, PullError, Puller, RegistryClient, parse_reference
 
 from .misbehaving import MisbehavingRegistry, digest_of
 from .registry_server import MEDIA_MODEL, MEDIA_PARAMS, MEDIA_TEMPLATE, RegistryServer

@@ -9,9 +9,9 @@ import gguf
 import numpy as np
 import pytest
 
-from server.models import vocab_check
-from server.models.gguf_check import GGUFError
-from server.models.vocab_check import VocabError, check_model_file, load_in_child
+from stackd.store import vocab_check
+from stackd.store.gguf_check import GGUFError
+from stackd.store.vocab_check import VocabError, check_model_file, load_in_child
 
 from .tiny import WORDS, vocabulary, write_tiny
 
@@ -206,7 +206,7 @@ def test_last_words_pick_the_assert_and_drop_build_paths():
 
 @pytest.mark.parametrize("whole_array_bytes", [64 << 20, 0])
 def test_tokens_are_read_the_same_at_once_or_through_the_window(tmp_path, monkeypatch, whole_array_bytes):
-    from server.models import gguf_check
+    from stackd.store import gguf_check
     monkeypatch.setattr(gguf_check, "_WHOLE_ARRAY_BYTES", whole_array_bytes)
     tokens, _, _ = vocabulary()
     tokens[-1] = tokens[-2]

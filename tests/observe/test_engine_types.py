@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from server.engine import native
-from server.engine.native import STATUS_ERROR, STATUS_RUNNING, Event
+from stackd.engine import core as native
+from stackd.engine.core import STATUS_ERROR, STATUS_RUNNING, Event
 
 STUB = os.path.join(os.path.dirname(native.__file__), "..", "_engine.pyi")
 
@@ -48,7 +48,7 @@ def test_events_made_in_python_read_by_name():
 def test_an_event_crosses_the_worker_wire_by_name():
     import numpy as np
 
-    from server.engine import wire
+    from stackd.engine import wire
 
     logprobs = [(5, -0.25, b"hi", [(5, -0.25, b"hi"), (7, -1.5, b"\xff")])]
     sent = [Event(id_request=3, status=STATUS_RUNNING, text=b"caf\xc3\xa9", n_tokens=1, n_prompt=4,
@@ -68,7 +68,7 @@ def test_an_event_crosses_the_worker_wire_by_name():
 def test_every_byte_and_shape_of_an_event_survives_the_wire():
     import numpy as np
 
-    from server.engine import wire
+    from stackd.engine import wire
 
     alts = [(t, -float(t) / 7, bytes([t % 256]) * (t % 5)) for t in range(300)]
     sent = [Event(id_request=2**62, status=STATUS_RUNNING, text=bytes(range(256)), n_tokens=2**31 - 1,
@@ -85,7 +85,7 @@ def test_every_byte_and_shape_of_an_event_survives_the_wire():
 
 
 def test_a_broken_event_wire_is_a_wire_error_never_a_crash():
-    from server.engine import wire
+    from stackd.engine import wire
 
     good = native.encode_events_wire([Event(id_request=1, text=b"abc", error="e",
                                             logprobs=[(1, -1.0, b"x", [(2, -2.0, b"y")])])])

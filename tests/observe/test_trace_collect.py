@@ -6,8 +6,8 @@ import asyncio
 import orjson
 import pytest
 
-from server.engine import wire
-from server.observe import trace
+from stackd.engine import wire
+from stackd.observe import trace
 
 STEP = {"kind": "step", "t_begin_us": 10, "t_end_us": 25, "n_items": 1, "n_tokens": 1, "n_sampled": 1,
         "phase_us": {"schedule": 1, "batch": 2, "decode": 10, "sample": 1, "emit": 1}}

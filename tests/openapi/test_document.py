@@ -4,13 +4,13 @@ import orjson
 import pytest
 import schemathesis
 
-from server import daemon as daemon_module
-from server.cluster import routes as cluster_routes
-from server.http import openapi, validate
-from server.http.errors import ApiError
-from server.inference import chat, params
-from server.inference import routes as inference_routes
-from server.models import routes as model_routes
+from stackd import daemon as daemon_module
+from stackd.api.cluster import routes as cluster_routes
+from stackd.http import openapi, validate
+from stackd.http.errors import ApiError
+from stackd.api.inference import chat, params
+from stackd.api.inference import routes as inference_routes
+from stackd.api import models as model_routes
 
 INFERENCE_TABLES = [inference_routes.ROUTES, model_routes.ROUTES]
 CLUSTER_TABLES = [cluster_routes.ROUTES, model_routes.ROUTES]

@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from server.cluster.rpc_server import RpcServers
-from server.engine.clients import WorkerEngine
-from server.engine.native import SamplingParams, Vocab
-from server.engine.runner import ModelRunner
-from server.models import defaults
+from stackd.cluster.rpc_server import RpcServers
+from stackd.runtime.clients import WorkerEngine
+from stackd.engine.core import SamplingParams, Vocab
+from stackd.runtime.runner import ModelRunner
+from stackd.store import defaults
 
 SECRET = bytes(range(32))
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Count from one to ten."]

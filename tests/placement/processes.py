@@ -13,7 +13,7 @@ def _parent(pid: str) -> int | None:
 
 
 def rpc_server_pids(marker: bytes = b"", parent: int | None = None) -> list[int]:
-    """Pids of `server.cluster.rpc_server` processes whose command line holds `marker` (a
+    """Pids of `stackd.cluster.rpc_server` processes whose command line holds `marker` (a
     cache dir names its node) and, if given, whose parent is `parent`."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -22,7 +22,7 @@ def rpc_server_pids(marker: bytes = b"", parent: int | None = None) -> list[int]
                 cmdline = f.read()
         except OSError:
             continue
-        if b"server.cluster.rpc_server" not in cmdline or marker not in cmdline:
+        if b"stackd.cluster.rpc_server" not in cmdline or marker not in cmdline:
             continue
         if parent is None or _parent(pid) == parent:
             pids.append(int(pid))

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from server import config
-from server.http.errors import ApiError, ErrorKind
-from server.models import manager as manager_module
-from server.models.manager import MIB, EngineSettings, ModelManager
-from server.models.placement import Placement, Share
-from server.models.store import Manifest
+from stackd import config
+from stackd.http.errors import ApiError, ErrorKind
+from stackd.runtime import registry as manager_module
+from stackd.runtime.registry import MIB, EngineSettings, ModelManager
+from stackd.cluster.placement import Placement, Share
+from stackd.store.store import Manifest
 
 MANIFEST = Manifest(id="m", file="blobs/sha256-" + "0" * 64, size=100 * MIB, sha256="0" * 64,
                     architecture="llama", kind="chat", quantization="Q4_1", parameter_count=1,

@@ -8,15 +8,15 @@ import asyncio
 
 import pytest
 
-from server.cluster import rpc_routes
-from server.cluster.rpc_server import RpcServers
-from server.cluster.solo import LoopbackPeers, PeerError
-from server.engine.errors import EngineError, ErrorCode
-from server.engine.native import STATUS_LENGTH, STATUS_STOPPED, SamplingParams
-from server.http.errors import ApiError
-from server.models.defaults import CHAT_MODEL, import_defaults
-from server.models.manager import MIB, EngineSettings, ModelManager
-from server.models.store import ModelStore
+from stackd.api.cluster import rpc as rpc_routes
+from stackd.cluster.rpc_server import RpcServers
+from stackd.testing.loopback_peers import LoopbackPeers, PeerError
+from stackd.engine.errors import EngineError, ErrorCode
+from stackd.engine.core import STATUS_LENGTH, STATUS_STOPPED, SamplingParams
+from stackd.http.errors import ApiError
+from stackd.store.defaults import CHAT_MODEL, import_defaults
+from stackd.runtime.registry import MIB, EngineSettings, ModelManager
+from stackd.store.store import ModelStore
 
 from .conftest import run
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.models.placement import NodeOffer, Need, Placement, PlacementError, Share, engine_split, place
+from stackd.cluster.placement import (NodeOffer, Need, Placement, PlacementError, Share, engine_split, place)
 
 MIB = 1 << 20
 # 30 layers of 10 MiB each (weights + KV), 20 MiB of buffers per node: 320 MiB alone

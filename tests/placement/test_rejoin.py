@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
-from server.cluster.rpc_server import RpcServers
-from server.models.rpc_devices import PlacementLedger
+from stackd.cluster.rpc_server import RpcServers
+from stackd.cluster.rpc_devices import PlacementLedger
 from tests.cluster.nodes import free_port
 from tests.cluster.test_liveness import _heartbeat, _membership, pair
 

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from server.cluster import relay
+from stackd.cluster import relay
 
 from .conftest import SECRET, run
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from server.models.placement import NodeOffer, Need, engine_split, place
+from stackd.cluster.placement import NodeOffer, Need, engine_split, place
 
 from .conftest import PROMPTS, engine_params, generate, run, start_worker
 

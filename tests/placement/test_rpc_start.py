@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from server.cluster.rpc_server import RpcServers
-from server.cluster.solo import LoopbackPeers, PeerError
-from server.models import rpc_devices
-from server.models.placement import Placement, Share
-from server.models.rpc_devices import NodeUnreachable, PlacementLedger, RpcDevices
+from stackd.cluster.rpc_server import RpcServers
+from stackd.testing.loopback_peers import LoopbackPeers, PeerError
+from stackd.cluster import rpc_devices
+from stackd.cluster.placement import Placement, Share
+from stackd.cluster.rpc_devices import NodeUnreachable, PlacementLedger, RpcDevices
 
 from .conftest import run
 

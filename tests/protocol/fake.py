@@ -5,13 +5,13 @@ import asyncio
 
 import httptools
 
-from server.http.access_log import AccessLog
-from server.http.errors import ApiError, ErrorKind
-from server.http.limits import Limits
-from server.http.response import Response, StreamingResponse, json_response
-from server.http.routing import App, Endpoint
-from server.http.server import HttpServer
-from server.metrics import Metrics
+from stackd.http.access_log import AccessLog
+from stackd.http.errors import ApiError, ErrorKind
+from stackd.http.limits import Limits
+from stackd.http.response import Response, StreamingResponse, json_response
+from stackd.http.routing import App, Endpoint
+from stackd.http.server import HttpServer
+from stackd.observe.metrics import Metrics
 
 
 class FakeTransport(asyncio.Transport):

@@ -6,7 +6,7 @@ import random
 import httptools
 import pytest
 
-from server.http.protocol import HttpProtocol
+from stackd.http.protocol import HttpProtocol
 
 from .fake import connect, make_server
 

@@ -4,7 +4,7 @@ import uuid
 
 import orjson
 
-from server.http.protocol import RequestIds
+from stackd.http.protocol import RequestIds
 
 from .fake import parse_responses
 from .test_protocol import error_of, open_conn, settle
@@ -63,8 +63,8 @@ def test_trailer_fields_are_not_request_headers(loop):
 
 
 def test_trailer_cannot_authenticate(loop):
-    from server.http.routing import App, Endpoint
-    from server.http.response import json_response
+    from stackd.http.routing import App, Endpoint
+    from stackd.http.response import json_response
     seen = []
 
     def guard(request, route):

@@ -9,7 +9,7 @@ import uuid
 import orjson
 import pytest
 
-from server.http.protocol import HttpProtocol
+from stackd.http.protocol import HttpProtocol
 
 from .fake import connect, make_server, parse_responses
 
@@ -134,7 +134,7 @@ def test_deep_pipeline_does_not_recurse(loop, conn):
 def test_a_large_read_of_requests_answered_at_once_yields_to_the_loop(loop, conn):
     """Thousands of tiny requests in one read are answered a budget per loop turn, reading
     paused meanwhile, and all of them in order; one callback never answers them all."""
-    from server.http.protocol import PARSE_BUDGET, PARSE_SLICE
+    from stackd.http.protocol import PARSE_BUDGET, PARSE_SLICE
     protocol, transport = conn
     n = 3000
     data = b"".join(b"GET /echo?i=%d HTTP/1.1\r\n\r\n" % i for i in range(n))

@@ -5,8 +5,8 @@ import threading
 
 import orjson
 
-from server.http import access_log
-from server.http.access_log import AccessLog
+from stackd.http import access_log
+from stackd.http.access_log import AccessLog
 
 
 def log_requests(log: AccessLog, n: int) -> None:

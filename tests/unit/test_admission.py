@@ -3,11 +3,10 @@ import asyncio
 
 import pytest
 
-from server.http.errors import ApiError
-from server.models import manager as manager_module
-from server.models.manager import (BUFFER_OVERHEAD, MIB, EngineSettings, ModelManager,
-                                   kv_bytes_per_token)
-from server.models.store import Manifest
+from stackd.http.errors import ApiError
+from stackd.runtime import registry as manager_module
+from stackd.runtime.registry import (BUFFER_OVERHEAD, MIB, EngineSettings, ModelManager, kv_bytes_per_token)
+from stackd.store.store import Manifest
 
 MANIFEST = Manifest(id="m", file="blobs/sha256-" + "0" * 64, size=100 * MIB, sha256="0" * 64,
                     architecture="llama", kind="chat", quantization="Q4_1", parameter_count=1,

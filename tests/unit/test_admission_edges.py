@@ -4,11 +4,10 @@ import asyncio
 
 import pytest
 
-from server.http.errors import ApiError, ErrorKind
-from server.models import manager as manager_module
-from server.models.manager import (BUFFER_OVERHEAD, MIB, MIN_CONTEXT, EngineSettings, ModelManager,
-                                   kv_bytes_per_token)
-from server.models.store import Manifest
+from stackd.http.errors import ApiError, ErrorKind
+from stackd.runtime import registry as manager_module
+from stackd.runtime.registry import (BUFFER_OVERHEAD, MIB, MIN_CONTEXT, EngineSettings, ModelManager, kv_bytes_per_token)
+from stackd.store.store import Manifest
 
 
 def manifest(**changes) -> Manifest:

@@ -7,12 +7,12 @@ import stat
 import orjson
 import pytest
 
-from server.auth import permissions
-from server.auth.guard import KeyGuard
-from server.auth.keys import KeyStore, bootstrap_admin_key
-from server.auth.ratelimit import RateLimiter
-from server.http.errors import ApiError, ErrorKind
-from server.http.request import Session
+from stackd.auth import permissions
+from stackd.auth.guard import KeyGuard
+from stackd.auth.keys import KeyStore, bootstrap_admin_key
+from stackd.auth.ratelimit import RateLimiter
+from stackd.http.errors import ApiError, ErrorKind
+from stackd.http.request import Session
 
 
 class Route:

@@ -1,6 +1,6 @@
 import pytest
 
-from server import config
+from stackd import config
 
 
 def write(tmp_path, text):

@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 import pytest
 
-from server.models.gguf_check import GGUFError, GGUFInfo, check_gguf
+from stackd.store.gguf_check import GGUFError, GGUFInfo, check_gguf
 
 # value types
 U8, I8, U16, I16, U32, I32, F32V, BOOL, STR, ARR, U64, I64, F64 = range(13)

@@ -2,9 +2,9 @@
 a 400 on 'response_format' that names the limit, its value and its setting."""
 import pytest
 
-from server.http.errors import ApiError, ErrorKind
-from server.inference import grammar, limits
-from server.inference.grammar import check_grammar, json_schema_grammar, nesting
+from stackd.http.errors import ApiError, ErrorKind
+from stackd.chat import grammar, limits
+from stackd.chat.grammar import check_grammar, json_schema_grammar, nesting
 
 SMALL = limits.InferenceLimits(schema_max_depth=4, schema_max_nodes=6, grammar_max_repeat=5,
                                grammar_max_enum=3, grammar_max_rules=40, grammar_max_bytes=4000)

@@ -1,12 +1,12 @@
 """The node API's guard on its own: the per-connection cache, and the order of its checks."""
 import pytest
 
-from server.auth import permissions
-from server.auth.guard import KeyGuard
-from server.auth.keys import KeyStore
-from server.auth.ratelimit import RateLimiter
-from server.http.errors import ApiError
-from server.http.request import Session
+from stackd.auth import permissions
+from stackd.auth.guard import KeyGuard
+from stackd.auth.keys import KeyStore
+from stackd.auth.ratelimit import RateLimiter
+from stackd.http.errors import ApiError
+from stackd.http.request import Session
 
 
 class Route:

@@ -3,7 +3,7 @@ daemon no longer imports the email package for it)."""
 import email.utils
 import random
 
-from server.http.server import _http_date
+from stackd.http.server import _http_date
 
 
 def test_http_date_matches_email_utils_on_every_weekday_and_month():

@@ -3,8 +3,8 @@ import stat
 
 import pytest
 
-from server.auth import permissions
-from server.auth.keys import KeyStore, bootstrap_admin_key
+from stackd.auth import permissions
+from stackd.auth.keys import KeyStore, bootstrap_admin_key
 
 
 def test_created_key_authenticates_and_only_its_hash_is_stored(tmp_path):

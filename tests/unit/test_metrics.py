@@ -1,4 +1,4 @@
-from server.metrics import Metrics
+from stackd.observe.metrics import Metrics
 
 
 def test_prometheus_text_has_counters_histogram_and_gauges():

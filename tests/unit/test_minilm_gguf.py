@@ -13,7 +13,13 @@ import gguf
 import numpy as np
 import pytest
 
-from server.models import minilm_gguf as conv
+from pathlib import Path
+
+# A build tool, not a package module (native/minilm_gguf.py): loaded from its file.
+_TOOL = Path(__file__).resolve().parents[2] / "native" / "minilm_gguf.py"
+_spec = importlib.util.spec_from_file_location("minilm_gguf", _TOOL)
+conv = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(conv)
 
 
 # ---------------------------------------------------------------- helpers

@@ -2,7 +2,7 @@
 import ast
 import os
 
-from server.engine import native
+from stackd.engine import core as native
 
 STUB = os.path.join(os.path.dirname(native.__file__), os.pardir, "_engine.pyi")
 
@@ -18,7 +18,7 @@ def test_the_stub_lists_exactly_the_bound_sampling_fields():
 
 
 def test_every_sampling_field_survives_the_worker_wire():
-    from server.engine.clients import sampling_fields
+    from stackd.runtime.clients import sampling_fields
     p = native.SamplingParams()
     p.temperature, p.seed, p.logit_bias, p.grammar = 0.5, 7, [(3, -1.5)], 'root ::= "a"'
     import orjson

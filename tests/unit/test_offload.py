@@ -5,7 +5,9 @@ import contextlib
 import os
 import threading
 
-from server.inference import generate, offload, templates
+from stackd.api.inference import generate
+from stackd.system import offload
+from stackd.chat import templates
 
 
 def where() -> tuple[str, int]:

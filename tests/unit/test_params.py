@@ -1,9 +1,9 @@
 """Request parameters at their edges: each bound, type and limit, both sides of it."""
 import pytest
 
-from server.http import validate
-from server.http.errors import ApiError
-from server.inference import params
+from stackd.http import validate
+from stackd.http.errors import ApiError
+from stackd.api.inference import params
 
 VOCAB = 49152
 

@@ -3,8 +3,8 @@ that leaves it out gets, both sides of each bound, and the 400 naming the parame
 import pytest
 from llama_cpp.llama_grammar import JSON_GBNF
 
-from server.http.errors import ApiError, ErrorKind
-from server.inference import params
+from stackd.http.errors import ApiError, ErrorKind
+from stackd.api.inference import params
 
 VOCAB = 1000
 

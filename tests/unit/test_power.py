@@ -1,9 +1,9 @@
 """The power contract's sink policy, table-driven, and its parsing at every edge."""
 import pytest
 
-from server.cluster import power
-from server.cluster.power import NodeBudget, PowerSettings
-from server.http.errors import ApiError
+from stackd.cluster import power
+from stackd.cluster.power import NodeBudget, PowerSettings
+from stackd.http.errors import ApiError
 
 SETTINGS = PowerSettings(idle_mw=2000, max_mw=15000, min_voltage_mv=5000, max_voltage_mv=20000)
 ONE = [NodeBudget("n1", 2000, 15000)]

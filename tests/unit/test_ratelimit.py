@@ -1,7 +1,7 @@
 import pytest
 
-from server.auth.ratelimit import RateLimiter
-from server.http.errors import ApiError
+from stackd.auth.ratelimit import RateLimiter
+from stackd.http.errors import ApiError
 
 
 class Clock:

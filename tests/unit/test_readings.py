@@ -1,4 +1,4 @@
-from server.system import readings
+from stackd.system import readings
 
 
 def sensor(root, rel, millidegrees):

@@ -3,13 +3,11 @@ import os
 
 import pytest
 
-from server.engine.errors import EngineError, ErrorCode
-from server.engine.native import (STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED, SUBMIT_ACCEPTED,
-                                  SUBMIT_OVER_SHARE, SUBMIT_QUEUE_FULL, Event,
-                                  SamplingParams)
-from server.engine.runner import ModelRunner
-from server.inference.failures import api_error
-from server.models.manager import LoadedModel
+from stackd.engine.errors import EngineError, ErrorCode
+from stackd.engine.core import (STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE, SUBMIT_QUEUE_FULL, Event, SamplingParams)
+from stackd.runtime.runner import ModelRunner
+from stackd.api.errors import api_error
+from stackd.runtime.registry import LoadedModel
 
 
 class FakeClient:

@@ -4,9 +4,9 @@ import threading
 
 import pytest
 
-from server.inference import templates
-from server.inference.limits import InferenceLimits
-from server.inference.sandbox import ChatTemplate, TemplateFailure
+from stackd.chat import templates
+from stackd.chat.limits import InferenceLimits
+from stackd.chat.sandbox import ChatTemplate, TemplateFailure
 
 LIMITS = InferenceLimits()
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]

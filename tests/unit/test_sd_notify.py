@@ -3,7 +3,7 @@ import asyncio
 import os
 import socket
 
-from server.system.sd_notify import Notifier
+from stackd.system.sd_notify import Notifier
 
 
 def fake_systemd(tmp_path):

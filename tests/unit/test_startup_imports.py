@@ -17,9 +17,9 @@ def imported_by(code: str) -> list[str]:
 
 # Everything `serve` imports on its way to listening with its models loaded (server/daemon.py
 # and the modules its start-up functions import).
-STARTUP = ("server.daemon", "server.models.defaults", "server.models.manager", "server.models.store",
-           "server.models.pulling", "server.cluster.power", "server.cluster.rpc_routes",
-           "server.cluster.rpc_server", "server.cluster.solo")
+STARTUP = ("stackd.daemon", "stackd.store.defaults", "stackd.runtime.registry", "stackd.store.store",
+           "stackd.store.pulling", "stackd.cluster.power", "stackd.api.cluster.rpc",
+           "stackd.cluster.rpc_server", "stackd.testing.loopback_peers")
 LOADED_ON_DEMAND = {
     "stackd_gguf_constants": "gguf-py's constants (hundreds of enum members): the first GGUF check",
     "stackd_llama_grammar": "the JSON-schema-to-GBNF converter: the first JSON-output request",
@@ -38,8 +38,8 @@ def test_a_daemon_start_leaves_the_on_demand_modules_unloaded():
 
 def test_the_on_demand_modules_load_when_needed():
     code = ("import json, sys\n"
-            "from server.inference import gbnf\n"
-            "from server.models import defaults, gguf_check\n"
+            "from stackd.chat import gbnf\n"
+            "from stackd.store import defaults, gguf_check\n"
             "assert gbnf.json_gbnf() and 'root' in gbnf.json_schema_to_gbnf('{\"type\": \"integer\"}')\n"
             "assert gguf_check.check_gguf(defaults.smollm2_path()).quantization == 'Q4_1'\n"
             "print(json.dumps(sorted(n for n in sys.modules if n.startswith('stackd_'))))")

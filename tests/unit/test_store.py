@@ -5,8 +5,8 @@ import stat
 
 import pytest
 
-from server.models.store import ModelStore, StoreError, file_sha256, valid_model_id
-from server.models.vocab_check import VocabError
+from stackd.store.store import ModelStore, StoreError, file_sha256, valid_model_id
+from stackd.store.vocab_check import VocabError
 from tests.models.crafted import old_store_manifest
 from tests.models.tiny import vocabulary, write_tiny
 

@@ -8,8 +8,8 @@ import time
 import orjson
 import pytest
 
-from server.models import store as store_module
-from server.models.store import Manifest, ModelStore, StoreError, file_sha256, valid_model_id
+from stackd.store import store as store_module
+from stackd.store.store import Manifest, ModelStore, StoreError, file_sha256, valid_model_id
 from tests.models.tiny import write_tiny
 
 

@@ -1,5 +1,5 @@
 """The worker restart schedule: at once after a first crash, then a doubling back-off, capped."""
-from server.models.manager import RESTART_BACKOFF_MAX, restart_delay
+from stackd.runtime.registry import RESTART_BACKOFF_MAX, restart_delay
 
 
 def test_a_first_crash_restarts_at_once():
@@ -15,7 +15,7 @@ def test_the_back_off_is_capped():
 
 
 def test_auto_wait_policy_spins_for_chat_and_sleeps_for_embeddings():
-    from server.models.manager import omp_wait_policy
+    from stackd.runtime.registry import omp_wait_policy
     assert omp_wait_policy("auto", embeddings=False) == "inherit"
     assert omp_wait_policy("auto", embeddings=True) == "passive"
     assert omp_wait_policy("active", embeddings=True) == "active"

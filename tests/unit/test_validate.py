@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from server.http import validate as v
-from server.http.errors import ApiError
+from stackd.http import validate as v
+from stackd.http.errors import ApiError
 
 
 def error_of(spec, body):

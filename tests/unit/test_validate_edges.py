@@ -2,8 +2,8 @@
 which types each refuses, and that every refusal is a 400 naming the field and its problem."""
 import pytest
 
-from server.http import validate
-from server.http.errors import ApiError, ErrorKind
+from stackd.http import validate
+from stackd.http.errors import ApiError, ErrorKind
 
 
 def refusal(check, body, field="f", **options) -> ApiError:

@@ -1,0 +1,182 @@
+"""The cluster group (port 5381): health, topology, status, nodes (from membership, on every
+node: server/cluster/views.py), the power contract, metrics, the engine trace."""
+from __future__ import annotations
+
+from ...auth import permissions as perm
+from ...http import validate
+from ...http.errors import ApiError, ErrorKind
+from ...http.openapi import json_answer
+from ...http.validate import Body
+from ...http.response import Response, StreamingResponse, json_response
+from ...http.wire import JSON
+from ...http.routing import Endpoint
+from ...observe import prometheus, trace
+from ...system import readings
+from . import gate
+from ...cluster import views
+
+CLUSTER = "cluster"
+
+
+def health(node, request) -> Response:
+    # The body only changes once a second (uptime) or when the sensor cache refreshes,
+    # so a probe hammering this endpoint reuses one encoded body.
+    state = (node.uptime_seconds(), node.thermometer.celsius())
+    cached = node.health_cache
+    if cached is None or cached[0] != state:
+        body = {"status": "ok", "uptime_seconds": state[0], "temperature_c": state[1]}
+        cached = node.health_cache = (state, json_response(body))
+    return cached[1]
+
+
+def topology(node, request) -> Response:
+    return json_response(views.current(node, node.membership, "topology"))
+
+
+def cluster_status(node, request) -> Response:
+    return json_response(views.current(node, node.membership, "cluster"))
+
+
+def nodes(node, request) -> Response:
+    return json_response(views.current(node, node.membership, "nodes"))
+
+
+def power_contract(node, request) -> Response:
+    """A power module's controller posts its capabilities; the answer is the sink's request."""
+    return json_response(node.power.negotiate(request.json()))
+
+
+def power_contract_in_force(node, request) -> Response:
+    if node.membership is not None and not node.membership.is_leader:
+        return json_response(views.current(node, node.membership, "power") or node.power.in_force())
+    return json_response(node.power.in_force())
+
+
+def _engines(node) -> dict:
+    """The loaded models' engines. Their counters, histograms and trace stay readable while a
+    model unloads (the observer outlives the freed model), so runner.engine is read directly."""
+    if node.models is None:
+        return {}
+    return {model_id: m.runner.engine for model_id, m in node.models.loaded.items()}
+
+
+def _worker_metrics(node) -> bytes:
+    if node.models is None or not node.models.loaded:
+        return b""
+    out = ["# HELP stackd_model_restarts_total Times a model's worker process was restarted after dying.",
+           "# TYPE stackd_model_restarts_total counter"]
+    out += [f'stackd_model_restarts_total{{model="{m}"}} {model.restarts}'
+            for m, model in node.models.loaded.items()]
+    out += ["# HELP stackd_model_memory_pss_bytes Proportional set size of a model's worker process.",
+            "# TYPE stackd_model_memory_pss_bytes gauge"]
+    for m, model in node.models.loaded.items():
+        pid = model.runner.engine.pid
+        pss = readings.pss_bytes(pid) if pid else None
+        if pss is not None:
+            out.append(f'stackd_model_memory_pss_bytes{{model="{m}"}} {pss}')
+    return ("\n".join(out) + "\n").encode()
+
+
+def _cluster_gauges(membership) -> dict:
+    if membership is None:
+        return {}
+    nodes = membership.nodes()
+    return {"stackd_cluster_nodes": ("Nodes this node knows of, itself included.", len(nodes)),
+            "stackd_cluster_nodes_up": ("Of those, the nodes that are up.",
+                                        sum(n.status == "up" for n in nodes)),
+            "stackd_cluster_fenced": ("1 while this follower has lost its leader.", int(membership.fenced))}
+
+
+def metrics(node, request) -> Response:
+    gauges = {"stackd_uptime_seconds": ("Seconds since the daemon started.", node.uptime_seconds()),
+              **_cluster_gauges(node.membership)}
+    return Response(200, node.metrics.render(gauges) + prometheus.render(_engines(node)) + _worker_metrics(node),
+                    b"text/plain; version=0.0.4; charset=utf-8")
+
+
+async def debug_trace(node, request) -> StreamingResponse:
+    body = request.json()
+    seconds = trace.seconds_of(body)
+    model_id = validate.string(body, "model", required=False, max_len=256)
+    engines = _engines(node)
+    if model_id is not None:
+        if model_id not in engines:
+            raise ApiError(ErrorKind.MODEL_NOT_FOUND, f"the model '{model_id}' is not loaded", param="model")
+        engines = {model_id: engines[model_id]}
+    recorded = await trace.record(node, engines, seconds, node.settings["debug.trace_reply_timeout"])
+    return StreamingResponse(recorded.stream(), JSON)
+
+
+# What the handlers above answer, for the OpenAPI document.
+_INT, _STR, _NUM = {"type": "integer"}, {"type": "string"}, {"type": "number"}
+
+
+def _obj(properties: dict) -> dict:
+    return {"type": "object", "required": list(properties), "properties": properties}
+
+
+HEALTH = _obj({"status": {"const": "ok"}, "uptime_seconds": _INT,
+               "temperature_c": {"type": ["number", "null"]}})
+_AGE = {"type": ["integer", "null"], "description": "On a follower: how old the leader's view is (ms)."}
+_STATUS = {"enum": ["up", "down"]}
+_ROLE = {"enum": ["leader", "follower"]}
+TOPOLOGY = _obj({"cluster_id": _STR, "node_count": _INT, "leader": {"type": ["string", "null"]}, "nodes": {
+    "type": "array", "items": _obj({"id": _STR, "role": _ROLE, "ram_gb": _INT, "status": _STATUS,
+                                    "last_seen_ago_ms": _INT, "address": _STR})}})
+TOPOLOGY["properties"]["view_age_ms"] = _AGE
+CLUSTER_STATUS = _obj({"status": {"enum": ["healthy", "degraded", "unavailable"]}, "total_ram_gb": _INT,
+                       "active_model": {"type": ["string", "null"]}, "node_count": _INT, "nodes_up": _INT,
+                       "leader": {"type": ["string", "null"]},
+                       "reasons": {"type": "array", "items": _STR}})
+CLUSTER_STATUS["properties"]["view_age_ms"] = _AGE
+NODE = _obj({
+    "id": _STR, "role": _ROLE, "status": _STATUS, "address": _STR, "last_seen_ago_ms": _INT,
+    "hostname": _STR, "ram_gb": _INT, "cpu_cores": {"type": ["integer", "null"]}, "threads": _INT,
+    "load_average": {"type": ["array", "null"], "items": _NUM},
+    "memory_total_bytes": _INT, "memory_available_bytes": _INT, "model_memory_bytes": _INT,
+    "disk_free_bytes": _INT, "temperature_c": {"type": ["number", "null"]}, "uptime_seconds": _INT,
+    "system_uptime_seconds": _INT, "loaded_models": {"type": "array", "items": _STR},
+    "power": {"type": ["object", "null"]},
+    "power_budget": _obj({"idle_mw": _INT, "max_mw": _INT})})
+NODES = _obj({"object": {"const": "list"}, "data": {"type": "array", "items": NODE}})
+NODES["properties"]["view_age_ms"] = _AGE
+METRICS = {"description": "Prometheus text exposition (version 0.0.4).",
+           "content": {"text/plain": {"schema": {"type": "string"}}}}
+
+
+def _answers(schema: dict, description: str) -> dict:
+    return {200: json_answer(schema, description)}
+
+
+ROUTES = {
+    ("GET", "/v1/health"): Endpoint(health, perm.CLUSTER_READ, CLUSTER,
+                                    responses=_answers(HEALTH, "The node is up.")),
+    ("GET", "/v1/topology"): Endpoint(topology, perm.CLUSTER_READ, CLUSTER,
+                                      responses=_answers(TOPOLOGY, "The cluster's nodes and leader.")),
+    ("GET", "/v1/cluster"): Endpoint(cluster_status, perm.CLUSTER_READ, CLUSTER,
+                                     responses=_answers(CLUSTER_STATUS, "The cluster's status.")),
+    ("GET", "/v1/nodes"): Endpoint(nodes, perm.CLUSTER_READ, CLUSTER,
+                                   responses=_answers(NODES, "Every node with its readings.")),
+    # The power contract's fields are checked in server/cluster/power (not yet with specs):
+    # documented as any object until they are.
+    ("POST", "/v1/power/contract"): Endpoint(
+        power_contract, perm.CLUSTER_WRITE, CLUSTER, summary="Negotiate a power contract",
+        body=Body(doc="The source's capabilities (USB PD power data objects)."),
+        responses=_answers({"type": "object"}, "The sink's request and the contract.")),
+    ("GET", "/v1/power/contract"): Endpoint(
+        power_contract_in_force, perm.CLUSTER_READ, CLUSTER, summary="The power contract in force",
+        responses=_answers({}, "The contract in force.")),
+    ("GET", "/metrics"): Endpoint(metrics, perm.CLUSTER_READ, CLUSTER, summary="Prometheus metrics",
+                                  responses={200: METRICS}),
+    ("POST", "/v1/debug/trace"): Endpoint(
+        debug_trace, perm.CLUSTER_WRITE, CLUSTER, summary="Record an engine trace",
+        body=Body(doc='{"seconds": 1..60, "model"?}: record for that long, one trace at a time.'),
+        responses=_answers({"type": "object"}, "Chrome trace event JSON ({\"traceEvents\": [...]})")),
+}
+
+
+def leader_only_routes(membership) -> dict:
+    """A follower's cluster group: the same, but the power contract is negotiated by the leader
+    (a follower shows the leader's contract it last received)."""
+    negotiate = ("POST", "/v1/power/contract")
+    return {**ROUTES, **gate.leader_only({negotiate: ROUTES[negotiate]}, membership)}

@@ -1,0 +1,115 @@
+"""POST /v1/chat/completions."""
+from __future__ import annotations
+
+import contextlib
+
+from ...http import validate
+from ...http.errors import ApiError, invalid
+from ...http.response import Response, StreamingResponse, json_response
+from ...observe.timings import timings
+from . import generate, params, responses
+from ...chat import templates
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+MAX_MESSAGES = 4096
+
+
+TEXT_PART = validate.Object(
+    "", validate.Const("type", "text", required=True),
+    validate.String("text", required=True, max_len=None, allow_empty=True),
+    message="'{field}' must be a text part ({{\"type\": \"text\", \"text\": ...}}); "
+            "other part types are not supported")
+MESSAGE = validate.Object(
+    "",
+    validate.String("role", required=True, choices=ROLES),
+    validate.OneOf("content", validate.String(max_len=None, allow_empty=True),
+                   validate.Array(items=TEXT_PART),
+                   doc="Required, except in an assistant turn that only called tools.",
+                   message="'{field}' must be a string or an array of text parts"),
+    validate.String("name", max_len=256),
+    validate.String("tool_call_id", max_len=256))
+MESSAGES = validate.Array("messages", MESSAGE, required=True, min_items=1, max_items=MAX_MESSAGES,
+                          doc="The conversation so far, oldest first.")
+
+
+def messages_of(body: dict) -> list[dict]:
+    """The conversation, checked against MESSAGES (in one pass), as the chat template takes it."""
+    messages = body.get("messages")
+    if messages is None:
+        MESSAGES.absent("messages", "messages" in body)    # required: says so
+    MESSAGES.check_size(messages, "messages")
+    out = []
+    for i, message in enumerate(messages):
+        MESSAGE.check(message, ("messages", i))
+        role = message["role"]
+        content = message.get("content")
+        if content is None:
+            if role != "assistant":           # only an assistant turn may just call tools
+                raise invalid(f"'messages[{i}].content' is required", f"messages[{i}].content")
+            content = ""
+        elif not isinstance(content, str):
+            content = "".join(part["text"] for part in content)
+        entry = {"role": "system" if role == "developer" else role, "content": content}
+        for optional in ("name", "tool_call_id"):
+            if message.get(optional) is not None:
+                entry[optional] = message[optional]
+        out.append(entry)
+    return out
+
+
+async def chat_completions(node, request) -> Response | StreamingResponse:
+    body = request.json()
+    model = await node.models.get(params.MODEL.read(body), "chat")
+    gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=True)
+    prompt = await templates.prompt_tokens(model, messages_of(body))
+    generate.check_fits(len(prompt), model.context_length, "messages")
+    stream = await model.runner.generate(generate.jobs_for([prompt], gen, model.context_length), gen.stop,
+                                   generate.owner_of(request))
+    head = responses.envelope("chat.completion", responses.new_id("chatcmpl"), model.id)
+    if gen.stream:
+        return StreamingResponse(_chunks(model.runner, stream, gen, head), b"text/event-stream")
+
+    choices = await generate.collect(model.runner, stream, gen.n)
+    head["choices"] = [{
+        "index": i,
+        "message": {"role": "assistant", "content": c.joined(), "refusal": None},
+        "logprobs": responses.chat_logprobs(c.logprobs) if gen.logprobs else None,
+        "finish_reason": c.finish_reason,
+    } for i, c in enumerate(choices)]
+    head["usage"] = responses.usage(choices, [0])
+    head["timings"] = timings(choices, [0])
+    return json_response(head)
+
+
+async def _chunks(runner, stream, gen: params.Generation, head: dict):
+    head = dict(head, object="chat.completion.chunk")
+    usage_field = {"usage": None} if gen.include_usage else {}
+    choices = [responses.Choice() for _ in range(gen.n)]
+
+    def chunk(index: int, delta: dict, reason=None, logprobs=None, **extra) -> bytes:
+        return responses.sse({**head, "choices": [{"index": index, "delta": delta,
+                                                    "logprobs": logprobs, "finish_reason": reason}],
+                              **usage_field, **extra})
+
+    try:
+        for i in range(gen.n):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        n_open = gen.n
+        async with contextlib.aclosing(generate.follow(runner, stream, choices)) as events:
+            async for index, choice, event in events:
+                text = event.text
+                entries = event.logprobs
+                if text or entries:
+                    logprobs = responses.chat_logprobs(entries) if gen.logprobs and entries else None
+                    yield chunk(index, {"content": text.decode("utf-8", "replace")}, None, logprobs)
+                if choice.finish_reason is not None:
+                    n_open -= 1
+                    last = n_open == 0 and not gen.include_usage   # the timings go in the last chunk
+                    extra = {"timings": timings(choices, [0])} if last else {}
+                    yield chunk(index, {}, choice.finish_reason, **extra)
+        if gen.include_usage:
+            yield responses.sse({**head, "choices": [], "usage": responses.usage(choices, [0]),
+                                 "timings": timings(choices, [0])})
+        yield responses.SSE_DONE
+    except ApiError as exc:              # the head is sent: report in the stream, then end it
+        yield responses.sse(exc.body())

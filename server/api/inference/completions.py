@@ -1,0 +1,101 @@
+"""POST /v1/completions."""
+from __future__ import annotations
+
+import contextlib
+
+from ...http import validate
+from ...http.errors import ApiError, invalid
+from ...http.response import Response, StreamingResponse, json_response
+from ...observe.timings import timings
+from . import generate, params, responses
+
+MAX_PROMPTS = 64
+
+
+_PROMPT_ENTRY = "'prompt' entries must be strings or arrays of token ids in the vocabulary"
+PROMPT = validate.OneOf(
+    "prompt", validate.String(max_len=None, allow_empty=True), validate.Tokens(),
+    validate.Array(items=validate.OneOf("", validate.String(max_len=None, allow_empty=True),
+                                        validate.Tokens(), message=_PROMPT_ENTRY),
+                   min_items=1, max_items=MAX_PROMPTS),
+    required=True, flat=True,
+    doc="A string, an array of strings, a token array, or an array of token arrays.",
+    message="'prompt' must be a string, an array of strings, or token arrays")
+ECHO = validate.Boolean("echo", doc="Put the prompt before the completion.")
+
+
+def prompts_of(body: dict, engine) -> list[list[int]]:
+    """A string, a list of strings, a token array, or a list of token arrays (PROMPT)."""
+    prompt = PROMPT.read(body)
+    if isinstance(prompt, str) or validate.is_tokens(prompt):
+        prompt = [prompt]
+    out = []
+    n_vocab = engine.n_vocab
+    for item in prompt:
+        if isinstance(item, str):
+            out.append(engine.tokenize(item, True, True))
+        elif all(t < n_vocab for t in item):
+            out.append(list(item))
+        else:
+            raise invalid(_PROMPT_ENTRY, "prompt")
+    return out
+
+
+async def completions(node, request) -> Response | StreamingResponse:
+    body = request.json()
+    model = await node.models.get(params.MODEL.read(body), "chat")
+    gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=False)
+    echo = ECHO.read(body)
+    prompts = await generate.tokenized(model, prompts_of, body, request)
+    for prompt in prompts:
+        generate.check_fits(len(prompt), model.context_length)
+    stream = await model.runner.generate(generate.jobs_for(prompts, gen, model.context_length), gen.stop,
+                                   generate.owner_of(request))
+    head = responses.envelope("text_completion", responses.new_id("cmpl"), model.id)
+    n_choices = len(prompts) * gen.n
+    if gen.stream:
+        return StreamingResponse(_chunks(model.runner, stream, gen, head, n_choices),
+                                 b"text/event-stream")
+
+    choices = await generate.collect(model.runner, stream, n_choices)
+    prefixes = [_echo_text(model.engine, prompts[i // gen.n]) if echo else "" for i in range(n_choices)]
+    head["choices"] = [{
+        "text": prefixes[i] + c.joined(),
+        "index": i,
+        "logprobs": responses.completion_logprobs(c.logprobs, len(prefixes[i])) if gen.logprobs else None,
+        "finish_reason": c.finish_reason,
+    } for i, c in enumerate(choices)]
+    head["usage"] = responses.usage(choices, list(range(0, n_choices, gen.n)))
+    head["timings"] = timings(choices, list(range(0, n_choices, gen.n)))
+    return json_response(head)
+
+
+def _echo_text(engine, prompt: list[int]) -> str:
+    return b"".join(engine.piece(t) for t in prompt).decode("utf-8", "replace")
+
+
+async def _chunks(runner, stream, gen: params.Generation, head: dict, n_choices: int):
+    usage_field = {"usage": None} if gen.include_usage else {}
+    choices = [responses.Choice() for _ in range(n_choices)]
+    prompts_counted = list(range(0, n_choices, gen.n))
+    n_open = n_choices
+    try:
+        async with contextlib.aclosing(generate.follow(runner, stream, choices)) as events:
+            async for index, choice, event in events:
+                entries = event.logprobs
+                logprobs = responses.completion_logprobs(entries) if gen.logprobs and entries else None
+                extra = {}
+                if choice.finish_reason is not None:
+                    n_open -= 1
+                    if n_open == 0 and not gen.include_usage:   # the timings go in the last chunk
+                        extra = {"timings": timings(choices, prompts_counted)}
+                yield responses.sse({**head, "choices": [{
+                    "text": event.text.decode("utf-8", "replace"), "index": index,
+                    "logprobs": logprobs, "finish_reason": choice.finish_reason}], **usage_field,
+                    **extra})
+        if gen.include_usage:
+            yield responses.sse({**head, "choices": [], "usage": responses.usage(choices, prompts_counted),
+                                 "timings": timings(choices, prompts_counted)})
+        yield responses.SSE_DONE
+    except ApiError as exc:              # the head is sent: report in the stream, then end it
+        yield responses.sse(exc.body())

@@ -1,0 +1,83 @@
+"""What chat and completions share: turning prompts into engine jobs, collecting results,
+and the context-length rules."""
+from __future__ import annotations
+
+from ...runtime.runner import Generation
+from ...system import offload
+from ...http.errors import ApiError, ErrorKind, invalid
+from . import params as gen_params
+from ..errors import of_event
+from .responses import Choice
+
+
+# Bodies up to this size are tokenized on the loop (microseconds); larger ones on an offload
+# thread (offload.py), so a 1 MiB prompt or 2,048 embedding inputs never stall the other clients.
+OFF_LOOP_BYTES = 16 * 1024
+
+
+async def tokenized(model, parse, body: dict, request):
+    """`parse(body, engine)`: the request's inputs as token lists, off the loop when large."""
+    if len(request.body) <= OFF_LOOP_BYTES:
+        return parse(body, model.engine)
+
+    def run():
+        with model.runner.lease() as engine:
+            return parse(body, engine)
+
+    return await offload.run(run)
+
+
+def owner_of(request) -> int:
+    """Who a request counts against for the fair share of a model: its API key."""
+    key = getattr(request, "key", None)
+    return hash(key.id) if key is not None else 0
+
+
+def check_fits(n_prompt: int, context_length: int, what: str = "prompt") -> None:
+    if n_prompt == 0:
+        raise invalid(f"the {what} is empty after tokenization")
+    if n_prompt >= context_length:
+        raise ApiError(ErrorKind.CONTEXT_LENGTH_EXCEEDED,
+                       f"this model's context is {context_length} tokens, but the {what} has "
+                       f"{n_prompt} tokens and at least one token must be left to generate",
+                       param="messages" if what == "messages" else "prompt")
+
+
+def jobs_for(prompts: list[list[int]], gen: gen_params.Generation, context_length: int) -> list:
+    """One job per choice: prompt p's j-th choice is job p * n + j. Generation stops at the
+    context's end (finish_reason "length") when max_tokens would pass it."""
+    jobs = []
+    for prompt in prompts:
+        room = context_length - len(prompt)
+        max_tokens = room if gen.max_tokens is None else min(gen.max_tokens, room)
+        for j in range(gen.n):
+            jobs.append((prompt, max_tokens, gen.sampling_for_choice(j)))
+    return jobs
+
+
+async def follow(runner, stream: Generation, choices: list[Choice]):
+    """Yield (index, choice, event) as events arrive, recording each into its choice. Raises
+    ApiError if the engine fails a request. Whatever ends the consumer (the last event, an
+    error, a client that went away) frees the request's slots."""
+    try:
+        async for event in stream:
+            index = stream.choice[event.id_request]
+            choice = choices[index]
+            choice.add(event)
+            if failed(choice):
+                raise of_event(choice.error)
+            yield index, choice, event
+    finally:
+        runner.cancel(stream)            # no-op once every choice has finished
+
+
+async def collect(runner, stream: Generation, n_choices: int) -> list[Choice]:
+    choices = [Choice() for _ in range(n_choices)]
+    async for _ in follow(runner, stream, choices):
+        pass
+    return choices
+
+
+def failed(choice: Choice) -> bool:
+    return choice.finish_reason in ("error", "abort")
+

@@ -1,0 +1,155 @@
+"""The model-management group, on both ports, counted against the cluster rate-limit group.
+
+Load, unload and pull answer with the model's description: its manifest facts and its
+state, the same shape as an entry of GET /v1/models.
+"""
+from __future__ import annotations
+
+import orjson
+
+from ..auth import permissions as perm
+from ..http import validate
+from ..http.errors import ApiError
+from ..http.openapi import json_answer
+from ..http.response import Response, StreamingResponse, json_response
+from ..http.routing import Endpoint
+from ..store.defaults import CHAT_MODEL
+
+CLUSTER = "cluster"
+
+# The bodies, described once: the handlers read these and the OpenAPI document shows them.
+MODEL = validate.String("model", required=True, max_len=256, doc="The model's id in the store.")
+CONTEXT_LENGTH = validate.Integer("context_length", lo=1, hi=1 << 24,
+                                  doc="Tokens per sequence; at most the model's trained context.")
+SPLIT_MODE = validate.String("split_mode", choices=("layer", "tensor"),
+                             doc="How a model placed over several nodes is cut: by layers (the default) or by "
+                                 "tensors (llama.cpp's tensor split; flash attention, an f16 KV cache).")
+NODES = validate.Array("nodes", validate.String(max_len=128), min_items=1, max_items=16,
+                       doc="Node ids to place the model on (GET /v1/nodes); the default is the leader alone "
+                           "when it fits, else every node that is up.")
+PIPELINE = validate.Boolean("pipeline", doc="Layer split over several nodes: the leader computes its layers "
+                                             "through its own loopback RPC server, so every layer is on an RPC "
+                                             "device and llama.cpp overlaps micro-batches across the nodes.")
+LAYERS = validate.Array("layers", validate.Integer(lo=1, hi=1 << 16), min_items=1, max_items=16,
+                        doc="Layer split: how many layers each node of 'nodes' takes, in that order (they add "
+                            "up to the model's layer count), as llama.cpp's --tensor-split; the default shares "
+                            "the layers out in proportion to the memory each node offers.")
+LANES = validate.Integer("lanes", lo=1, hi=8,
+                         doc="Layer split over several nodes: the engine's lanes, contexts of the model that "
+                             "share the slots and step in turn, so that one lane's step runs on a follower "
+                             "while another's runs on the leader (1, the default: one context). Pays when the "
+                             "nodes' parts of a step take about as long (see 'layers').")
+OPTIONS = validate.Object("options", CONTEXT_LENGTH, SPLIT_MODE, NODES, PIPELINE, LAYERS, LANES)
+PULL_MODEL = validate.String("model", required=True, max_len=256,
+                             doc="A registry reference: name, name:tag or namespace/name:tag.")
+STREAM = validate.Boolean("stream", doc="Report progress as NDJSON lines.")
+LOAD_BODY = validate.Body(MODEL, OPTIONS, example={"model": CHAT_MODEL})
+UNLOAD_BODY = validate.Body(MODEL, example={"model": CHAT_MODEL})
+PULL_BODY = validate.Body(PULL_MODEL, STREAM, example={"model": "smollm2:135m"})
+
+
+async def load(node, request) -> Response:
+    """Load a model into memory, optionally with a context length."""
+    body = request.json()
+    model_id = MODEL.read(body)
+    options = OPTIONS.read(body) or {}
+    context_length = options.get("context_length")
+    model = await node.models.load(model_id, context_length, options)
+    return json_response(node.models.describe(model.manifest))
+
+
+async def unload(node, request) -> Response:
+    """Unload a model; its in-flight requests end with 503."""
+    model_id = MODEL.read(request.json())
+    manifest = await node.models.unload(model_id)
+    return json_response(node.models.describe(manifest))
+
+
+async def pull(node, request) -> Response | StreamingResponse:
+    """Download a model from the model registry into the store.
+
+    {model, stream?}: NDJSON progress ({status, digest, total, completed}, Ollama's shape)
+    when streaming, else one JSON result once the model is in the store."""
+    body = request.json()
+    name = PULL_MODEL.read(body)
+    events = node.pulls.pull(name)
+    if STREAM.read(body):
+        first = await anext(events)          # a bad name or missing registry is a plain 4xx
+        return StreamingResponse(_ndjson(first, events), b"application/x-ndjson")
+    model_id = None
+    async for event in events:
+        model_id = event.get("model", model_id)
+    result = node.models.describe(node.models.manifest(model_id))
+    return json_response({"status": "success", **result})
+
+
+async def _ndjson(first: dict, events):
+    yield orjson.dumps(first, option=orjson.OPT_APPEND_NEWLINE)
+    try:
+        async for event in events:
+            yield orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
+    except ApiError as exc:                 # the head is sent: report in the stream, then end it
+        yield orjson.dumps(exc.body(), option=orjson.OPT_APPEND_NEWLINE)
+
+
+# What ModelManager.describe answers: the model's facts and state.
+_INT, _STR = {"type": "integer"}, {"type": "string"}
+_NULLABLE_INT = {"type": ["integer", "null"]}
+MODEL_STATES = ["available", "loading", "loaded", "unloading", "failed"]
+MODEL_SCHEMA = {"type": "object", "required": [
+    "id", "object", "created", "owned_by", "kind", "state", "context_length",
+    "trained_context_length", "architecture", "quantization", "parameter_count", "size", "sha256",
+    "file", "source"], "properties": {
+    "id": _STR, "object": {"const": "model"}, "created": _INT, "owned_by": _STR,
+    "kind": {"type": "string", "enum": ["chat", "embedding"]},
+    "state": {"type": "string", "enum": MODEL_STATES},
+    "context_length": _NULLABLE_INT, "trained_context_length": _NULLABLE_INT,
+    "architecture": _STR, "quantization": _STR, "parameter_count": _INT, "size": _INT,
+    "sha256": _STR, "file": _STR, "source": _STR,
+    "error": {"type": "string", "description": "Why the last load failed."},
+    "placement": {"type": "object", "required": ["split_mode", "nodes"],
+                  "description": "Where a loaded model's layers are: the nodes and what each holds.",
+                  "properties": {
+                      "split_mode": {"type": "string", "enum": ["layer", "tensor"]},
+                      "pipeline": {"type": "boolean"},
+                      "lanes": {"type": "integer", "minimum": 2,
+                                "description": "layer split over several nodes, options.lanes: the "
+                                               "engine's contexts, a step of each in flight at once"},
+                      "nodes": {"type": "array", "items": {
+                          "type": "object", "required": ["id", "memory_bytes"], "properties": {
+                              "id": _STR, "memory_bytes": _INT,
+                              "layers": {"type": "integer", "description": "layer split: its layers"},
+                              "share": {"type": "number", "description": "tensor split: its share of "
+                                                                         "every weight matrix"}}}}}}}}
+MODEL_LIST_SCHEMA = {"type": "object", "required": ["object", "data"], "properties": {
+    "object": {"const": "list"}, "data": {"type": "array", "items": MODEL_SCHEMA}}}
+
+MODEL_ERRORS = {400: "The model id is not valid.", 404: "The model is not in the store."}
+PULLED = {"type": "object", "required": ["status"],
+          "properties": {**MODEL_SCHEMA["properties"], "status": {"const": "success"}}}
+PROGRESS = {"application/x-ndjson": {"schema": {
+    "type": "object", "description": "One JSON object a line: {status, digest?, total?, completed?}, "
+                                     "the last {status: success, model}, or an error object."}}}
+
+ROUTES = {
+    ("POST", "/v1/models/load"): Endpoint(load, perm.MODELS_MANAGE, CLUSTER, body=LOAD_BODY, responses={
+        200: json_answer(MODEL_SCHEMA, "The model, loaded."),
+        **MODEL_ERRORS,
+        400: "The model id is not valid, options.context_length is outside the model's range, or "
+             "options.nodes names a node that is not up.",
+        503: "The model is being unloaded, or a node it was to be placed on does not answer; retry.",
+        507: "The model with this context does not fit in the cluster's memory; nothing was changed."}),
+    ("POST", "/v1/models/unload"): Endpoint(unload, perm.MODELS_MANAGE, CLUSTER, body=UNLOAD_BODY,
+                                            responses={200: json_answer(MODEL_SCHEMA, "The model, "
+                                                                        "no longer loaded."),
+                                                       **MODEL_ERRORS}),
+    ("POST", "/v1/models/pull"): Endpoint(pull, perm.MODELS_MANAGE, CLUSTER, body=PULL_BODY, responses={
+        200: {**json_answer(PULLED, "The model, in the store."), "content": {
+            "application/json": {"schema": PULLED}, **PROGRESS}},
+        400: "The reference is not valid, no registry is configured, or the file is not a valid "
+             "GGUF model.",
+        404: "The registry has no such model.",
+        413: "The model is larger than models.max_pull_gb.",
+        503: "The registry cannot be reached or failed; retry later.",
+        507: "The disk would be left with less than models.disk_reserve_mb free."}),
+}

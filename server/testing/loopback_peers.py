@@ -1,0 +1,118 @@
+"""Simulated followers behind the Membership interface, for placement tests on one machine.
+
+`SoloMembership` is a leader with no followers (the real Membership in membership.py serves
+every node, one-node clusters included; this is only the base of the simulation). `LoopbackPeers` adds simulated followers
+whose RPC server children this same daemon starts on loopback, behind their relays, as a
+follower would: placement, the relay and node loss run for real on one machine. It is a
+test hook (STACKD_TEST_LOOPBACK_PEERS="f1=512,f2=512": node ids and the MiB each offers to
+models), never on unless that variable is set.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from ..system import readings
+from ..cluster.membership import PeerNode
+from ..cluster.peers import PeerError  # noqa: F401  (the simulated nodes' calls raise the real one)
+
+TEST_PEERS_ENV = "STACKD_TEST_LOOPBACK_PEERS"
+MIB = 1 << 20
+
+
+class SoloMembership:
+    role = "leader"
+    secret: bytes | None = None
+
+    def __init__(self, self_id: str, host: str = "127.0.0.1", threads: int = 0):
+        self.self_id = self_id
+        self.host = host
+        self.threads = threads or (os.cpu_count() or 1)
+        self._down_callbacks: list = []
+        self._fenced_callbacks: list = []
+
+    def _me(self) -> PeerNode:
+        memory = readings.meminfo()
+        return PeerNode(self.self_id, "leader", "up", f"http://{self.host}", self.host,
+                        memory["MemTotal"], memory["MemAvailable"], memory["MemAvailable"],
+                        os.cpu_count(), self.threads, 0, {})
+
+    def nodes(self) -> list[PeerNode]:
+        return [self._me()]
+
+    def nodes_up(self) -> list[PeerNode]:
+        return [n for n in self.nodes() if n.status == "up"]
+
+    def on_node_down(self, callback) -> None:
+        self._down_callbacks.append(callback)
+
+    def on_fenced(self, callback) -> None:
+        self._fenced_callbacks.append(callback)
+
+    async def call(self, node_id: str, method: str, path: str, body: dict | None,
+                   timeout: float | None = None) -> dict:
+        raise PeerError(f"no node {node_id!r} in this one-node cluster", 404)
+
+
+class LoopbackPeers(SoloMembership):
+    """Simulated followers hosted by this daemon: their RPC children run here, on loopback."""
+
+    def __init__(self, self_id: str, offers: dict[str, int], servers_for, threads: int = 1):
+        super().__init__(self_id, "127.0.0.1", threads)
+        self.secret = os.urandom(32)
+        self.offers = offers
+        self.servers_for = servers_for       # node id -> that simulated node's RpcServers
+        self.down: set[str] = set()
+        self.silent: set[str] = set()      # testing: up by the heartbeats' count, yet not answering
+
+    def nodes(self) -> list[PeerNode]:
+        me = self._me()
+        return [me] + [PeerNode(i, "follower", "down" if i in self.down else "up", "http://127.0.0.1",
+                                "127.0.0.1", mib * MIB, mib * MIB, mib * MIB, 1, 1, 0, {})
+                       for i, mib in self.offers.items()]
+
+    def set_down(self, node_id: str) -> None:
+        """Testing: the node stops answering (its children die), and the leader hears of it."""
+        self.down.add(node_id)
+        self.servers_for(node_id).stop_all()
+        for callback in self._down_callbacks:
+            callback(node_id)
+
+    async def call(self, node_id: str, method: str, path: str, body: dict | None,
+                   timeout: float | None = None) -> dict:
+        if node_id not in self.offers or node_id in self.down or node_id in self.silent:
+            raise PeerError(f"node {node_id!r} does not answer")
+        from ..api.cluster.rpc import handle
+        return await handle(self.servers_for(node_id), method, path, body or {})
+
+
+def parse_test_peers(text: str) -> dict[str, int]:
+    offers = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        found = re.fullmatch(r"([A-Za-z0-9._-]{1,64})=(\d+)", item)
+        if not found:
+            raise ValueError(f"{TEST_PEERS_ENV}: expected id=MiB items, got {item!r}")
+        offers[found.group(1)] = int(found.group(2))
+    return offers
+
+
+def test_peers(node, settings, loop) -> "LoopbackPeers | None":
+    """Under the test hook, this node with simulated followers on loopback; else None."""
+    threads = settings["engine.threads"]
+    offers = parse_test_peers(os.environ.get(TEST_PEERS_ENV, ""))
+    if not offers:
+        return None
+    from ..cluster.rpc_server import RpcServers
+
+    servers: dict = {}
+
+    def servers_for(node_id: str) -> RpcServers:
+        if node_id not in servers:
+            servers[node_id] = RpcServers(loop, os.path.join(settings.data_dir, "test-peers", node_id),
+                                          "127.0.0.1",
+                                          settings["cluster.rpc_port"] + 100 * (len(servers) + 1),
+                                          membership.secret)
+        return servers[node_id]
+
+    membership = LoopbackPeers(node.identity.node_id, offers, servers_for, threads or 1)
+    return membership
