@@ -22,6 +22,7 @@ from .http import openapi
 from .http.access_log import AccessLog
 from .http.routing import App
 from .http.server import HttpServer
+from .api.errors import to_api_error
 from .api.inference import routes as inference_routes
 from .chat.limits import configure as configure_inference_limits
 from .observe.metrics import Metrics
@@ -65,8 +66,10 @@ def build_apps(node: Node) -> tuple[App, App]:
     if membership is not None and membership.secret is not None:   # node-to-node routes, signed
         cluster_tables.append(internal.signed_routes(membership.secret))
         cluster_guard = internal.ClusterPortGuard(guard, internal.SignatureGuard(membership.secret))
-    inference = App("inference", inference_tables, ctx=node, guard=guard, max_body=max_body)
-    cluster = App("cluster", cluster_tables, ctx=node, guard=cluster_guard, max_body=max_body)
+    inference = App("inference", inference_tables, ctx=node, guard=guard, max_body=max_body,
+                    errors=to_api_error)
+    cluster = App("cluster", cluster_tables, ctx=node, guard=cluster_guard, max_body=max_body,
+                  errors=to_api_error)
     return inference, cluster
 
 
@@ -151,7 +154,7 @@ async def start_console(http: HttpServer, node: Node, settings: config.Settings,
     """The embedded console, on this loop and server. Unless told of another coordinator it
     shows this node, with a node key it creates for itself, and lists it as its first device."""
     from .auth.pairing import ensure_console_key_file, local_url
-    from .console import app as console_app
+    from .api.console import app as console_app
     from .console.service import Console, ConsoleSettings
 
     console_settings = ConsoleSettings.from_config(settings)

@@ -9,7 +9,8 @@ import orjson
 
 from ..auth import permissions as perm
 from ..http import validate
-from ..http.errors import ApiError
+from ..errors import DomainError
+from .errors import api_error
 from ..http.openapi import json_answer
 from ..http.response import Response, StreamingResponse, json_response
 from ..http.routing import Endpoint
@@ -88,8 +89,8 @@ async def _ndjson(first: dict, events):
     try:
         async for event in events:
             yield orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
-    except ApiError as exc:                 # the head is sent: report in the stream, then end it
-        yield orjson.dumps(exc.body(), option=orjson.OPT_APPEND_NEWLINE)
+    except DomainError as exc:              # the head is sent: report in the stream, then end it
+        yield orjson.dumps(api_error(exc).body(), option=orjson.OPT_APPEND_NEWLINE)
 
 
 # What ModelManager.describe answers: the model's facts and state.

@@ -15,7 +15,7 @@ import re
 import orjson
 from .gbnf import json_schema_to_gbnf
 
-from ..http.errors import invalid
+from ..errors import invalid
 from . import limits as _limits
 
 PARAM = "response_format"

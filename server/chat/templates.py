@@ -13,7 +13,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..http.errors import invalid
+from ..errors import invalid
 from . import limits
 from .sandbox import ChatTemplate, TemplateFailure
 

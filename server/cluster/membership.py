@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from ..http.errors import ApiError, ErrorKind, invalid
+from ..errors import Code, DomainError, invalid
 from . import views
 from .heartbeat import Heartbeat
 from .peers import PeerClient, PeerError
@@ -258,11 +258,11 @@ class Membership:
 
     def receive_heartbeat(self, sender: str, body: dict) -> dict:
         if not self.is_leader:
-            raise ApiError(ErrorKind.STATE_CONFLICT, "this node is a follower: heartbeats go to the leader")
+            raise DomainError(Code.STATE, "this node is a follower: heartbeats go to the leader")
         entry = _checked_entry(sender, body, self.self_id)
         member = self.members.get(sender)
         if member is not None and member.status == "up" and member.address != entry["address"]:
-            raise ApiError(ErrorKind.CONFLICT, f"node id {sender} is in use by another node "
+            raise DomainError(Code.TAKEN, f"node id {sender} is in use by another node "
                            f"({member.address}): give each node its own data dir")
         joined = member is None or member.status != "up"
         if member is None:
@@ -415,7 +415,7 @@ def _checked_entry(sender: str, body: dict, leader_id: str) -> dict:
     if not sender or entry.get("id") != sender:
         raise invalid("'entry.id' must be the signing node's id", "entry.id")
     if sender == leader_id:
-        raise ApiError(ErrorKind.CONFLICT, f"node id {sender} is the leader's own: give each node its own data dir")
+        raise DomainError(Code.TAKEN, f"node id {sender} is the leader's own: give each node its own data dir")
     address = entry.get("address")
     if not isinstance(address, str) or len(address) > MAX_ADDRESS or not _is_http_url(address):
         raise invalid("'entry.address' must be the node's cluster URL, http://host:port", "entry.address")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from ..http.errors import invalid
+from ..errors import invalid
 from ..system.files import write_private_file
 
 MAX_OBJECTS = 7

@@ -1,8 +1,10 @@
 """Why the engine could not do what was asked: one code per cause, from where it happens to the
-one place that maps codes to HTTP (server/inference/failures.py). Nobody matches messages."""
+one place that maps codes to HTTP (server/api/errors.py). Nobody matches messages."""
 from __future__ import annotations
 
 import enum
+
+from ..errors import DomainError
 
 
 class ErrorCode(enum.Enum):
@@ -18,13 +20,12 @@ class ErrorCode(enum.Enum):
     PEER_UNREACHABLE = "peer_unreachable"  # a node holding part of the model cannot be reached
 
 
-class EngineError(Exception):
-    __slots__ = ("code", "message")
+class EngineError(DomainError):
+    """A DomainError whose code is an ErrorCode; a refused grammar names response_format."""
 
     def __init__(self, code: ErrorCode, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
+        super().__init__(code, message,
+                         param="response_format" if code is ErrorCode.INVALID_GRAMMAR else None)
 
 
 class EndedEvent:

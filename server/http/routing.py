@@ -53,10 +53,13 @@ TARGET_CACHE_SIZE = 1024
 
 
 class App:
-    def __init__(self, name: str, tables: list[dict], *, ctx, guard, max_body: int):
+    def __init__(self, name: str, tables: list[dict], *, ctx, guard, max_body: int, errors=None):
         self.name = name
         self.ctx = ctx
         self.guard = guard              # guard(request, route) raises ApiError or returns None
+        # errors(exc) -> ApiError | None: how the API answers what its handlers raise beyond
+        # ApiError (its domain's errors); None for anything else, which is a 500
+        self.errors = errors
         self.max_body = max_body
         self.targets: dict[tuple[str, bytes], tuple] = {}
         self.exact: dict[tuple[str, str], Route] = {}
@@ -125,8 +128,8 @@ class App:
             if exc.delay > 0:
                 return _held_back(exc.delay, error_response(exc))
             return error_response(exc)
-        except Exception:
-            return self.crashed(request)
+        except Exception as exc:
+            return self.failed(request, exc)
 
     async def settle(self, request, awaitable):
         try:
@@ -135,8 +138,12 @@ class App:
             return error_response(exc)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            return self.crashed(request)
+        except Exception as exc:
+            return self.failed(request, exc)
+
+    def failed(self, request, exc: Exception) -> Response:
+        answer = self.errors(exc) if self.errors is not None else None
+        return error_response(answer) if answer is not None else self.crashed(request)
 
     def crashed(self, request) -> Response:
         log.exception("unhandled error request_id=%s %s %s", request.request_id.decode(),

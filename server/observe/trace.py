@@ -29,7 +29,7 @@ import time
 
 import orjson
 
-from ..http.errors import ApiError, ErrorKind, invalid
+from ..errors import Code, DomainError, invalid
 from ..engine.errors import EngineError
 from ..engine.core import FINISH_REASONS
 from ..engine.wire import WireError
@@ -58,7 +58,7 @@ async def record(node, engines: dict, seconds: float, reply_timeout: float) -> "
     (409 otherwise). A worker that dies (or does not answer within `reply_timeout`) costs only
     its own records: the trace names it in `otherData.lost`."""
     if id(node) in _recording:
-        raise ApiError(ErrorKind.CONFLICT, "a trace is already being recorded on this node; "
+        raise DomainError(Code.TAKEN, "a trace is already being recorded on this node; "
                        "retry when it has finished")
     _recording.add(id(node))
     trace = ChromeTrace()

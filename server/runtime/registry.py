@@ -20,7 +20,7 @@ from .clients import InlineEngine, WorkerEngine, describe_exit, exit_record
 from ..engine.errors import EngineError, ErrorCode
 from ..engine.core import Engine, Vocab
 from .runner import ModelRunner
-from ..http.errors import ApiError, ErrorKind, invalid
+from ..errors import Code, DomainError, invalid
 from ..store.gguf_check import GGUFError
 from ..cluster.placement import NodeOffer, Need, Placement, PlacementError, Share, place
 from ..cluster.rpc_devices import NodeUnreachable, PlacementLedger, RpcDevices
@@ -149,7 +149,7 @@ class ModelManager:
             raise invalid("'model' is not a valid model id", "model")
         manifest = self.store.get(model_id)
         if manifest is None:
-            raise ApiError(ErrorKind.MODEL_NOT_FOUND, f"the model '{model_id}' is not in the store; "
+            raise DomainError(Code.MODEL_NOT_FOUND, f"the model '{model_id}' is not in the store; "
                            "GET /v1/models lists the models", param="model")
         return manifest
 
@@ -199,8 +199,8 @@ class ModelManager:
         if model is None or state == "unloading":
             manifest = self.manifest(model_id)
             if not self.autoload or self.state(model_id) == "unloading":
-                raise ApiError(ErrorKind.UNAVAILABLE, f"the model '{model_id}' is not loaded; "
-                               "POST /v1/models/load loads it", headers=((b"retry-after", b"1"),))
+                raise DomainError(Code.UNAVAILABLE, f"the model '{model_id}' is not loaded; "
+                               "POST /v1/models/load loads it")
             self._check_kind(manifest, kind)
             model = await self.load(model_id)
         self._check_kind(model.manifest, kind)
@@ -209,7 +209,7 @@ class ModelManager:
     @staticmethod
     def _check_kind(manifest: Manifest, kind: str) -> None:
         if manifest.kind != kind:
-            raise ApiError(ErrorKind.INVALID_REQUEST, f"the model '{manifest.id}' is a "
+            raise DomainError(Code.INVALID, f"the model '{manifest.id}' is a "
                            f"{manifest.kind} model, not a {kind} model", param="model")
 
     # ---- transitions ---------------------------------------------------------------------------
@@ -240,7 +240,7 @@ class ModelManager:
         if needed > free:
             limit = (f" and a limit of {self.memory_limit // MIB} MiB for models (models.memory_limit_mb)"
                      if self.memory_limit else "")
-            raise ApiError(ErrorKind.INSUFFICIENT_MEMORY,
+            raise DomainError(Code.INSUFFICIENT_MEMORY,
                            f"loading '{manifest.id}' with a context of {context_length} needs about "
                            f"{needed // MIB} MiB (weights {parts['weights'] // MIB}, KV cache "
                            f"{parts['kv_cache'] // MIB}, buffers {parts['buffers'] // MIB}) but only "
@@ -281,7 +281,7 @@ class ModelManager:
             try:
                 self.admit(manifest, context_length)
                 return None
-            except ApiError:
+            except DomainError:
                 if not others or manifest.kind != "chat":
                     raise
         if manifest.kind != "chat" or not manifest.n_layer:
@@ -296,7 +296,7 @@ class ModelManager:
         except PlacementError as exc:
             if exc.kind == "invalid":
                 raise invalid(str(exc), exc.param)
-            raise ApiError(ErrorKind.INSUFFICIENT_MEMORY,
+            raise DomainError(Code.INSUFFICIENT_MEMORY,
                            f"loading '{manifest.id}' with a context of {context_length}: {exc}; "
                            "nothing was changed") from None
 
@@ -309,7 +309,7 @@ class ModelManager:
         try:       # a model from an older store was never vocabulary-checked: llama.cpp could abort
             manifest = await self.loop.run_in_executor(None, self.store.ensure_loadable, manifest)
         except GGUFError as exc:
-            raise ApiError(ErrorKind.INVALID_REQUEST, f"the model '{model_id}' cannot be loaded: {exc}",
+            raise DomainError(Code.INVALID, f"the model '{model_id}' cannot be loaded: {exc}",
                            param="model") from None
         context = self.context_for(manifest, context_length)
         async with self._lock(model_id):
@@ -329,12 +329,11 @@ class ModelManager:
             except (NodeUnreachable, EngineError) as exc:  # a node of the placement does not answer
                 self.transitions[model_id] = "failed"
                 self.errors[model_id] = str(exc)
-                raise ApiError(ErrorKind.UNAVAILABLE, f"loading '{model_id}' failed: {exc}",
-                               headers=((b"retry-after", b"1"),)) from None
+                raise DomainError(Code.UNAVAILABLE, f"loading '{model_id}' failed: {exc}") from None
             except Exception as exc:
                 self.transitions[model_id] = "failed"
                 self.errors[model_id] = str(exc)
-                raise ApiError(ErrorKind.INTERNAL, f"loading '{model_id}' failed: {exc}") from None
+                raise DomainError(Code.INTERNAL, f"loading '{model_id}' failed: {exc}") from None
             self.transitions.pop(model_id, None)
             self.loaded[model_id] = model
             self.order = [m for m in self.order if m != model_id] + [model_id]
@@ -472,7 +471,7 @@ class ModelManager:
                     placement = self.plan(model.manifest, model.context_length, model.options, excluded)
                     fresh = await self._construct(model.manifest, model.context_length, placement)
                     break
-                except ApiError as exc:                   # the nodes left cannot hold it
+                except DomainError as exc:                   # the nodes left cannot hold it
                     failure = exc.message
                     break
                 except Exception as exc:                  # a node that does not answer (yet)

@@ -3,7 +3,7 @@
 The engine (in this process: its eventfd; in a worker: the worker's socket) is watched with
 add_reader (no polling, no thread hop through call_soon_threadsafe) and each event goes to the
 stream of the request it belongs to. Errors are EngineErrors with a code; the inference layer
-maps them to HTTP in one place (server/inference/failures.py).
+maps them to HTTP in one place (server/api/errors.py).
 """
 from __future__ import annotations
 

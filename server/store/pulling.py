@@ -12,7 +12,7 @@ import asyncio
 import os
 from dataclasses import dataclass
 
-from ..http.errors import ApiError, ErrorKind
+from ..errors import Code, DomainError
 from . import oci
 from .gguf_check import GGUFError
 from .vocab_check import VocabError
@@ -20,8 +20,8 @@ from .store import Manifest, ModelStore
 
 GIB = 1 << 30
 
-_STATUS_KIND = {400: ErrorKind.INVALID_REQUEST, 404: ErrorKind.MODEL_NOT_FOUND,
-                413: ErrorKind.PAYLOAD_TOO_LARGE, 507: ErrorKind.INSUFFICIENT_MEMORY}
+_STATUS_CODE = {400: Code.INVALID, 404: Code.MODEL_NOT_FOUND,
+                413: Code.TOO_LARGE, 507: Code.INSUFFICIENT_MEMORY}
 
 
 @dataclass
@@ -40,9 +40,9 @@ def model_id_for(ref: oci.Reference) -> str:
     return f"{base}:{ref.tag}"
 
 
-def api_error(exc: oci.PullError) -> ApiError:
-    kind = _STATUS_KIND.get(exc.status, ErrorKind.UNAVAILABLE)
-    return ApiError(kind, f"pull failed: {exc}", param="model" if exc.status in (400, 404) else None)
+def refused(exc: oci.PullError) -> DomainError:
+    code = _STATUS_CODE.get(exc.status, Code.UNAVAILABLE)
+    return DomainError(code, f"pull failed: {exc}", param="model" if exc.status in (400, 404) else None)
 
 
 class PullService:
@@ -53,7 +53,7 @@ class PullService:
 
     def puller(self) -> oci.Puller:
         if not self.settings.url:
-            raise ApiError(ErrorKind.INVALID_REQUEST, "no model registry is configured "
+            raise DomainError(Code.INVALID, "no model registry is configured "
                            "(set models.registry in the config or STACKD_MODELS_REGISTRY)")
         if self._puller is None:
             s = self.settings
@@ -68,7 +68,7 @@ class PullService:
         try:
             ref = oci.parse_reference(name)
         except oci.PullError as exc:
-            raise api_error(exc) from None
+            raise refused(exc) from None
         puller = self.puller()
         try:
             async for event in puller.pull(ref):
@@ -78,7 +78,7 @@ class PullService:
                 manifest = await self._accept(ref, event["manifest"])
                 yield {"status": "success", "model": manifest.id}
         except oci.PullError as exc:
-            raise api_error(exc) from None
+            raise refused(exc) from None
 
     async def _accept(self, ref: oci.Reference, remote: oci.Manifest) -> Manifest:
         layer = remote.model_layer
@@ -94,6 +94,6 @@ class PullService:
             except FileNotFoundError:
                 pass
             why = "cannot be loaded by llama.cpp" if isinstance(exc, VocabError) else "is not a valid GGUF model"
-            raise ApiError(ErrorKind.INVALID_REQUEST, f"pull refused: {ref} {why}: {exc}") from None
+            raise DomainError(Code.INVALID, f"pull refused: {ref} {why}: {exc}") from None
         self.store.put(manifest)
         return manifest

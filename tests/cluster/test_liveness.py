@@ -11,6 +11,8 @@ from stackd import config, daemon
 from stackd.cluster import membership as membership_module
 from stackd.http.errors import ApiError
 
+from tests.answers import raises_http
+
 SECRET = "t" * 32
 WINDOW = 0.2
 
@@ -103,10 +105,10 @@ def test_the_leader_refuses_a_second_node_with_a_taken_id(pair):
     leader.receive_heartbeat(follower.self_id, _heartbeat(follower))
     impostor = _heartbeat(follower)
     impostor["entry"] = {**impostor["entry"], "address": "http://127.0.0.3:5381"}
-    with pytest.raises(ApiError) as err:
+    with raises_http() as err:
         leader.receive_heartbeat(follower.self_id, impostor)
     assert err.value.kind.status == 409
-    with pytest.raises(ApiError):
+    with raises_http():
         leader.receive_heartbeat(leader.self_id, {"entry": {**impostor["entry"], "id": leader.self_id}})
 
 
@@ -118,7 +120,7 @@ def test_a_malformed_heartbeat_is_a_400_naming_the_field(pair, field, value):
     leader, follower = pair
     body = _heartbeat(follower)
     body["entry"][field] = value
-    with pytest.raises(ApiError) as err:
+    with raises_http() as err:
         leader.receive_heartbeat(follower.self_id, body)
     assert err.value.kind.status == 400 and err.value.param == f"entry.{field}"
     assert leader.nodes()[1:] == []

@@ -13,7 +13,7 @@ import threading
 import orjson
 import uvloop
 
-from stackd.console import app as console_app
+from stackd.api.console import app as console_app
 from stackd.console.service import Console, ConsoleSettings
 from stackd.http.access_log import AccessLog
 from stackd.http.limits import Limits

@@ -11,6 +11,8 @@ from stackd.auth.permissions import PUBLIC
 from stackd.auth.principal import Authenticator, Principal
 from stackd.console.throttle import MAX_BUCKETS, LoginThrottle
 from stackd.http.errors import ApiError
+
+from tests.answers import raises_http
 from stackd.http.request import Request, Session
 
 
@@ -79,11 +81,11 @@ def test_the_guard_caches_per_connection_until_the_generation_moves():
     assert auth.calls == 2
     guard(request(b"Bearer other", session), route)   # another credential on the connection
     assert auth.calls == 3
-    with pytest.raises(ApiError) as refused:
+    with raises_http() as refused:
         guard(request(b"Bearer t", session), Route(levels.permission(levels.OPERATOR)))
     assert refused.value.kind.status == 403
     guard(request(None, session), Route(PUBLIC))          # open routes need nothing
-    with pytest.raises(ApiError) as missing:
+    with raises_http() as missing:
         guard(request(None, session), route)
     assert missing.value.kind.status == 401
 

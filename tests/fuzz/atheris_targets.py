@@ -18,7 +18,8 @@ import orjson
 
 # only the project's own code is instrumented (llama_cpp, numpy, httpx... would take minutes)
 with atheris.instrument_imports(include=["server"]):
-    from stackd.http.errors import ApiError
+    from stackd.api.errors import answer_of
+    from tests.answers import ANSWERED
     from stackd.api.inference import params
     from stackd.store import oci
     from tests.fuzz.test_fuzz_gguf import described_or_refused
@@ -47,7 +48,8 @@ def request(data: bytes) -> None:
     for chat in (True, False):
         try:
             params.parse(body, n_vocab=49152, chat=chat)
-        except ApiError as exc:
+        except ANSWERED as exc:
+            exc = answer_of(exc)
             assert 400 <= exc.kind.status < 500, exc.message
 
 

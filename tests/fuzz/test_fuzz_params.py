@@ -12,7 +12,9 @@ import orjson
 import pytest
 from hypothesis import strategies as st
 
-from stackd.http.errors import ApiError
+from stackd.api.errors import answer_of
+
+from tests.answers import ANSWERED
 from stackd.api.inference import params
 
 from .budget import fuzz
@@ -112,7 +114,8 @@ def parsed_or_4xx(drawn) -> None:
         return
     try:
         params.parse(request, n_vocab=n_vocab, chat=chat)
-    except ApiError as exc:
+    except ANSWERED as exc:
+        exc = answer_of(exc)
         assert 400 <= exc.kind.status < 500, (exc.kind, exc.message)
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from stackd import config
 from stackd.http.errors import ApiError, ErrorKind
+
+from tests.answers import raises_http
 from stackd.runtime import registry as manager_module
 from stackd.runtime.registry import MIB, EngineSettings, ModelManager
 from stackd.cluster.placement import Placement, Share
@@ -30,7 +32,7 @@ def manager(loop, limit: int) -> ModelManager:
 def test_a_load_may_take_exactly_the_limit_and_not_a_byte_more(loop, plenty):
     needed = sum(manager(loop, 0).estimate(MANIFEST, 1024).values())
     manager(loop, needed).admit(MANIFEST, 1024)
-    with pytest.raises(ApiError) as refused:
+    with raises_http() as refused:
         manager(loop, needed - 1).admit(MANIFEST, 1024)
     assert refused.value.kind is ErrorKind.INSUFFICIENT_MEMORY
     assert "models.memory_limit_mb" in refused.value.message

@@ -14,6 +14,8 @@ from stackd.testing.loopback_peers import LoopbackPeers, PeerError
 from stackd.engine.errors import EngineError, ErrorCode
 from stackd.engine.core import STATUS_LENGTH, STATUS_STOPPED, SamplingParams
 from stackd.http.errors import ApiError
+
+from tests.answers import raises_http
 from stackd.store.defaults import CHAT_MODEL, import_defaults
 from stackd.runtime.registry import MIB, EngineSettings, ModelManager
 from stackd.store.store import ModelStore
@@ -144,11 +146,11 @@ def test_internal_rpc_routes_start_list_and_stop_children(loop, tmp_path):
     servers = RpcServers(loop, str(tmp_path), "127.0.0.1", 0, b"s" * 32)
 
     async def main():
-        with pytest.raises(ApiError) as bad:
+        with raises_http() as bad:
             await rpc_routes.handle(servers, "POST", "/internal/v1/rpc/start", {"placement_id": "p", "threads": 0,
                                                                                 "leader_id": "l"})
         assert bad.value.param == "threads"
-        with pytest.raises(ApiError):
+        with raises_http():
             await rpc_routes.handle(servers, "POST", "/internal/v1/rpc/start", {"placement_id": "../x",
                                                                                 "threads": 1, "leader_id": "l"})
         answer = await rpc_routes.handle(servers, "POST", "/internal/v1/rpc/start",
@@ -182,7 +184,7 @@ def test_calls_to_an_unknown_node_are_peer_errors(loop):
 def test_a_load_over_a_node_that_does_not_answer_is_503(loop, cluster):
     manager = cluster({"f1": 400})
     manager.membership.silent.add("f1")
-    with pytest.raises(ApiError) as refused:
+    with raises_http() as refused:
         run(loop, manager.load(CHAT_MODEL))
     assert refused.value.kind.status == 503 and "f1" in refused.value.message
     assert manager.state(CHAT_MODEL) == "failed"
@@ -192,7 +194,7 @@ def test_a_load_whose_relay_refuses_the_secret_is_503_and_leaves_no_server(loop,
     manager = cluster({"f1": 400})
     follower = manager.membership.servers_for("f1")     # its relays check the secret it has now
     manager.membership.secret = b"another secret".ljust(32, b".")
-    with pytest.raises(ApiError) as refused:
+    with raises_http() as refused:
         run(loop, manager.load(CHAT_MODEL))
     assert refused.value.kind.status == 503 and "refused the handshake" in refused.value.message
     assert follower.listing() == [] and manager.rpc.listing() == []

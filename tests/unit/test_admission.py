@@ -4,6 +4,8 @@ import asyncio
 import pytest
 
 from stackd.http.errors import ApiError
+
+from tests.answers import raises_http
 from stackd.runtime import registry as manager_module
 from stackd.runtime.registry import (BUFFER_OVERHEAD, MIB, EngineSettings, ModelManager, kv_bytes_per_token)
 from stackd.store.store import Manifest
@@ -44,6 +46,6 @@ def test_admission_refuses_what_all_the_slots_would_not_fit(monkeypatch, slots, 
     if fits:
         m.admit(MANIFEST, 2048)
     else:
-        with pytest.raises(ApiError) as refused:
+        with raises_http() as refused:
             m.admit(MANIFEST, 2048)
         assert refused.value.kind.status == 507 and "nothing was changed" in refused.value.message

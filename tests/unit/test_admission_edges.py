@@ -5,6 +5,8 @@ import asyncio
 import pytest
 
 from stackd.http.errors import ApiError, ErrorKind
+
+from tests.answers import raises_http
 from stackd.runtime import registry as manager_module
 from stackd.runtime.registry import (BUFFER_OVERHEAD, MIB, MIN_CONTEXT, EngineSettings, ModelManager, kv_bytes_per_token)
 from stackd.store.store import Manifest
@@ -57,7 +59,7 @@ def test_a_requested_context_may_run_from_the_minimum_to_the_trained_length(loop
     assert m.context_for(manifest(), 8192) == 8192
     assert m.context_for(manifest(context_length=None), 2048) == 2048   # trained unknown: the setting
     for requested in (MIN_CONTEXT - 1, 8193):
-        with pytest.raises(ApiError) as refused:
+        with raises_http() as refused:
             m.context_for(manifest(), requested)
         error = refused.value
         assert error.kind is ErrorKind.INVALID_REQUEST and error.param == "options.context_length"
@@ -83,7 +85,7 @@ def test_admission_is_refused_one_byte_past_what_is_free(loop, monkeypatch):
     memory(monkeypatch, needed + 300 * MIB)
     m.admit(manifest(), 1024)                                  # exactly fits
     memory(monkeypatch, needed + 300 * MIB - 1)
-    with pytest.raises(ApiError) as refused:
+    with raises_http() as refused:
         m.admit(manifest(), 1024)
     assert refused.value.kind is ErrorKind.INSUFFICIENT_MEMORY
 
@@ -92,7 +94,7 @@ def test_the_507_itemises_the_estimate_in_mib(loop, monkeypatch):
     m = manager(loop, slots=2, reserve=300 * MIB)
     kv = 2 * 1024 * kv_bytes_per_token(manifest())
     memory(monkeypatch, 300 * MIB + 10 * MIB)
-    with pytest.raises(ApiError) as refused:
+    with raises_http() as refused:
         m.admit(manifest(), 1024)
     needed = 100 * MIB + kv + BUFFER_OVERHEAD
     assert refused.value.message == (
@@ -103,6 +105,6 @@ def test_the_507_itemises_the_estimate_in_mib(loop, monkeypatch):
 
 def test_the_507_never_shows_negative_free_memory(loop, monkeypatch):
     memory(monkeypatch, 100 * MIB)
-    with pytest.raises(ApiError) as refused:
+    with raises_http() as refused:
         manager(loop, reserve=512 * MIB).admit(manifest(), 1024)
     assert "but only 0 MiB are free after a reserve of 512 MiB" in refused.value.message

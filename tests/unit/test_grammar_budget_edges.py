@@ -3,6 +3,8 @@ a 400 on 'response_format' that names the limit, its value and its setting."""
 import pytest
 
 from stackd.http.errors import ApiError, ErrorKind
+
+from tests.answers import raises_http
 from stackd.chat import grammar, limits
 from stackd.chat.grammar import check_grammar, json_schema_grammar, nesting
 
@@ -11,7 +13,7 @@ SMALL = limits.InferenceLimits(schema_max_depth=4, schema_max_nodes=6, grammar_m
 
 
 def refusal(schema, limit=SMALL) -> ApiError:
-    with pytest.raises(ApiError) as caught:
+    with raises_http() as caught:
         json_schema_grammar(schema, limit)
     error = caught.value
     assert error.kind is ErrorKind.INVALID_REQUEST and error.param == "response_format"
@@ -40,7 +42,7 @@ def test_the_limits_given_are_the_limits_used():
 
 def test_without_limits_the_configured_ones_apply(monkeypatch):
     monkeypatch.setattr(limits, "current", SMALL)
-    with pytest.raises(ApiError) as caught:
+    with raises_http() as caught:
         json_schema_grammar({"type": "string", "maxLength": 6})
     assert "grammar_max_repeat" in caught.value.message
 
@@ -154,7 +156,7 @@ def test_a_grammar_nested_deeper_than_llama_cpp_survives_is_refused():
     limit = limits.InferenceLimits(grammar_max_bytes=1 << 20)
     depth = grammar.MAX_GRAMMAR_NESTING
     check_grammar("root ::= " + "(" * depth + '"a"' + ")" * depth, limit)
-    with pytest.raises(ApiError) as caught:
+    with raises_http() as caught:
         check_grammar("root ::= " + "(" * (depth + 1) + '"a"' + ")" * (depth + 1), limit)
     assert caught.value.param == "response_format"
     assert caught.value.message == (

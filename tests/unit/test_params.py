@@ -3,6 +3,8 @@ import pytest
 
 from stackd.http import validate
 from stackd.http.errors import ApiError
+
+from tests.answers import raises_http
 from stackd.api.inference import params
 
 VOCAB = 49152
@@ -13,7 +15,7 @@ def parse(**fields):
 
 
 def refused(**fields) -> ApiError:
-    with pytest.raises(ApiError) as caught:
+    with raises_http() as caught:
         parse(**fields)
     assert caught.value.kind.status == 400
     return caught.value
@@ -50,13 +52,13 @@ def test_stop_at_its_limits():
 
 def test_string_length_is_inclusive():
     assert validate.string({"f": "x" * 8}, "f", max_len=8) == "x" * 8
-    with pytest.raises(ApiError):
+    with raises_http():
         validate.string({"f": "x" * 9}, "f", max_len=8)
 
 
 def test_integer_refuses_booleans_and_floats():
     for value in (True, 1.0):
-        with pytest.raises(ApiError):
+        with raises_http():
             validate.integer({"f": value}, "f", lo=0, hi=10)
     assert validate.integer({"f": 10}, "f", lo=0, hi=10) == 10
 

@@ -4,6 +4,8 @@ import pytest
 from llama_cpp.llama_grammar import JSON_GBNF
 
 from stackd.http.errors import ApiError, ErrorKind
+
+from tests.answers import raises_http
 from stackd.api.inference import params
 
 VOCAB = 1000
@@ -18,7 +20,7 @@ def completion(**fields) -> params.Generation:
 
 
 def refused(parse=chat, **fields) -> ApiError:
-    with pytest.raises(ApiError) as caught:
+    with raises_http() as caught:
         parse(**fields)
     error = caught.value
     assert error.kind is ErrorKind.INVALID_REQUEST and error.kind.status == 400

@@ -5,6 +5,8 @@ from stackd.cluster import power
 from stackd.cluster.power import NodeBudget, PowerSettings
 from stackd.http.errors import ApiError
 
+from tests.answers import raises_http
+
 SETTINGS = PowerSettings(idle_mw=2000, max_mw=15000, min_voltage_mv=5000, max_voltage_mv=20000)
 ONE = [NodeBudget("n1", 2000, 15000)]
 TWO = [NodeBudget("n1", 2000, 15000), NodeBudget("n2", 1000, 5000)]
@@ -95,14 +97,14 @@ def test_a_pps_contract_is_a_lease():
     ([V5, "pps"], "source_capabilities[1]"),
 ])
 def test_bad_capabilities_are_400_naming_the_field(caps, field):
-    with pytest.raises(ApiError) as refused:
+    with raises_http() as refused:
         negotiate(caps)
     assert refused.value.kind.status == 400 and refused.value.param == field
 
 
 @pytest.mark.parametrize("module", [None, "", 5, "x" * 129])
 def test_bad_module_ids(module):
-    with pytest.raises(ApiError) as refused:
+    with raises_http() as refused:
         power.parse_request({"module_id": module, "source_capabilities": [V5]})
     assert refused.value.param == "module_id"
 

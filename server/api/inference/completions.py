@@ -6,7 +6,9 @@ import contextlib
 from ...http import validate
 from ...http.errors import ApiError, invalid
 from ...http.response import Response, StreamingResponse, json_response
+from ...errors import DomainError
 from ...observe.timings import timings
+from ..errors import answer_of
 from . import generate, params, responses
 
 MAX_PROMPTS = 64
@@ -97,5 +99,5 @@ async def _chunks(runner, stream, gen: params.Generation, head: dict, n_choices:
             yield responses.sse({**head, "choices": [], "usage": responses.usage(choices, prompts_counted),
                                  "timings": timings(choices, prompts_counted)})
         yield responses.SSE_DONE
-    except ApiError as exc:              # the head is sent: report in the stream, then end it
-        yield responses.sse(exc.body())
+    except (ApiError, DomainError) as exc:   # the head is sent: report in the stream, then end it
+        yield responses.sse(answer_of(exc).body())

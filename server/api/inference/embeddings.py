@@ -10,7 +10,7 @@ from ...http import validate
 from ...http.errors import ApiError, ErrorKind, invalid
 from ...http.response import Response
 from ...http.wire import JSON
-from .. import errors as failures
+from ..errors import of_event
 from . import generate, params
 from ...system import offload
 
@@ -73,7 +73,7 @@ async def embeddings(node, request) -> Response:
         model.runner.cancel(stream)
     embedding = event.embedding
     if embedding is None:
-        raise failures.of_event(event.error)
+        raise of_event(event.error)
     vectors = embedding.reshape(len(inputs), model.engine.n_embd)
     if len(vectors) <= SERIALIZE_ON_LOOP:
         payload = _payload(vectors, encoding, model.id, event.n_prompt)

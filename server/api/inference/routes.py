@@ -9,7 +9,6 @@ from ...http.validate import Body
 from ...store.defaults import CHAT_MODEL, EMBEDDING_MODEL
 from ..models import MODEL_LIST_SCHEMA, MODEL_SCHEMA
 from . import chat, completions, embeddings, params, schemas
-from ..errors import answers_engine_errors
 
 INFERENCE = "inference"
 
@@ -32,14 +31,14 @@ EMBEDDING_BODY = Body(embeddings.FIELDS, example={"model": EMBEDDING_MODEL, "inp
 
 ROUTES = {
     ("POST", "/v1/chat/completions"): Endpoint(
-        answers_engine_errors(chat.chat_completions), perm.INFERENCE, INFERENCE, body=CHAT_BODY,
+        chat.chat_completions, perm.INFERENCE, INFERENCE, body=CHAT_BODY,
         summary="Chat completion", responses={200: schemas.CHAT_ANSWER, **schemas.MODEL_ERRORS}),
     ("POST", "/v1/completions"): Endpoint(
-        answers_engine_errors(completions.completions), perm.INFERENCE, INFERENCE, body=COMPLETION_BODY,
+        completions.completions, perm.INFERENCE, INFERENCE, body=COMPLETION_BODY,
         summary="Text completion",
         responses={200: schemas.COMPLETION_ANSWER, **schemas.MODEL_ERRORS}),
     ("POST", "/v1/embeddings"): Endpoint(
-        answers_engine_errors(embeddings.embeddings), perm.INFERENCE, INFERENCE, body=EMBEDDING_BODY,
+        embeddings.embeddings, perm.INFERENCE, INFERENCE, body=EMBEDDING_BODY,
         summary="Embeddings of one or more inputs",
         responses={200: json_answer(schemas.EMBEDDINGS, "One embedding per input, in order."),
                    **schemas.MODEL_ERRORS}),

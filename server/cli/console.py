@@ -6,7 +6,7 @@ import getpass
 import secrets
 import sys
 
-from .errors import Code, Refused
+from ..console.errors import Code, Refused
 
 
 def add_commands(commands, common) -> None:
@@ -34,7 +34,7 @@ def flags(args) -> dict:
 
 def main(args, settings) -> int:
     if args.console_command == "serve":
-        from .app import run
+        from ..api.console.app import run
         return run(settings)
     return _admin_create(args.name, settings)
 
@@ -55,7 +55,7 @@ def _read_password() -> tuple[str, bool]:
 
 
 def _admin_create(name: str, settings) -> int:
-    from .service import ConsoleSettings
+    from ..console.service import ConsoleSettings
 
     try:
         password, generated = _read_password()
@@ -70,11 +70,11 @@ def _admin_create(name: str, settings) -> int:
 
 
 async def _put_admin(settings, name: str, password: str) -> dict:
-    from .service import Console
+    from ..console.service import Console
 
     console = Console(settings)
     try:
-        from .db.database import migrate
+        from ..console.db.database import migrate
         await migrate(console.engine)
         return await console.accounts.put_admin(name, password)
     finally:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 
-from ..auth.permissions import PUBLIC
-from ..http.errors import ApiError, ErrorKind
-from ..http.response import Response
-from ..http.routing import Endpoint
+from ... import console
+from ...auth.permissions import PUBLIC
+from ...http.errors import ApiError, ErrorKind
+from ...http.response import Response
+from ...http.routing import Endpoint
 
-FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+# The files are the console's (server/console/static/, package data); serving them is the API's.
+FOLDER = os.path.join(os.path.dirname(os.path.abspath(console.__file__)), "static")
 TYPES = {".html": b"text/html; charset=utf-8", ".js": b"text/javascript; charset=utf-8",
          ".css": b"text/css; charset=utf-8", ".svg": b"image/svg+xml"}
 HEADERS = ((b"cache-control", b"no-cache"), (b"x-content-type-options", b"nosniff"),

@@ -2,29 +2,27 @@
 
 Levels are permissions (`auth.levels`): the guard refuses what a principal's level does not
 include, so a handler only parses, calls the domain and answers. Domain refusals (Refused)
-become the taxonomy's errors in one wrapper, `domain`.
+become the taxonomy's errors where every app maps them: api/errors.py.
 """
 from __future__ import annotations
 
-import functools
 import time
 from urllib.parse import parse_qs
 
 import orjson
 
-from ..auth import levels
-from ..auth.permissions import PUBLIC
-from ..http import validate as v
-from ..http.errors import ApiError, ErrorKind, invalid
-from ..http.response import Response, json_response
-from ..http.routing import Endpoint
-from ..console import static
-from ..console.accounts import MAX_REASON, profile
-from ..console.devices import PAIRING_TTL, PAIRING_TTL_RANGE
-from ..console.directory import APPROVED, PENDING, REJECTED
-from ..console.errors import Refused, to_api_error
-from ..console.passwords import MAX_LENGTH
-from ..console.signing import ISSUER
+from ...auth import levels
+from ...auth.permissions import PUBLIC
+from ...http import validate as v
+from ...http.errors import ApiError, ErrorKind, invalid
+from ...http.response import Response, json_response
+from ...http.routing import Endpoint
+from . import static
+from ...console.accounts import MAX_REASON, profile
+from ...console.devices import PAIRING_TTL, PAIRING_TTL_RANGE
+from ...console.directory import APPROVED, PENDING, REJECTED
+from ...console.passwords import MAX_LENGTH
+from ...console.signing import ISSUER
 
 NONE = levels.permission(levels.NONE)
 USER = levels.permission(levels.USER)
@@ -35,17 +33,6 @@ ADMIN = levels.permission(levels.ADMIN)
 TERMINAL_AUDIENCE = "terminal"
 TERMINAL_TTL = 5 * 60
 MAX_SECRET = 4096
-
-
-def domain(handler):
-    """Domain refusals -> the spec's errors, in one place."""
-    @functools.wraps(handler)
-    async def run(console, request):
-        try:
-            return await handler(console, request)
-        except Refused as refused:
-            raise to_api_error(refused) from None
-    return run
 
 
 def _body_or_empty(request) -> dict:
@@ -70,7 +57,6 @@ def jwks(console, request) -> Response:
     return json_response(console.keys.jwks(), headers=((b"cache-control", b"max-age=300"),))
 
 
-@domain
 async def signup(console, request) -> Response:
     body = request.json()
     username = v.string(body, "username", max_len=64)
@@ -78,7 +64,6 @@ async def signup(console, request) -> Response:
     return json_response(await console.accounts.signup(username, password), 201)
 
 
-@domain
 async def login(console, request) -> Response:
     body = request.json()
     username = v.string(body, "username", max_len=64)
@@ -87,26 +72,22 @@ async def login(console, request) -> Response:
     return json_response(await console.accounts.login(username, password))
 
 
-@domain
 async def refresh(console, request) -> Response:
     token = v.string(request.json(), "refresh_token", max_len=256)
     return json_response(await console.accounts.refresh(token))
 
 
-@domain
 async def logout(console, request) -> Response:
     await console.accounts.logout(v.string(request.json(), "refresh_token", max_len=256))
     return json_response({"revoked": True})
 
 
-@domain
 async def me(console, request) -> Response:
     return json_response(profile(await console.accounts.row(request.key.id)))
 
 
 # ---- approved users and up ----------------------------------------------------------------------
 
-@domain
 async def topology(console, request) -> Response:
     url, key = console.settings.coordinator, console.coordinator_key()
     if not url or key is None:
@@ -115,7 +96,6 @@ async def topology(console, request) -> Response:
     return await console.upstream.get(url + "/v1/topology", key, "the coordinator")
 
 
-@domain
 async def list_devices(console, request) -> Response:
     scope = request.key.devices
     return _listing([d for d in await console.devices.listing() if scope is None or d["id"] in scope])
@@ -128,14 +108,12 @@ async def _visible_device(console, request, device_id: str):
     return await console.devices.get(device_id)
 
 
-@domain
 async def device_models(console, request) -> Response:
     device = await _visible_device(console, request, request.params["id"])
     return await console.upstream.get(device.inference_url + "/v1/models",
                                       console.devices.api_key(device), f"device {device.name}")
 
 
-@domain
 async def exec_token(console, request) -> Response:
     device = await _visible_device(console, request, request.params["id"])
     token, expires_at = console.keys.sign(request.key.id, TERMINAL_AUDIENCE, TERMINAL_TTL,
@@ -143,7 +121,6 @@ async def exec_token(console, request) -> Response:
     return json_response({"token": token, "expires_at": expires_at}, 201)
 
 
-@domain
 async def inference(console, request) -> Response:
     body = request.json()
     device_id = v.string(body, "device_id", max_len=64)
@@ -158,7 +135,6 @@ async def inference(console, request) -> Response:
 
 # ---- admins -------------------------------------------------------------------------------------
 
-@domain
 async def create_device(console, request) -> Response:
     body = request.json()
     device = await console.devices.create(
@@ -169,7 +145,6 @@ async def create_device(console, request) -> Response:
     return json_response(device, 201)
 
 
-@domain
 async def list_users(console, request) -> Response:
     states = parse_qs(request.query).get("state")
     state = states[-1] if states else None
@@ -178,20 +153,17 @@ async def list_users(console, request) -> Response:
     return _listing(await console.accounts.listing(state))
 
 
-@domain
 async def approve(console, request) -> Response:
     level = v.string(_body_or_empty(request), "level", required=False, default=levels.VIEWER,
                      max_len=16)
     return json_response(await console.accounts.approve(request.key, request.params["id"], level))
 
 
-@domain
 async def reject(console, request) -> Response:
     reason = v.string(_body_or_empty(request), "reason", required=False, max_len=MAX_REASON)
     return json_response(await console.accounts.reject(request.key, request.params["id"], reason))
 
 
-@domain
 async def pairing_token(console, request) -> Response:
     ttl = v.integer(_body_or_empty(request), "ttl_seconds", lo=PAIRING_TTL_RANGE[0],
                     hi=PAIRING_TTL_RANGE[1], default=PAIRING_TTL)
@@ -200,7 +172,6 @@ async def pairing_token(console, request) -> Response:
 
 # ---- devices enrolling themselves ---------------------------------------------------------------
 
-@domain
 async def enroll(console, request) -> Response:
     body = request.json()
     device = await console.devices.enroll(

@@ -12,20 +12,21 @@ import sys
 
 import uvloop
 
-from ..auth.guard import Guard
-from ..http.access_log import AccessLog
-from ..http.routing import App
-from ..http.server import HttpServer
-from ..observe.metrics import Metrics
-from ..api import console as routes
-from .service import Console, ConsoleSettings
+from ...auth.guard import Guard
+from ...http.access_log import AccessLog
+from ...http.routing import App
+from ...http.server import HttpServer
+from ...observe.metrics import Metrics
+from . import routes
+from ..errors import to_api_error
+from ...console.service import Console, ConsoleSettings
 
 log = logging.getLogger("stackd.console")
 
 
 def build_app(console: Console, max_body: int) -> App:
     return App("console", [routes.ROUTES], ctx=console,
-               guard=Guard(console.authenticator, None), max_body=max_body)
+               guard=Guard(console.authenticator, None), max_body=max_body, errors=to_api_error)
 
 
 def url_host(host: str) -> str:

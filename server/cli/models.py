@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from ..http.errors import ApiError
-from .gguf_check import GGUFError
-from .store import ModelStore, StoreError
+from ..errors import DomainError
+from ..store.gguf_check import GGUFError
+from ..store.store import ModelStore, StoreError
 
 BAR = 30
 
@@ -23,7 +23,7 @@ def main(args, settings) -> int:
                 print(f"{m.id}\t{m.kind}\t{m.architecture}\t{m.quantization}\t"
                       f"{m.size / 1e6:.0f} MB\tsha256:{m.sha256[:12]}")
         elif args.model_command == "defaults":
-            from .defaults import import_defaults
+            from ..store.defaults import import_defaults
             for model_id, why in import_defaults(store).items():
                 print(f"stackd: default model {model_id} left out: {why}", file=sys.stderr)
             for m in store.list():
@@ -52,7 +52,7 @@ async def _pull(store, settings, name: str) -> int:
     try:
         async for event in service.pull(name):
             _show(event)
-    except ApiError as exc:
+    except DomainError as exc:
         print(f"\nstackd: {exc.message}", file=sys.stderr)
         return 1
     return 0

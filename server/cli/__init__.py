@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import config
+from .. import config
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("model", help="name[:tag] or namespace/name[:tag]")
     pull.add_argument("--registry", help="registry base URL (default: models.registry)")
 
-    from .console.cli import add_commands as add_console_commands
+    from .console import add_commands as add_console_commands
     add_console_commands(commands, _common)
 
     pair = commands.add_parser("pair", help="enrol this node with a console (pairing token)")
@@ -77,7 +77,7 @@ def _settings(args) -> config.Settings:
     flags["console.enabled"] = getattr(args, "console_enabled", None)
     flags["console.port"] = getattr(args, "console_port", None)
     if args.command == "console":
-        from .console.cli import flags as console_flags
+        from .console import flags as console_flags
         flags.update(console_flags(args))
     return config.load(flags)
 
@@ -90,16 +90,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stackd: {exc}", file=sys.stderr)
         return 2
     if args.command == "serve":
-        from .daemon import run
+        from ..daemon import run
         return run(settings)
     if args.command == "models":
-        from .store.cli import main as models_main
+        from .models import main as models_main
         return models_main(args, settings)
     if args.command == "console":
-        from .console.cli import main as console_main
+        from .console import main as console_main
         return console_main(args, settings)
     if args.command == "pair":
-        from .auth.pairing import main as pair_main
+        from ..auth.pairing import main as pair_main
         return pair_main(args, settings)
     return _keys(args, settings)
 
@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
 def _keys(args, settings: config.Settings) -> int:
     import os
 
-    from .auth import permissions
-    from .auth.keys import KeyStore
+    from ..auth import permissions
+    from ..auth.keys import KeyStore
 
     os.makedirs(settings.data_dir, mode=0o700, exist_ok=True)
     store = KeyStore(settings.data_dir)
