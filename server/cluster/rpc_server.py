@@ -7,7 +7,7 @@ every placement of a model on this node gets a child process of its own:
         --placement-id X [--direct]          (the cluster secret as one hex line on stdin)
 
 The child runs ggml's server on 127.0.0.1:<free port> (never any other address) and, unless
-`--direct`, the relay (server/cluster/relay.py) on H:P, both in threads. It prints
+`--direct`, the relay (server/system/relay.py) on H:P, both in threads. It prints
 `ready <public port> <loopback port>` once both accept connections. `--direct` (a leader's own
 RPC server, which its worker reaches on loopback) runs no relay.
 
@@ -74,7 +74,7 @@ def child_main(argv: list[str]) -> int:
     args.add_argument("--direct", action="store_true")
     opts = args.parse_args(argv)
     if opts.parent:
-        from ..engine.worker import die_with_parent
+        from ..system.process import die_with_parent
         die_with_parent(opts.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     secret = bytes.fromhex(sys.stdin.readline().strip() or "")
@@ -112,7 +112,7 @@ def child_main(argv: list[str]) -> int:
         return 4
     public = upstream
     if relay_listener is not None:
-        from .relay import Relay
+        from ..system.relay import Relay
         public = relay_listener.getsockname()[1]
         relay = Relay(relay_listener, upstream, secret, opts.placement_id)
         threading.Thread(target=relay.serve_forever, daemon=True, name="rpc relay").start()

@@ -18,16 +18,15 @@ standard library's json, wire.use_standard_json).
 from __future__ import annotations
 
 import _socket
-import ctypes
 import os
 import select
 import signal
 import sys
 import time
 
+from ..system.process import die_with_parent
 from .wire import FrameReader, encode_trace, frame, use_standard_json
 
-PR_SET_PDEATHSIG = 1
 STATS_INTERVAL = 1.0
 EXIT_RPC_PEER_LOST = 75                # a node holding some of the model's layers went away
 
@@ -38,7 +37,7 @@ def connect_devices(rpc: dict | None) -> list[str]:
     the cluster secret to its relay; losing it ends this process at once, with a word."""
     if not rpc:
         return []
-    from ..cluster.relay import Dialer, dial_direct
+    from ..system.relay import Dialer, dial_direct
 
     def lost(endpoint: str) -> None:
         print(f"stackd worker: lost the RPC peer at {endpoint}", file=sys.stderr, flush=True)
@@ -56,17 +55,6 @@ def connect_devices(rpc: dict | None) -> list[str]:
             dial_direct(host, port)
             endpoints.append(f"{host}:{port}")
     return endpoints
-
-
-def die_with_parent(parent: int) -> None:
-    """SIGKILL when the daemon thread that spawned us dies (the daemon spawns from its main
-    thread, which lives as long as it does); and if it died already, go now."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (AttributeError, OSError):
-        pass
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 class Worker:
@@ -213,7 +201,7 @@ def main(fd: int, parent: int) -> int:
     except Exception as exc:                        # a model that does not load: say why, exit
         failed = {"op": "failed", "error": str(exc)}
         if config.get("rpc"):                       # relay.py only where a placement dials one
-            from ..cluster.relay import RelayError
+            from ..system.relay import RelayError
             if isinstance(exc, RelayError):         # a node of the placement does not answer
                 failed["code"] = "peer_unreachable"
         sock.sendall(frame(failed))

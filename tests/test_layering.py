@@ -1,0 +1,94 @@
+"""The package's import rules, as docs/architecture.md draws them, hold for every module.
+
+The rules are read from the document itself (its `layers` and `only` blocks), so the drawing
+and the check cannot drift apart: a module may import its own folder and the folders of lower
+layers; the top layer (entry points) may import anything; a folder named in `only` may import
+no more than the folders listed for it.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE_DIR = ROOT / "server"
+DOC = ROOT / "docs" / "architecture.md"
+ROOT_MODULE = ""        # the package itself (__init__: its version and name)
+
+
+def fenced(name: str) -> list[list[str]]:
+    block = re.search(rf"```{name}\n(.*?)```", DOC.read_text(), re.S)
+    assert block, f"docs/architecture.md has no ```{name} block"
+    return [line.replace(":", " ").split() for line in block.group(1).splitlines() if line.strip()]
+
+
+def rules() -> tuple[dict[str, int], dict[str, set[str]]]:
+    tier = {name: level for level, names in enumerate(fenced("layers")) for name in names}
+    only = {names[0]: set(names[1:]) for names in fenced("only")}
+    return tier, only
+
+
+def owner(path: pathlib.Path) -> str:
+    """The top-level folder (or module) of the package a file belongs to."""
+    parts = path.relative_to(PACKAGE_DIR).with_suffix("").parts
+    return ROOT_MODULE if parts == ("__init__",) else parts[0]
+
+
+def imported(path: pathlib.Path, source: str | None = None) -> set[str]:
+    """The package's top-level folders this file imports (relative imports: the package's own)."""
+    package = list(path.relative_to(PACKAGE_DIR).parent.parts)
+    out = set()
+    for node in ast.walk(ast.parse(source if source is not None else path.read_text())):
+        if not isinstance(node, ast.ImportFrom) or node.level == 0:
+            continue
+        base = package[:len(package) - (node.level - 1)]
+        target = base + (node.module.split(".") if node.module else [])
+        if target:
+            out.add(target[0])
+        else:                               # `from .. import x`: x is a folder, or the root's name
+            out.update(alias.name if (PACKAGE_DIR / alias.name).exists() or
+                       (PACKAGE_DIR / f"{alias.name}.py").exists() else ROOT_MODULE
+                       for alias in node.names)
+    return out
+
+
+def modules() -> list[pathlib.Path]:
+    return sorted(PACKAGE_DIR.rglob("*.py"))
+
+
+def test_every_folder_of_the_package_has_a_layer():
+    tier, _ = rules()
+    folders = {owner(path) for path in modules()} - {ROOT_MODULE}
+    assert folders <= set(tier), f"not drawn in docs/architecture.md: {sorted(folders - set(tier))}"
+
+
+def test_no_import_breaks_the_drawn_rules():
+    tier, only = rules()
+    tier.setdefault(ROOT_MODULE, 0)
+    top = max(tier.values())
+    broken = []
+    for path in modules():
+        me = owner(path)
+        if me == ROOT_MODULE:               # __init__: installs the Python twins' finder (compiled)
+            continue
+        for other in imported(path) - {me}:
+            if other == "_engine":          # the native module, re-exported by engine/core.py
+                other = "engine"
+            if other == me:
+                continue
+            if me in only and other not in only[me] | {ROOT_MODULE}:
+                broken.append(f"{path.relative_to(ROOT)}: {me} may not import {other} (only)")
+            elif tier[me] != top and tier.get(other, top) >= tier[me]:
+                broken.append(f"{path.relative_to(ROOT)}: {me} (layer {tier[me]}) imports "
+                              f"{other} (layer {tier.get(other)})")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_check_sees_a_broken_rule():
+    """A lower layer importing a higher one is seen (the check can fail)."""
+    probe = PACKAGE_DIR / "http" / "probe.py"          # never written: its source is given
+    tier, _ = rules()
+    assert imported(probe, "from ..runtime import registry\n") == {"runtime"}
+    assert imported(probe, "from .. import errors, __version__\n") == {"errors", ROOT_MODULE}
+    assert tier["runtime"] > tier["http"]
