@@ -11,7 +11,7 @@ server), and from its freezing (SIGSTOP of both) to that 503.
 
 One thread per node. The follower is a second daemon on this machine (`--followers real`, the
 default: its own data dir, on 127.0.0.2, the cluster secret; it starts its RPC server child when
-the leader asks), or simulated (`--followers simulated`: STACKD_TEST_LOOPBACK_PEERS, the
+the leader asks), or simulated (`--followers simulated`: STACKD_TESTING_LOOPBACK_PEERS, the
 leader starts the RPC server child, behind its relay, as a follower would; no freeze is measured
 then). Either way "two nodes" share this machine's cores: on a 2-core machine, 1 thread each is
 the fair setting. `--netns` (root; real followers): the leader and the follower each in a
@@ -72,7 +72,7 @@ def start_stackd(slots: int, context: int, threads: int, kernels: str, peers: st
                         f"[engine]\nslots = {slots}\ncontext_length = {context}\nthreads = {threads}\n"
                         f"kernels = \"{kernels}\"\n"
                         f"[models]\npreload = []\nmemory_reserve_mb = 0\nmemory_limit_mb = {OFFER_MIB}\n",
-                        prefix="stackd-cluster-bench-", env={"STACKD_TEST_LOOPBACK_PEERS": peers, **(env or {})})
+                        prefix="stackd-cluster-bench-", env={"STACKD_TESTING_LOOPBACK_PEERS": peers, **(env or {})})
 
 
 def call(server: Server, method: str, path: str, payload: dict | None = None) -> tuple[int, dict]:

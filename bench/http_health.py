@@ -64,13 +64,13 @@ def pinned(cpu: int) -> list[str]:
 
 
 def start_stackd(data_dir: str) -> tuple[subprocess.Popen, int, str]:
-    key = subprocess.run([PYTHON, "-m", "server", "keys", "create", "--data-dir", data_dir,
+    key = subprocess.run([PYTHON, "-m", "stackd", "keys", "create", "--data-dir", data_dir,
                           "--name", "bench", "--permissions", "cluster:read"],
                          cwd=ROOT, check=True, capture_output=True, text=True).stdout.split()[-1]
     with open(os.path.join(data_dir, "config.toml"), "w") as f:
         f.write("[http]\naccess_log = false\n[rate_limits.keys.bench]\ncluster = 1000000000\n")
     port = free_port()
-    proc = subprocess.Popen(pinned(0) + [PYTHON, "-m", "server", "serve", "--data-dir", data_dir,
+    proc = subprocess.Popen(pinned(0) + [PYTHON, "-m", "stackd", "serve", "--data-dir", data_dir,
                             "--cluster-port", str(port), "--inference-port", str(free_port())],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port(port, proc)

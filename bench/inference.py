@@ -92,7 +92,7 @@ def spawn_stackd(config: str, prefix: str = "stackd-bench-", env: dict | None = 
     with open(os.path.join(data, "config.toml"), "w") as f:
         f.write(config)
     port, cluster_port = free_port(), free_port()
-    server = Server("stackd", [sys.executable, "-m", "server", "serve", "--data-dir", data,
+    server = Server("stackd", [sys.executable, "-m", "stackd", "serve", "--data-dir", data,
                                "--inference-port", str(port), "--cluster-port", str(cluster_port)],
                     port, defaults.CHAT_MODEL, cwd=ROOT, env=env,
                     ready_key=lambda: open(os.path.join(data, "admin.key")).read().strip())

@@ -75,13 +75,13 @@ def run_stackd(args) -> tuple[float, int, int]:
                     f"context_length = {args.context}\nthreads = {args.threads}\n"
                     f"isolation = \"{args.isolation}\"\n"
                     f"[models]\npreload = [\"{defaults.CHAT_MODEL}\"]\n")
-        subprocess.run([sys.executable, "-m", "server", "models", "defaults", "--data-dir", data],
+        subprocess.run([sys.executable, "-m", "stackd", "models", "defaults", "--data-dir", data],
                        cwd=ROOT, check=True, capture_output=True)
         from stackd.auth.keys import KeyStore
         store = KeyStore(data)
         _, key = store.create("bench", frozenset({"inference"}))
         port = free_port()
-        return spawn_and_measure([sys.executable, "-m", "server", "serve", "--data-dir", data,
+        return spawn_and_measure([sys.executable, "-m", "stackd", "serve", "--data-dir", data,
                                   "--inference-port", str(port), "--cluster-port", str(free_port())],
                                  port, defaults.CHAT_MODEL, key)
     finally:

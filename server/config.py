@@ -103,6 +103,12 @@ DEFAULTS: dict = {
         "upstream_timeout": 5.0,  # seconds for a device's answer (topology, models, health checks)
         "device_check_interval": 30.0,  # seconds between health checks of each device
     },
+    # Fault injection (server/faults.py): empty in every shipped configuration; only the
+    # test suite and bench/ set these.
+    "testing": {
+        "worker_crash_file": "",  # engine workers abort at start while this file exists
+        "loopback_peers": "",     # "f1=512,f2=512": simulated followers on loopback
+    },
 }
 
 ENV_PREFIX = "STACKD_"

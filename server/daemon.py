@@ -172,54 +172,55 @@ async def start_console(http: HttpServer, node: Node, settings: config.Settings,
     return console
 
 
-def attach_cluster(manager, node: Node, settings: config.Settings) -> None:
+def attach_cluster(registry, node: Node, settings: config.Settings) -> None:
     """Placement over the cluster: the membership and this node's RPC server children."""
     from .api.cluster import rpc as rpc_routes
-    from .testing import loopback_peers as solo
     from .cluster.rpc_server import RpcServers
 
-    membership = solo.test_peers(node, settings, manager.loop) or node.membership
-    manager.membership = membership
-    manager.rpc = RpcServers(manager.loop, settings.data_dir, settings["host"],
-                             settings["cluster.rpc_port"], membership.secret)
-    membership.on_node_down(manager.node_down)
-    membership.on_fenced(manager.rpc.stop_all)
-    node.membership.provide_rpc_state(manager.rpc.listing)             # its heartbeats carry them
-    node.membership.provide_placements(manager.placements.on)          # a leader's answers list them
-    node.membership.on_placements_listed(manager.rpc.keep_only)        # a follower stops the rest
+    membership = node.membership
+    if registry.supervisor.faults.loopback_peers:   # a test configuration: simulated followers
+        from .testing import loopback_peers
+        membership = loopback_peers.membership(node, settings, registry.loop,
+                                               registry.supervisor.faults.loopback_peers)
+    rpc = RpcServers(registry.loop, settings.data_dir, settings["host"],
+                     settings["cluster.rpc_port"], membership.secret)
+    registry.attach_cluster(membership, rpc)
+    supervisor = registry.supervisor
+    membership.on_node_down(supervisor.node_down)
+    membership.on_fenced(rpc.stop_all)
+    node.membership.provide_rpc_state(rpc.listing)                    # its heartbeats carry them
+    node.membership.provide_placements(supervisor.placements.on)      # a leader's answers list them
+    node.membership.on_placements_listed(rpc.keep_only)               # a follower stops the rest
     rpc_routes.register()
 
 
 async def load_models(loop, settings: config.Settings, node: Node):
+    from .engine.config import EngineConfig
+    from .faults import Faults
+    from .runtime.planner import MIB
+    from .runtime.registry import ModelRegistry
     from .store.defaults import import_defaults
-    from .runtime.registry import MIB, EngineSettings, ModelManager
     from .store.store import ModelStore
 
     store = ModelStore(settings.data_dir)
     missing = await loop.run_in_executor(None, import_defaults, store)
     for model_id, why in missing.items():
         print(f"stackd: default model {model_id} left out: {why}", flush=True)
-    engine = settings["engine"]
     inference_limits = configure_inference_limits(settings["inference.limits"])
-    manager = ModelManager(loop, store, EngineSettings(
-        n_slots=engine["slots"], context_length=engine["context_length"], n_batch=engine["batch"],
-        n_threads=engine["threads"], max_queue=engine["max_queue"],
-        flash_attn={"auto": -1, "off": 0, "on": 1}[engine["flash_attn"]],
-        key_share=inference_limits.key_share, isolation=engine["isolation"],
-        kernels=engine["kernels"], omp_wait_policy=engine["omp_wait_policy"],
-        embedding_nice=engine["embedding_nice"]),
-        memory_reserve=settings["models.memory_reserve_mb"] * MIB,
-        memory_limit=settings["models.memory_limit_mb"] * MIB,
-        autoload=settings["models.autoload"])
-    attach_cluster(manager, node, settings)
+    registry = ModelRegistry(loop, store, EngineConfig.from_settings(settings["engine"], inference_limits.key_share),
+                             memory_reserve=settings["models.memory_reserve_mb"] * MIB,
+                             memory_limit=settings["models.memory_limit_mb"] * MIB,
+                             autoload=settings["models.autoload"],
+                             faults=Faults.from_settings(settings["testing"]))
+    attach_cluster(registry, node, settings)
     preload = settings["models.preload"] if settings["cluster.role"] == "leader" else []  # the leader's job
     for model_id in preload:
         if model_id in missing:
             continue
-        model = await manager.load(model_id)
+        model = await registry.load(model_id)
         print(f"stackd: loaded {model.kind} model {model.id} "
               f"(context {model.context_length}, {model.engine.n_slots} slots)", flush=True)
-    return manager
+    return registry
 
 
 def power_contracts(node: Node, loop):

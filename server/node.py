@@ -21,7 +21,7 @@ class Node:
     metrics: Metrics
     thermometer: Thermometer = field(default_factory=Thermometer)
     started: float = field(default_factory=time.monotonic)
-    models: object = None                 # models.manager.ModelManager, once the loop runs
+    models: object = None                 # runtime.registry.ModelRegistry, once the loop runs
     pulls: object = None                  # models.pulling.PullService
     power: object = None                  # cluster.power.PowerContracts
     membership: object = None             # cluster.membership.Membership

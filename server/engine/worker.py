@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 
+from ..faults import Faults
 from ..system.process import die_with_parent
 from .wire import FrameReader, encode_trace, frame, use_standard_json
 
@@ -77,8 +78,6 @@ class Worker:
             self.send({"op": "verdict", "seq": message["seq"], "verdict": verdict})
         elif op == "cancel":
             self.engine.cancel(message["id"])
-        elif op == "fail_next_decodes":
-            self.engine.fail_next_decodes(message["n"])
         elif op == "compute":
             self.engine.set_compute_scale(message["scale"])
         elif op == "close":
@@ -184,9 +183,8 @@ def main(fd: int, parent: int) -> int:
             return 1
         frames = reader.feed(data)
     config = frames[0][0]
-    crash_file = os.environ.get("STACKD_TEST_WORKER_CRASH_FILE")
-    if crash_file and os.path.exists(crash_file):
-        os.abort()                                 # testing: a worker that dies on every start
+    if Faults(**config.get("faults", {})).worker_crashes():
+        os.abort()                                 # a test configuration's crash loop
 
     os.nice(config.get("nice", 0))                 # engine.embedding_nice: this worker's threads too
     # llama.cpp from the very file the daemon maps (server/engine/native.py), so the two

@@ -106,14 +106,15 @@ class WorkerEngine:
     @classmethod
     async def start(cls, loop, params: dict, vocab: "Vocab | Awaitable[Vocab]", kernels: str = "off",
                     omp_wait_policy: str = "inherit", nice: int = 0,
-                    rpc: dict | None = None) -> "WorkerEngine":
+                    rpc: dict | None = None, faults: dict | None = None) -> "WorkerEngine":
         """Spawn a worker for `params` (Engine's keyword arguments) and wait until it serves.
         Spawned from the loop's thread: PR_SET_PDEATHSIG follows the spawning thread.
         `omp_wait_policy` (engine.omp_wait_policy) is for libgomp, which reads it when it loads;
         `nice` is added to the worker's niceness before it loads the model. `rpc` places layers
         on ggml RPC servers: {"secret": hex, "peers": [{"host", "port", "relay",
         "placement_id"}]}, in the order of params' tensor_split. `vocab` may be an awaitable,
-        awaited once the worker is ready (the caller loads it meanwhile)."""
+        awaited once the worker is ready (the caller loads it meanwhile). `faults`: the test
+        configuration's part for workers (server/faults.py), empty otherwise."""
         ours, theirs = socket.socketpair()
         env = {**os.environ, "GGML_NO_BACKTRACE": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
@@ -128,7 +129,7 @@ class WorkerEngine:
         ours.setblocking(False)
         try:
             await loop.sock_sendall(ours, frame({"op": "start", "engine": params, "kernels": kernels,
-                                                 "nice": nice, "rpc": rpc}))
+                                                 "nice": nice, "rpc": rpc, "faults": faults or {}}))
             reader = FrameReader()
             while True:
                 data = await loop.sock_recv(ours, 1 << 16)
@@ -238,9 +239,6 @@ class WorkerEngine:
     def cancel(self, rid: int) -> None:
         if not self.lost:
             self._send(frame({"op": "cancel", "id": rid}))
-
-    def fail_next_decodes(self, n: int) -> None:
-        self._send(frame({"op": "fail_next_decodes", "n": n}))
 
     def set_compute_scale(self, scale: float) -> None:
         self._send(frame({"op": "compute", "scale": scale}))

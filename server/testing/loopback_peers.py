@@ -4,8 +4,8 @@
 every node, one-node clusters included; this is only the base of the simulation). `LoopbackPeers` adds simulated followers
 whose RPC server children this same daemon starts on loopback, behind their relays, as a
 follower would: placement, the relay and node loss run for real on one machine. It is a
-test hook (STACKD_TEST_LOOPBACK_PEERS="f1=512,f2=512": node ids and the MiB each offers to
-models), never on unless that variable is set.
+fault-injection hook (server/faults.py: testing.loopback_peers, or STACKD_TESTING_LOOPBACK_PEERS,
+"f1=512,f2=512": node ids and the MiB each offers to models), never on unless a test sets it.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from ..system import readings
 from ..cluster.membership import PeerNode
 from ..cluster.peers import PeerError  # noqa: F401  (the simulated nodes' calls raise the real one)
 
-TEST_PEERS_ENV = "STACKD_TEST_LOOPBACK_PEERS"
 MIB = 1 << 20
 
 
@@ -91,15 +90,15 @@ def parse_test_peers(text: str) -> dict[str, int]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         found = re.fullmatch(r"([A-Za-z0-9._-]{1,64})=(\d+)", item)
         if not found:
-            raise ValueError(f"{TEST_PEERS_ENV}: expected id=MiB items, got {item!r}")
+            raise ValueError(f"testing.loopback_peers: expected id=MiB items, got {item!r}")
         offers[found.group(1)] = int(found.group(2))
     return offers
 
 
-def test_peers(node, settings, loop) -> "LoopbackPeers | None":
-    """Under the test hook, this node with simulated followers on loopback; else None."""
+def membership(node, settings, loop, spec: str) -> "LoopbackPeers | None":
+    """This node with the simulated followers `spec` names, on loopback; None for none."""
     threads = settings["engine.threads"]
-    offers = parse_test_peers(os.environ.get(TEST_PEERS_ENV, ""))
+    offers = parse_test_peers(spec)
     if not offers:
         return None
     from ..cluster.rpc_server import RpcServers

@@ -19,7 +19,7 @@ CLIENT_TIMEOUT = 300
 
 
 def cli(*args: str, data_dir: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "server", *args, "--data-dir", data_dir],
+    return subprocess.run([sys.executable, "-m", "stackd", *args, "--data-dir", data_dir],
                           cwd=ROOT, capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
 
 
@@ -68,7 +68,7 @@ class Daemon:
             with open(os.path.join(data_dir, "config.toml"), "w") as f:
                 f.write(config)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "serve", "--data-dir", data_dir,
+            [sys.executable, "-m", "stackd", "serve", "--data-dir", data_dir,
              "--inference-port", "0", "--cluster-port", "0"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **(env or {})})

@@ -258,7 +258,7 @@ def test_sigterm_while_models_load_exits_cleanly(tmp_path):
     import sys
 
     from .daemon import ROOT
-    proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--data-dir", str(tmp_path / "d"),
+    proc = subprocess.Popen([sys.executable, "-m", "stackd", "serve", "--data-dir", str(tmp_path / "d"),
                              "--inference-port", "0", "--cluster-port", "0"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # The key file is written after the signal handlers are in place and before the models

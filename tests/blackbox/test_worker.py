@@ -138,7 +138,7 @@ def test_a_killed_worker_ends_its_requests_and_comes_back(node):
 def test_a_worker_that_dies_on_every_start_ends_failed(tmp_path):
     crash = tmp_path / "crash"
     node = Daemon(str(tmp_path / "data"), CONFIG, models=True,
-                  env={"STACKD_TEST_WORKER_CRASH_FILE": str(crash)})
+                  env={"STACKD_TESTING_WORKER_CRASH_FILE": str(crash)})
     try:
         crash.write_text("")
         os.kill(describe(node, CHAT)["pid"], signal.SIGKILL)

@@ -51,7 +51,7 @@ class Node:
         return f"http://{self.reach}:{self.cluster_port}"
 
     def start(self) -> None:
-        command = [sys.executable, "-m", "server", "serve", "--data-dir", self.data_dir,
+        command = [sys.executable, "-m", "stackd", "serve", "--data-dir", self.data_dir,
                    "--inference-port", str(self.inference_port), "--cluster-port", str(self.cluster_port)]
         if self.netns:
             command = ["ip", "netns", "exec", self.netns] + command

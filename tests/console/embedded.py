@@ -22,7 +22,7 @@ class EmbeddedDaemon:
         with open(os.path.join(data_dir, "config.toml"), "w") as f:
             f.write(config)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "serve", "--console", "--data-dir", data_dir,
+            [sys.executable, "-m", "stackd", "serve", "--console", "--data-dir", data_dir,
              "--inference-port", "0", "--cluster-port", "0", "--console-port", "0"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.stdout: list[str] = []

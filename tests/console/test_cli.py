@@ -10,7 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def admin_create(harness, name: str, stdin: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "STACKD_CONSOLE_DATABASE_URL": harness.database_url}
-    return subprocess.run([sys.executable, "-m", "server", "console", "admin", "create",
+    return subprocess.run([sys.executable, "-m", "stackd", "console", "admin", "create",
                            "--data-dir", harness.data_dir, "--name", name],
                           input=stdin, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)

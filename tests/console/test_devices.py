@@ -24,7 +24,7 @@ RECORD_FIELDS = {"id", "name", "inference_url", "cluster_url", "status", "last_s
 
 def pair(harness, token: str, data_dir: str, name: str = "paired-node"):
     return subprocess.run(
-        [sys.executable, "-m", "server", "pair", "--console", f"http://127.0.0.1:{harness.port}",
+        [sys.executable, "-m", "stackd", "pair", "--console", f"http://127.0.0.1:{harness.port}",
          "--token", token, "--data-dir", data_dir, "--name", name,
          "--inference-url", harness.node_url, "--cluster-url", harness.node_url],
         cwd=ROOT, capture_output=True, text=True, timeout=120)

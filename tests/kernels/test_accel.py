@@ -80,7 +80,7 @@ def serve_and_read_maps(tmp_path, kernels: str) -> tuple[str, list[str]]:
     data.mkdir()
     (data / "config.toml").write_text(f'[engine]\nkernels = "{kernels}"\n'
                                       '[models]\npreload = ["smollm2-135m-instruct"]\n')
-    proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--data-dir", str(data),
+    proc = subprocess.Popen([sys.executable, "-m", "stackd", "serve", "--data-dir", str(data),
                              "--inference-port", "0", "--cluster-port", "0"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

@@ -1,6 +1,6 @@
 """The daemon places a model over the cluster: real daemon, real SmolLM2, real RPC server
 children on loopback behind their relays. The followers are simulated by the daemon itself
-(STACKD_TEST_LOOPBACK_PEERS: a one-node membership plus peers whose RPC children it starts)
+(STACKD_TESTING_LOOPBACK_PEERS: a one-node membership plus peers whose RPC children it starts)
 until the membership branch brings real ones."""
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def cluster(tmp_path):
     started = []
 
     def start(peers: str) -> Daemon:
-        daemon = Daemon(str(tmp_path / f"data{len(started)}"), CONFIG, env={"STACKD_TEST_LOOPBACK_PEERS": peers})
+        daemon = Daemon(str(tmp_path / f"data{len(started)}"), CONFIG, env={"STACKD_TESTING_LOOPBACK_PEERS": peers})
         started.append(daemon)
         return daemon
 

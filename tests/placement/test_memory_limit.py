@@ -8,8 +8,10 @@ from stackd import config
 from stackd.http.errors import ApiError, ErrorKind
 
 from tests.answers import raises_http
-from stackd.runtime import registry as manager_module
-from stackd.runtime.registry import MIB, EngineSettings, ModelManager
+from stackd.runtime import planner as manager_module
+from stackd.engine.config import EngineConfig
+from stackd.runtime.planner import MIB
+from stackd.runtime.registry import ModelRegistry
 from stackd.cluster.placement import Placement, Share
 from stackd.store.store import Manifest
 
@@ -24,28 +26,28 @@ def plenty(monkeypatch):
                         lambda: {"MemTotal": 64 << 30, "MemAvailable": 32 << 30})
 
 
-def manager(loop, limit: int) -> ModelManager:
-    return ModelManager(loop, store=None, settings=EngineSettings(n_slots=2), memory_reserve=512 * MIB,
+def manager(loop, limit: int) -> ModelRegistry:
+    return ModelRegistry(loop, store=None, config=EngineConfig(slots=2), memory_reserve=512 * MIB,
                         memory_limit=limit)
 
 
 def test_a_load_may_take_exactly_the_limit_and_not_a_byte_more(loop, plenty):
-    needed = sum(manager(loop, 0).estimate(MANIFEST, 1024).values())
-    manager(loop, needed).admit(MANIFEST, 1024)
+    needed = sum(manager(loop, 0).planner.estimate(MANIFEST, 1024).values())
+    manager(loop, needed).planner.admit(MANIFEST, 1024)
     with raises_http() as refused:
-        manager(loop, needed - 1).admit(MANIFEST, 1024)
+        manager(loop, needed - 1).planner.admit(MANIFEST, 1024)
     assert refused.value.kind is ErrorKind.INSUFFICIENT_MEMORY
     assert "models.memory_limit_mb" in refused.value.message
 
 
 def test_zero_means_all_the_free_memory_after_the_reserve(loop, plenty):
-    assert manager(loop, 0).own_offer() == (32 << 30) - 512 * MIB
+    assert manager(loop, 0).planner.own_offer() == (32 << 30) - 512 * MIB
 
 
 def test_the_reserve_still_applies_under_a_generous_limit(loop, monkeypatch):
     monkeypatch.setattr(manager_module.readings, "meminfo",
                         lambda: {"MemTotal": 64 << 30, "MemAvailable": 1024 * MIB})
-    assert manager(loop, 1 << 40).own_offer() == 512 * MIB
+    assert manager(loop, 1 << 40).planner.own_offer() == 512 * MIB
 
 
 def test_models_placed_here_count_against_the_limit(loop, plenty):
@@ -54,7 +56,7 @@ def test_models_placed_here_count_against_the_limit(loop, plenty):
     class Placed:                                       # a model holding 300 MiB on this node
         placement = Placement("layer", (Share("self", 300 * MIB, layers=10), Share("f1", 600 * MIB, layers=20)))
     m.loaded["other"] = Placed()
-    assert m.own_offer() == 700 * MIB
+    assert m.planner.own_offer() == 700 * MIB
 
 
 @pytest.mark.parametrize("value, ok", [(0, True), (1, True), (-1, False)])

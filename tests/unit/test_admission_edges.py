@@ -7,8 +7,10 @@ import pytest
 from stackd.http.errors import ApiError, ErrorKind
 
 from tests.answers import raises_http
-from stackd.runtime import registry as manager_module
-from stackd.runtime.registry import (BUFFER_OVERHEAD, MIB, MIN_CONTEXT, EngineSettings, ModelManager, kv_bytes_per_token)
+from stackd.runtime import planner as manager_module
+from stackd.engine.config import EngineConfig
+from stackd.runtime.planner import BUFFER_OVERHEAD, MIB, MIN_CONTEXT, kv_bytes_per_token
+from stackd.runtime.registry import ModelRegistry
 from stackd.store.store import Manifest
 
 
@@ -26,8 +28,8 @@ def loop():
     loop.close()
 
 
-def manager(loop, slots=16, context=2048, reserve=512 * MIB) -> ModelManager:
-    return ModelManager(loop, store=None, settings=EngineSettings(n_slots=slots, context_length=context),
+def manager(loop, slots=16, context=2048, reserve=512 * MIB) -> ModelRegistry:
+    return ModelRegistry(loop, store=None, config=EngineConfig(slots=slots, context_length=context),
                         memory_reserve=reserve)
 
 
@@ -50,17 +52,17 @@ def test_kv_bytes_per_token_for_each_head_layout(changes, per_token):
 def test_the_default_context_is_the_setting_within_the_training_and_the_minimum(
         loop, trained, setting, expected):
     m = manager(loop, context=setting)
-    assert m.context_for(manifest(context_length=trained), None) == expected
+    assert m.planner.context_for(manifest(context_length=trained), None) == expected
 
 
 def test_a_requested_context_may_run_from_the_minimum_to_the_trained_length(loop):
     m = manager(loop)
-    assert m.context_for(manifest(), MIN_CONTEXT) == MIN_CONTEXT
-    assert m.context_for(manifest(), 8192) == 8192
-    assert m.context_for(manifest(context_length=None), 2048) == 2048   # trained unknown: the setting
+    assert m.planner.context_for(manifest(), MIN_CONTEXT) == MIN_CONTEXT
+    assert m.planner.context_for(manifest(), 8192) == 8192
+    assert m.planner.context_for(manifest(context_length=None), 2048) == 2048   # trained unknown: the setting
     for requested in (MIN_CONTEXT - 1, 8193):
         with raises_http() as refused:
-            m.context_for(manifest(), requested)
+            m.planner.context_for(manifest(), requested)
         error = refused.value
         assert error.kind is ErrorKind.INVALID_REQUEST and error.param == "options.context_length"
         assert error.message == ("'options.context_length' must be from 32 to the model's trained "
@@ -68,10 +70,10 @@ def test_a_requested_context_may_run_from_the_minimum_to_the_trained_length(loop
 
 
 def test_the_estimate_has_weights_kv_for_every_chat_slot_and_buffers(loop):
-    parts = manager(loop, slots=3).estimate(manifest(), 100)
+    parts = manager(loop, slots=3).planner.estimate(manifest(), 100)
     assert parts == {"weights": 100 * MIB, "kv_cache": 3 * 100 * kv_bytes_per_token(manifest()),
                      "buffers": BUFFER_OVERHEAD}
-    assert manager(loop, slots=3).estimate(manifest(kind="embedding"), 100)["kv_cache"] == 0
+    assert manager(loop, slots=3).planner.estimate(manifest(kind="embedding"), 100)["kv_cache"] == 0
 
 
 def memory(monkeypatch, available: int) -> None:
@@ -81,12 +83,12 @@ def memory(monkeypatch, available: int) -> None:
 
 def test_admission_is_refused_one_byte_past_what_is_free(loop, monkeypatch):
     m = manager(loop, slots=2, reserve=300 * MIB)
-    needed = sum(m.estimate(manifest(), 1024).values())
+    needed = sum(m.planner.estimate(manifest(), 1024).values())
     memory(monkeypatch, needed + 300 * MIB)
-    m.admit(manifest(), 1024)                                  # exactly fits
+    m.planner.admit(manifest(), 1024)                                  # exactly fits
     memory(monkeypatch, needed + 300 * MIB - 1)
     with raises_http() as refused:
-        m.admit(manifest(), 1024)
+        m.planner.admit(manifest(), 1024)
     assert refused.value.kind is ErrorKind.INSUFFICIENT_MEMORY
 
 
@@ -95,7 +97,7 @@ def test_the_507_itemises_the_estimate_in_mib(loop, monkeypatch):
     kv = 2 * 1024 * kv_bytes_per_token(manifest())
     memory(monkeypatch, 300 * MIB + 10 * MIB)
     with raises_http() as refused:
-        m.admit(manifest(), 1024)
+        m.planner.admit(manifest(), 1024)
     needed = 100 * MIB + kv + BUFFER_OVERHEAD
     assert refused.value.message == (
         f"loading 'm' with a context of 1024 needs about {needed // MIB} MiB (weights 100, KV cache "
@@ -106,5 +108,5 @@ def test_the_507_itemises_the_estimate_in_mib(loop, monkeypatch):
 def test_the_507_never_shows_negative_free_memory(loop, monkeypatch):
     memory(monkeypatch, 100 * MIB)
     with raises_http() as refused:
-        manager(loop, reserve=512 * MIB).admit(manifest(), 1024)
+        manager(loop, reserve=512 * MIB).planner.admit(manifest(), 1024)
     assert "but only 0 MiB are free after a reserve of 512 MiB" in refused.value.message

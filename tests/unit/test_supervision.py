@@ -1,5 +1,6 @@
 """The worker restart schedule: at once after a first crash, then a doubling back-off, capped."""
-from stackd.runtime.registry import RESTART_BACKOFF_MAX, restart_delay
+from stackd.engine.config import EngineConfig
+from stackd.runtime.supervisor import RESTART_BACKOFF_MAX, restart_delay
 
 
 def test_a_first_crash_restarts_at_once():
@@ -15,8 +16,9 @@ def test_the_back_off_is_capped():
 
 
 def test_auto_wait_policy_spins_for_chat_and_sleeps_for_embeddings():
-    from stackd.runtime.registry import omp_wait_policy
-    assert omp_wait_policy("auto", embeddings=False) == "inherit"
-    assert omp_wait_policy("auto", embeddings=True) == "passive"
-    assert omp_wait_policy("active", embeddings=True) == "active"
-    assert omp_wait_policy("passive", embeddings=False) == "passive"
+    def policy(setting, embeddings):
+        return EngineConfig(omp_wait_policy=setting).omp_wait_policy_for(embeddings)
+    assert policy("auto", embeddings=False) == "inherit"
+    assert policy("auto", embeddings=True) == "passive"
+    assert policy("active", embeddings=True) == "active"
+    assert policy("passive", embeddings=False) == "passive"

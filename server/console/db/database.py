@@ -15,6 +15,8 @@ from alembic.config import Config
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from .schema import metadata
+
 MIGRATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "migrations")
 
 
@@ -49,6 +51,7 @@ def _upgrade(connection) -> None:
     config = Config()
     config.set_main_option("script_location", MIGRATIONS)
     config.attributes["connection"] = connection
+    config.attributes["metadata"] = metadata
     command.upgrade(config, "head")
 
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from alembic import context
 
-from ..schema import metadata
-
+# Alembic runs this file on its own, outside the package: database.migrate hands over the
+# connection and the schema's metadata (whatever name the package runs under).
 connection = context.config.attributes["connection"]
+metadata = context.config.attributes["metadata"]
 context.configure(connection=connection, target_metadata=metadata, render_as_batch=True)
 with context.begin_transaction():
     context.run_migrations()

@@ -1,0 +1,51 @@
+"""One typed engine configuration, from the settings' `engine` section to the C++ engine.
+
+Each setting has one name from the config file to here: `engine.max_queue` in the config
+file is `EngineConfig.max_queue`. The runtime builds it once from the settings and passes it
+down; `params()` is what one model's engine is started with, the only place that spells the
+C++ engine_params names (native/engine/engine.h), until those take the settings' names too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}      # llama_flash_attn_type
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    slots: int = 16                 # sequences decoded together (chat models)
+    context_length: int = 2048      # default tokens per sequence; a load may ask for another
+    batch: int = 512                # tokens per decode step at most
+    threads: int = 0                # 0: every core
+    max_queue: int = 256            # waiting requests beyond which submit refuses
+    flash_attn: str = "auto"        # auto | on | off
+    key_share: float = 1.0          # most of the slots and queue one API key may hold
+    isolation: str = "worker"       # worker: each model's engine in a supervised process; inline
+    kernels: str = "auto"           # our matmuls (kernels/, engine/accel.py): auto | off
+    omp_wait_policy: str = "auto"   # workers' OpenMP barrier waits: auto | passive | active | inherit
+    embedding_nice: int = 0         # embedding workers' niceness
+
+    @classmethod
+    def from_settings(cls, engine: dict, key_share: float) -> "EngineConfig":
+        """`engine`: the settings' validated `engine` section (config.py); `key_share` comes
+        from inference.limits, where the other per-key limits are."""
+        return cls(key_share=key_share, **{name: engine[name] for name in cls.__dataclass_fields__
+                                          if name != "key_share"})
+
+    def params(self, model_path: str, embeddings: bool, context_length: int) -> dict:
+        """The C++ engine's keyword arguments for one model (engine_params, same names)."""
+        return dict(model_path=model_path, embeddings=embeddings, n_slots=self.slots,
+                    n_ctx_seq=context_length, n_batch=self.batch, n_threads=self.threads,
+                    n_max_waiting=self.max_queue, flash_attn=FLASH_ATTN[self.flash_attn],
+                    key_share=self.key_share)
+
+    def omp_wait_policy_for(self, embeddings: bool) -> str:
+        """`auto`: a generation worker keeps libgomp's default (spin a little, then sleep: what
+        llama-server and an inline engine do; sleeping at once cost 3x its tokens/s on a quiet
+        machine, where ggml's barriers after each operation are the hot path), an embedding
+        worker sleeps at once (its bulk batches must not spin against the chat model's threads
+        on the same cores)."""
+        if self.omp_wait_policy != "auto":
+            return self.omp_wait_policy
+        return "passive" if embeddings else "inherit"

@@ -1,0 +1,152 @@
+"""Where a model goes and whether it fits: the context length, the memory estimate, admission on
+this node, and the placement over the cluster (cluster/placement.py does the arithmetic).
+
+A load that does not fit is refused here, before anything is allocated (507, nothing changed);
+options that cannot be honoured are 400s naming the option.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from ..cluster.placement import NodeOffer, Need, Placement, PlacementError, Share, place
+from ..engine.config import EngineConfig
+from ..errors import Code, DomainError, invalid
+from ..store.store import Manifest
+from ..system import readings
+
+MIB = 1 << 20
+MIN_CONTEXT = 32
+BUFFER_OVERHEAD = 192 * MIB     # compute graph, output logits and scratch, beyond weights and KV
+
+
+def kv_bytes_per_token(m: Manifest) -> int:
+    """K and V, f16, for every layer: 2 * n_layer * n_embd_kv * 2 bytes."""
+    if not (m.n_layer and m.n_embd):
+        return 0
+    n_embd_kv = m.n_embd * (m.n_head_kv or m.n_head or 1) // (m.n_head or 1)
+    return 2 * m.n_layer * n_embd_kv * 2
+
+
+@dataclass(frozen=True)
+class PlacementOptions:
+    """A load's placement options (POST /v1/models/load `options`, validated by api/models.py),
+    keeping only what changes something: the defaults said out loud, or a pipeline or lanes on
+    a one-node cluster, are the same load as none."""
+    split_mode: str | None = None       # "layer" | "tensor"
+    nodes: tuple[str, ...] | None = None
+    pipeline: bool = False
+    layers: tuple[int, ...] | None = None
+    lanes: int = 1
+
+    @classmethod
+    def of(cls, options: dict, alone: bool) -> "PlacementOptions":
+        split_mode = options.get("split_mode")
+        nodes, layers = options.get("nodes"), options.get("layers")
+        return cls(split_mode=None if split_mode == "layer" else split_mode,
+                   nodes=tuple(nodes) if nodes is not None else None,
+                   pipeline=bool(options.get("pipeline")) and not alone,
+                   layers=tuple(layers) if layers is not None else None,
+                   lanes=1 if alone else (options.get("lanes") or 1))
+
+    def asked(self) -> dict:
+        """What was asked beyond the defaults (a model's description shows it)."""
+        defaults = PlacementOptions()
+        return {name: list(value) if isinstance(value, tuple) else value
+                for name, value in asdict(self).items() if value != getattr(defaults, name)}
+
+    @property
+    def default(self) -> bool:
+        return self == PlacementOptions()
+
+
+class Planner:
+    def __init__(self, config: EngineConfig, memory_reserve: int, memory_limit: int,
+                 placed_here: Callable[[str], int]):
+        self.config = config
+        self.memory_reserve = memory_reserve
+        self.memory_limit = memory_limit            # models.memory_limit_mb; 0 = all
+        self.placed_here = placed_here              # bytes the loaded models hold on a node
+        self.membership = None                      # the cluster; None: this node alone
+
+    @property
+    def self_id(self) -> str:
+        return self.membership.self_id if self.membership is not None else "self"
+
+    def alone(self) -> bool:
+        return self.membership is None or len(self.membership.nodes_up()) < 2
+
+    def context_for(self, manifest: Manifest, requested: int | None) -> int:
+        trained = manifest.context_length or self.config.context_length
+        if requested is None:
+            return max(MIN_CONTEXT, min(self.config.context_length, trained))
+        if requested < MIN_CONTEXT or requested > trained:
+            raise invalid(f"'options.context_length' must be from {MIN_CONTEXT} to the model's trained "
+                          f"context, {trained}; got {requested}", "options.context_length")
+        return requested
+
+    def estimate(self, manifest: Manifest, context_length: int) -> dict[str, int]:
+        slots = self.config.slots if manifest.kind == "chat" else 0
+        return {"weights": manifest.size,
+                "kv_cache": slots * context_length * kv_bytes_per_token(manifest),
+                "buffers": BUFFER_OVERHEAD}
+
+    def admit(self, manifest: Manifest, context_length: int) -> None:
+        """On this node alone: 507 unless the whole estimate fits what it offers."""
+        parts = self.estimate(manifest, context_length)
+        needed = sum(parts.values())
+        free = self.own_offer()
+        if needed > free:
+            limit = (f" and a limit of {self.memory_limit // MIB} MiB for models (models.memory_limit_mb)"
+                     if self.memory_limit else "")
+            raise DomainError(Code.INSUFFICIENT_MEMORY,
+                              f"loading '{manifest.id}' with a context of {context_length} needs about "
+                              f"{needed // MIB} MiB (weights {parts['weights'] // MIB}, KV cache "
+                              f"{parts['kv_cache'] // MIB}, buffers {parts['buffers'] // MIB}) but only "
+                              f"{max(free, 0) // MIB} MiB are free after a reserve of "
+                              f"{self.memory_reserve // MIB} MiB{limit}; nothing was changed")
+
+    def own_offer(self) -> int:
+        """What this node offers to models now: the available memory minus the reserve, and
+        under models.memory_limit_mb less what models placed here take already."""
+        free = readings.meminfo()["MemAvailable"] - self.memory_reserve
+        if self.memory_limit:
+            free = min(free, self.memory_limit - self.placed_here(self.self_id))
+        return free
+
+    def on_this_cpu(self, manifest: Manifest, context_length: int) -> Placement:
+        """The placement of a model that runs on this node's CPU alone."""
+        parts = self.estimate(manifest, context_length)
+        return Placement("layer", (Share(self.self_id, sum(parts.values()), layers=manifest.n_layer or 0),))
+
+    def plan(self, manifest: Manifest, context_length: int, options: PlacementOptions,
+             excluded: set[str] = frozenset()) -> Placement | None:
+        """Where the model goes (None: this node's CPU alone); 507 when the cluster cannot
+        hold it, 400 for options that cannot be honoured."""
+        others = [] if self.membership is None else [
+            n for n in self.membership.nodes_up() if n.id != self.self_id and n.id not in excluded]
+        if options.split_mode is None and options.nodes is None and options.layers is None:
+            try:
+                self.admit(manifest, context_length)
+                return None
+            except DomainError:
+                if not others or manifest.kind != "chat":
+                    raise
+        if manifest.kind != "chat" or not manifest.n_layer:
+            raise invalid("only chat models with a known layer count are placed across nodes", "options")
+        parts = self.estimate(manifest, context_length)
+        need = Need(parts["weights"], parts["kv_cache"], parts["buffers"], manifest.n_layer)
+        offers = [NodeOffer(self.self_id, self.own_offer())] + [
+            NodeOffer(n.id, n.model_memory_bytes) for n in others]
+        lanes = min(options.lanes, max(1, self.config.slots))          # a lane needs a slot
+        nodes = list(options.nodes) if options.nodes is not None else None
+        layers = list(options.layers) if options.layers is not None else None
+        try:
+            return place(need, offers, self.self_id, options.split_mode or "layer", nodes,
+                         options.pipeline, layers, lanes)
+        except PlacementError as exc:
+            if exc.kind == "invalid":
+                raise invalid(str(exc), exc.param) from None
+            raise DomainError(Code.INSUFFICIENT_MEMORY,
+                              f"loading '{manifest.id}' with a context of {context_length}: {exc}; "
+                              "nothing was changed") from None

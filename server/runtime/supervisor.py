@@ -1,0 +1,258 @@
+"""The engines' side of the model registry: starting a model's engine (in a worker process, or
+inline), and keeping it running: a worker that dies is restarted with backoff, a model that
+loses a node of its placement is placed again on the nodes left.
+
+Supervision of worker processes: a first crash restarts at once (one lost worker should cost its
+clients no more than a model load); a crash loop backs off 1 s, 2 s, 4 s ... at most 60 s; after
+CRASH_LIMIT crashes within CRASH_WINDOW the model is left `failed` (with the last exit) until
+loaded again.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import TYPE_CHECKING
+
+from ..cluster.placement import Placement
+from ..cluster.rpc_devices import NodeUnreachable, PlacementLedger, RpcDevices
+from ..engine import accel
+from ..engine.config import EngineConfig
+from ..engine.core import Engine, Vocab
+from ..engine.errors import EngineError, ErrorCode
+from ..errors import DomainError
+from ..faults import NONE as NO_FAULTS, Faults
+from ..store.store import Manifest, ModelStore
+from .clients import InlineEngine, WorkerEngine, describe_exit, exit_record
+from .runner import ModelRunner
+
+if TYPE_CHECKING:
+    from .registry import LoadedModel, ModelRegistry
+
+RESTART_BACKOFF_MAX = 60.0
+CRASH_LIMIT = 5
+CRASH_WINDOW = 300.0
+# Placing a model again after a node loss: a node that died may still count as up until its
+# heartbeats are missed (3 s), so a failed attempt is retried, without the nodes that refused.
+REPLACE_ATTEMPTS = 4
+REPLACE_PAUSE = 1.5
+
+
+def restart_delay(n_crashes: int) -> float:
+    """Seconds to wait before restarting a worker that crashed n_crashes times in the window."""
+    return 0.0 if n_crashes <= 1 else min(RESTART_BACKOFF_MAX, 2.0 ** (n_crashes - 2))
+
+
+class Supervisor:
+    def __init__(self, loop: asyncio.AbstractEventLoop, store: ModelStore, config: EngineConfig,
+                 faults: Faults = NO_FAULTS):
+        self.loop = loop
+        self.store = store
+        self.config = config
+        self.faults = faults            # a test configuration's fault injection (server/faults.py)
+        self.registry: ModelRegistry | None = None   # the registry that owns it sets itself here
+        self.membership = None          # the cluster; None: this node alone
+        self.rpc = None                 # this node's RPC server children (cluster.rpc_server.RpcServers)
+        self.placements = PlacementLedger()          # what RPC servers it holds
+        self.crashes: dict[str, list[float]] = {}    # id -> monotonic crash times
+        self.compute_scale = 1.0                     # the power contract's share
+        self.closing = False
+
+    # ---- starting ------------------------------------------------------------------------------
+
+    async def start(self, manifest: Manifest, context: int, placement: Placement | None = None):
+        """A running engine for the model: (LoadedModel fields) runner, template, placement id,
+        max input."""
+        from .registry import LoadedModel
+        config = self.config
+        path = self.store.model_path(manifest)
+        embeddings = manifest.kind == "embedding"
+        params = config.params(path, embeddings, context)
+
+        def chat_template(facts):
+            if embeddings:
+                return None
+            from ..chat.templates import template_for
+            return template_for(facts)                    # compiling a template takes time too
+
+        def vocabulary():
+            vocab = Vocab(path)
+            return vocab, chat_template(vocab)
+
+        placement_id = None
+        if config.isolation == "inline" and placement is None:
+            def construct():
+                accel.register(config.kernels)             # this process runs the engine
+                engine = Engine(**params)
+                return InlineEngine(engine), chat_template(engine)
+            client, template = await self.loop.run_in_executor(None, construct)
+        else:                                              # over RPC always a worker: a lost peer aborts
+            rpc = None
+            if placement is not None:
+                placement_id, rpc, split = await self._devices().start(placement, manifest.n_layer)
+                params.update(split)
+            # The daemon's copy of the vocabulary loads while the worker loads the model: on
+            # the way to a first answer after boot, the two overlap instead of adding up.
+            vocab_job = self.loop.run_in_executor(None, vocabulary)
+
+            async def vocab_loaded() -> Vocab:
+                return (await vocab_job)[0]
+            vocab = asyncio.ensure_future(vocab_loaded())
+            try:
+                client = await WorkerEngine.start(self.loop, params, vocab, kernels=config.kernels,
+                                                  omp_wait_policy=config.omp_wait_policy_for(embeddings),
+                                                  nice=config.embedding_nice if embeddings else 0, rpc=rpc,
+                                                  faults=self.faults.for_worker())
+            except BaseException:
+                if placement is not None:
+                    await self.stop_rpc(placement, placement_id)
+                await asyncio.wait([vocab])                # not left running, its outcome read
+                if not vocab.cancelled():
+                    vocab.exception()
+                raise
+            template = (await vocab_job)[1]
+            client.on_lost = self._worker_lost
+        if self.compute_scale < 1.0:
+            client.set_compute_scale(self.compute_scale)
+        model = LoadedModel(manifest, ModelRunner(self.loop, client), context, int(time.time()),
+                            template=template, placement=placement, placement_id=placement_id)
+        if embeddings:
+            model.max_input = min(client.n_ctx_train, context) if context else client.n_ctx_train
+        return model
+
+    def _devices(self) -> RpcDevices:
+        return RpcDevices(self.membership, self.rpc, self.config.threads or (os.cpu_count() or 1),
+                          self.placements)
+
+    async def stop_rpc(self, placement: Placement | None, placement_id: str | None) -> None:
+        if placement is not None and placement_id is not None:
+            await self._devices().stop(placement.node_ids, placement_id)
+
+    async def stop(self, model: "LoadedModel") -> None:
+        """Close the model's engine and free what its placement holds on other nodes."""
+        await model.runner.close()
+        await self.stop_rpc(model.placement, model.placement_id)
+
+    def set_compute_scale(self, scale: float, models) -> None:
+        """The power contract's share of full compute, for every engine now and later."""
+        self.compute_scale = scale
+        for model in models:
+            model.runner.engine.set_compute_scale(scale)
+
+    # ---- a worker died ---------------------------------------------------------------------------
+
+    def _worker_lost(self, client) -> None:
+        """A worker died (its socket reached EOF; its requests have their error events)."""
+        registry = self.registry
+        for model in registry.loaded.values():
+            if model.runner.engine is client and not self.closing:
+                # restarting from now on, not after a hop of the task: its requests have their
+                # error events already, and a client that asks at once must not see "loaded"
+                registry.transitions[model.id] = "restarting"
+                if model.placement is not None:
+                    self.loop.create_task(self._replace(model, client.exit_status))
+                else:
+                    self.loop.create_task(self._restart(model, client.exit_status))
+                return
+
+    def record_crash(self, model_id: str, status) -> int:
+        now = time.monotonic()
+        recent = [t for t in self.crashes.get(model_id, []) if now - t < CRASH_WINDOW] + [now]
+        self.crashes[model_id] = recent
+        self.registry.last_exits[model_id] = exit_record(status)
+        return len(recent)
+
+    async def _restart(self, model: "LoadedModel", status) -> None:
+        registry, model_id = self.registry, model.id
+        model.runner.end_all(EngineError(ErrorCode.WORKER_LOST, f"the model's worker process died "
+                                         f"({describe_exit(status)})"))
+        await model.runner.engine.aclose(0)               # reaped already: frees the socket
+        n_crashes = self.record_crash(model_id, status)
+        restarts = model.restarts
+        registry.transitions[model_id] = "restarting"
+        while not self.closing:
+            if n_crashes >= CRASH_LIMIT:
+                registry.fail(model_id, f"its worker {registry.last_exits[model_id]['reason']} "
+                                        f"{n_crashes} times within {CRASH_WINDOW:g} s")
+                return
+            await asyncio.sleep(restart_delay(n_crashes))
+            async with registry.lock(model_id):
+                if registry.loaded.get(model_id) is not model or self.closing:
+                    return                                # unloaded or reloaded meanwhile
+                try:
+                    fresh = await self.start(model.manifest, model.context_length)
+                except Exception as exc:
+                    n_crashes = self.record_crash(model_id, None)
+                    registry.last_exits[model_id]["reason"] = f"failed to start: {exc}"
+                    continue
+                fresh.restarts = restarts + 1
+                registry.put_back(model_id, fresh)
+                return
+
+    # ---- a node went down ------------------------------------------------------------------------
+
+    def node_down(self, node_id: str) -> None:
+        """A node went down: every model with layers on it loses its worker now (the RPC
+        transport has no timeouts, so a frozen node would hold it forever), then is placed
+        again on the nodes left."""
+        for model in list(self.registry.loaded.values()):
+            if model.spans(node_id) and model.lost is None:
+                model.lost = f"node {node_id} went down"
+                model.runner.engine.kill(f"'{model.id}' lost part of its placement ({model.lost}); "
+                                         "it is being placed again")
+
+    async def _replace(self, model: "LoadedModel", status) -> None:
+        registry, model_id = self.registry, model.id
+        reason = model.lost or f"its worker {describe_exit(status)}"
+        model.runner.end_all(EngineError(ErrorCode.WORKER_LOST, f"'{model_id}' lost part of its placement "
+                                         f"({reason}); it is being placed again"))
+        await model.runner.engine.aclose(0)
+        await self.stop_rpc(model.placement, model.placement_id)
+        registry.last_exits[model_id] = {**exit_record(status), "reason": reason}
+        registry.transitions[model_id] = "restarting"
+        async with registry.lock(model_id):
+            if registry.loaded.get(model_id) is not model or self.closing:
+                return                                    # unloaded or reloaded meanwhile
+            registry.loaded.pop(model_id, None)           # its memory is no longer placed
+            fresh, failure, excluded = await self._place_again(model)
+            if self.closing:
+                return
+            reason = self._naming_lost_nodes(reason, model, excluded)
+            registry.last_exits[model_id]["reason"] = reason
+            if fresh is None:
+                registry.fail(model_id, f"{reason}, and placing it again failed: {failure}")
+                return
+            fresh.options, fresh.restarts = model.options, model.restarts + 1
+            fresh.nodes_lost = model.nodes_lost + max(0, len(model.placement.node_ids) - len(
+                registry.placement_of(fresh).node_ids))
+            registry.put_back(model_id, fresh)
+
+    async def _place_again(self, model: "LoadedModel"):
+        """(the model started anew or None, why not, the nodes that did not answer)."""
+        failure, excluded = "", set()
+        for _ in range(REPLACE_ATTEMPTS):
+            try:
+                placement = self.registry.planner.plan(model.manifest, model.context_length,
+                                                       model.options, excluded)
+            except DomainError as exc:                    # the nodes left cannot hold it
+                return None, exc.message, excluded
+            try:
+                return await self.start(model.manifest, model.context_length, placement), "", excluded
+            except Exception as exc:                      # a node that does not answer (yet)
+                failure = str(exc)
+                if isinstance(exc, NodeUnreachable):
+                    excluded.add(exc.node_id)
+            if self.closing:
+                break
+            await asyncio.sleep(REPLACE_PAUSE)
+        return None, failure, excluded
+
+    def _naming_lost_nodes(self, reason: str, model: "LoadedModel", excluded: set[str]) -> str:
+        """A worker that lost its RPC connection cannot tell which node went: the nodes of its
+        placement that are down now, or did not answer when placing it again, are the ones."""
+        if model.lost is not None or self.membership is None:
+            return reason                                 # "node X went down" names it already
+        up = {n.id for n in self.membership.nodes_up()}
+        me = self.registry.planner.self_id
+        lost = [n for n in model.placement.node_ids if n != me and (n in excluded or n not in up)]
+        return f"{reason} (node {', '.join(lost)} is gone)" if lost else reason
