@@ -12,17 +12,22 @@ The daemon reads them once (`from_settings`); an engine worker gets its part in 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+
+# A plain class, not a dataclass: engine workers import this module, and a worker imports only
+# what it needs (tests/engine/test_wire_json.py: not dataclasses, not inspect).
+FIELDS = ("worker_crash_file", "loopback_peers")
 
 
-@dataclass(frozen=True)
 class Faults:
-    worker_crash_file: str = ""
-    loopback_peers: str = ""
+    __slots__ = FIELDS
+
+    def __init__(self, worker_crash_file: str = "", loopback_peers: str = ""):
+        self.worker_crash_file = worker_crash_file
+        self.loopback_peers = loopback_peers
 
     @classmethod
     def from_settings(cls, testing: dict) -> "Faults":
-        return cls(**{name: testing.get(name, "") for name in cls.__dataclass_fields__})
+        return cls(**{name: testing.get(name, "") for name in FIELDS})
 
     def for_worker(self) -> dict:
         """What an engine worker needs to know (nothing, unless a fault is asked for)."""
@@ -30,10 +35,6 @@ class Faults:
 
     def worker_crashes(self) -> bool:
         return bool(self.worker_crash_file) and os.path.exists(self.worker_crash_file)
-
-    @property
-    def any(self) -> bool:
-        return any(asdict(self).values())
 
 
 NONE = Faults()

@@ -88,23 +88,18 @@ class Worker:
             self.send_trace(message["seq"])
 
     def submit(self, message: dict) -> None:
-        from .._engine import SUBMIT_ACCEPTED, SamplingParams
+        from .core import SamplingParams
+        from .submit import submit_all
 
-        accepted, verdict, error = [], SUBMIT_ACCEPTED, None
-        for rid, prompt, max_tokens, fields in message["jobs"]:
+        def sampling_of(fields: dict) -> SamplingParams:
             sampling = SamplingParams()
             for name, value in fields.items():
                 setattr(sampling, name, value)
-            try:
-                verdict = self.engine.submit(rid, prompt, max_tokens, message["stop"], sampling,
-                                             message["owner"])
-            except ValueError as exc:          # a grammar llama.cpp cannot parse
-                verdict, error = -1, str(exc)
-            if verdict != SUBMIT_ACCEPTED:
-                for done in accepted:          # all of a request's choices, or none
-                    self.engine.cancel(done)
-                break
-            accepted.append(rid)
+            return sampling
+
+        jobs = ((rid, prompt, max_tokens, sampling_of(fields))
+                for rid, prompt, max_tokens, fields in message["jobs"])
+        verdict, error = submit_all(self.engine, jobs, message["stop"], message["owner"])
         self.send({"op": "verdict", "seq": message["seq"], "verdict": verdict, "error": error})
 
     def send_trace(self, seq: int) -> None:

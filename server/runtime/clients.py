@@ -22,6 +22,7 @@ from typing import Awaitable, Iterator
 from .. import PACKAGE
 from ..engine.errors import EndedEvent, EngineError, ErrorCode
 from ..engine.core import (SAMPLING_FIELDS, STATUS_ERROR, SUBMIT_ACCEPTED, Engine, SamplingParams, Vocab)
+from ..engine.submit import submit_all
 from ..engine.wire import FrameReader, WireError, chunks_of, decode_events, decode_trace, frame
 
 RECV_SIZE = 1 << 20                # a short read drained the socket; more wakes the loop again
@@ -46,20 +47,7 @@ class InlineEngine:
         return getattr(self.engine, name)
 
     async def submit_jobs(self, jobs, stop: list[str], owner: int) -> tuple[int, str | None]:
-        accepted = []
-        for rid, prompt, max_tokens, sampling in jobs:
-            try:
-                verdict = self.engine.submit(rid, prompt, max_tokens, stop, sampling, owner)
-            except ValueError as exc:
-                verdict, error = -1, str(exc)
-            else:
-                error = None
-            if verdict != SUBMIT_ACCEPTED:
-                for done in accepted:
-                    self.engine.cancel(done)
-                return verdict, error
-            accepted.append(rid)
-        return SUBMIT_ACCEPTED, None
+        return submit_all(self.engine, jobs, stop, owner)
 
     async def submit_embedding(self, rid: int, inputs, owner: int) -> int:
         return self.engine.submit_embedding(rid, inputs, owner)
