@@ -93,13 +93,7 @@ fuzz: setup
 # Mutation testing, on demand (not part of `make test`: it reruns the fast suites once per
 # mutant). mutmut mutates a copy of server/ in mutants/; STACKD_PURE_PYTHON=1 makes the
 # Cython-compiled modules load that copy's Python twins, not the .so built beside them.
-# Only the admission functions of manager.py are tested (the rest of the file is loading).
-MUTATE_TARGETS := 'server.auth.*' 'server.http.validate.*' 'server.inference.params.*' \
-                  'server.inference.grammar.*' 'server.models.store.*' \
-                  'server.models.manager.x_kv_bytes_per_token__mutmut_*' \
-                  'server.models.manager.*context_for__mutmut_*' \
-                  'server.models.manager.*estimate__mutmut_*' \
-                  'server.models.manager.*admit__mutmut_*'
+MUTATE_TARGETS = $(shell $(PY) tests/mutation/targets.py)   # the one list: tests/mutation/targets.py
 MUTATE_JOBS ?= 2
 
 mutate: setup

@@ -1,7 +1,7 @@
 """The mutation score of `make mutate`, per module, from the results mutmut left in mutants/.
 
-Killed / total counts every mutant mutmut made in the functions `make mutate` selects (in
-manager.py only the admission functions). Mutants listed in EQUIVALENT.md beside this file
+Killed / total counts every mutant mutmut made in the functions `make mutate` selects
+(targets.py: the one list; in planner.py only the admission functions). Mutants listed in EQUIVALENT.md beside this file
 change nothing a caller can observe; they are shown apart, still counted in the total.
 Run from the repository root: python tests/mutation/score.py [--survivors]
 """
@@ -16,21 +16,11 @@ from pathlib import Path
 
 from mutmut.stats import status_by_exit_code
 
+from targets import TARGETS, module_of   # beside this file: run as a script
+
 MUTANTS = Path("mutants")
 EQUIVALENT = Path(__file__).with_name("EQUIVALENT.md")
-# module path -> the mutant names that count (fnmatch patterns), as in the Makefile's MUTATE_TARGETS
-SELECTED = {
-    "server/auth/guard.py": ["*"],
-    "server/auth/keys.py": ["*"],
-    "server/auth/permissions.py": ["*"],
-    "server/auth/ratelimit.py": ["*"],
-    "server/http/validate.py": ["*"],
-    "server/inference/params.py": ["*"],
-    "server/inference/grammar.py": ["*"],
-    "server/models/store.py": ["*"],
-    "server/models/manager.py": ["*.x_kv_bytes_per_token__mutmut_*", "*context_for__mutmut_*",
-                                 "*estimate__mutmut_*", "*admit__mutmut_*"],
-}
+SELECTED = TARGETS
 
 
 def equivalent_names() -> set[str]:
@@ -45,7 +35,7 @@ def results(module: str) -> dict[str, str]:
         return {}
     exit_codes = json.loads(meta.read_text())["exit_code_by_key"]
     return {name: status_by_exit_code[code] for name, code in exit_codes.items()
-            if any(fnmatch.fnmatch(name, pattern) for pattern in SELECTED[module])}
+            if any(fnmatch.fnmatch(name, f"{module_of(module)}.{pattern}") for pattern in SELECTED[module])}
 
 
 def main() -> int:
