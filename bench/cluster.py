@@ -53,7 +53,7 @@ import loadgen  # noqa: E402
 from inference import PROMPT, Server, body, free_port, row, spawn_stackd  # noqa: E402
 from procs import pin_tree  # noqa: E402
 
-from stackd.cluster import relay  # noqa: E402
+from stackd.system import relay  # noqa: E402
 from stackd.store import defaults  # noqa: E402
 from tests.cluster.nodes import Node  # noqa: E402
 from tests.netns import topology  # noqa: E402

@@ -49,38 +49,38 @@ UNLOAD_BODY = validate.Body(MODEL, example={"model": CHAT_MODEL})
 PULL_BODY = validate.Body(PULL_MODEL, STREAM, example={"model": "smollm2:135m"})
 
 
-async def load(node, request) -> Response:
+async def load(ctx, request) -> Response:
     """Load a model into memory, optionally with a context length."""
     body = request.json()
     model_id = MODEL.read(body)
     options = OPTIONS.read(body) or {}
     context_length = options.get("context_length")
-    model = await node.models.load(model_id, context_length, options)
-    return json_response(node.models.describe(model.manifest))
+    model = await ctx.models.load(model_id, context_length, options)
+    return json_response(ctx.models.describe(model.manifest))
 
 
-async def unload(node, request) -> Response:
+async def unload(ctx, request) -> Response:
     """Unload a model; its in-flight requests end with 503."""
     model_id = MODEL.read(request.json())
-    manifest = await node.models.unload(model_id)
-    return json_response(node.models.describe(manifest))
+    manifest = await ctx.models.unload(model_id)
+    return json_response(ctx.models.describe(manifest))
 
 
-async def pull(node, request) -> Response | StreamingResponse:
+async def pull(ctx, request) -> Response | StreamingResponse:
     """Download a model from the model registry into the store.
 
     {model, stream?}: NDJSON progress ({status, digest, total, completed}, Ollama's shape)
     when streaming, else one JSON result once the model is in the store."""
     body = request.json()
     name = PULL_MODEL.read(body)
-    events = node.pulls.pull(name)
+    events = ctx.pulls.pull(name)
     if STREAM.read(body):
         first = await anext(events)          # a bad name or missing registry is a plain 4xx
         return StreamingResponse(_ndjson(first, events), b"application/x-ndjson")
     model_id = None
     async for event in events:
         model_id = event.get("model", model_id)
-    result = node.models.describe(node.models.manifest(model_id))
+    result = ctx.models.describe(ctx.models.manifest(model_id))
     return json_response({"status": "success", **result})
 
 

@@ -46,9 +46,9 @@ def main(args, settings) -> int:
 
 
 async def _pull(store, settings, name: str) -> int:
-    from ..daemon import pull_service
+    from ..store.pulling import PullService, RegistrySettings
 
-    service = pull_service(store, settings)
+    service = PullService(store, RegistrySettings.from_settings(settings["models"]))
     try:
         async for event in service.pull(name):
             _show(event)

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from ..errors import Code, DomainError, invalid
 from . import views
 from .heartbeat import Heartbeat
+from .node_facts import LocalState, NodeFacts, NothingYet
 from .peers import PeerClient, PeerError
 
 log = logging.getLogger("stackd.cluster")
@@ -89,10 +90,12 @@ class FollowerState:
 
 
 class Membership:
-    def __init__(self, node, role: str, secret: bytes | None, leader: str = "", advertise: str = ""):
-        self.node = node
+    def __init__(self, facts: NodeFacts, role: str, secret: bytes | None, leader: str = "",
+                 advertise: str = ""):
+        self.facts = facts
+        self.local: LocalState = NothingYet()   # what this node runs: report_local() sets it
         self.role = role
-        self.self_id = node.identity.node_id
+        self.self_id = facts.node_id
         self.secret = secret
         self.address = advertise    # completed by start() when it depends on the bound port
         self.inference_url: str | None = None
@@ -109,9 +112,9 @@ class Membership:
         self._change_callbacks: list = []
 
     @classmethod
-    def from_settings(cls, node, settings) -> "Membership":
+    def from_settings(cls, facts: NodeFacts, settings) -> "Membership":
         cluster = settings["cluster"]
-        return cls(node, cluster["role"], settings.cluster_secret, leader=cluster["leader"],
+        return cls(facts, cluster["role"], settings.cluster_secret, leader=cluster["leader"],
                    advertise=cluster["advertise"])
 
     @property
@@ -166,6 +169,11 @@ class Membership:
         """callback(), on the loop, when a node joins, leaves, goes down or comes back."""
         self._change_callbacks.append(callback)
 
+    def report_local(self, local: LocalState) -> None:
+        """What this node runs (its models, its power share), once the daemon has built them:
+        heartbeats, views and the power contract's answers report it."""
+        self.local = local
+
     def provide_rpc_state(self, provider) -> None:
         self.rpc_state = provider
 
@@ -203,7 +211,7 @@ class Membership:
     # ---- what every node reports ------------------------------------------------------------------
 
     def own_entry(self) -> dict:
-        return views.own_entry(self.node, self)
+        return views.own_entry(self)
 
     def node_entries(self) -> list[dict]:
         """/v1/nodes's entries: the leader's live view, or the one a follower last received."""
@@ -219,14 +227,14 @@ class Membership:
 
     def _member_entry(self, member: Member) -> dict:
         ago = int((time.monotonic() - member.last_seen) * 1000)
-        power = self.node.power.allocation(member.id) if self.node.power is not None else None
+        power = self.local.power_allocation(member.id)
         return {**member.entry, "id": member.id, "role": "follower", "status": member.status,
                 "address": member.address, "last_seen_ago_ms": ago, "power": power}
 
     def power_budgets(self) -> list[tuple[str, int, int]]:
         """(node id, idle_mw, max_mw) of every node that is up: the power contract's demand and
         minimum. Read from settings and heartbeats, never through the power contract itself."""
-        power = self.node.settings["power"]
+        power = self.facts.settings["power"]
         own = (self.self_id, power["idle_mw"], power["max_mw"])
         if self.follower is None:
             return [own] + [(m.id, m.entry["power_budget"]["idle_mw"], m.entry["power_budget"]["max_mw"])
@@ -247,7 +255,7 @@ class Membership:
         the leader's heartbeat answers): RPC server children started now take it."""
         if self.follower is not None:
             return self.follower.compute_scale
-        allocation = self.node.power.allocation(self.self_id) if self.node.power is not None else None
+        allocation = self.local.power_allocation(self.self_id)
         return allocation["compute_scale"] if allocation else 1.0
 
     @property
@@ -278,9 +286,9 @@ class Membership:
         return {**self._answer(sender), "rejoined": joined}
 
     def _answer(self, sender: str) -> dict:
-        power = self.node.power.allocation(sender) if self.node.power is not None else None
-        answer = {"leader_id": self.self_id, "cluster_id": self.node.identity.cluster_id,
-                  "inference_url": self.inference_url, "view": views.leader_view(self.node, self),
+        power = self.local.power_allocation(sender)
+        answer = {"leader_id": self.self_id, "cluster_id": self.facts.identity.cluster_id,
+                  "inference_url": self.inference_url, "view": views.leader_view(self),
                   "power": power, "compute_scale": power["compute_scale"] if power else 1.0}
         if self.placements_on is not None:
             answer["placements"] = list(self.placements_on(sender))
@@ -335,8 +343,7 @@ class Membership:
         scale = answer.get("compute_scale")
         if isinstance(scale, (int, float)) and 0 <= scale <= 1 and scale != state.compute_scale:
             state.compute_scale = float(scale)
-            if self.node.models is not None:
-                self.node.models.set_compute_scale(state.compute_scale)
+            self.local.set_compute_scale(state.compute_scale)
         self._arm_fence()
         if answer.get("rejoined") is True and not state.fenced:
             self._drop_leader_work()

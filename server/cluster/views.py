@@ -14,13 +14,14 @@ from ..system import readings
 MIB = 1 << 20
 
 
-def own_entry(node, membership) -> dict:
+def own_entry(membership) -> dict:
     """This node's /v1/nodes entry, as it reports itself (and heartbeats it to the leader)."""
+    facts, local = membership.facts, membership.local
     memory = readings.meminfo()
-    settings = node.settings
+    settings = facts.settings
     power = settings["power"]
     return {
-        "id": node.identity.node_id,
+        "id": facts.node_id,
         "role": membership.role,
         "status": "up",
         "address": membership.address,
@@ -34,15 +35,15 @@ def own_entry(node, membership) -> dict:
         "memory_available_bytes": memory["MemAvailable"],
         "model_memory_bytes": model_memory_bytes(settings, memory["MemAvailable"]),
         "disk_free_bytes": readings.disk_free(settings.data_dir),
-        "temperature_c": node.thermometer.celsius(),
-        "uptime_seconds": node.uptime_seconds(),
+        "temperature_c": facts.thermometer.celsius(),
+        "uptime_seconds": facts.uptime_seconds(),
         "system_uptime_seconds": int(readings.system_uptime()),
-        "loaded_models": node.loaded_models,
+        "loaded_models": local.loaded_models(),
         "memory_pss_bytes": readings.pss_bytes(os.getpid()),
-        "power": _own_power(node, membership),
+        "power": _own_power(membership),
         "power_budget": {"idle_mw": power["idle_mw"], "max_mw": power["max_mw"]},
         "rpc": membership.rpc_state() if membership.rpc_state is not None else None,
-        "models": model_processes(node),
+        "models": local.model_processes(),
     }
 
 
@@ -55,70 +56,49 @@ def model_memory_bytes(settings, available: int) -> int:
     return min(offered, limit) if limit else offered
 
 
-def _own_power(node, membership) -> dict | None:
+def _own_power(membership) -> dict | None:
     if membership.follower is not None:
         return membership.follower.power
-    return node.power.allocation(node.identity.node_id) if node.power is not None else None
-
-
-def model_processes(node) -> list[dict]:
-    """Each loaded model's engine: where it runs, its memory, and how often it was restarted."""
-    if node.models is None:
-        return []
-    out = []
-    for model_id, model in node.models.loaded.items():
-        engine = model.runner.engine
-        out.append({"id": model_id, "isolation": engine.isolation, "pid": engine.pid,
-                    "state": node.models.state(model_id),
-                    "memory_pss_bytes": readings.pss_bytes(engine.pid) if engine.pid else None,
-                    "restarts": model.restarts,
-                    "last_exit": node.models.last_exits.get(model_id)})
-    return out
+    return membership.local.power_allocation(membership.self_id)
 
 
 # ---- the leader's view ---------------------------------------------------------------------------
 
-def leader_view(node, membership) -> dict:
+def leader_view(membership) -> dict:
     entries = membership.node_entries()
-    return {"topology": _topology(node, membership, entries),
-            "cluster": _cluster(node, membership, entries),
+    return {"topology": _topology(membership, entries),
+            "cluster": _cluster(membership, entries),
             "nodes": {"object": "list", "data": entries},
-            "power": node.power.in_force() if node.power is not None else None}
+            "power": membership.local.power_in_force()}
 
 
-def _topology(node, membership, entries: list[dict]) -> dict:
-    return {"cluster_id": node.identity.cluster_id, "node_count": len(entries),
+def _topology(membership, entries: list[dict]) -> dict:
+    return {"cluster_id": membership.facts.identity.cluster_id, "node_count": len(entries),
             "leader": membership.self_id,
             "nodes": [{"id": e["id"], "role": e["role"], "ram_gb": e["ram_gb"], "status": e["status"],
                        "last_seen_ago_ms": e["last_seen_ago_ms"], "address": e["address"]}
                       for e in entries]}
 
 
-def _cluster(node, membership, entries: list[dict]) -> dict:
+def _cluster(membership, entries: list[dict]) -> dict:
     up = [e for e in entries if e["status"] == "up"]
     reasons = [f"node {e['id']} is down" for e in entries if e["status"] != "up"]
-    reasons += [f"model {m} is placed on fewer nodes than it was" for m in _degraded_models(node)]
+    reasons += [f"model {m} is placed on fewer nodes than it was" for m in membership.local.degraded_models()]
     return {"status": "degraded" if reasons else "healthy",
             "total_ram_gb": readings.ram_gb(sum(e["memory_total_bytes"] for e in up)),
-            "active_model": node.active_model, "node_count": len(entries), "nodes_up": len(up),
-            "leader": membership.self_id, "reasons": reasons}
-
-
-def _degraded_models(node) -> list[str]:
-    """Models the model manager placed again on fewer nodes than they were."""
-    degraded = getattr(node.models, "degraded_models", None)
-    return degraded() if degraded is not None else []
+            "active_model": membership.local.active_model(), "node_count": len(entries),
+            "nodes_up": len(up), "leader": membership.self_id, "reasons": reasons}
 
 
 # ---- what a route answers, on either role ---------------------------------------------------------
 
-def current(node, membership, part: str) -> dict:
+def current(membership, part: str) -> dict:
     """One part (topology, cluster, nodes) of the view this node answers with."""
     if membership.follower is None:
-        return leader_view(node, membership)[part]
+        return leader_view(membership)[part]
     state = membership.follower
     if state.view is None:
-        view = leader_view(node, membership)      # never reached the leader: this node alone
+        view = leader_view(membership)            # never reached the leader: this node alone
         view["topology"]["leader"] = None
     else:
         view = {name: dict(value) if isinstance(value, dict) else value for name, value in state.view.items()}

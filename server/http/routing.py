@@ -35,13 +35,14 @@ class Endpoint:
 
 
 class Route:
-    __slots__ = ("method", "path", "label", "handler", "permission", "group", "max_body", "stats")
+    __slots__ = ("method", "path", "label", "handler", "ctx", "permission", "group", "max_body", "stats")
 
-    def __init__(self, method: str, path: str, endpoint: Endpoint, default_max_body: int):
+    def __init__(self, method: str, path: str, endpoint: Endpoint, default_max_body: int, ctx=None):
         self.method = method
         self.path = path
         self.label = f"{method} {path}"
         self.handler = endpoint.handler
+        self.ctx = ctx                  # what the handler is called with: its group's context
         self.permission = endpoint.permission
         self.group = endpoint.group
         self.max_body = endpoint.max_body if endpoint.max_body is not None else default_max_body
@@ -53,9 +54,10 @@ TARGET_CACHE_SIZE = 1024
 
 
 class App:
-    def __init__(self, name: str, tables: list[dict], *, ctx, guard, max_body: int, errors=None):
+    def __init__(self, name: str, tables: list, *, ctx=None, guard, max_body: int, errors=None):
+        """`tables`: route tables, each a dict or a (dict, context) pair; a plain dict's
+        handlers get `ctx`."""
         self.name = name
-        self.ctx = ctx
         self.guard = guard              # guard(request, route) raises ApiError or returns None
         # errors(exc) -> ApiError | None: how the API answers what its handlers raise beyond
         # ApiError (its domain's errors); None for anything else, which is a 500
@@ -65,9 +67,10 @@ class App:
         self.exact: dict[tuple[str, str], Route] = {}
         self.methods: dict[str, list[str]] = {}
         self.patterns: list[tuple[re.Pattern, dict[str, Route]]] = []
-        for table in tables:
+        for entry in tables:
+            table, table_ctx = entry if isinstance(entry, tuple) else (entry, ctx)
             for (method, path), endpoint in table.items():
-                self._add(Route(method, path, endpoint, max_body))
+                self._add(Route(method, path, endpoint, max_body, table_ctx))
 
     def _add(self, route: Route) -> None:
         if ":" not in route.path:
@@ -123,7 +126,7 @@ class App:
                 raise self.unmatched(request.method, request.path)
             if self.guard is not None:
                 self.guard(request, route)
-            return route.handler(self.ctx, request)
+            return route.handler(route.ctx, request)
         except ApiError as exc:
             if exc.delay > 0:
                 return _held_back(exc.delay, error_response(exc))

@@ -37,7 +37,7 @@ from ..engine.wire import WireError
 MIN_SECONDS, MAX_SECONDS = 1, 60
 STEP_TRACK = 0
 
-_recording: set[int] = set()        # id() of the nodes with a trace running
+_recording: set[int] = set()        # id() of the owners (a node's cluster context) with a trace running
 
 
 def seconds_of(body: dict) -> float:
@@ -53,14 +53,14 @@ def now_us() -> int:
     return time.monotonic_ns() // 1000             # CLOCK_MONOTONIC, as the engines' stamps
 
 
-async def record(node, engines: dict, seconds: float, reply_timeout: float) -> "ChromeTrace":
-    """engines: model id -> engine client (inline or worker). One recording per node at a time
-    (409 otherwise). A worker that dies (or does not answer within `reply_timeout`) costs only
+async def record(owner, engines: dict, seconds: float, reply_timeout: float) -> "ChromeTrace":
+    """engines: model id -> engine client (inline or worker). One recording per owner (a node)
+    at a time (409 otherwise). A worker that dies (or does not answer within `reply_timeout`) costs only
     its own records: the trace names it in `otherData.lost`."""
-    if id(node) in _recording:
+    if id(owner) in _recording:
         raise DomainError(Code.TAKEN, "a trace is already being recorded on this node; "
                        "retry when it has finished")
-    _recording.add(id(node))
+    _recording.add(id(owner))
     trace = ChromeTrace()
     try:
         t_start = now_us()
@@ -72,7 +72,7 @@ async def record(node, engines: dict, seconds: float, reply_timeout: float) -> "
                                    for model_id, engine in started.items()))
         trace.other.update(seconds=seconds, window_us=[t_start, now_us()])
     finally:
-        _recording.discard(id(node))
+        _recording.discard(id(owner))
     return trace
 
 

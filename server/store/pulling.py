@@ -33,6 +33,13 @@ class RegistrySettings:
     disk_reserve: int = GIB
     stall_timeout: float = 30.0
 
+    @classmethod
+    def from_settings(cls, models: dict) -> "RegistrySettings":
+        """From the settings' `models` section."""
+        return cls(url=models["registry"], username=models["registry_username"] or None,
+                   password=models["registry_password"] or None, max_bytes=models["max_pull_gb"] * GIB,
+                   disk_reserve=models["disk_reserve_mb"] << 20, stall_timeout=models["pull_stall_timeout"])
+
 
 def model_id_for(ref: oci.Reference) -> str:
     """Ollama's naming: 'name:tag' in the default namespace, 'ns/name:tag' elsewhere."""

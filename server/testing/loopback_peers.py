@@ -95,7 +95,7 @@ def parse_test_peers(text: str) -> dict[str, int]:
     return offers
 
 
-def membership(node, settings, loop, spec: str) -> "LoopbackPeers | None":
+def membership(facts, settings, loop, spec: str) -> "LoopbackPeers | None":
     """This node with the simulated followers `spec` names, on loopback; None for none."""
     threads = settings["engine.threads"]
     offers = parse_test_peers(spec)
@@ -113,5 +113,5 @@ def membership(node, settings, loop, spec: str) -> "LoopbackPeers | None":
                                           membership.secret)
         return servers[node_id]
 
-    membership = LoopbackPeers(node.identity.node_id, offers, servers_for, threads or 1)
+    membership = LoopbackPeers(facts.node_id, offers, servers_for, threads or 1)
     return membership

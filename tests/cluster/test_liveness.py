@@ -25,8 +25,7 @@ def short_window(monkeypatch):
 def _membership(tmp_path, name: str, **env):
     settings = config.load({"data_dir": str(tmp_path / name)},
                            {"STACKD_CLUSTER_SECRET": SECRET, **env})
-    node, _ = daemon.build_node(settings)
-    return node.membership
+    return daemon.build_membership(settings)
 
 
 @pytest.fixture

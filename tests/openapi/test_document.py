@@ -22,11 +22,10 @@ def document_of(tables) -> dict:
 
 def served_document(port: str) -> dict:
     """What GET /openapi.json answers on that port: the daemon's own apps, the real handler."""
-    node = type("Node", (), {"keys": None, "limiter": None,
-                             "settings": {"http.max_body_bytes": 1 << 20}})()
-    app = dict(zip(("inference", "cluster"), daemon_module.build_apps(node)))[port]
+    apps = daemon_module.build_apps(1 << 20, None, None, daemon_module.Contexts())
+    app = dict(zip(("inference", "cluster"), apps))[port]
     route, _ = app.match("GET", "/openapi.json")
-    return orjson.loads(route.handler(node, None).body)
+    return orjson.loads(route.handler(route.ctx, None).body)
 
 
 def every_schema(node):
@@ -74,9 +73,7 @@ def test_each_port_describes_only_its_own_groups():
 
 def test_the_document_needs_a_key_but_no_permission():
     """Readable with any valid key, rate-limited in the group of the port it describes."""
-    node = type("Node", (), {"keys": None, "limiter": None,
-                             "settings": {"http.max_body_bytes": 1 << 20}})()
-    inference, cluster = daemon_module.build_apps(node)
+    inference, cluster = daemon_module.build_apps(1 << 20, None, None, daemon_module.Contexts())
     for app, group in ((inference, "inference"), (cluster, "cluster")):
         route, _ = app.match("GET", "/openapi.json")
         assert route is not None and route.permission is None and route.group == group

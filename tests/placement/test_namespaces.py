@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from stackd.cluster import relay
+from stackd.system import relay
 from tests.netns.daemons import CLUSTER_PORT, RPC_PORT, in_namespace, namespaces, needs_namespaces
 from tests.netns.topology import inside
 

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from stackd.cluster import relay
+from stackd.system import relay
 
 from .conftest import SECRET, run
 

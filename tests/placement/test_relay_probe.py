@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from stackd.cluster import relay
+from stackd.system import relay
 
 from .conftest import SECRET, run
 from .test_relay import rpc_hello

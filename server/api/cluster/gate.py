@@ -15,7 +15,7 @@ WHY = "this node is a follower: inference and model management are served by the
 
 
 def leader_only(table: dict, membership) -> dict:
-    def refuse(node, request):
+    def refuse(ctx, request):
         raise ApiError(ErrorKind.UNAVAILABLE, refusal(membership))
 
     return {key: replace(endpoint, handler=refuse, responses={**endpoint.responses, 503: WHY})

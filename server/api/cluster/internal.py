@@ -64,20 +64,20 @@ def _sender(request) -> str:
     return request.key.id
 
 
-def heartbeat(node, request) -> Response:
+def heartbeat(ctx, request) -> Response:
     """A follower's heartbeat (its first one registers it): the leader's answer carries its
     view of the cluster and the follower's compute scale."""
-    return json_response(node.membership.receive_heartbeat(_sender(request), request.json()))
+    return json_response(ctx.membership.receive_heartbeat(_sender(request), request.json()))
 
 
-def leave(node, request) -> Response:
+def leave(ctx, request) -> Response:
     """A follower that shuts down says so: it is forgotten rather than reported down."""
-    return json_response(node.membership.receive_leave(_sender(request)))
+    return json_response(ctx.membership.receive_leave(_sender(request)))
 
 
-def describe(node, request) -> Response:
+def describe(ctx, request) -> Response:
     """This node's own /v1/nodes entry."""
-    return json_response(node.membership.own_entry())
+    return json_response(ctx.membership.own_entry())
 
 
 ROUTES: dict = {
@@ -89,7 +89,7 @@ ROUTES: dict = {
 
 def register(table: dict) -> None:
     """Adds another module's internal routes: keys (method, "/internal/v1/..."), values Endpoints
-    whose handlers take (node, request). Call it before the apps are built."""
+    whose handlers take (ctx, request). Call it before the apps are built."""
     for (method, path), endpoint in table.items():
         if not path.startswith(PREFIX):
             raise ValueError(f"internal routes live under {PREFIX}: {path}")

@@ -12,64 +12,63 @@ from ...http.wire import JSON
 from ...http.routing import Endpoint
 from ...observe import prometheus, trace
 from ...system import readings
+from ..contexts import ClusterContext
 from . import gate
 from ...cluster import views
 
 CLUSTER = "cluster"
 
 
-def health(node, request) -> Response:
+def health(ctx: ClusterContext, request) -> Response:
     # The body only changes once a second (uptime) or when the sensor cache refreshes,
     # so a probe hammering this endpoint reuses one encoded body.
-    state = (node.uptime_seconds(), node.thermometer.celsius())
-    cached = node.health_cache
+    state = (ctx.facts.uptime_seconds(), ctx.facts.thermometer.celsius())
+    cached = ctx.health_cache
     if cached is None or cached[0] != state:
         body = {"status": "ok", "uptime_seconds": state[0], "temperature_c": state[1]}
-        cached = node.health_cache = (state, json_response(body))
+        cached = ctx.health_cache = (state, json_response(body))
     return cached[1]
 
 
-def topology(node, request) -> Response:
-    return json_response(views.current(node, node.membership, "topology"))
+def topology(ctx: ClusterContext, request) -> Response:
+    return json_response(views.current(ctx.membership, "topology"))
 
 
-def cluster_status(node, request) -> Response:
-    return json_response(views.current(node, node.membership, "cluster"))
+def cluster_status(ctx: ClusterContext, request) -> Response:
+    return json_response(views.current(ctx.membership, "cluster"))
 
 
-def nodes(node, request) -> Response:
-    return json_response(views.current(node, node.membership, "nodes"))
+def nodes(ctx: ClusterContext, request) -> Response:
+    return json_response(views.current(ctx.membership, "nodes"))
 
 
-def power_contract(node, request) -> Response:
+def power_contract(ctx: ClusterContext, request) -> Response:
     """A power module's controller posts its capabilities; the answer is the sink's request."""
-    return json_response(node.power.negotiate(request.json()))
+    return json_response(ctx.power.negotiate(request.json()))
 
 
-def power_contract_in_force(node, request) -> Response:
-    if node.membership is not None and not node.membership.is_leader:
-        return json_response(views.current(node, node.membership, "power") or node.power.in_force())
-    return json_response(node.power.in_force())
+def power_contract_in_force(ctx: ClusterContext, request) -> Response:
+    if not ctx.membership.is_leader:
+        return json_response(views.current(ctx.membership, "power") or ctx.power.in_force())
+    return json_response(ctx.power.in_force())
 
 
-def _engines(node) -> dict:
+def _engines(ctx: ClusterContext) -> dict:
     """The loaded models' engines. Their counters, histograms and trace stay readable while a
     model unloads (the observer outlives the freed model), so runner.engine is read directly."""
-    if node.models is None:
-        return {}
-    return {model_id: m.runner.engine for model_id, m in node.models.loaded.items()}
+    return {model_id: m.runner.engine for model_id, m in ctx.models.loaded.items()}
 
 
-def _worker_metrics(node) -> bytes:
-    if node.models is None or not node.models.loaded:
+def _worker_metrics(ctx: ClusterContext) -> bytes:
+    if not ctx.models.loaded:
         return b""
     out = ["# HELP stackd_model_restarts_total Times a model's worker process was restarted after dying.",
            "# TYPE stackd_model_restarts_total counter"]
     out += [f'stackd_model_restarts_total{{model="{m}"}} {model.restarts}'
-            for m, model in node.models.loaded.items()]
+            for m, model in ctx.models.loaded.items()]
     out += ["# HELP stackd_model_memory_pss_bytes Proportional set size of a model's worker process.",
             "# TYPE stackd_model_memory_pss_bytes gauge"]
-    for m, model in node.models.loaded.items():
+    for m, model in ctx.models.loaded.items():
         pid = model.runner.engine.pid
         pss = readings.pss_bytes(pid) if pid else None
         if pss is not None:
@@ -78,8 +77,6 @@ def _worker_metrics(node) -> bytes:
 
 
 def _cluster_gauges(membership) -> dict:
-    if membership is None:
-        return {}
     nodes = membership.nodes()
     return {"stackd_cluster_nodes": ("Nodes this node knows of, itself included.", len(nodes)),
             "stackd_cluster_nodes_up": ("Of those, the nodes that are up.",
@@ -87,23 +84,23 @@ def _cluster_gauges(membership) -> dict:
             "stackd_cluster_fenced": ("1 while this follower has lost its leader.", int(membership.fenced))}
 
 
-def metrics(node, request) -> Response:
-    gauges = {"stackd_uptime_seconds": ("Seconds since the daemon started.", node.uptime_seconds()),
-              **_cluster_gauges(node.membership)}
-    return Response(200, node.metrics.render(gauges) + prometheus.render(_engines(node)) + _worker_metrics(node),
+def metrics(ctx: ClusterContext, request) -> Response:
+    gauges = {"stackd_uptime_seconds": ("Seconds since the daemon started.", ctx.facts.uptime_seconds()),
+              **_cluster_gauges(ctx.membership)}
+    return Response(200, ctx.metrics.render(gauges) + prometheus.render(_engines(ctx)) + _worker_metrics(ctx),
                     b"text/plain; version=0.0.4; charset=utf-8")
 
 
-async def debug_trace(node, request) -> StreamingResponse:
+async def debug_trace(ctx: ClusterContext, request) -> StreamingResponse:
     body = request.json()
     seconds = trace.seconds_of(body)
     model_id = validate.string(body, "model", required=False, max_len=256)
-    engines = _engines(node)
+    engines = _engines(ctx)
     if model_id is not None:
         if model_id not in engines:
             raise ApiError(ErrorKind.MODEL_NOT_FOUND, f"the model '{model_id}' is not loaded", param="model")
         engines = {model_id: engines[model_id]}
-    recorded = await trace.record(node, engines, seconds, node.settings["debug.trace_reply_timeout"])
+    recorded = await trace.record(ctx, engines, seconds, ctx.trace_reply_timeout)
     return StreamingResponse(recorded.stream(), JSON)
 
 

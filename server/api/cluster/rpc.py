@@ -5,7 +5,7 @@ with the cluster secret by the internal route group):
     POST /internal/v1/rpc/stop  {"placement_id"}                         -> {"stopped"}
     GET  /internal/v1/rpc                                                -> {"servers": [...]}
 
-The children are this node's `RpcServers` (node.models.rpc). A follower restarts none on its
+The children are this node's `RpcServers` (ClusterContext.rpc). A follower restarts none on its
 own; it stops them all when it is fenced (it lost its leader).
 """
 from __future__ import annotations
@@ -41,19 +41,19 @@ async def handle(servers: RpcServers, method: str, path: str, body: dict) -> dic
     raise ApiError(ErrorKind.NOT_FOUND, f"no internal route {method} {path}")
 
 
-async def start(node, request) -> Response:
+async def start(ctx, request) -> Response:
     """Start an RPC server child for a placement; answers the port of its relay."""
-    return json_response(await handle(node.models.rpc, "POST", "/internal/v1/rpc/start", request.json()))
+    return json_response(await handle(ctx.rpc, "POST", "/internal/v1/rpc/start", request.json()))
 
 
-async def stop(node, request) -> Response:
+async def stop(ctx, request) -> Response:
     """Stop a placement's RPC server child (unload, re-placement)."""
-    return json_response(await handle(node.models.rpc, "POST", "/internal/v1/rpc/stop", request.json()))
+    return json_response(await handle(ctx.rpc, "POST", "/internal/v1/rpc/stop", request.json()))
 
 
-async def listing(node, request) -> Response:
+async def listing(ctx, request) -> Response:
     """This node's RPC server children and their state (the heartbeat's RPC state)."""
-    return json_response(await handle(node.models.rpc, "GET", "/internal/v1/rpc", {}))
+    return json_response(await handle(ctx.rpc, "GET", "/internal/v1/rpc", {}))
 
 
 _PORT = {"type": "object", "required": ["port"], "properties": {"port": {"type": "integer"}}}

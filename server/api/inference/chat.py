@@ -59,9 +59,9 @@ def messages_of(body: dict) -> list[dict]:
     return out
 
 
-async def chat_completions(node, request) -> Response | StreamingResponse:
+async def chat_completions(ctx, request) -> Response | StreamingResponse:
     body = request.json()
-    model = await node.models.get(params.MODEL.read(body), "chat")
+    model = await ctx.models.get(params.MODEL.read(body), "chat")
     gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=True)
     prompt = await templates.prompt_tokens(model, messages_of(body))
     generate.check_fits(len(prompt), model.context_length, "messages")

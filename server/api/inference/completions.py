@@ -43,9 +43,9 @@ def prompts_of(body: dict, engine) -> list[list[int]]:
     return out
 
 
-async def completions(node, request) -> Response | StreamingResponse:
+async def completions(ctx, request) -> Response | StreamingResponse:
     body = request.json()
-    model = await node.models.get(params.MODEL.read(body), "chat")
+    model = await ctx.models.get(params.MODEL.read(body), "chat")
     gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=False)
     echo = ECHO.read(body)
     prompts = await generate.tokenized(model, prompts_of, body, request)

@@ -55,9 +55,9 @@ def inputs_of(body: dict, model, engine) -> list[list[int]]:
     return out
 
 
-async def embeddings(node, request) -> Response:
+async def embeddings(ctx, request) -> Response:
     body = request.json()
-    model = await node.models.get(params.MODEL.read(body), "embedding")
+    model = await ctx.models.get(params.MODEL.read(body), "embedding")
     encoding = ENCODING_FORMAT.read(body)
     dimensions = DIMENSIONS.read(body)
     if dimensions is not None and dimensions != model.engine.n_embd:

@@ -13,14 +13,14 @@ from . import chat, completions, embeddings, params, schemas
 INFERENCE = "inference"
 
 
-def list_models(node, request) -> Response:
+def list_models(ctx, request) -> Response:
     """Every model in the store, with its kind and state (available, loading, loaded, ...)."""
-    return json_response({"object": "list", "data": node.models.listing()})
+    return json_response({"object": "list", "data": ctx.models.listing()})
 
 
-def get_model(node, request) -> Response:
+def get_model(ctx, request) -> Response:
     """One model of the store, with its kind and state."""
-    return json_response(node.models.describe(node.models.manifest(request.params["id"])))
+    return json_response(ctx.models.describe(ctx.models.manifest(request.params["id"])))
 
 
 CHAT_BODY = Body(params.MODEL, chat.MESSAGES, params.CHAT, example={
