@@ -89,9 +89,34 @@ class FollowerState:
     power: dict | None = None       # this node's allocation, from the leader
 
 
-class Membership:
+class NodeEvents:
+    """The contract placement and supervision use (the real membership, or the simulated one
+    of server/testing/loopback_peers.py): the nodes, and callbacks when one goes down or this
+    follower loses its leader."""
+
+    def __init__(self):
+        self._down_callbacks: list = []
+        self._fenced_callbacks: list = []
+
+    def nodes(self) -> list[PeerNode]:
+        raise NotImplementedError
+
+    def nodes_up(self) -> list[PeerNode]:
+        return [n for n in self.nodes() if n.status == "up"]
+
+    def on_node_down(self, callback) -> None:
+        """callback(node_id), on the loop, when a follower goes silent or leaves."""
+        self._down_callbacks.append(callback)
+
+    def on_fenced(self, callback) -> None:
+        """callback(), on the loop, when this follower loses its leader."""
+        self._fenced_callbacks.append(callback)
+
+
+class Membership(NodeEvents):
     def __init__(self, facts: NodeFacts, role: str, secret: bytes | None, leader: str = "",
                  advertise: str = ""):
+        super().__init__()
         self.facts = facts
         self.local: LocalState = NothingYet()   # what this node runs: report_local() sets it
         self.role = role
@@ -107,8 +132,6 @@ class Membership:
         self.rpc_state = None       # () -> JSON-able: the RPC children, carried by heartbeats
         self.placements_on = None   # (node_id) -> placement ids a leader holds RPC servers for there
         self._listed_callbacks: list = []
-        self._down_callbacks: list = []
-        self._fenced_callbacks: list = []
         self._change_callbacks: list = []
 
     @classmethod
@@ -153,17 +176,6 @@ class Membership:
     def nodes(self) -> list[PeerNode]:
         """Every known node, this one included, the leader first."""
         return [peer_node(entry) for entry in self.node_entries()]
-
-    def nodes_up(self) -> list[PeerNode]:
-        return [n for n in self.nodes() if n.status == "up"]
-
-    def on_node_down(self, callback) -> None:
-        """callback(node_id), on the loop, when a follower goes silent or leaves."""
-        self._down_callbacks.append(callback)
-
-    def on_fenced(self, callback) -> None:
-        """callback(), on the loop, when this follower loses its leader."""
-        self._fenced_callbacks.append(callback)
 
     def on_change(self, callback) -> None:
         """callback(), on the loop, when a node joins, leaves, goes down or comes back."""

@@ -25,6 +25,7 @@ from ..engine.core import (SAMPLING_FIELDS, STATUS_ERROR, SUBMIT_ACCEPTED, Engin
 from ..engine.submit import submit_all
 from ..engine.wire import FrameReader, WireError, chunks_of, decode_events, decode_trace, frame
 
+VOCAB_FACTS = frozenset({"tokenize", "piece", "chat_template", "token_bos", "token_eos"})
 RECV_SIZE = 1 << 20                # a short read drained the socket; more wakes the loop again
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -151,23 +152,11 @@ class WorkerEngine:
 
     # ---- the model's facts, from the vocabulary kept here ------------------------------------------
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        return self.vocab.tokenize(text, add_special, parse_special)
-
-    def piece(self, token: int) -> bytes:
-        return self.vocab.piece(token)
-
-    @property
-    def chat_template(self) -> str:
-        return self.vocab.chat_template
-
-    @property
-    def token_bos(self) -> int:
-        return self.vocab.token_bos
-
-    @property
-    def token_eos(self) -> int:
-        return self.vocab.token_eos
+    def __getattr__(self, name):
+        """tokenize, piece, chat_template, token_bos, token_eos: the daemon's vocabulary answers."""
+        if name in VOCAB_FACTS:
+            return getattr(self.vocab, name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     # ---- work ---------------------------------------------------------------------------------------
 

@@ -103,15 +103,7 @@ class ModelRunner:
             self._streams[rid] = stream            # events may arrive before the verdict
             submitted.append((rid, prompt, max_tokens, sampling))
         stream.n_open = len(submitted)
-        try:
-            verdict, error = await self.engine.submit_jobs(submitted, stop, owner)
-        except BaseException:
-            self._forget(stream)
-            raise
-        if verdict != SUBMIT_ACCEPTED:
-            self._forget(stream)
-            raise refused(verdict, error)
-        return stream
+        return await self._taken(stream, self.engine.submit_jobs(submitted, stop, owner))
 
     async def embed(self, inputs: list[list[int]], owner: int = 0) -> Generation:
         self.check_open()
@@ -120,14 +112,22 @@ class ModelRunner:
         stream.choice[rid] = 0
         stream.n_open = 1
         self._streams[rid] = stream
+
+        async def submission():
+            return await self.engine.submit_embedding(rid, inputs, owner), None
+        return await self._taken(stream, submission())
+
+    async def _taken(self, stream: Generation, submission) -> Generation:
+        """The stream, once the engine took its requests; if it refused them (or the submit
+        failed), the stream is forgotten and the refusal raised."""
         try:
-            verdict = await self.engine.submit_embedding(rid, inputs, owner)
+            verdict, error = await submission
         except BaseException:
             self._forget(stream)
             raise
         if verdict != SUBMIT_ACCEPTED:
             self._forget(stream)
-            raise refused(verdict, None)
+            raise refused(verdict, error)
         return stream
 
     def _forget(self, stream: Generation) -> None:

@@ -27,7 +27,6 @@ import functools
 import os
 import stat
 import struct
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator
@@ -624,18 +623,3 @@ class Metadata:
         if vtype != _T_ARRAY or arr.etype not in _SCALARS:
             raise GGUFError(f"metadata key {_q(key)} must be an array of numbers")
         return self._p.src.read(arr.offset, arr.count * _SCALARS[arr.etype].size, key)
-
-
-def main(argv: list[str] | None = None) -> int:
-    status = 0
-    for path in (sys.argv[1:] if argv is None else argv):
-        try:
-            print(f"{path}: {check_gguf(path)}")
-        except GGUFError as exc:
-            print(f"{path}: REFUSED: {exc}", file=sys.stderr)
-            status = 1
-    return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

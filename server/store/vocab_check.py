@@ -282,6 +282,8 @@ def last_words(stderr: bytes) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m stackd.store.vocab_check FILE...`: every check a model gets before the store
+    takes it (structure, vocabulary, a vocab-only load), file by file."""
     status = 0
     for path in (sys.argv[1:] if argv is None else argv):
         try:

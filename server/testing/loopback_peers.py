@@ -13,22 +13,21 @@ import os
 import re
 
 from ..system import readings
-from ..cluster.membership import PeerNode
+from ..cluster.membership import NodeEvents, PeerNode
 from ..cluster.peers import PeerError  # noqa: F401  (the simulated nodes' calls raise the real one)
 
 MIB = 1 << 20
 
 
-class SoloMembership:
+class SoloMembership(NodeEvents):
     role = "leader"
     secret: bytes | None = None
 
     def __init__(self, self_id: str, host: str = "127.0.0.1", threads: int = 0):
+        super().__init__()
         self.self_id = self_id
         self.host = host
         self.threads = threads or (os.cpu_count() or 1)
-        self._down_callbacks: list = []
-        self._fenced_callbacks: list = []
 
     def _me(self) -> PeerNode:
         memory = readings.meminfo()
@@ -38,15 +37,6 @@ class SoloMembership:
 
     def nodes(self) -> list[PeerNode]:
         return [self._me()]
-
-    def nodes_up(self) -> list[PeerNode]:
-        return [n for n in self.nodes() if n.status == "up"]
-
-    def on_node_down(self, callback) -> None:
-        self._down_callbacks.append(callback)
-
-    def on_fenced(self, callback) -> None:
-        self._fenced_callbacks.append(callback)
 
     async def call(self, node_id: str, method: str, path: str, body: dict | None,
                    timeout: float | None = None) -> dict:
