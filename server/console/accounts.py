@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..auth import levels
+from .db.database import row_by_id
 from .db.schema import refresh_tokens, users
 from .directory import APPROVED, PENDING, REJECTED, Account, Directory
 from .errors import Code, Refused
@@ -73,11 +74,7 @@ class Accounts:
     # ---- reading ------------------------------------------------------------------------------
 
     async def row(self, user_id: str):
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(select(users).where(users.c.id == user_id))).first()
-        if row is None:
-            raise Refused(Code.NOT_FOUND, f"no user with id {user_id!r}")
-        return row
+        return await row_by_id(self.engine, users, user_id, "user")
 
     async def listing(self, state: str | None) -> list[dict]:
         query = select(users).order_by(users.c.created_at, users.c.username)

@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .accounts import digest, new_id
+from .db.database import row_by_id
 from .db.schema import devices, pairing_tokens
 from .errors import Code, Refused
 from .vault import Vault
@@ -64,11 +65,7 @@ class Devices:
             return [record(row) for row in rows]
 
     async def get(self, device_id: str):
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(select(devices).where(devices.c.id == device_id))).first()
-        if row is None:
-            raise Refused(Code.NOT_FOUND, f"no device with id {device_id!r}")
-        return row
+        return await row_by_id(self.engine, devices, device_id, "device")
 
     def api_key(self, row) -> str:
         return self.vault.open(row.id, row.api_key_sealed)

@@ -536,18 +536,18 @@ def number(body: dict, field: str, *, lo: float, hi: float, default=None):
 
 
 def boolean(body: dict, field: str, *, default: bool = False) -> bool:
-    value = body.get(field, _MISSING)
-    if value is _MISSING or value is None:
-        return default
-    if not isinstance(value, bool):
-        raise invalid(f"'{field}' must be a boolean, not {_type_name(value)}", field)
-    return value
+    return _optional(body, field, default, bool, "a boolean")
 
 
 def obj(body: dict, field: str, *, default=None):
+    return _optional(body, field, default, dict, "an object")
+
+
+def _optional(body: dict, field: str, default, kind: type, what: str):
+    """The field if it is a `kind`; `default` when it is absent or null."""
     value = body.get(field, _MISSING)
     if value is _MISSING or value is None:
         return default
-    if not isinstance(value, dict):
-        raise invalid(f"'{field}' must be an object, not {_type_name(value)}", field)
+    if not isinstance(value, kind):
+        raise invalid(f"'{field}' must be {what}, not {_type_name(value)}", field)
     return value

@@ -12,9 +12,10 @@ import os
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import event
+from sqlalchemy import Table, event, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from ..errors import Code, Refused
 from .schema import metadata
 
 MIGRATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "migrations")
@@ -60,3 +61,12 @@ async def migrate(engine: AsyncEngine) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)    # one line per step is noise
     async with engine.begin() as connection:
         await connection.run_sync(_upgrade)
+
+
+async def row_by_id(engine: AsyncEngine, table: Table, row_id: str, noun: str):
+    """The row of `table` with that id; a refusal naming the `noun` when there is none."""
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(table).where(table.c.id == row_id))).first()
+    if row is None:
+        raise Refused(Code.NOT_FOUND, f"no {noun} with id {row_id!r}")
+    return row
