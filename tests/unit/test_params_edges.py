@@ -11,11 +11,11 @@ from stackd.api.inference import params
 VOCAB = 1000
 
 
-def chat(**fields) -> params.Generation:
+def chat(**fields) -> params.GenerationParams:
     return params.parse({"messages": [], **fields}, n_vocab=VOCAB, chat=True)
 
 
-def completion(**fields) -> params.Generation:
+def completion(**fields) -> params.GenerationParams:
     return params.parse({"prompt": "", **fields}, n_vocab=VOCAB, chat=False)
 
 

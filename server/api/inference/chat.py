@@ -83,7 +83,7 @@ async def chat_completions(ctx, request) -> Response | StreamingResponse:
     return json_response(head)
 
 
-async def _chunks(runner, stream, gen: params.Generation, head: dict):
+async def _chunks(runner, stream, gen: params.GenerationParams, head: dict):
     head = dict(head, object="chat.completion.chunk")
     usage_field = {"usage": None} if gen.include_usage else {}
     choices = [responses.Choice() for _ in range(gen.n)]

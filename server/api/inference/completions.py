@@ -76,7 +76,7 @@ def _echo_text(engine, prompt: list[int]) -> str:
     return b"".join(engine.piece(t) for t in prompt).decode("utf-8", "replace")
 
 
-async def _chunks(runner, stream, gen: params.Generation, head: dict, n_choices: int):
+async def _chunks(runner, stream, gen: params.GenerationParams, head: dict, n_choices: int):
     usage_field = {"usage": None} if gen.include_usage else {}
     choices = [responses.Choice() for _ in range(n_choices)]
     prompts_counted = list(range(0, n_choices, gen.n))

@@ -43,7 +43,7 @@ def check_fits(n_prompt: int, context_length: int, what: str = "prompt") -> None
                        param="messages" if what == "messages" else "prompt")
 
 
-def jobs_for(prompts: list[list[int]], gen: gen_params.Generation, context_length: int) -> list:
+def jobs_for(prompts: list[list[int]], gen: gen_params.GenerationParams, context_length: int) -> list:
     """One job per choice: prompt p's j-th choice is job p * n + j. Generation stops at the
     context's end (finish_reason "length") when max_tokens would pass it."""
     jobs = []

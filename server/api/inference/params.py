@@ -29,7 +29,7 @@ DEFAULT_MIN_P = 0.05
 
 
 @dataclass
-class Generation:
+class GenerationParams:
     max_tokens: int | None          # None: until the context is full
     stop: list[str]
     n: int
@@ -176,7 +176,7 @@ def _grammar(body: dict) -> str:
     return json_schema_grammar(schema)
 
 
-def parse(body: dict, *, n_vocab: int, chat: bool) -> Generation:
+def parse(body: dict, *, n_vocab: int, chat: bool) -> GenerationParams:
     v = (CHAT_FIELDS if chat else COMPLETION_FIELDS).read(body)
     max_tokens = v["max_completion_tokens"]
     if max_tokens is None:
@@ -217,7 +217,7 @@ def parse(body: dict, *, n_vocab: int, chat: bool) -> Generation:
         s.seed = _seed32(seed)
 
     stop = v["stop"]
-    return Generation(
+    return GenerationParams(
         max_tokens=max_tokens, stop=[stop] if isinstance(stop, str) else (stop or []),
         n=v["n"], stream=stream, include_usage=include_usage, sampling=s, seed=seed,
         top_logprobs=top_logprobs, logprobs=logprobs, grammar=s.grammar)
