@@ -11,6 +11,7 @@
 #include "engine/model_facts.h"
 #include "engine/scheduler.h"
 #include "engine/event_wire.h"
+#include "engine/frame_sink.h"
 #include "engine/text_stream.h"
 
 namespace py = pybind11;
@@ -214,11 +215,13 @@ py::dict plan_to_python(const batch_plan & plan) {
 }
 
 // A worker engine's sink (Engine.attach_sink first): the Python side's frames go through it too.
+// The engine sees only its event_sink; the one this module attaches is always a frame_sink.
 frame_sink & sink_of(engine & e) {
-    if (e.sink() == nullptr) {
+    auto * sink = dynamic_cast<frame_sink *>(e.sink());
+    if (sink == nullptr) {
         throw std::logic_error("no sink attached (Engine.attach_sink)");
     }
-    return *e.sink();
+    return *sink;
 }
 
 // The scheduling policy alone, for tests with a fake decoder.
@@ -441,9 +444,12 @@ PYBIND11_MODULE(_engine, m) {
                  }
                  return out;
              })
-        // An engine worker's socket (frame_sink.h): every frame to the daemon goes through it,
-        // the engine thread's events and the worker's own, in order.
-        .def("attach_sink", &engine::attach_sink, py::arg("fd"))
+        // An engine worker's socket (frame_sink.h), made here and handed to the engine as its
+        // event_sink: every frame to the daemon goes through it, the engine thread's events and
+        // the worker's own, in order.
+        .def("attach_sink",
+             [](engine & e, int fd) { e.attach_sink(std::make_unique<frame_sink>(fd)); },
+             py::arg("fd"))
         .def("relay_events", &engine::relay_events,
              "Writes the events the engine left for this thread to the sink as one frame; "
              "returns whether any ends a request.")

@@ -1,6 +1,5 @@
 #include "engine.h"
 
-#include "event_wire.h"
 #include "model_facts.h"
 
 #include <sys/eventfd.h>
@@ -928,7 +927,7 @@ bool engine::send_directly(lane & ln) {
     if (!sink_ || !events_.empty() || any_ends_a_request(ln.outgoing)) {
         return false;
     }
-    if (sink_->write(events_frame(ln.outgoing))) {
+    if (sink_->write_events(ln.outgoing)) {
         signal_reader();               // bytes wait: the reader must watch for writable
     }
     return true;
@@ -942,14 +941,14 @@ bool engine::relay_events() {
         return false;
     }
     const bool any_finished = any_ends_a_request(events_);
-    sink_->write(events_frame(events_));
+    sink_->write_events(events_);
     events_.clear();
     return any_finished;
 }
 
-void engine::attach_sink(int fd) {
+void engine::attach_sink(std::unique_ptr<event_sink> sink) {
     std::lock_guard<std::mutex> lock(mu_events_);
-    sink_ = std::make_unique<frame_sink>(fd);
+    sink_ = std::move(sink);
 }
 
 void engine::signal_reader() {

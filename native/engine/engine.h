@@ -28,7 +28,7 @@
 
 #include "counters.h"
 #include "devices.h"
-#include "frame_sink.h"
+#include "event_sink.h"
 #include "llama.h"
 #include "observer.h"
 #include "sampling.h"
@@ -103,14 +103,15 @@ public:
     std::vector<engine_event> take_events();
     void close();
 
-    // An engine worker's socket to the daemon (frame_sink.h). Once attached, a step whose
-    // events end no request is framed and sent from the engine thread itself, with no wake-up
-    // of the event fd's reader, provided nothing is queued before it; everything else goes the
-    // usual way (events kept, event fd signalled) and the reader relays it with
-    // relay_events(), so the stream stays in step order. Attach before the first submit.
-    void attach_sink(int fd);
-    frame_sink * sink() { return sink_.get(); }
-    // The reader's half: takes the kept events and writes them to the sink as one frame.
+    // Where events go as they are made (event_sink.h): in an engine worker, its socket to the
+    // daemon. Once attached, a step whose events end no request is written to the sink from
+    // the engine thread itself, with no wake-up of the event fd's reader, provided nothing is
+    // queued before it; everything else goes the usual way (events kept, event fd signalled)
+    // and the reader relays it with relay_events(), so the stream stays in step order. Attach
+    // before the first submit.
+    void attach_sink(std::unique_ptr<event_sink> sink);
+    event_sink * sink() { return sink_.get(); }
+    // The reader's half: takes the kept events and writes them to the sink as one unit.
     // Returns whether any of them ends a request.
     bool relay_events();
 
@@ -231,7 +232,7 @@ private:
 
     mutable std::mutex mu_events_;
     std::vector<engine_event> events_;
-    std::unique_ptr<frame_sink> sink_;     // under mu_events_: events_ and the sink move together
+    std::unique_ptr<event_sink> sink_;     // under mu_events_: events_ and the sink move together
     int efd_ = -1;
 
     mutable std::mutex mu_stats_;
