@@ -35,21 +35,24 @@
 #include "scheduler.h"
 #include "text_stream.h"
 
+// The daemon's settings keep their names here, from the config through Engine(...) to C++:
+// slots, context_length, batch, threads, max_queue and flash_attn are engine.<name>, key_share
+// is inference.limits.key_share. The rest are the model's or its placement's, not settings.
 struct engine_params {
     std::string model_path;
-    bool        embeddings    = false;   // an embedding model: pooled vectors, no sampling
-    int32_t     n_slots       = 4;       // sequences decoded together
-    int32_t     n_ctx_seq     = 2048;    // context of one sequence (prompt + output)
-    int32_t     n_batch       = 512;     // tokens per decode step at most
-    int32_t     n_ubatch      = 0;       // tokens per micro-batch (0: the step, up to 512); smaller
+    bool        embeddings     = false;  // an embedding model: pooled vectors, no sampling
+    int32_t     slots          = 4;      // sequences decoded together
+    int32_t     context_length = 2048;   // context of one sequence (prompt + output)
+    int32_t     batch          = 512;    // tokens per decode step at most
+    int32_t     n_ubatch       = 0;      // tokens per micro-batch (0: the step, up to 512); smaller
                                          // lets pipeline-parallel devices overlap within a step
-    int32_t     n_threads     = 0;       // 0: all cores
-    int32_t     n_max_waiting = 256;     // queued requests beyond which submit() refuses
-    int32_t     flash_attn    = -1;      // llama_flash_attn_type: -1 auto, 0 off, 1 on
-    float       key_share     = 1.0f;    // most of the slots and of the queue one owner may hold
-    int32_t     n_lanes       = 1;       // contexts stepping in turn (slots shared out among them):
+    int32_t     threads        = 0;      // 0: all cores
+    int32_t     max_queue      = 256;    // queued requests beyond which submit() refuses
+    int32_t     flash_attn     = -1;     // llama_flash_attn_type: -1 auto, 0 off, 1 on
+    float       key_share      = 1.0f;   // most of the slots and of the queue one owner may hold
+    int32_t     n_lanes        = 1;      // contexts stepping in turn (slots shared out among them):
                                          // for a layer split over several nodes
-    bool        quiet         = true;    // silence llama.cpp's own logging
+    bool        quiet          = true;   // silence llama.cpp's own logging
     placement_params placement;          // empty: every layer on this CPU
 };
 

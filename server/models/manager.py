@@ -354,8 +354,8 @@ class ModelManager:
         s = self.settings
         path = self.store.model_path(manifest)
         embeddings = manifest.kind == "embedding"
-        params = dict(model_path=path, embeddings=embeddings, n_slots=s.n_slots, n_ctx_seq=context,
-                      n_batch=s.n_batch, n_threads=s.n_threads, n_max_waiting=s.max_queue,
+        params = dict(model_path=path, embeddings=embeddings, slots=s.n_slots, context_length=context,
+                      batch=s.n_batch, threads=s.n_threads, max_queue=s.max_queue,
                       flash_attn=s.flash_attn, key_share=s.key_share)
 
         def chat_template(facts):
