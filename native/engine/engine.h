@@ -101,7 +101,8 @@ public:
     // Throttle to a share of full compute (a power contract): threads and admitted slots in
     // proportion, never below one of each (per lane). Applied between steps.
     void set_compute_scale(float scale);
-    // Testing: make the next `n` decode calls fail as llama_decode can (no KV room, abort).
+    // For the fault-injection tests only, never for serving: make the next `n` decode calls
+    // fail as llama_decode can (no KV room, abort).
     void fail_next_decodes(int32_t n) { n_fail_decodes_ = n; }
     std::vector<engine_event> take_events();
     void close();
