@@ -65,7 +65,7 @@ def pin_to(pid: int, cpus: set[int], warm: bool = False, n_compute: int = 1) -> 
 async def measure(loop, params, rpcs=(None,), followers=()) -> tuple[float, float]:
     """(tokens/s with 16 clients shared by the engines, one per entry of `rpcs`; tokens/s with
     one client). `followers`: the RPC server children of the run, pinned to the follower's core."""
-    runners = [await start_worker(loop, dict(params, n_slots=CLIENTS // len(rpcs)), rpc, kernels=kernels)
+    runners = [await start_worker(loop, dict(params, slots=CLIENTS // len(rpcs)), rpc, kernels=kernels)
                for rpc in rpcs]
     leader_pids, follower_pids = [r.engine.pid for r in runners], [f.proc.pid for f in followers]
     for pid in leader_pids:

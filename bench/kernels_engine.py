@@ -65,8 +65,8 @@ def child(mode: str, streams: list[int], threads: int) -> None:
     path = accel.register(mode)
     from stackd.engine.core import Engine
     from stackd.store import defaults
-    engine = Engine(defaults.smollm2_path(), n_slots=max(streams), n_ctx_seq=256, n_batch=512,
-                    n_threads=threads, flash_attn=1)
+    engine = Engine(defaults.smollm2_path(), slots=max(streams), context_length=256, batch=512,
+                    threads=threads, flash_attn=1)
     run_streams(engine, 2, 1)  # warm up
     out = {"path": path}
     for i, n in enumerate(streams):

@@ -51,7 +51,7 @@ def worker(module: str | None, trace_on: bool, n_tokens: int, n_requests: int, t
     from stackd.engine.core import STATUS_RUNNING, Engine, SamplingParams
     from stackd.store import defaults
 
-    engine = Engine(defaults.smollm2_path(), n_slots=n_requests, n_ctx_seq=512, n_threads=threads)
+    engine = Engine(defaults.smollm2_path(), slots=n_requests, context_length=512, threads=threads)
     sampling = SamplingParams()
     sampling.temperature = 0.0
     sampling.ignore_eos = True

@@ -11,6 +11,7 @@
 #include "engine/model_facts.h"
 #include "engine/scheduler.h"
 #include "engine/event_wire.h"
+#include "engine/frame_sink.h"
 #include "engine/text_stream.h"
 
 namespace py = pybind11;
@@ -214,11 +215,13 @@ py::dict plan_to_python(const batch_plan & plan) {
 }
 
 // A worker engine's sink (Engine.attach_sink first): the Python side's frames go through it too.
+// The engine sees only its event_sink; the one this module attaches is always a frame_sink.
 frame_sink & sink_of(engine & e) {
-    if (e.sink() == nullptr) {
+    auto * sink = dynamic_cast<frame_sink *>(e.sink());
+    if (sink == nullptr) {
         throw std::logic_error("no sink attached (Engine.attach_sink)");
     }
-    return *e.sink();
+    return *sink;
 }
 
 // The scheduling policy alone, for tests with a fake decoder.
@@ -384,8 +387,9 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("n"));
 
     py::class_<engine>(m, "Engine")
-        .def(py::init([](const std::string & model_path, bool embeddings, int32_t n_slots,
-                         int32_t n_ctx_seq, int32_t n_batch, int32_t n_threads, int32_t n_max_waiting,
+        // The settings' keywords are their names in the daemon's config (engine_params).
+        .def(py::init([](const std::string & model_path, bool embeddings, int32_t slots,
+                         int32_t context_length, int32_t batch, int32_t threads, int32_t max_queue,
                          int32_t flash_attn, float key_share, bool quiet,
                          std::vector<std::string> rpc_endpoints, int32_t split_mode,
                          std::vector<float> tensor_split, int32_t n_gpu_layers, int32_t n_ubatch,
@@ -396,20 +400,20 @@ PYBIND11_MODULE(_engine, m) {
                  p.placement = {std::move(rpc_endpoints), split_mode, std::move(tensor_split), n_gpu_layers};
                  p.model_path = model_path;
                  p.embeddings = embeddings;
-                 p.n_slots = n_slots;
-                 p.n_ctx_seq = n_ctx_seq;
-                 p.n_batch = n_batch;
-                 p.n_threads = n_threads;
-                 p.n_max_waiting = n_max_waiting;
+                 p.slots = slots;
+                 p.context_length = context_length;
+                 p.batch = batch;
+                 p.threads = threads;
+                 p.max_queue = max_queue;
                  p.flash_attn = flash_attn;
                  p.key_share = key_share;
                  p.quiet = quiet;
                  py::gil_scoped_release release;
                  return std::make_unique<engine>(p);
              }),
-             py::arg("model_path"), py::arg("embeddings") = false, py::arg("n_slots") = 4,
-             py::arg("n_ctx_seq") = 2048, py::arg("n_batch") = 512, py::arg("n_threads") = 0,
-             py::arg("n_max_waiting") = 256, py::arg("flash_attn") = -1, py::arg("key_share") = 1.0f,
+             py::arg("model_path"), py::arg("embeddings") = false, py::arg("slots") = 4,
+             py::arg("context_length") = 2048, py::arg("batch") = 512, py::arg("threads") = 0,
+             py::arg("max_queue") = 256, py::arg("flash_attn") = -1, py::arg("key_share") = 1.0f,
              py::arg("quiet") = true, py::arg("rpc_endpoints") = std::vector<std::string>{},
              py::arg("split_mode") = (int32_t) LLAMA_SPLIT_MODE_LAYER,
              py::arg("tensor_split") = std::vector<float>{}, py::arg("n_gpu_layers") = 0,
@@ -441,9 +445,12 @@ PYBIND11_MODULE(_engine, m) {
                  }
                  return out;
              })
-        // An engine worker's socket (frame_sink.h): every frame to the daemon goes through it,
-        // the engine thread's events and the worker's own, in order.
-        .def("attach_sink", &engine::attach_sink, py::arg("fd"))
+        // An engine worker's socket (frame_sink.h), made here and handed to the engine as its
+        // event_sink: every frame to the daemon goes through it, the engine thread's events and
+        // the worker's own, in order.
+        .def("attach_sink",
+             [](engine & e, int fd) { e.attach_sink(std::make_unique<frame_sink>(fd)); },
+             py::arg("fd"))
         .def("relay_events", &engine::relay_events,
              "Writes the events the engine left for this thread to the sink as one frame; "
              "returns whether any ends a request.")
@@ -485,8 +492,9 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("description", &engine::description)
         .def_property_readonly("token_bos", &engine::token_bos)
         .def_property_readonly("token_eos", &engine::token_eos)
-        .def_property_readonly("n_slots", [](const engine & e) { return e.params().n_slots; })
-        .def_property_readonly("n_ctx_seq", [](const engine & e) { return e.params().n_ctx_seq; })
+        // Facts of the running engine, named like n_vocab (a worker reports them to the daemon).
+        .def_property_readonly("n_slots", [](const engine & e) { return e.params().slots; })
+        .def_property_readonly("n_ctx_seq", [](const engine & e) { return e.params().context_length; })
         .def_property_readonly("n_lanes", &engine::n_lanes);
 
     // A model's vocabulary and metadata without its weights: what the daemon needs to render,

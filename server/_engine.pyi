@@ -110,9 +110,9 @@ class TraceRecords:                       # a stopped recording
     def take(self, n: int) -> list[dict[str, Any]]: ...   # the next n records (fewer at the end)
 
 class Engine:
-    def __init__(self, model_path: str, embeddings: bool = False, n_slots: int = 4,
-                 n_ctx_seq: int = 2048, n_batch: int = 512, n_threads: int = 0,
-                 n_max_waiting: int = 256, flash_attn: int = -1, key_share: float = 1.0,
+    def __init__(self, model_path: str, embeddings: bool = False, slots: int = 4,
+                 context_length: int = 2048, batch: int = 512, threads: int = 0,
+                 max_queue: int = 256, flash_attn: int = -1, key_share: float = 1.0,
                  quiet: bool = True, rpc_endpoints: list[str] = ..., split_mode: int = ...,
                  tensor_split: list[float] = ..., n_gpu_layers: int = 0, n_ubatch: int = 0,
                  n_lanes: int = 1) -> None: ...   # n_lanes: contexts stepping in turn (engine.h)

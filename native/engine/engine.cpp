@@ -1,6 +1,5 @@
 #include "engine.h"
 
-#include "event_wire.h"
 #include "model_facts.h"
 
 #include <sys/eventfd.h>
@@ -48,16 +47,16 @@ int32_t share_of(float share, int32_t n) {
 // Lane `index`'s share of the slots: an even share, the first lanes taking one more.
 int32_t lane_slots(const engine_params & p, int32_t index) {
     const int32_t n_lanes = p.n_lanes;
-    return p.n_slots / n_lanes + (index < p.n_slots % n_lanes ? 1 : 0);
+    return p.slots / n_lanes + (index < p.slots % n_lanes ? 1 : 0);
 }
 
 scheduler_params scheduler_params_of(const engine_params & p, int32_t index) {
     const int32_t n_slots = lane_slots(p, index);
     scheduler_params sp;
     sp.n_slots = n_slots;
-    sp.n_batch = std::max(p.n_batch, n_slots);
-    sp.n_ctx_seq = p.n_ctx_seq;
-    sp.n_max_waiting = p.n_max_waiting;
+    sp.n_batch = std::max(p.batch, n_slots);
+    sp.n_ctx_seq = p.context_length;
+    sp.n_max_waiting = p.max_queue;
     sp.n_max_slots_per_owner = share_of(p.key_share, n_slots);
     sp.share_time = p.key_share < 1.0f;
     return sp;
@@ -65,7 +64,7 @@ scheduler_params scheduler_params_of(const engine_params & p, int32_t index) {
 
 // Embedding models and a single slot get one lane; never more lanes than slots.
 engine_params with_lanes_resolved(engine_params p) {
-    p.n_lanes = p.embeddings ? 1 : std::max(1, std::min(p.n_lanes, p.n_slots));
+    p.n_lanes = p.embeddings ? 1 : std::max(1, std::min(p.n_lanes, p.slots));
     return p;
 }
 
@@ -82,8 +81,8 @@ bool any_ends_a_request(const std::vector<engine_event> & events) {
 
 engine::engine(const engine_params & params)
     : params_(with_lanes_resolved(params)),
-      n_max_queued_per_owner_(share_of(params.key_share, params.n_max_waiting)),
-      obs_(params.n_slots, params.n_ctx_seq, params.embeddings, params_.n_lanes) {
+      n_max_queued_per_owner_(share_of(params.key_share, params.max_queue)),
+      obs_(params.slots, params.context_length, params.embeddings, params_.n_lanes) {
     if (params_.quiet) {
         quiet_llama_log();
     }
@@ -98,8 +97,8 @@ engine::engine(const engine_params & params)
     }
     vocab_ = llama_model_get_vocab(model_);
 
-    const int32_t n_threads = params_.n_threads > 0 ? params_.n_threads
-                                                    : (int32_t) std::max(1u, std::thread::hardware_concurrency());
+    const int32_t n_threads = params_.threads > 0 ? params_.threads
+                                                  : (int32_t) std::max(1u, std::thread::hardware_concurrency());
     n_threads_full_ = n_threads;
     llama_context_params cp = llama_context_default_params();
     cp.n_threads = cp.n_threads_batch = n_threads;
@@ -107,10 +106,10 @@ engine::engine(const engine_params & params)
     cp.flash_attn_type = (llama_flash_attn_type) resolved_flash_attn(params_.flash_attn);
     if (params_.embeddings) {
         // Whole sequences must fit one micro-batch: encoder models attend both ways.
-        const int32_t n = std::max(params_.n_batch, llama_model_n_ctx_train(model_));
+        const int32_t n = std::max(params_.batch, llama_model_n_ctx_train(model_));
         cp.embeddings = true;
         cp.n_ctx = cp.n_batch = cp.n_ubatch = n;
-        cp.n_seq_max = std::min(params_.n_slots, 64);
+        cp.n_seq_max = std::min(params_.slots, 64);
     } else {
         // One KV stream per slot, each exactly n_ctx_seq long (the scheduler keeps every
         // sequence within it). Separate streams also make a sequence's attention independent
@@ -152,8 +151,8 @@ void engine::make_lanes(const llama_context_params & base) {
         ln->n_slots = lane_slots(params_, i);
         llama_context_params cp = base;
         if (!params_.embeddings) {
-            cp.n_ctx = (uint32_t) params_.n_ctx_seq * ln->n_slots;
-            cp.n_batch = std::max(params_.n_batch, ln->n_slots);
+            cp.n_ctx = (uint32_t) params_.context_length * ln->n_slots;
+            cp.n_batch = std::max(params_.batch, ln->n_slots);
             cp.n_ubatch = std::min(cp.n_ubatch, cp.n_batch);
             cp.n_seq_max = ln->n_slots;
         }
@@ -208,7 +207,7 @@ void engine::close() {
 
 submit_result engine::enter_queue(int64_t id_owner) {
     std::lock_guard<std::mutex> lock(mu_tasks_);
-    if (n_queued_ >= params_.n_max_waiting) {
+    if (n_queued_ >= params_.max_queue) {
         return SUBMIT_QUEUE_FULL;
     }
     int32_t & mine = n_queued_of_[id_owner];
@@ -928,7 +927,7 @@ bool engine::send_directly(lane & ln) {
     if (!sink_ || !events_.empty() || any_ends_a_request(ln.outgoing)) {
         return false;
     }
-    if (sink_->write(events_frame(ln.outgoing))) {
+    if (sink_->write_events(ln.outgoing)) {
         signal_reader();               // bytes wait: the reader must watch for writable
     }
     return true;
@@ -942,14 +941,14 @@ bool engine::relay_events() {
         return false;
     }
     const bool any_finished = any_ends_a_request(events_);
-    sink_->write(events_frame(events_));
+    sink_->write_events(events_);
     events_.clear();
     return any_finished;
 }
 
-void engine::attach_sink(int fd) {
+void engine::attach_sink(std::unique_ptr<event_sink> sink) {
     std::lock_guard<std::mutex> lock(mu_events_);
-    sink_ = std::make_unique<frame_sink>(fd);
+    sink_ = std::move(sink);
 }
 
 void engine::signal_reader() {

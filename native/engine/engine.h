@@ -28,28 +28,31 @@
 
 #include "counters.h"
 #include "devices.h"
-#include "frame_sink.h"
+#include "event_sink.h"
 #include "llama.h"
 #include "observer.h"
 #include "sampling.h"
 #include "scheduler.h"
 #include "text_stream.h"
 
+// The daemon's settings keep their names here, from the config through Engine(...) to C++:
+// slots, context_length, batch, threads, max_queue and flash_attn are engine.<name>, key_share
+// is inference.limits.key_share. The rest are the model's or its placement's, not settings.
 struct engine_params {
     std::string model_path;
-    bool        embeddings    = false;   // an embedding model: pooled vectors, no sampling
-    int32_t     n_slots       = 4;       // sequences decoded together
-    int32_t     n_ctx_seq     = 2048;    // context of one sequence (prompt + output)
-    int32_t     n_batch       = 512;     // tokens per decode step at most
-    int32_t     n_ubatch      = 0;       // tokens per micro-batch (0: the step, up to 512); smaller
+    bool        embeddings     = false;  // an embedding model: pooled vectors, no sampling
+    int32_t     slots          = 4;      // sequences decoded together
+    int32_t     context_length = 2048;   // context of one sequence (prompt + output)
+    int32_t     batch          = 512;    // tokens per decode step at most
+    int32_t     n_ubatch       = 0;      // tokens per micro-batch (0: the step, up to 512); smaller
                                          // lets pipeline-parallel devices overlap within a step
-    int32_t     n_threads     = 0;       // 0: all cores
-    int32_t     n_max_waiting = 256;     // queued requests beyond which submit() refuses
-    int32_t     flash_attn    = -1;      // llama_flash_attn_type: -1 auto, 0 off, 1 on
-    float       key_share     = 1.0f;    // most of the slots and of the queue one owner may hold
-    int32_t     n_lanes       = 1;       // contexts stepping in turn (slots shared out among them):
+    int32_t     threads        = 0;      // 0: all cores
+    int32_t     max_queue      = 256;    // queued requests beyond which submit() refuses
+    int32_t     flash_attn     = -1;     // llama_flash_attn_type: -1 auto, 0 off, 1 on
+    float       key_share      = 1.0f;   // most of the slots and of the queue one owner may hold
+    int32_t     n_lanes        = 1;      // contexts stepping in turn (slots shared out among them):
                                          // for a layer split over several nodes
-    bool        quiet         = true;    // silence llama.cpp's own logging
+    bool        quiet          = true;   // silence llama.cpp's own logging
     placement_params placement;          // empty: every layer on this CPU
 };
 
@@ -98,19 +101,21 @@ public:
     // Throttle to a share of full compute (a power contract): threads and admitted slots in
     // proportion, never below one of each (per lane). Applied between steps.
     void set_compute_scale(float scale);
-    // Testing: make the next `n` decode calls fail as llama_decode can (no KV room, abort).
+    // For the fault-injection tests only, never for serving: make the next `n` decode calls
+    // fail as llama_decode can (no KV room, abort).
     void fail_next_decodes(int32_t n) { n_fail_decodes_ = n; }
     std::vector<engine_event> take_events();
     void close();
 
-    // An engine worker's socket to the daemon (frame_sink.h). Once attached, a step whose
-    // events end no request is framed and sent from the engine thread itself, with no wake-up
-    // of the event fd's reader, provided nothing is queued before it; everything else goes the
-    // usual way (events kept, event fd signalled) and the reader relays it with
-    // relay_events(), so the stream stays in step order. Attach before the first submit.
-    void attach_sink(int fd);
-    frame_sink * sink() { return sink_.get(); }
-    // The reader's half: takes the kept events and writes them to the sink as one frame.
+    // Where events go as they are made (event_sink.h): in an engine worker, its socket to the
+    // daemon. Once attached, a step whose events end no request is written to the sink from
+    // the engine thread itself, with no wake-up of the event fd's reader, provided nothing is
+    // queued before it; everything else goes the usual way (events kept, event fd signalled)
+    // and the reader relays it with relay_events(), so the stream stays in step order. Attach
+    // before the first submit.
+    void attach_sink(std::unique_ptr<event_sink> sink);
+    event_sink * sink() { return sink_.get(); }
+    // The reader's half: takes the kept events and writes them to the sink as one unit.
     // Returns whether any of them ends a request.
     bool relay_events();
 
@@ -231,7 +236,7 @@ private:
 
     mutable std::mutex mu_events_;
     std::vector<engine_event> events_;
-    std::unique_ptr<frame_sink> sink_;     // under mu_events_: events_ and the sink move together
+    std::unique_ptr<event_sink> sink_;     // under mu_events_: events_ and the sink move together
     int efd_ = -1;
 
     mutable std::mutex mu_stats_;

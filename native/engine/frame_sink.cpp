@@ -4,6 +4,12 @@
 
 #include <cerrno>
 
+#include "event_wire.h"
+
+bool frame_sink::write_events(const std::vector<engine_event> & events) {
+    return write(events_frame(events));
+}
+
 bool frame_sink::write(std::string_view bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_) {

@@ -1,8 +1,10 @@
 // One ordered byte stream from an engine worker to the daemon, written by two threads: the
-// engine thread (each step's events, straight from the step that made them) and the worker's
-// Python thread (verdicts, stats, traces, and events the engine left to it). Whole frames go
-// in under one lock, so they never interleave; what the socket does not take at once waits
-// here, in order, until the Python thread sees the socket writable and calls flush().
+// engine thread (each step's events, straight from the step that made them: this is the
+// engine's event_sink) and the worker's Python thread (verdicts, stats, traces, and events the
+// engine left to it). Whole frames go in under one lock, so they never interleave; what the
+// socket does not take at once waits here, in order, until the Python thread sees the socket
+// writable and calls flush(). The bindings make it (Engine.attach_sink) and hand it to the
+// engine, which sees only the event_sink.
 //
 // Why the engine thread writes at all: a token relayed by a second thread costs that thread's
 // wake-up on every step, on cores the decode keeps busy (single-client inter-token time was
@@ -12,12 +14,18 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
-class frame_sink {
+#include "event_sink.h"
+
+class frame_sink : public event_sink {
 public:
     explicit frame_sink(int fd) : fd_(fd) {}
     frame_sink(const frame_sink &) = delete;
     frame_sink & operator=(const frame_sink &) = delete;
+
+    // The events as one `events` frame (event_wire.h), written as write() does.
+    bool write_events(const std::vector<engine_event> & events) override;
 
     // Sends what the socket takes now and keeps the rest, behind anything kept before; never
     // blocks. True when bytes wait for the socket to become writable.

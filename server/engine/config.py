@@ -1,9 +1,9 @@
 """One typed engine configuration, from the settings' `engine` section to the C++ engine.
 
-Each setting has one name from the config file to here: `engine.max_queue` in the config
-file is `EngineConfig.max_queue`. The runtime builds it once from the settings and passes it
-down; `params()` is what one model's engine is started with, the only place that spells the
-C++ engine_params names (native/engine/engine.h), until those take the settings' names too.
+Each setting has one name all the way: `engine.max_queue` in the config file is
+`EngineConfig.max_queue` here and `engine_params.max_queue` in native/engine/engine.h (the
+keyword the worker hands to Engine(...)). The runtime builds it once from the settings and
+passes it down; `params()` is what one model's engine is started with.
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ class EngineConfig:
 
     def params(self, model_path: str, embeddings: bool, context_length: int) -> dict:
         """The C++ engine's keyword arguments for one model (engine_params, same names)."""
-        return dict(model_path=model_path, embeddings=embeddings, n_slots=self.slots,
-                    n_ctx_seq=context_length, n_batch=self.batch, n_threads=self.threads,
-                    n_max_waiting=self.max_queue, flash_attn=FLASH_ATTN[self.flash_attn],
+        return dict(model_path=model_path, embeddings=embeddings, slots=self.slots,
+                    context_length=context_length, batch=self.batch, threads=self.threads,
+                    max_queue=self.max_queue, flash_attn=FLASH_ATTN[self.flash_attn],
                     key_share=self.key_share)
 
     def omp_wait_policy_for(self, embeddings: bool) -> str:

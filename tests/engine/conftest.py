@@ -45,7 +45,7 @@ class Driver:
 
 @pytest.fixture(scope="session")
 def chat_engine():
-    engine = Engine(defaults.smollm2_path(), n_slots=16, n_ctx_seq=512, n_batch=256)
+    engine = Engine(defaults.smollm2_path(), slots=16, context_length=512, batch=256)
     yield engine
     engine.close()
 

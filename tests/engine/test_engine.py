@@ -120,7 +120,7 @@ def test_logprobs_are_probabilities(driver, chat_engine):
 def test_queue_refusal_when_full(chat_engine):
     from stackd.engine.core import SUBMIT_ACCEPTED, SUBMIT_QUEUE_FULL, Engine, SamplingParams
     from stackd.store import defaults
-    small = Engine(defaults.smollm2_path(), n_slots=1, n_ctx_seq=256, n_max_waiting=2)
+    small = Engine(defaults.smollm2_path(), slots=1, context_length=256, max_queue=2)
     driver = Driver(small)
     try:
         prompt = chat_prompt(small, "Hi")

@@ -17,7 +17,7 @@ from .conftest import chat_prompt
 def wired():
     """A small engine with its sink on one end of a socketpair; the test reads the other."""
     ours, theirs = socket.socketpair()
-    engine = Engine(defaults.smollm2_path(), n_slots=2, n_ctx_seq=256)
+    engine = Engine(defaults.smollm2_path(), slots=2, context_length=256)
     engine.attach_sink(theirs.fileno())
     yield engine, ours, theirs
     engine.close()

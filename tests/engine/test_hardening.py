@@ -71,7 +71,7 @@ def _first_event(driver, rid):
 
 
 def test_one_owner_holds_at_most_its_share_of_the_queue():
-    engine = Engine(defaults.smollm2_path(), n_slots=1, n_ctx_seq=256, n_max_waiting=4,
+    engine = Engine(defaults.smollm2_path(), slots=1, context_length=256, max_queue=4,
                     key_share=0.5)
     driver = Driver(engine)
     try:
@@ -90,7 +90,7 @@ def test_one_owner_holds_at_most_its_share_of_the_queue():
 
 @pytest.fixture(scope="module")
 def embed_engine():
-    engine = Engine(defaults.minilm_path(), embeddings=True, n_slots=16, n_ctx_seq=512)
+    engine = Engine(defaults.minilm_path(), embeddings=True, slots=16, context_length=512)
     yield engine
     engine.close()
 
@@ -125,7 +125,7 @@ def test_an_abandoned_embedding_job_stops_between_batches(embed_engine):
 
 
 def test_a_reduced_power_budget_admits_fewer_slots():
-    engine = Engine(defaults.smollm2_path(), n_slots=4, n_ctx_seq=256)
+    engine = Engine(defaults.smollm2_path(), slots=4, context_length=256)
     driver = Driver(engine)
     try:
         engine.set_compute_scale(0.25)                 # one slot of four, one thread
@@ -142,7 +142,7 @@ def test_a_reduced_power_budget_admits_fewer_slots():
 def test_a_key_with_three_streams_gets_about_the_engine_time_of_a_key_with_one():
     """time_share.h: while two keys run, the one with three sequences sits some of them out,
     so in the steps of the other key's 30 tokens it makes far fewer than 3 x 30 (about 30)."""
-    engine = Engine(defaults.smollm2_path(), n_slots=4, n_ctx_seq=512, key_share=0.5)
+    engine = Engine(defaults.smollm2_path(), slots=4, context_length=512, key_share=0.5)
     driver = Driver(engine)
     try:
         prompt = chat_prompt(engine, "Tell me a long story.")

@@ -14,18 +14,18 @@ from .test_engine import QUESTIONS
 
 @pytest.fixture(scope="module")
 def two_lanes():
-    engine = Engine(defaults.smollm2_path(), n_slots=4, n_ctx_seq=512, n_batch=256, n_lanes=2)
+    engine = Engine(defaults.smollm2_path(), slots=4, context_length=512, batch=256, n_lanes=2)
     yield engine
     engine.close()
 
 
 def test_slots_are_shared_out_and_lanes_never_outnumber_slots():
-    one_slot = Engine(defaults.smollm2_path(), n_slots=1, n_ctx_seq=256, n_lanes=4)
+    one_slot = Engine(defaults.smollm2_path(), slots=1, context_length=256, n_lanes=4)
     try:
         assert one_slot.n_lanes == 1
     finally:
         one_slot.close()
-    embedder = Engine(defaults.minilm_path(), embeddings=True, n_slots=4, n_lanes=2)
+    embedder = Engine(defaults.minilm_path(), embeddings=True, slots=4, n_lanes=2)
     try:
         assert embedder.n_lanes == 1                  # an embedding step has no second stage
     finally:

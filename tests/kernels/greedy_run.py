@@ -60,8 +60,8 @@ def open_engine(mode: str, flash_attn: int = -1):
     # One thread: the comparison is of our matmul with ggml's, which no thread count changes
     # (test_ops.py runs both on two threads); one thread keeps 2,560 single-stream steps
     # from waiting on thread barriers when the machine is busy.
-    return path, Engine(defaults.smollm2_path(), n_slots=STREAMS, n_ctx_seq=512, n_batch=256,
-                        n_threads=1, flash_attn=flash_attn)
+    return path, Engine(defaults.smollm2_path(), slots=STREAMS, context_length=512, batch=256,
+                        threads=1, flash_attn=flash_attn)
 
 
 def score(mode: str) -> None:

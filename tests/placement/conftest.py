@@ -22,8 +22,8 @@ def chat_prompt(vocab, text: str) -> list[int]:
 
 
 def engine_params(**placement) -> dict:
-    return dict(model_path=defaults.smollm2_path(), n_slots=4, n_ctx_seq=256, n_batch=64,
-                n_threads=1, **placement)
+    return dict(model_path=defaults.smollm2_path(), slots=4, context_length=256, batch=64,
+                threads=1, **placement)
 
 
 async def start_worker(loop, params: dict, rpc: dict | None = None, kernels: str = "off") -> ModelRunner:
