@@ -371,12 +371,13 @@ def write_gguf(out_path: str, hp: dict[str, Any], vocab: dict[str, Any], tensors
 def _add_model_metadata(writer: gguf.GGUFWriter, hp: dict[str, Any]) -> None:
     writer.add_name(MODEL_NAME)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_context_length(hp["max_position_embeddings"])
-    writer.add_embedding_length(hp["hidden_size"])
-    writer.add_block_count(hp["num_hidden_layers"])
-    writer.add_feed_forward_length(hp["intermediate_size"])
-    writer.add_head_count(hp["num_attention_heads"])
-    writer.add_layer_norm_eps(hp["layer_norm_eps"])
+    for add, key in ((writer.add_context_length, "max_position_embeddings"),
+                     (writer.add_embedding_length, "hidden_size"),
+                     (writer.add_block_count, "num_hidden_layers"),
+                     (writer.add_feed_forward_length, "intermediate_size"),
+                     (writer.add_head_count, "num_attention_heads"),
+                     (writer.add_layer_norm_eps, "layer_norm_eps")):
+        add(hp[key])
     writer.add_causal_attention(False)
     writer.add_pooling_type(gguf.PoolingType.MEAN)
 
@@ -389,12 +390,10 @@ def _add_vocab_metadata(writer: gguf.GGUFWriter, hp: dict[str, Any], vocab: dict
     writer.add_token_types(vocab["types"])
     # WPM ignores scores; a full array keeps readers that expect one happy.
     writer.add_token_scores([0.0] * len(vocab["tokens"]))
-    writer.add_bos_token_id(ids["[CLS]"])
-    writer.add_eos_token_id(ids["[SEP]"])
-    writer.add_sep_token_id(ids["[SEP]"])
-    writer.add_unk_token_id(ids["[UNK]"])
-    writer.add_pad_token_id(ids["[PAD]"])
-    writer.add_mask_token_id(ids["[MASK]"])
+    for add, token in ((writer.add_bos_token_id, "[CLS]"), (writer.add_eos_token_id, "[SEP]"),
+                       (writer.add_sep_token_id, "[SEP]"), (writer.add_unk_token_id, "[UNK]"),
+                       (writer.add_pad_token_id, "[PAD]"), (writer.add_mask_token_id, "[MASK]")):
+        add(ids[token])
     # [CLS] A [SEP] for one text; add_sep false so a pair is [CLS] A [SEP] B [SEP],
     # not A [SEP][SEP] B. Same flags as llama.cpp's own converter derives.
     writer.add_add_bos_token(True)

@@ -189,13 +189,13 @@ def reserved(console, request) -> Response:
                    "later release and is not available")
 
 
-RESERVED = {
-    ("GET", "/api/devices/:id/audit"): Endpoint(reserved, PUBLIC),
-    ("POST", "/api/admin/devices"): Endpoint(reserved, PUBLIC),
-    ("POST", "/api/admin/device-grants"): Endpoint(reserved, PUBLIC),
-    ("DELETE", "/api/admin/device-grants/:id"): Endpoint(reserved, PUBLIC),
-    ("GET", "/api/ws/terminal/:deviceId"): Endpoint(reserved, PUBLIC),
-}
+RESERVED = {route: Endpoint(reserved, PUBLIC) for route in (
+    ("GET", "/api/devices/:id/audit"),
+    ("POST", "/api/admin/devices"),
+    ("POST", "/api/admin/device-grants"),
+    ("DELETE", "/api/admin/device-grants/:id"),
+    ("GET", "/api/ws/terminal/:deviceId"),
+)}
 
 ROUTES = {
     ("GET", "/api/health"): Endpoint(health, PUBLIC),
