@@ -109,7 +109,17 @@ class TraceRecords:                       # a stopped recording
     def __len__(self) -> int: ...
     def take(self, n: int) -> list[dict[str, Any]]: ...   # the next n records (fewer at the end)
 
-class Engine:
+class _ModelFacts:                        # stub only: what Engine and Vocab both answer
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+    def piece(self, token: int) -> bytes: ...
+    def meta(self, key: str) -> str: ...
+    chat_template: str
+    description: str
+    n_ctx_train: int
+    n_embd: int
+    n_vocab: int
+
+class Engine(_ModelFacts):
     def __init__(self, model_path: str, embeddings: bool = False, slots: int = 4,
                  context_length: int = 2048, batch: int = 512, threads: int = 0,
                  max_queue: int = 256, flash_attn: int = -1, key_share: float = 1.0,
@@ -138,16 +148,8 @@ class Engine:
     def metrics(self) -> EngineMetrics: ...
     def trace_start(self) -> bool: ...            # False: a recording already runs
     def trace_stop(self) -> TraceRecords: ...
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
-    def piece(self, token: int) -> bytes: ...
-    def meta(self, key: str) -> str: ...
-    chat_template: str
-    n_ctx_train: int
-    n_embd: int
-    n_vocab: int
     n_params: int
     model_size: int
-    description: str
     token_bos: int
     token_eos: int
     n_slots: int
@@ -176,16 +178,8 @@ class TextStream:
     def flush(self) -> bytes: ...
     stopped: bool
 
-class Vocab:
+class Vocab(_ModelFacts):
     def __init__(self, model_path: str) -> None: ...
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
-    def piece(self, token: int) -> bytes: ...
-    def meta(self, key: str) -> str: ...
-    chat_template: str
-    description: str
-    n_ctx_train: int
-    n_embd: int
-    n_vocab: int
     token_bos: int
     token_eos: int
 

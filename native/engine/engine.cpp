@@ -720,17 +720,22 @@ void engine::fail_plan(lane & ln, const batch_plan & plan, const std::string & e
         if (ln.live.count(item.id_request) == 0) {
             continue;                  // several items of one request: handled at the first
         }
-        engine_event ev;
-        ev.id_request = item.id_request;
-        ev.status = REQUEST_STATUS_FINISHED_ERROR;
-        ev.error = error;
-        ev.timings = obs_.finished(item.id_request, ev.status);
-        events.push_back(std::move(ev));
+        events.push_back(failed_event(item.id_request, error));
         llama_memory_seq_rm(mem, item.id_slot, -1, -1);
         ln.sched.fail(item.id_request);
         forget(ln, item.id_request);
     }
     publish(ln, events);
+}
+
+// The last event of a request that ends in an error, with where its time went.
+engine_event engine::failed_event(int64_t id_request, const std::string & error) {
+    engine_event ev;
+    ev.id_request = id_request;
+    ev.status = REQUEST_STATUS_FINISHED_ERROR;
+    ev.error = error;
+    ev.timings = obs_.finished(id_request, ev.status);
+    return ev;
 }
 
 // The last resort of the engine thread: every request ends with an error, the scheduler and
@@ -742,21 +747,11 @@ void engine::fail_everything(lane & ln, const std::string & error) {
         if (req != nullptr && req->status == REQUEST_STATUS_WAITING) {
             leave_queue(live.request->id_owner);
         }
-        engine_event ev;
-        ev.id_request = id;
-        ev.status = REQUEST_STATUS_FINISHED_ERROR;
-        ev.error = error;
-        ev.timings = obs_.finished(ev.id_request, ev.status);
-        events.push_back(std::move(ev));
+        events.push_back(failed_event(id, error));
     }
     for (const embed_job & job : embed_jobs_) {   // lane 0's, and only an embedding model's
         leave_queue(job.id_owner);
-        engine_event ev;
-        ev.id_request = job.id_request;
-        ev.status = REQUEST_STATUS_FINISHED_ERROR;
-        ev.error = error;
-        ev.timings = obs_.finished(ev.id_request, ev.status);
-        events.push_back(std::move(ev));
+        events.push_back(failed_event(job.id_request, error));
     }
     for (const auto & [id, live] : ln.live) {
         release_held(ln, live.request->id_owner);
@@ -817,12 +812,8 @@ void engine::step_embed(lane & ln) {
 
     std::vector<engine_event> events;
     if (placed_inputs.empty()) {                // an input longer than a batch: refuse its job
-        engine_event ev;
-        ev.id_request = embed_jobs_.front().id_request;
-        ev.status = REQUEST_STATUS_FINISHED_ERROR;
-        ev.error = "input is longer than the model's context";
-        ev.timings = obs_.finished(ev.id_request, ev.status);
-        events.push_back(std::move(ev));
+        events.push_back(failed_event(embed_jobs_.front().id_request,
+                                      "input is longer than the model's context"));
         leave_queue(embed_jobs_.front().id_owner);
         embed_jobs_.erase(embed_jobs_.begin());
         publish(ln, events);

@@ -201,6 +201,7 @@ private:
     void forget(lane & ln, int64_t id_request);
     void release_held(lane & ln, int64_t id_owner);
     void fail_plan(lane & ln, const batch_plan & plan, const std::string & error);
+    engine_event failed_event(int64_t id_request, const std::string & error);
     void fail_everything(lane & ln, const std::string & error);
     void publish(lane & ln, std::vector<engine_event> & events);
     void flush_events(lane & ln);

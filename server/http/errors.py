@@ -9,28 +9,31 @@ from __future__ import annotations
 import enum
 
 
-class ErrorKind(enum.Enum):
-    #                           status  type
-    INVALID_REQUEST          = (400, "invalid_request_error")
-    CONTEXT_LENGTH_EXCEEDED  = (400, "context_length_exceeded")
-    AUTHENTICATION           = (401, "authentication_error")
-    PERMISSION               = (403, "permission_error")
-    NOT_FOUND                = (404, "not_found_error")
-    MODEL_NOT_FOUND          = (404, "model_not_found")
-    METHOD_NOT_ALLOWED       = (405, "invalid_request_error")
-    REQUEST_TIMEOUT          = (408, "timeout_error")
-    CONFLICT                 = (409, "conflict_error")
-    STATE_CONFLICT           = (409, "invalid_request_error")   # a transition the state forbids
-    PAYLOAD_TOO_LARGE        = (413, "invalid_request_error")
-    URI_TOO_LONG             = (414, "invalid_request_error")
-    UNSUPPORTED_MEDIA_TYPE   = (415, "invalid_request_error")
-    RATE_LIMIT               = (429, "rate_limit_error")
-    HEADERS_TOO_LARGE        = (431, "invalid_request_error")
-    INTERNAL                 = (500, "api_error")
-    NOT_IMPLEMENTED          = (501, "not_implemented_error")
-    INSUFFICIENT_MEMORY      = (507, "insufficient_memory_error")
-    UNAVAILABLE              = (503, "service_unavailable_error")
+# kind                     status  OpenAI `type`
+_KINDS = """
+INVALID_REQUEST            400     invalid_request_error
+CONTEXT_LENGTH_EXCEEDED    400     context_length_exceeded
+AUTHENTICATION             401     authentication_error
+PERMISSION                 403     permission_error
+NOT_FOUND                  404     not_found_error
+MODEL_NOT_FOUND            404     model_not_found
+METHOD_NOT_ALLOWED         405     invalid_request_error
+REQUEST_TIMEOUT            408     timeout_error
+CONFLICT                   409     conflict_error
+STATE_CONFLICT             409     invalid_request_error
+PAYLOAD_TOO_LARGE          413     invalid_request_error
+URI_TOO_LONG               414     invalid_request_error
+UNSUPPORTED_MEDIA_TYPE     415     invalid_request_error
+RATE_LIMIT                 429     rate_limit_error
+HEADERS_TOO_LARGE          431     invalid_request_error
+INTERNAL                   500     api_error
+NOT_IMPLEMENTED            501     not_implemented_error
+INSUFFICIENT_MEMORY        507     insufficient_memory_error
+UNAVAILABLE                503     service_unavailable_error
+"""
 
+
+class _Kind(enum.Enum):
     @property
     def status(self) -> int:
         return self.value[0]
@@ -38,6 +41,12 @@ class ErrorKind(enum.Enum):
     @property
     def type(self) -> str:
         return self.value[1]
+
+
+# STATE_CONFLICT: a transition the state forbids (CONFLICT: a name or a resource already taken)
+ErrorKind = _Kind("ErrorKind", [(name, (int(status), kind)) for name, status, kind in
+                                (line.split() for line in _KINDS.strip().splitlines())],
+                  module=__name__)
 
 
 class ApiError(Exception):

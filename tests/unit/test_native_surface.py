@@ -26,3 +26,22 @@ def test_every_sampling_field_survives_the_worker_wire():
     for name, value in orjson.loads(orjson.dumps(sampling_fields(p))).items():
         setattr(q, name, value)
     assert sampling_fields(q) == sampling_fields(p)
+
+
+def stub_members(name: str) -> set[str]:
+    """The names a stub class declares, its stub-only bases' included."""
+    tree = ast.parse(open(STUB).read())
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    cls = classes[name]
+    names = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+    names |= {n.name for n in cls.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("__")}
+    for base in cls.bases:
+        if isinstance(base, ast.Name) and base.id in classes:
+            names |= stub_members(base.id)
+    return names
+
+
+def test_what_the_stub_says_engine_and_vocab_have_they_have():
+    for name in ("Engine", "Vocab"):
+        bound = dir(getattr(native, name))
+        assert stub_members(name) <= set(bound), (name, stub_members(name) - set(bound))
