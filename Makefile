@@ -76,10 +76,15 @@ test-deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	  else echo "make test needs Debian's$$missing: sudo apt-get install$$missing"; exit 1; fi; fi
 
-# The protocol and unit suites run twice: compiled, then on the Python twins.
+# The fast suites run twice: compiled, then on the Python twins of the compiled modules.
+FAST_SUITES := tests/http tests/auth tests/api tests/chat tests/runtime tests/system \
+               tests/store/test_store.py tests/store/test_store_edges.py tests/store/test_gguf_check.py \
+               tests/store/test_minilm_gguf.py tests/cluster/test_power.py \
+               tests/observe/test_metrics_render.py tests/engine/test_native_surface.py \
+               tests/test_compiled.py tests/test_config.py tests/test_startup_imports.py
 test: setup test-deps
 	STACKD_FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) $(PY) -m pytest $(PYTEST_ARGS)
-	STACKD_PURE_PYTHON=1 $(PY) -m pytest tests/protocol tests/unit $(PYTEST_ARGS)
+	STACKD_PURE_PYTHON=1 $(PY) -m pytest $(FAST_SUITES) $(PYTEST_ARGS)
 
 # Fuzzing on demand: the hypothesis targets of tests/fuzz for FUZZ_SECONDS in all, then the
 # atheris targets (GGUF bytes, manifests, request JSON) for FUZZ_SECONDS / 3 each. A crash

@@ -19,8 +19,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from tests.cluster.nodes import Node, statuses  # noqa: E402
+from stackd.testing.cluster_nodes import Node, statuses  # noqa: E402
 
 
 def until(check, timeout: float = 60.0) -> float:

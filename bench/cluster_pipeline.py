@@ -34,14 +34,12 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import uvloop  # noqa: E402
 from procs import cpu_seconds, cpu_ticks, threads  # noqa: E402
 
 from stackd.engine.core import SamplingParams  # noqa: E402
-from tests.placement.conftest import Peers, chat_prompt, engine_params, start_worker  # noqa: E402
+from stackd.testing.rpc_workers import Peers, chat_prompt, engine_params, start_worker  # noqa: E402
 
 CLIENTS, TOKENS = 16, 64
 LEADER_CPU, FOLLOWER_CPU = {0}, {1}

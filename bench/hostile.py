@@ -35,14 +35,11 @@ import time
 import orjson
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
 import loadgen  # noqa: E402
 
 from stackd.store.store import ModelStore  # noqa: E402
-from tests.blackbox.daemon import Daemon, create_key  # noqa: E402
-from tests.blackbox.gguf_patch import with_chat_template  # noqa: E402
-from tests.blackbox.test_attacks import HOSTILE, HOSTILE_TEMPLATE  # noqa: E402
+from stackd.testing.daemon import Daemon, create_key  # noqa: E402
+from stackd.testing.gguf_patch import HOSTILE, HOSTILE_TEMPLATE, with_chat_template  # noqa: E402
 
 CHAT = "smollm2-135m-instruct"
 STREAM = {"model": CHAT, "prompt": "Once upon a time, in a small village, there lived", "stream": True,

@@ -25,8 +25,6 @@ import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
 import loadgen  # noqa: E402
 from inference import body, start_stackd  # noqa: E402
 

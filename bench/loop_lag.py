@@ -17,11 +17,9 @@ import time
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
 import loadgen  # noqa: E402
 
-from tests.blackbox.daemon import Daemon  # noqa: E402
+from stackd.testing.daemon import Daemon  # noqa: E402
 
 CHAT = "smollm2-135m-instruct"
 STREAM = {"model": CHAT, "prompt": "Once upon a time", "stream": True, "max_tokens": 200,

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import glob
 import os
+import runpy
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "native"))
-import llama_wheel  # noqa: E402
+# a build tool, not a package module: loaded from its file
+llama_wheel = types.SimpleNamespace(**runpy.run_path(os.path.join(ROOT, "native", "llama_wheel.py")))
 
 SERVER_EXTRAS = ["uvicorn==0.54.0", "fastapi", "sse-starlette", "starlette-context",
                  "pydantic-settings", "pyyaml"]

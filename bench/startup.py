@@ -25,8 +25,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
 import peers  # noqa: E402
 from inference import free_port  # noqa: E402
 from procs import process_tree  # noqa: E402

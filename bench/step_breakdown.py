@@ -16,7 +16,6 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import loadgen  # noqa: E402
 from inference import body, start_stackd  # noqa: E402
 

@@ -37,7 +37,6 @@ def build_without_trace(out_dir: str) -> str:
 
 def worker(module: str | None, trace_on: bool, n_tokens: int, n_requests: int, threads: int) -> None:
     """One measurement in this process: print {"tok_s": ...}."""
-    sys.path.insert(0, ROOT)
     import llama_cpp  # noqa: F401  (load order: see server/engine/__init__.py)
     import stackd
     if module:                                   # the compiled-out build stands in for server._engine

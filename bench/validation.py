@@ -10,7 +10,6 @@ import sys
 import time
 import timeit
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from stackd.api.inference import chat, params  # noqa: E402
 

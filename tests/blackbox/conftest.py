@@ -1,6 +1,6 @@
 import pytest
 
-from .daemon import Daemon
+from stackd.testing.daemon import Daemon
 
 
 @pytest.fixture

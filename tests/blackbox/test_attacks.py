@@ -18,18 +18,11 @@ import pytest
 
 from stackd.store.store import ModelStore
 
-from .daemon import CLIENT_TIMEOUT, Daemon, cli, create_key
-from .gguf_patch import with_chat_template
+from stackd.testing.daemon import CLIENT_TIMEOUT, Daemon, cli, create_key
+from stackd.testing.gguf_patch import HOSTILE, HOSTILE_TEMPLATE, with_chat_template
 
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
-HOSTILE = "hostile-template"
-HOSTILE_TEMPLATE = (
-    "{% set c = messages[-1]['content'] %}"
-    "{% if c == 'loop' %}{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
-    "{% elif c == 'mem' %}{{ 'x' * 300000000 }}"
-    "{% elif c == 'range' %}{{ range(1000000) | list | length }}{% endif %}"
-    "<|im_start|>user\n{{ c }}<|im_end|>\n<|im_start|>assistant\n")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tests.protocol.fake import parse_responses
+from tests.http.fake import parse_responses
 
 
 def auth(daemon) -> bytes:

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from .daemon import cli, create_key
+from stackd.testing.daemon import cli, create_key
 
 
 def test_first_start_writes_an_admin_key(daemon):
@@ -257,7 +257,7 @@ def test_sigterm_while_models_load_exits_cleanly(tmp_path):
     import subprocess
     import sys
 
-    from .daemon import ROOT
+    from stackd.testing.daemon import ROOT
     proc = subprocess.Popen([sys.executable, "-m", "stackd", "serve", "--data-dir", str(tmp_path / "d"),
                              "--inference-port", "0", "--cluster-port", "0"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

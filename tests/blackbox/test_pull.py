@@ -8,13 +8,13 @@ import struct
 
 import pytest
 
-from tests.models.registry_server import MEDIA_MODEL, MEDIA_PARAMS, MEDIA_TEMPLATE, RegistryServer
+from stackd.testing.registry_server import MEDIA_MODEL, MEDIA_PARAMS, MEDIA_TEMPLATE, RegistryServer
 
 from stackd.store.store import ModelStore
-from tests.models.crafted import duplicate_token_copy, old_store_manifest
-from tests.models.tiny import write_tiny
+from tests.store.crafted import duplicate_token_copy, old_store_manifest
+from tests.store.tiny import write_tiny
 
-from .daemon import cli
+from stackd.testing.daemon import cli
 
 
 def tiny_gguf_bytes(tmp_path, name="tiny.gguf", rows=16) -> bytes:
@@ -120,7 +120,7 @@ def test_a_pull_killed_with_the_daemon_resumes_with_a_range_request(start_daemon
     import threading
     import time
 
-    from tests.models.misbehaving import MisbehavingRegistry, digest_of
+    from tests.store.misbehaving import MisbehavingRegistry, digest_of
 
     data = tiny_gguf_bytes(tmp_path, "big.gguf", rows=262144)   # 8 MiB: half outgrows the write batch
     registry = MisbehavingRegistry().start()

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from .daemon import CLIENT_TIMEOUT, Daemon
+from stackd.testing.daemon import CLIENT_TIMEOUT, Daemon
 
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"

@@ -1,6 +1,6 @@
 import pytest
 
-from .nodes import Node
+from stackd.testing.cluster_nodes import Node
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import stackd.daemon  # noqa: F401  (imports every module that registers interna
 from stackd.api.cluster import internal
 from stackd.system import readings
 
-from .nodes import SECRET, Node, eventually, statuses
+from stackd.testing.cluster_nodes import SECRET, Node, eventually, statuses
 
 
 @pytest.fixture(scope="module")

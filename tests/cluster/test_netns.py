@@ -3,11 +3,12 @@ partition (the link down: the leader marks the follower down, the follower fence
 reports `unavailable`) and its end (link up: the follower rejoins)."""
 from __future__ import annotations
 
-from tests.netns.daemons import CLUSTER_PORT, INFERENCE_PORT, in_namespace, namespaces, needs_namespaces
+import pytest
 
-from .nodes import eventually, statuses
+from stackd.testing.cluster_nodes import eventually, statuses
+from tests.netns_fixtures import CLUSTER_PORT, INFERENCE_PORT, in_namespace, namespaces, needs_namespaces
 
-pytestmark = needs_namespaces
+pytestmark = [pytest.mark.netns, needs_namespaces]
 __all__ = ["namespaces"]
 
 

@@ -8,7 +8,7 @@ import struct
 import orjson
 import pytest
 
-from .fake_node import TOPOLOGY
+from stackd.testing.fake_node import TOPOLOGY
 
 
 @pytest.fixture

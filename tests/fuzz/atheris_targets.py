@@ -24,7 +24,7 @@ with atheris.instrument_imports(include=["server"]):
     from stackd.store import oci
     from tests.fuzz.test_fuzz_gguf import described_or_refused
     from tests.fuzz.test_fuzz_registry import GOOD_MANIFEST, parse_manifest_or_refuse
-    from tests.models.tiny import write_tiny
+    from tests.store.tiny import write_tiny
 
 WORK = tempfile.mkdtemp(prefix="stackd-atheris-")
 GGUF_PATH = os.path.join(WORK, "fuzz.gguf")

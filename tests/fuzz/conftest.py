@@ -12,10 +12,6 @@ set_hypothesis_home_dir(os.path.join(os.path.dirname(__file__), "..", "..", "bui
 WEIGHTS = {"test_llama_cpp_never_aborts_on_a_vocabulary_the_rules_accept": 2.0}
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "fuzz: a time-bounded fuzz target (tests/fuzz, `make fuzz`)")
-
-
 @pytest.hookimpl(trylast=True)         # after -k / -m deselection: shares of what runs
 def pytest_collection_modifyitems(config, items):
     fuzz = [item for item in items if item.get_closest_marker("fuzz")]

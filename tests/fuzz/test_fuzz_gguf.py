@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from stackd.store.gguf_check import GGUFError
 from stackd.store.vocab_check import VocabError, check_model_file, load_in_child
-from tests.models.tiny import write_tiny
+from tests.store.tiny import write_tiny
 
 from . import gguf_bytes as g
 from .budget import fuzz

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.blackbox.daemon import Daemon
+from stackd.testing.daemon import Daemon
 
 from . import test_metrics
 from .conftest import CHAT, Client, run_together, series

@@ -12,9 +12,9 @@ import time
 import orjson
 import pytest
 
-from tests.blackbox.daemon import CLIENT_TIMEOUT, Daemon
+from stackd.testing.daemon import CLIENT_TIMEOUT, Daemon
 
-from .processes import rpc_server_pids
+from stackd.testing.processes import rpc_server_pids
 
 MODEL = "smollm2-135m-instruct"
 # Two slots of 256 tokens: weights 94 MiB + KV 11 MiB + buffers 192 MiB, about 297 MiB alone;

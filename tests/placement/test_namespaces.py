@@ -11,16 +11,16 @@ import socket
 import pytest
 
 from stackd.system import relay
-from tests.netns.daemons import CLUSTER_PORT, RPC_PORT, in_namespace, namespaces, needs_namespaces
-from tests.netns.topology import inside
+from tests.netns_fixtures import CLUSTER_PORT, RPC_PORT, in_namespace, namespaces, needs_namespaces
+from stackd.testing.netns import inside
 
 from .test_relay import ANSWER, rpc_hello
-from .two_daemons import (FOLLOWER_OFFER_MB, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair, assert_placed_on_both,
+from stackd.testing.two_daemons import (FOLLOWER_OFFER_MB, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair, assert_placed_on_both,
                           assert_stream_ends_unavailable, daemons, eventually, gone, listening,
                           load_over_both_with_room_for_one, node_env, open_stream, rpc_children, rpc_listed,
                           statuses)
 
-pytestmark = needs_namespaces
+pytestmark = [pytest.mark.netns, needs_namespaces]
 __all__ = ["namespaces"]
 
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 import os
 import signal
 
-from .two_daemons import (FOLLOWER_HOST, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair, assert_placed_on_both,
+from stackd.testing.two_daemons import (FOLLOWER_HOST, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair, assert_placed_on_both,
                           assert_stream_ends_unavailable, eventually, gone, listening,
-                          load_over_both_with_room_for_one, open_stream, pair, rpc_children, rpc_listed, send)
-
-__all__ = ["pair"]
+                          load_over_both_with_room_for_one, open_stream, rpc_children, rpc_listed, send)
 
 
 def assert_one_rpc_child_behind_its_relay(p: Pair) -> int:

@@ -14,8 +14,8 @@ import time
 
 import orjson
 
-from stackd.cluster import signing
-from tests.blackbox.daemon import ROOT, http_request
+from ..cluster import signing
+from .daemon import ROOT, http_request
 
 SECRET = "test-cluster-secret-0123456789abcdef"
 # Generous: the assertion is that something happens, not how fast (that is the bench's job).

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import struct
 
-from stackd.store import defaults
+from ..store import defaults
 
 KEY = b"tokenizer.chat_template"
 GGUF_STRING = 8
@@ -28,3 +28,14 @@ def with_chat_template(template: str, path: str) -> str:
         f.seek(at + 12)
         f.write(new + b"{#" + b" " * padding + b"#}")
     return path
+
+
+# A model whose chat template attacks the renderer: loops, a huge string, a huge range, chosen
+# by the last message (tests/blackbox/test_attacks.py, bench/hostile.py).
+HOSTILE = "hostile-template"
+HOSTILE_TEMPLATE = (
+    "{% set c = messages[-1]['content'] %}"
+    "{% if c == 'loop' %}{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
+    "{% elif c == 'mem' %}{{ 'x' * 300000000 }}"
+    "{% elif c == 'range' %}{{ range(1000000) | list | length }}{% endif %}"
+    "<|im_start|>user\n{{ c }}<|im_end|>\n<|im_start|>assistant\n")

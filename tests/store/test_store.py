@@ -7,8 +7,8 @@ import pytest
 
 from stackd.store.store import ModelStore, StoreError, file_sha256, valid_model_id
 from stackd.store.vocab_check import VocabError
-from tests.models.crafted import old_store_manifest
-from tests.models.tiny import vocabulary, write_tiny
+from tests.store.crafted import old_store_manifest
+from tests.store.tiny import vocabulary, write_tiny
 
 
 def tiny_gguf(path, **kwargs) -> str:

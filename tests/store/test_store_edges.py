@@ -10,7 +10,7 @@ import pytest
 
 from stackd.store import store as store_module
 from stackd.store.store import Manifest, ModelStore, StoreError, file_sha256, valid_model_id
-from tests.models.tiny import write_tiny
+from tests.store.tiny import write_tiny
 
 
 def tiny_gguf(path, rows=16) -> str:

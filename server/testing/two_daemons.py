@@ -11,10 +11,9 @@ import socket
 from contextlib import contextmanager
 
 import orjson
-import pytest
 
-from tests.blackbox.daemon import CLIENT_TIMEOUT
-from tests.cluster.nodes import EVENTUAL, Node, eventually, free_port, statuses
+from .daemon import CLIENT_TIMEOUT
+from .cluster_nodes import EVENTUAL, Node, eventually, free_port, statuses
 
 from .processes import rpc_server_pids
 
@@ -93,19 +92,6 @@ def daemons(tmp_path):
             node.kill()
             for pid in children:
                 send(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def pair(tmp_path):
-    """pair(leader_limit_mb): a leader on 127.0.0.1 and a follower on FOLLOWER_HOST."""
-    def make(leader_limit_mb: int) -> Pair:
-        leader = start_node("leader", env=node_env(leader_limit_mb, free_port()))
-        follower = start_node("follower", role="follower", leader=leader.cluster_url, host=FOLLOWER_HOST,
-                              reach=FOLLOWER_HOST, env=node_env(FOLLOWER_OFFER_MB, free_port(FOLLOWER_HOST)))
-        return Pair(leader, follower)
-
-    with daemons(tmp_path) as start_node:
-        yield make
 
 
 # ---- what the leader says -------------------------------------------------------------------------

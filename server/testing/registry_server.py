@@ -19,7 +19,6 @@ import tempfile
 import time
 
 import httpx2
-import pytest
 
 BINARY = "/usr/bin/docker-registry"
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
@@ -53,8 +52,8 @@ health:
 
 def require_binary() -> None:
     if not os.access(BINARY, os.X_OK):
-        pytest.fail(f"{BINARY} is missing: run `apt-get install docker-registry` "
-                    "(the Makefile's test setup installs it)", pytrace=False)
+        raise RuntimeError(f"{BINARY} is missing: run `apt-get install docker-registry` "
+                           "(the Makefile's test setup installs it)")
 
 
 def _free_port() -> int:

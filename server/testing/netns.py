@@ -191,3 +191,16 @@ def entered(netns: str):
     finally:
         _setns(home)
         os.close(home)
+
+
+# Daemons in namespaces: each namespace has its own ports, so every node uses the defaults.
+CLUSTER_PORT, INFERENCE_PORT = 5381, 8080
+RPC_PORT = 50052                                    # cluster.rpc_port's default
+
+
+def in_namespace(net_node: tuple[str, str], advertise: str, **kwargs) -> dict:
+    """Node keyword arguments for a daemon in the namespace `net_node` (from add_node) that
+    listens on every address there and tells the cluster `advertise` (its cluster link's)."""
+    netns, reach = net_node
+    return {"host": "0.0.0.0", "advertise": f"http://{advertise}:{CLUSTER_PORT}", "reach": reach,
+            "netns": netns, "ports": (INFERENCE_PORT, CLUSTER_PORT), **kwargs}

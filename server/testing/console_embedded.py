@@ -9,7 +9,8 @@ import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from .daemon import ROOT
+
 CHAT_ONLY = ('[models]\npreload = ["smollm2-135m-instruct"]\n[engine]\nslots = 4\n'
              'context_length = 1024\n[rate_limits]\ninference = 0\n[http]\nshutdown_grace = 2.0\n')
 NO_MODELS = "[models]\npreload = []\n[http]\nshutdown_grace = 2.0\n"

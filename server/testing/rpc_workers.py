@@ -1,0 +1,70 @@
+"""Real ggml RPC servers on loopback (children with their relays, as a follower runs them) and
+engine workers placed over them: shared by tests/placement and bench/cluster_pipeline.py."""
+from __future__ import annotations
+
+from ..cluster.rpc_server import RpcServers
+from ..engine.core import SamplingParams, Vocab
+from ..runtime.clients import WorkerEngine
+from ..runtime.runner import ModelRunner
+from ..store import defaults
+
+SECRET = bytes(range(32))
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Count from one to ten."]
+
+
+def chat_prompt(vocab, text: str) -> list[int]:
+    return vocab.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n", False, True)
+
+
+def engine_params(**placement) -> dict:
+    return dict(model_path=defaults.smollm2_path(), slots=4, context_length=256, batch=64,
+                threads=1, **placement)
+
+
+async def start_worker(loop, params: dict, rpc: dict | None = None, kernels: str = "off") -> ModelRunner:
+    path = params["model_path"]
+    vocab = await loop.run_in_executor(None, Vocab, path)
+    client = await WorkerEngine.start(loop, params, vocab, kernels=kernels, rpc=rpc)
+    return ModelRunner(loop, client)
+
+
+async def generate(runner: ModelRunner, text: str, max_tokens: int = 24, n_top: int = 0) -> dict:
+    sampling = SamplingParams()
+    sampling.temperature = 0.0
+    if n_top:
+        sampling.logprobs = True
+        sampling.n_top_logprobs = n_top
+    stream = await runner.generate([(chat_prompt(runner.engine.vocab, text), max_tokens, sampling)], [])
+    out = {"text": b"", "logprobs": [], "error": None}
+    async for event in stream:
+        out["text"] += event.text
+        out["logprobs"] += event.logprobs or []
+        if event.error:
+            out["error"] = event.error
+    return out
+
+
+class Peers:
+    """RPC server children on loopback, one per simulated follower, each behind its relay."""
+
+    def __init__(self, loop, data_dir: str):
+        self.loop = loop
+        self.servers = RpcServers(loop, data_dir, "127.0.0.1", 0, SECRET)
+        self.n = 0
+
+    async def start(self, direct: bool = False):
+        self.n += 1
+        self.servers.first_port = 0 if direct else _free_base()
+        return await self.servers.start(f"test-{self.n}", 1, "leader", direct=direct)
+
+    def rpc(self, children) -> dict:
+        return {"secret": SECRET.hex(), "peers": [
+            {"host": "127.0.0.1", "port": c.port, "relay": not c.direct, "placement_id": c.placement_id}
+            for c in children]}
+
+
+def _free_base() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
