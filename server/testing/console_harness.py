@@ -20,6 +20,7 @@ from ..http.limits import Limits
 from ..http.server import HttpServer
 from ..observe.metrics import Metrics
 
+from .daemon import exchange
 from .fake_node import FakeNode
 
 
@@ -89,22 +90,11 @@ class Harness:
         """-> (status, headers with lower-case names, JSON body or raw bytes)."""
         own = conn is None
         conn = conn or self.connect()
-        sent = dict(headers or {})
-        if token is not None:
-            sent["Authorization"] = f"Bearer {token}"
-        payload = None
-        if body is not None:
-            payload = body if isinstance(body, bytes) else orjson.dumps(body)
-            sent["Content-Type"] = "application/json"
-        conn.request(method, path, body=payload, headers=sent)
-        response = conn.getresponse()
-        raw = response.read()
-        got = {k.lower(): v for k, v in response.getheaders()}
-        if own:
-            conn.close()
-        if got.get("content-type", "").startswith("application/json"):
-            return response.status, got, orjson.loads(raw)
-        return response.status, got, raw
+        try:
+            return exchange(conn, method, path, key=token, body=body, headers=headers)
+        finally:
+            if own:
+                conn.close()
 
     def login(self, username: str, password: str) -> dict:
         status, _, body = self.call("POST", "/api/auth/login",

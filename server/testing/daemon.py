@@ -34,6 +34,16 @@ def http_request(host: str, port: int, method: str, path: str, *, key: str | Non
     """One request on its own connection -> (status, headers dict with lower-case names,
     parsed JSON or raw bytes)."""
     conn = http.client.HTTPConnection(host, port, timeout=CLIENT_TIMEOUT)
+    try:
+        return exchange(conn, method, path, key=key, body=body, headers=headers)
+    finally:
+        conn.close()
+
+
+def exchange(conn: http.client.HTTPConnection, method: str, path: str, *, key: str | None = None,
+             body=None, headers: dict | None = None):
+    """One request on `conn` (a bearer `key`, a JSON or raw `body`) -> (status, headers dict with
+    lower-case names, parsed JSON or raw bytes)."""
     sent = dict(headers or {})
     if key is not None:
         sent["Authorization"] = f"Bearer {key}"
@@ -41,12 +51,9 @@ def http_request(host: str, port: int, method: str, path: str, *, key: str | Non
     if body is not None:
         payload = body if isinstance(body, bytes) else orjson.dumps(body)
         sent.setdefault("Content-Type", "application/json")
-    try:
-        conn.request(method, path, body=payload, headers=sent)
-        response = conn.getresponse()
-        raw = response.read()
-    finally:
-        conn.close()
+    conn.request(method, path, body=payload, headers=sent)
+    response = conn.getresponse()
+    raw = response.read()
     got = {k.lower(): v for k, v in response.getheaders()}
     if got.get("content-type", "").startswith("application/json"):
         return response.status, got, orjson.loads(raw)

@@ -14,14 +14,20 @@ async def _request(port: int, target: bytes) -> tuple[bytes, bool]:
     return data, closed
 
 
+async def _shutdown_during(loop, slow_ms: int, grace: float):
+    """A server shut down with `grace` while a request that takes `slow_ms` is in flight ->
+    (server, port, the request's (bytes, closed))."""
+    server, app = make_server(loop)
+    port = await server.listen(app, "127.0.0.1", 0)
+    in_flight = asyncio.ensure_future(_request(port, b"/slow?ms=%d" % slow_ms))
+    await asyncio.sleep(0.1)
+    await server.shutdown(grace=grace)
+    return server, port, await in_flight
+
+
 def test_shutdown_lets_in_flight_requests_finish(loop):
     async def scenario():
-        server, app = make_server(loop)
-        port = await server.listen(app, "127.0.0.1", 0)
-        in_flight = asyncio.ensure_future(_request(port, b"/slow?ms=300"))
-        await asyncio.sleep(0.1)
-        await server.shutdown(grace=5.0)
-        data, closed = await in_flight
+        _, port, (data, closed) = await _shutdown_during(loop, 300, 5.0)
         try:
             await asyncio.open_connection("127.0.0.1", port)
             refused = False
@@ -37,16 +43,10 @@ def test_shutdown_lets_in_flight_requests_finish(loop):
 
 def test_shutdown_cuts_requests_that_outlive_the_grace(loop):
     async def scenario():
-        server, app = make_server(loop)
-        port = await server.listen(app, "127.0.0.1", 0)
-        in_flight = asyncio.ensure_future(_request(port, b"/slow?ms=10000"))
-        await asyncio.sleep(0.1)
-        started = loop.time()
-        await server.shutdown(grace=0.3)
-        data, _ = await in_flight
-        return data, loop.time() - started, len(server.connections)
+        server, _, (data, _) = await _shutdown_during(loop, 10000, 0.3)
+        return data, len(server.connections)
 
-    data, _, remaining = loop.run_until_complete(scenario())
+    data, remaining = loop.run_until_complete(scenario())
     assert data == b"" and remaining == 0
 
 

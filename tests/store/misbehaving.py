@@ -194,23 +194,17 @@ class MisbehavingRegistry:
             return self._send(h, 200, bytes(b ^ 0xFF for b in data), octet)
         h.close_connection = True
         if mode == "truncate":
-            h.send_response(200)
-            h.send_header("Content-Length", str(len(data)))
-            h.end_headers()
+            _head_200(h, ("Content-Length", str(len(data))))
             h.wfile.write(data[: len(data) // 2])
             h.wfile.flush()
         elif mode == "bad_length":
             self._send(h, 200, data, {**octet, "Content-Length": str(len(data) + 10)})
         elif mode == "long":
-            h.send_response(200)
-            h.send_header("Connection", "close")
-            h.end_headers()
+            _head_200(h, ("Connection", "close"))
             h.wfile.write(data + b"x" * 4096)
             h.wfile.flush()
         elif mode == "endless":
-            h.send_response(200)
-            h.send_header("Connection", "close")
-            h.end_headers()
+            _head_200(h, ("Connection", "close"))
             block, sent = b"z" * (1 << 20), 0
             try:
                 h.wfile.write(data)
@@ -223,11 +217,16 @@ class MisbehavingRegistry:
         elif mode == "stall_headers":
             self.release.wait(60)
         elif mode == "stall":
-            h.send_response(200)
-            h.send_header("Content-Length", str(len(data)))
-            h.end_headers()
+            _head_200(h, ("Content-Length", str(len(data))))
             h.wfile.write(data[: len(data) // 2])
             h.wfile.flush()
             self.release.wait(60)
         else:
             raise AssertionError(f"unknown blob mode {mode!r}")
+
+
+def _head_200(h, header: tuple[str, str]) -> None:
+    """A 200's status line and one header: what a misbehaving blob answer starts with."""
+    h.send_response(200)
+    h.send_header(*header)
+    h.end_headers()

@@ -442,48 +442,42 @@ def test_stall_before_the_headers_is_504_and_keeps_a_partial(bad, tmp_path):
     assert open(partial, "rb").read() == GGUF[:100]
 
 
-def test_resume_from_a_partial_left_by_a_killed_daemon(bad, tmp_path):
-    bad.add_model("library/tiny", "latest", [(MEDIA_MODEL, GGUF)])
+def with_partial(registry, tmp_path, partial: bytes, mode: str = "ok") -> str:
+    """The tiny model on `registry` (its blob served in `mode`), and a .partial of it holding
+    `partial` in the store at tmp_path/b, as a killed daemon leaves one. -> the blob's digest."""
+    registry.add_model("library/tiny", "latest", [(MEDIA_MODEL, GGUF)])
     digest = digest_of(GGUF)
+    registry.blob_modes[digest] = mode
     os.makedirs(tmp_path / "b")
     with open(blob_path(tmp_path / "b", digest) + ".partial", "wb") as f:
-        f.write(GGUF[:1000])
+        f.write(partial)
+    return digest
+
+
+def test_resume_from_a_partial_left_by_a_killed_daemon(bad, tmp_path):
+    digest = with_partial(bad, tmp_path, GGUF[:1000])
     fetch(bad, model_layer(), tmp_path / "b")
     assert sha256_file(blob_path(tmp_path / "b", digest)) == digest
     assert [r[2].get("range") for r in bad.seen("/blobs/")] == ["bytes=1000-"]
 
 
 def test_server_ignoring_range_starts_over(bad, tmp_path):
-    bad.add_model("library/tiny", "latest", [(MEDIA_MODEL, GGUF)])
-    digest = digest_of(GGUF)
-    bad.blob_modes[digest] = "ignore_range"
-    os.makedirs(tmp_path / "b")
-    with open(blob_path(tmp_path / "b", digest) + ".partial", "wb") as f:
-        f.write(b"garbage!" * 100)                  # wrong bytes: a resume would fail the digest
+    # wrong bytes in the partial: a resume would fail the digest
+    digest = with_partial(bad, tmp_path, b"garbage!" * 100, "ignore_range")
     fetch(bad, model_layer(), tmp_path / "b")
     assert sha256_file(blob_path(tmp_path / "b", digest)) == digest
     assert [r[2].get("range") for r in bad.seen("/blobs/")] == ["bytes=800-"]
 
 
 def test_wrong_content_range_is_refused(bad, tmp_path):
-    bad.add_model("library/tiny", "latest", [(MEDIA_MODEL, GGUF)])
-    digest = digest_of(GGUF)
-    bad.blob_modes[digest] = "bad_range"
-    os.makedirs(tmp_path / "b")
-    partial = blob_path(tmp_path / "b", digest) + ".partial"
-    with open(partial, "wb") as f:
-        f.write(GGUF[:1000])
+    with_partial(bad, tmp_path, GGUF[:1000], "bad_range")
     with pytest.raises(PullError, match="Content-Range"):
         fetch(bad, model_layer(), tmp_path / "b")
     assert listing(tmp_path / "b") == []
 
 
 def test_partial_longer_than_declared_is_deleted(bad, tmp_path):
-    bad.add_model("library/tiny", "latest", [(MEDIA_MODEL, GGUF)])
-    digest = digest_of(GGUF)
-    os.makedirs(tmp_path / "b")
-    with open(blob_path(tmp_path / "b", digest) + ".partial", "wb") as f:
-        f.write(GGUF + b"extra")
+    digest = with_partial(bad, tmp_path, GGUF + b"extra")
     fetch(bad, model_layer(), tmp_path / "b")
     assert sha256_file(blob_path(tmp_path / "b", digest)) == digest
     assert [r[2].get("range") for r in bad.seen("/blobs/")] == [None]
