@@ -15,6 +15,7 @@ import os
 import sys
 
 from stackd.engine import accel  # noqa: E402
+from stackd.testing import kernels_check  # noqa: E402
 
 SHAPES = [("attn q / o", "q4_1", 576, 576), ("attn k / v", "q4_1", 576, 192),
           ("ffn gate / up", "q4_1", 576, 1536), ("ffn down", "q4_1", 1536, 576),
@@ -36,7 +37,7 @@ def main() -> None:
     for name, type_name, k, rows in SHAPES:
         for batch in BATCHES:
             times = (ctypes.c_double * 2)()
-            if lib.stackd_kernels_time(GGML_TYPE[type_name], k, rows, batch, accel.PATHS.index(path), args.threads,
+            if kernels_check.library().stackd_kernels_time(GGML_TYPE[type_name], k, rows, batch, accel.PATHS.index(path), args.threads,
                                        args.repeat, times) != 0:
                 sys.exit(f"this CPU cannot run the {path} path")
             print(f"| {name} ({type_name}, {k} x {rows}) | {batch} | {times[0] * 1e6:.1f} | {times[1] * 1e6:.1f} "

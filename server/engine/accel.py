@@ -4,7 +4,8 @@
 it puts its Q4_1 matmul weights in our repacked buffer and runs those matmuls on our kernels.
 Call it in the process that runs the engine, before its model loads: an engine worker
 (server/engine/worker.py) does so first thing, the daemon before an inline engine
-(models/manager.py). A model loaded earlier keeps ggml's own kernels.
+(runtime/supervisor.py). A model loaded earlier keeps ggml's own kernels. The op-level
+self-check and timer are a test-only library (tests/kernels/check_lib.py), not this one.
 
 One ggml per process: our library's runpath names the directory llama-cpp-python loads
 llama.cpp from, as server._engine's does, so whichever loads first, the other binds to the
@@ -31,13 +32,7 @@ def library() -> ctypes.CDLL:
         lib = ctypes.CDLL(LIBRARY)
         lib.stackd_kernels_register.argtypes = [ctypes.c_int]
         lib.stackd_kernels_cpu_supports.argtypes = [ctypes.c_int]
-        lib.stackd_kernels_check.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
-            ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
-        lib.stackd_kernels_time.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
-            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
-        lib.stackd_kernels_check_get_rows.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_uint32, ctypes.c_int]
         lib.stackd_kernels_get_rows_nodes.restype = ctypes.c_uint64
-        lib.stackd_kernels_accepts.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_int]
         _lib = lib
     return _lib
 

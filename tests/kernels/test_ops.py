@@ -22,6 +22,7 @@ import ctypes
 import pytest
 
 from stackd.engine import accel
+from stackd.testing import kernels_check
 
 PATHS = ["scalar", "avx2", "avx512-vnni"]
 GGML_TYPE = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 8}
@@ -36,7 +37,7 @@ BATCHES = [1, 3, 4, 5, 7, 13, 16, 17, 64]  # every tile and remainder: 8, 4, 2, 
 
 def check(k: int, rows: int, tokens: int, path: str, seed: int = 1, type_name: str = "q4_1") -> list[float]:
     result = (ctypes.c_double * 5)()
-    rc = accel.library().stackd_kernels_check(GGML_TYPE[type_name], k, rows, tokens,
+    rc = kernels_check.library().stackd_kernels_check(GGML_TYPE[type_name], k, rows, tokens,
                                               accel.PATHS.index(path), seed, 2, result)
     assert rc == 0
     return list(result)
@@ -99,7 +100,7 @@ def test_q8_0_matmul_within_rounding_of_ggml(path, k, rows, tokens):
 def test_q8_0_get_rows_equals_ggml_bit_for_bit(k, rows, n_ids):
     """A tied embedding table lives in our buffer (kernels/src/get_rows.h): the input rows it
     gives are ggml's dequantized rows, float for float."""
-    assert accel.library().stackd_kernels_check_get_rows(k, rows, n_ids, 7, 2) == 1
+    assert kernels_check.library().stackd_kernels_check_get_rows(k, rows, n_ids, 7, 2) == 1
 
 
 @pytest.mark.parametrize("type_name,shape,op,accepted", [
@@ -115,4 +116,4 @@ def test_q8_0_get_rows_equals_ggml_bit_for_bit(k, rows, n_ids):
     ("q4_1", (576, 49152, 1), 2, False), # an embedding table read by GET_ROWS
 ])
 def test_buffer_type_takes_only_weights_it_serves(type_name, shape, op, accepted):
-    assert bool(accel.library().stackd_kernels_accepts(GGML_TYPE[type_name], *shape, op)) is accepted
+    assert bool(kernels_check.library().stackd_kernels_accepts(GGML_TYPE[type_name], *shape, op)) is accepted
