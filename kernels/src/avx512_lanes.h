@@ -55,21 +55,5 @@ inline __m256i block_dot(const __m256i *u, const ActBlock &a, __m256i start = _m
     return _mm256_add_epi32(even, odd);
 }
 
-// Row groups [g_begin, g_end): two at a time (pair(g): groups g and g + 1, a 512-bit tile)
-// from kPairsFrom tokens, else, and for an odd last group, one at a time (single(g), 256
-// bits). Below kPairsFrom tokens a step is bound by reading the weights, and a pair's two
-// streams (its groups lie nb blocks apart) read DRAM at about 0.6x the rate of one group
-// after another here (576 x 393216 at one token, two threads: 7.4 against 4.5-5.5 ms); from
-// kPairsFrom tokens the arithmetic dominates and pairs win.
-constexpr int64_t kPairsFrom = 4;
-
-template <class Pair, class Single>
-inline void for_row_groups(int64_t g_begin, int64_t g_end, int64_t n_tokens, Pair pair, Single single) {
-    int64_t g = g_begin;
-    if (n_tokens >= kPairsFrom)
-        for (; g + 2 <= g_end; g += 2) pair(g);
-    for (; g < g_end; g++) single(g);
-}
-
 }  // namespace avx512
 }  // namespace stackd

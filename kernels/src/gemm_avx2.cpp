@@ -68,15 +68,10 @@ inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, flo
 
 void gemm_avx2(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
                const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    for (int64_t g = g_begin; g < g_end; g++) {
-        const Q4x8Block *wg = w + g * nb;
-        tiles::for_tiles<kTile>(n_tokens, [&](auto tile, int64_t t) {
-            constexpr int TT = decltype(tile)::value;
-            alignas(32) float out[TT * 8];
-            group_tile<TT>(wg, nb, act + t * nb, out);
-            store_group_tile(dst, dst_stride, out, TT, t, g, rows);
-        });
-    }
+    tiles::for_groups<kTile>(g_begin, g_end, rows, n_tokens, dst, dst_stride,
+                             [&](auto tt, int64_t g, int64_t t, float *out) {
+                                 group_tile<decltype(tt)::value>(w + g * nb, nb, act + t * nb, out);
+                             });
 }
 
 }  // namespace stackd

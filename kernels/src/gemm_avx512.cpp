@@ -3,7 +3,7 @@
 // The AVX-512 path: VNNI's vpdpbusd does the u8 x s8 dot of four positions per row in one
 // instruction, adding into an int32 lane per row; eight of them make a block's exact integer
 // sum. Two row groups fill a 512-bit vector (16 rows); below 4 tokens, and for an odd last
-// group, one group runs at 256 bits (AVX512VL; for_row_groups). Compiled for these instructions by the target pragma, chosen at run time
+// group, one group runs at 256 bits (AVX512VL; tiles::for_group_pairs). Compiled for these instructions by the target pragma, chosen at run time
 // (cpu_features.cpp). Float arithmetic as every other path (kernels.h).
 #include <immintrin.h>
 
@@ -82,39 +82,18 @@ inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, flo
     for (int t = 0; t < TT; t++) _mm256_storeu_ps(out + 8 * t, acc[t]);
 }
 
-void run_pair(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g, const ActBlock *act,
-              int64_t n_tokens, float *dst, int64_t dst_stride) {
-    const Q4x8Block *w0 = w + g * nb, *w1 = w + (g + 1) * nb;
-    tiles::for_tiles<kTile>(n_tokens, [&](auto tile, int64_t t) {
-        constexpr int TT = decltype(tile)::value;
-        alignas(64) float out[TT * 16];
-        pair_tile<TT>(w0, w1, nb, act + t * nb, out);
-        for (int i = 0; i < TT; i++) {
-            float *row = dst + (t + i) * dst_stride;
-            store_group(row, out + 16 * i, g * kRowsPerGroup, rows);
-            store_group(row, out + 16 * i + 8, (g + 1) * kRowsPerGroup, rows);
-        }
-    });
-}
-
-void run_single(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g, const ActBlock *act,
-                int64_t n_tokens, float *dst, int64_t dst_stride) {
-    const Q4x8Block *wg = w + g * nb;
-    tiles::for_tiles<kTile>(n_tokens, [&](auto tile, int64_t t) {
-        constexpr int TT = decltype(tile)::value;
-        alignas(32) float out[TT * 8];
-        group_tile<TT>(wg, nb, act + t * nb, out);
-        store_group_tile(dst, dst_stride, out, TT, t, g, rows);
-    });
-}
-
 }  // namespace
 
 void gemm_avx512(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
                  const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    for_row_groups(g_begin, g_end, n_tokens,
-                   [&](int64_t g) { run_pair(w, nb, rows, g, act, n_tokens, dst, dst_stride); },
-                   [&](int64_t g) { run_single(w, nb, rows, g, act, n_tokens, dst, dst_stride); });
+    tiles::for_group_pairs<kTile>(
+        g_begin, g_end, rows, n_tokens, dst, dst_stride,
+        [&](auto tt, int64_t g, int64_t t, float *out) {
+            pair_tile<decltype(tt)::value>(w + g * nb, w + (g + 1) * nb, nb, act + t * nb, out);
+        },
+        [&](auto tt, int64_t g, int64_t t, float *out) {
+            group_tile<decltype(tt)::value>(w + g * nb, nb, act + t * nb, out);
+        });
 }
 
 }  // namespace stackd

@@ -4,7 +4,7 @@
 // of VNNI's vpdpbusd, and each block's integer sum starts at -128 times the sum of the
 // block's 32 activation bytes, so it ends exactly at sum(q_w * q_a).
 // Two row groups fill a 512-bit vector (16 rows); below 4 tokens, and for an odd last group,
-// one group runs at 256 bits (for_row_groups).
+// one group runs at 256 bits (tiles::for_group_pairs).
 // Float arithmetic as every other path (kernels.h).
 #include <immintrin.h>
 
@@ -84,32 +84,6 @@ inline void group_tile(const Q8x8Block *wg, int64_t nb, const ActBlock *act, con
     for (int t = 0; t < TT; t++) _mm256_storeu_ps(out + 8 * t, acc[t]);
 }
 
-void run_pair(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g, const ActBlock *act,
-              const int32_t *corr, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    const Q8x8Block *w0 = w + g * nb, *w1 = w + (g + 1) * nb;
-    tiles::for_tiles<kTile>(n_tokens, [&](auto tile, int64_t t) {
-        constexpr int TT = decltype(tile)::value;
-        alignas(64) float out[TT * 16];
-        pair_tile<TT>(w0, w1, nb, act + t * nb, corr + t * nb, out);
-        for (int i = 0; i < TT; i++) {
-            float *row = dst + (t + i) * dst_stride;
-            store_group(row, out + 16 * i, g * kRowsPerGroup, rows);
-            store_group(row, out + 16 * i + 8, (g + 1) * kRowsPerGroup, rows);
-        }
-    });
-}
-
-void run_single(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g, const ActBlock *act,
-                const int32_t *corr, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    const Q8x8Block *wg = w + g * nb;
-    tiles::for_tiles<kTile>(n_tokens, [&](auto tile, int64_t t) {
-        constexpr int TT = decltype(tile)::value;
-        alignas(32) float out[TT * 8];
-        group_tile<TT>(wg, nb, act + t * nb, corr + t * nb, out);
-        store_group_tile(dst, dst_stride, out, TT, t, g, rows);
-    });
-}
-
 }  // namespace
 
 void gemm_q8_0_avx512(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
@@ -119,9 +93,15 @@ void gemm_q8_0_avx512(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_be
     thread_local std::vector<int32_t> corr;
     if (corr.size() < (size_t)(n_tokens * nb)) corr.resize(n_tokens * nb);
     correct(act, n_tokens * nb, corr.data());
-    for_row_groups(g_begin, g_end, n_tokens,
-                   [&](int64_t g) { run_pair(w, nb, rows, g, act, corr.data(), n_tokens, dst, dst_stride); },
-                   [&](int64_t g) { run_single(w, nb, rows, g, act, corr.data(), n_tokens, dst, dst_stride); });
+    const int32_t *c = corr.data();
+    tiles::for_group_pairs<kTile>(
+        g_begin, g_end, rows, n_tokens, dst, dst_stride,
+        [&](auto tt, int64_t g, int64_t t, float *out) {
+            pair_tile<decltype(tt)::value>(w + g * nb, w + (g + 1) * nb, nb, act + t * nb, c + t * nb, out);
+        },
+        [&](auto tt, int64_t g, int64_t t, float *out) {
+            group_tile<decltype(tt)::value>(w + g * nb, nb, act + t * nb, c + t * nb, out);
+        });
 }
 
 }  // namespace stackd

@@ -3,6 +3,7 @@
 
 #include "ggml.h"
 #include "kernels.h"
+#include "tiles.h"
 
 namespace stackd {
 
@@ -46,16 +47,14 @@ float row_dot(const Q8x8Block *wg, int64_t nb, int r, const ActBlock *a) {
     return acc;
 }
 
+// One token at a time, one row at a time, through the same driver as the SIMD paths.
 template <class Block>
 void gemm_rows(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
                const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    for (int64_t g = g_begin; g < g_end; g++) {
-        for (int64_t t = 0; t < n_tokens; t++) {
-            float out[kRowsPerGroup];
-            for (int r = 0; r < kRowsPerGroup; r++) out[r] = row_dot(w + g * nb, nb, r, act + t * nb);
-            store_group(dst + t * dst_stride, out, g * kRowsPerGroup, rows);
-        }
-    }
+    tiles::for_groups<1>(g_begin, g_end, rows, n_tokens, dst, dst_stride,
+                         [&](auto, int64_t g, int64_t t, float *out) {
+                             for (int r = 0; r < kRowsPerGroup; r++) out[r] = row_dot(w + g * nb, nb, r, act + t * nb);
+                         });
 }
 
 }  // namespace

@@ -71,12 +71,4 @@ inline void store_group(float *dst, const float *acc8, int64_t row0, int64_t row
     for (int64_t r = 0; r < n; r++) dst[row0 + r] = acc8[r];
 }
 
-// A tile's results (tt tokens from t, row group g, tt x 8 floats in out) to their rows.
-// Here, not in tiles.h, so that every file gets the one baseline definition (an inline
-// function compiled under two target pragmas would be merged by the linker).
-inline void store_group_tile(float *dst, int64_t dst_stride, const float *out, int tt, int64_t t,
-                             int64_t g, int64_t rows) {
-    for (int i = 0; i < tt; i++) store_group(dst + (t + i) * dst_stride, out + 8 * i, g * kRowsPerGroup, rows);
-}
-
 }  // namespace stackd
