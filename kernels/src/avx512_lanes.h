@@ -1,4 +1,4 @@
-// Helpers the AVX-512 paths share (gemm_avx512.cpp, gemm_q8_0_avx512.cpp). Include after the
+// Helpers of the AVX-512 paths (gemm_avx512.cpp: Q4_1 and Q8_0). Include after the
 // file's `#pragma GCC target` line: these inline functions take the includer's target.
 #pragma once
 
