@@ -104,7 +104,7 @@ template <class Block>
 void gemm_groups(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
                  const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
     tiles::for_groups<kTile>(g_begin, g_end, rows, n_tokens, dst, dst_stride,
-                             [&](auto tt, int64_t g, int64_t t, float *out) {
+                             [=](auto tt, int64_t g, int64_t t, float *out) __attribute__((always_inline)) {
                                  group_tile<decltype(tt)::value>(w + g * nb, nb, act + t * nb, out);
                              });
 }

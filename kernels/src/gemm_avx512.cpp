@@ -153,10 +153,10 @@ void gemm_avx512(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, 
                  const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
     tiles::for_group_pairs<kTile>(
         g_begin, g_end, rows, n_tokens, dst, dst_stride,
-        [&](auto tt, int64_t g, int64_t t, float *out) {
+        [=](auto tt, int64_t g, int64_t t, float *out) __attribute__((always_inline)) {
             pair_tile<decltype(tt)::value>(w + g * nb, w + (g + 1) * nb, nb, act + t * nb, out);
         },
-        [&](auto tt, int64_t g, int64_t t, float *out) {
+        [=](auto tt, int64_t g, int64_t t, float *out) __attribute__((always_inline)) {
             group_tile<decltype(tt)::value>(w + g * nb, nb, act + t * nb, out);
         });
 }
@@ -171,10 +171,10 @@ void gemm_q8_0_avx512(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_be
     const int32_t *c = corr.data();
     tiles::for_group_pairs<kTile>(
         g_begin, g_end, rows, n_tokens, dst, dst_stride,
-        [&](auto tt, int64_t g, int64_t t, float *out) {
+        [=](auto tt, int64_t g, int64_t t, float *out) __attribute__((always_inline)) {
             pair_tile<decltype(tt)::value>(w + g * nb, w + (g + 1) * nb, nb, act + t * nb, c + t * nb, out);
         },
-        [&](auto tt, int64_t g, int64_t t, float *out) {
+        [=](auto tt, int64_t g, int64_t t, float *out) __attribute__((always_inline)) {
             group_tile<decltype(tt)::value>(w + g * nb, nb, act + t * nb, c + t * nb, out);
         });
 }

@@ -52,7 +52,7 @@ template <class Block>
 void gemm_rows(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
                const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
     tiles::for_groups<1>(g_begin, g_end, rows, n_tokens, dst, dst_stride,
-                         [&](auto, int64_t g, int64_t t, float *out) {
+                         [=](auto, int64_t g, int64_t t, float *out) {
                              for (int r = 0; r < kRowsPerGroup; r++) out[r] = row_dot(w + g * nb, nb, r, act + t * nb);
                          });
 }
