@@ -174,16 +174,10 @@ engine_event make_event(int64_t id_request, int status, const std::string & text
     if (status < REQUEST_STATUS_WAITING || status > REQUEST_STATUS_FINISHED_ERROR) {
         throw std::invalid_argument("unknown request status");
     }
-    engine_event ev;
-    ev.id_request = id_request;
-    ev.status = (request_status) status;
-    ev.text = text;
-    ev.n_tokens = n_tokens;
-    ev.n_prompt = n_prompt;
-    ev.n_cached = n_cached;
-    ev.n_generated = n_generated;
-    ev.error = error;
-    ev.logprobs = logprobs_from_python(logprobs);
+    engine_event ev{.id_request = id_request, .text = text, .n_tokens = n_tokens,
+                    .status = (request_status) status, .n_prompt = n_prompt, .n_cached = n_cached,
+                    .n_generated = n_generated, .logprobs = logprobs_from_python(logprobs),
+                    .embedding = {}, .error = error, .timings = {}};
     if (!embedding.is_none()) {
         const auto array = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(embedding);
         if (!array) {
@@ -394,20 +388,13 @@ PYBIND11_MODULE(_engine, m) {
                          std::vector<std::string> rpc_endpoints, int32_t split_mode,
                          std::vector<float> tensor_split, int32_t n_gpu_layers, int32_t n_ubatch,
                          int32_t n_lanes) {
-                 engine_params p;
-                 p.n_ubatch = n_ubatch;
-                 p.n_lanes = n_lanes;
-                 p.placement = {std::move(rpc_endpoints), split_mode, std::move(tensor_split), n_gpu_layers};
-                 p.model_path = model_path;
-                 p.embeddings = embeddings;
-                 p.slots = slots;
-                 p.context_length = context_length;
-                 p.batch = batch;
-                 p.threads = threads;
-                 p.max_queue = max_queue;
-                 p.flash_attn = flash_attn;
-                 p.key_share = key_share;
-                 p.quiet = quiet;
+                 // Named fields, in engine_params' order (GCC checks both).
+                 const engine_params p{
+                     .model_path = model_path, .embeddings = embeddings, .slots = slots,
+                     .context_length = context_length, .batch = batch, .n_ubatch = n_ubatch,
+                     .threads = threads, .max_queue = max_queue, .flash_attn = flash_attn,
+                     .key_share = key_share, .n_lanes = n_lanes, .quiet = quiet,
+                     .placement = {std::move(rpc_endpoints), split_mode, std::move(tensor_split), n_gpu_layers}};
                  py::gil_scoped_release release;
                  return std::make_unique<engine>(p);
              }),
