@@ -99,27 +99,22 @@ inline void group_tile(const Q8x8Block *wg, int64_t nb, const ActBlock *act, flo
     for (int t = 0; t < TT; t++) _mm256_storeu_ps(out + 8 * t, acc[t]);
 }
 
+}  // namespace
+
 // Every group of the weights against every token, a group at a time.
 template <class Block>
-void gemm_groups(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-                 const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+void gemm_avx2(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
+               const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
     tiles::for_groups<kTile>(g_begin, g_end, rows, n_tokens, dst, dst_stride,
                              [=](auto tt, int64_t g, int64_t t, float *out) __attribute__((always_inline)) {
                                  group_tile<decltype(tt)::value>(w + g * nb, nb, act + t * nb, out);
                              });
 }
 
-}  // namespace
-
-void gemm_avx2(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-               const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    gemm_groups(w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
-}
-
-void gemm_q8_0_avx2(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-                    const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    gemm_groups(w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
-}
+template void gemm_avx2(const Q4x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *, int64_t, float *,
+                        int64_t);
+template void gemm_avx2(const Q8x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *, int64_t, float *,
+                        int64_t);
 
 }  // namespace stackd
 

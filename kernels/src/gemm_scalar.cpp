@@ -47,35 +47,25 @@ float row_dot(const Q8x8Block *wg, int64_t nb, int r, const ActBlock *a) {
     return acc;
 }
 
+}  // namespace
+
 // One token at a time, one row at a time, through the same driver as the SIMD paths.
 template <class Block>
-void gemm_rows(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-               const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+void gemm_scalar(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
+                 const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
     tiles::for_groups<1>(g_begin, g_end, rows, n_tokens, dst, dst_stride,
                          [=](auto, int64_t g, int64_t t, float *out) {
                              for (int r = 0; r < kRowsPerGroup; r++) out[r] = row_dot(w + g * nb, nb, r, act + t * nb);
                          });
 }
 
-}  // namespace
-
-void gemm_scalar(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-                 const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    gemm_rows(w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
-}
-
-void gemm_q8_0_scalar(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-                      const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    gemm_rows(w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
-}
-
 Kernels kernels_for(Path path) {
     switch (path) {
         case Path::Avx512: return {gemm_avx512, gemm_q8_0_avx512};
-        case Path::Avx2: return {gemm_avx2, gemm_q8_0_avx2};
+        case Path::Avx2: return {gemm_avx2<Q4x8Block>, gemm_avx2<Q8x8Block>};
         case Path::Scalar: break;
     }
-    return {gemm_scalar, gemm_q8_0_scalar};
+    return {gemm_scalar<Q4x8Block>, gemm_scalar<Q8x8Block>};
 }
 
 }  // namespace stackd

@@ -33,10 +33,12 @@ using GemmFn = void (*)(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_
                         int64_t g_end, const ActBlock *act, int64_t n_tokens, float *dst,
                         int64_t dst_stride);
 
-void gemm_scalar(const Q4x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *, int64_t,
-                 float *, int64_t);
-void gemm_avx2(const Q4x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *, int64_t,
-               float *, int64_t);
+// The scalar and AVX2 paths: one template per path for both block types (Q4x8Block, Q8x8Block),
+// instantiated in its own file.
+template <class Block>
+void gemm_scalar(const Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *, int64_t, float *, int64_t);
+template <class Block>
+void gemm_avx2(const Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *, int64_t, float *, int64_t);
 void gemm_avx512(const Q4x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *, int64_t,
                  float *, int64_t);
 
@@ -47,10 +49,6 @@ using GemmQ8Fn = void (*)(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t 
                           int64_t g_end, const ActBlock *act, int64_t n_tokens, float *dst,
                           int64_t dst_stride);
 
-void gemm_q8_0_scalar(const Q8x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *,
-                      int64_t, float *, int64_t);
-void gemm_q8_0_avx2(const Q8x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *,
-                    int64_t, float *, int64_t);
 void gemm_q8_0_avx512(const Q8x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *,
                       int64_t, float *, int64_t);
 
