@@ -1,31 +1,20 @@
-"""Clusters of real daemons for the tests: each node a `python -m server serve` process with its
+"""Clusters of real daemons for the tests: each node a `stackd serve` process with its
 own data dir and fixed ports (a restarted leader comes back where its followers look for it),
 optionally inside a network namespace. No models are loaded, so a node starts in a second or two."""
 from __future__ import annotations
 
 import os
-import re
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 
 import orjson
 
 from ..cluster import signing
-from .daemon import ROOT, http_request
+from .daemon import free_port, http_request, stackd_command, start_process
 
 SECRET = "test-cluster-secret-0123456789abcdef"
 # Generous: the assertion is that something happens, not how fast (that is the bench's job).
 EVENTUAL = 90.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class Node:
@@ -51,23 +40,12 @@ class Node:
         return f"http://{self.reach}:{self.cluster_port}"
 
     def start(self) -> None:
-        command = [sys.executable, "-m", "stackd", "serve", "--data-dir", self.data_dir,
-                   "--inference-port", str(self.inference_port), "--cluster-port", str(self.cluster_port)]
+        command = stackd_command("serve", "--data-dir", self.data_dir, "--inference-port", str(self.inference_port),
+                                 "--cluster-port", str(self.cluster_port))
         if self.netns:
             command = ["ip", "netns", "exec", self.netns] + command
         env = {k: v for k, v in os.environ.items() if not k.startswith("STACKD_")}
-        self.proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env={**env, **self.env})
-        threading.Thread(target=_drain, args=(self.proc.stderr, self.stderr), daemon=True).start()
-        deadline = time.monotonic() + 120
-        for line in self.proc.stdout:
-            self.stdout.append(line)
-            if re.search(r"cluster listening on", line):
-                break
-            assert time.monotonic() < deadline, "daemon did not start"
-        else:
-            raise AssertionError(f"daemon exited: {''.join(self.stdout)} {''.join(self.stderr)}")
-        threading.Thread(target=_drain, args=(self.proc.stdout, self.stdout), daemon=True).start()
+        self.proc, _ = start_process(command, {**env, **self.env}, self.stdout, self.stderr, until={"cluster"})
         self.node_id = _read_json(os.path.join(self.data_dir, "node.json"))["node_id"]
         self.admin_key = open(os.path.join(self.data_dir, "admin.key")).read().strip()
 
@@ -103,11 +81,6 @@ class Node:
     def logged(self, text: str) -> str:
         """Waits until `text` is in the log (the drain threads catch up), else fails."""
         return eventually(lambda: text in self.log() and self.log())
-
-
-def _drain(stream, sink) -> None:
-    for line in stream:
-        sink.append(line)
 
 
 def _read_json(path: str) -> dict:

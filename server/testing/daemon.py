@@ -1,4 +1,7 @@
-"""Start the real daemon as a subprocess on free ports and talk HTTP to it."""
+"""Start the real daemon as a subprocess on free ports and talk HTTP to it. Every harness that
+starts a `stackd` process (this one, console_embedded.py, cluster_nodes.py) starts it with
+`start_process`: the installed package's CLI, its "<app> listening on" lines read for its ports,
+its output drained by threads from then on."""
 from __future__ import annotations
 
 import http.client
@@ -13,14 +16,54 @@ import time
 
 import orjson
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A client that waits this long has met a hang, not a slow machine: CI runs on 2 busy cores.
 CLIENT_TIMEOUT = 300
+LISTENING = re.compile(r"(inference|cluster|console) listening on http://(?:\[[^\]]*\]|[^:/]+):(\d+)")
+
+
+def stackd_command(*args: str) -> list[str]:
+    """The stackd CLI as this interpreter runs it (the installed package, from any folder)."""
+    return [sys.executable, "-m", "stackd", *args]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (another process may take it before the caller binds)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def drain(stream, sink: list[str]) -> None:
+    for line in stream:
+        sink.append(line)
+
+
+def start_process(command: list[str], env: dict, stdout: list[str], stderr: list[str], *,
+                  until: set[str], timeout: float = 120.0) -> tuple[subprocess.Popen, dict[str, int]]:
+    """Start `command` and read its output until each app in `until` ("inference", "cluster",
+    "console") says where it listens; from then on threads drain its lines into `stdout` and
+    `stderr` (lists that may hold an earlier run's already). -> (the process, app -> port)."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    threading.Thread(target=drain, args=(proc.stderr, stderr), daemon=True).start()
+    ports: dict[str, int] = {}
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        stdout.append(line)
+        found = LISTENING.search(line)
+        if found:
+            ports[found.group(1)] = int(found.group(2))
+        if until <= ports.keys():
+            break
+        assert time.monotonic() < deadline, "daemon did not start"
+    else:
+        raise AssertionError(f"daemon exited: {''.join(stdout)} {''.join(stderr)}")
+    threading.Thread(target=drain, args=(proc.stdout, stdout), daemon=True).start()
+    return proc, ports
 
 
 def cli(*args: str, data_dir: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stackd", *args, "--data-dir", data_dir],
-                          cwd=ROOT, capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
+    return subprocess.run(stackd_command(*args, "--data-dir", data_dir),
+                          capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
 
 
 def create_key(data_dir: str, name: str, permissions: str) -> str:
@@ -64,9 +107,11 @@ NO_MODELS = "[models]\npreload = []\n"
 
 
 class Daemon:
-    """`models=False` starts without loading any model (fast, for the HTTP-layer tests)."""
+    """`models=False` starts without loading any model (fast, for the HTTP-layer tests);
+    `console=True` serves the embedded console too (`serve --console`, on a free port)."""
 
-    def __init__(self, data_dir: str, config: str = "", env: dict | None = None, models: bool = False):
+    def __init__(self, data_dir: str, config: str = "", env: dict | None = None, models: bool = False,
+                 console: bool = False, start_timeout: float = 120.0):
         self.data_dir = data_dir
         os.makedirs(data_dir, exist_ok=True)
         if not models and "[models]" not in config:
@@ -74,34 +119,18 @@ class Daemon:
         if config:
             with open(os.path.join(data_dir, "config.toml"), "w") as f:
                 f.write(config)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stackd", "serve", "--data-dir", data_dir,
-             "--inference-port", "0", "--cluster-port", "0"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, **(env or {})})
+        command = stackd_command("serve", "--data-dir", data_dir, "--inference-port", "0", "--cluster-port", "0")
+        apps = {"inference", "cluster"}
+        if console:
+            command += ["--console", "--console-port", "0"]
+            apps.add("console")
         self.stdout: list[str] = []
         self.stderr: list[str] = []
-        threading.Thread(target=self._drain, args=(self.proc.stderr, self.stderr), daemon=True).start()
-        self.inference_port = self.cluster_port = None
-        deadline = time.monotonic() + 120
-        for line in self.proc.stdout:
-            self.stdout.append(line)
-            found = re.search(r"(inference|cluster) listening on http://[^:]+:(\d+)", line)
-            if found:
-                setattr(self, f"{found.group(1)}_port", int(found.group(2)))
-            if self.inference_port and self.cluster_port:
-                break
-            assert time.monotonic() < deadline, "daemon did not start"
-        else:
-            raise AssertionError(f"daemon exited: {''.join(self.stdout)} {''.join(self.stderr)}")
-        threading.Thread(target=self._drain, args=(self.proc.stdout, self.stdout), daemon=True).start()
+        self.proc, self.ports = start_process(command, {**os.environ, **(env or {})}, self.stdout, self.stderr,
+                                              until=apps, timeout=start_timeout)
+        self.inference_port, self.cluster_port = self.ports["inference"], self.ports["cluster"]
         key_file = os.path.join(data_dir, "admin.key")
         self.admin_key = open(key_file).read().strip() if os.path.exists(key_file) else None
-
-    @staticmethod
-    def _drain(stream, sink):
-        for line in stream:
-            sink.append(line)
 
     def request(self, method: str, path: str, *, port: str = "cluster", key: str | None = None,
                 body=None, headers: dict | None = None):

@@ -13,12 +13,13 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 
 import httpx2
+
+from .daemon import free_port
 
 BINARY = "/usr/bin/docker-registry"
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
@@ -56,12 +57,6 @@ def require_binary() -> None:
                            "(the Makefile's test setup installs it)")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def digest_of(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
@@ -84,7 +79,7 @@ class RegistryServer:
 
     def start(self, wait: float = 30.0) -> "RegistryServer":
         for _ in range(5):                   # another process may take the port between probe and bind
-            self.port = _free_port()
+            self.port = free_port()
             config = os.path.join(self.workdir, "config.yml")
             with open(config, "w") as f:
                 f.write(CONFIG_TEMPLATE.format(root=self.root, port=self.port, secret=secrets.token_hex(16)))

@@ -7,6 +7,7 @@ from ..engine.core import SamplingParams, Vocab
 from ..runtime.clients import WorkerEngine
 from ..runtime.runner import ModelRunner
 from ..store import defaults
+from .daemon import free_port
 
 SECRET = bytes(range(32))
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Count from one to ten."]
@@ -54,17 +55,10 @@ class Peers:
 
     async def start(self, direct: bool = False):
         self.n += 1
-        self.servers.first_port = 0 if direct else _free_base()
+        self.servers.first_port = 0 if direct else free_port()
         return await self.servers.start(f"test-{self.n}", 1, "leader", direct=direct)
 
     def rpc(self, children) -> dict:
         return {"secret": SECRET.hex(), "peers": [
             {"host": "127.0.0.1", "port": c.port, "relay": not c.direct, "placement_id": c.placement_id}
             for c in children]}
-
-
-def _free_base() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

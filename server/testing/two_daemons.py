@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import orjson
 
 from .daemon import CLIENT_TIMEOUT
-from .cluster_nodes import EVENTUAL, Node, eventually, free_port, statuses
+from .cluster_nodes import EVENTUAL, Node, eventually, statuses
 
 from .processes import rpc_server_pids
 

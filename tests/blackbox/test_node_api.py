@@ -255,11 +255,10 @@ def test_cli_keys(tmp_path):
 
 def test_sigterm_while_models_load_exits_cleanly(tmp_path):
     import subprocess
-    import sys
 
-    from stackd.testing.daemon import ROOT
-    proc = subprocess.Popen([sys.executable, "-m", "stackd", "serve", "--data-dir", str(tmp_path / "d"),
-                             "--inference-port", "0", "--cluster-port", "0"], cwd=ROOT,
+    from stackd.testing.daemon import stackd_command
+    proc = subprocess.Popen(stackd_command("serve", "--data-dir", str(tmp_path / "d"),
+                                           "--inference-port", "0", "--cluster-port", "0"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # The key file is written after the signal handlers are in place and before the models
     # load: from then on a SIGTERM must end it cleanly (on a slow machine imports take seconds).

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from stackd.testing import two_daemons
-from stackd.testing.cluster_nodes import free_port
+from stackd.testing.daemon import free_port
 from stackd.testing.rpc_workers import (PROMPTS, SECRET, Peers, chat_prompt, engine_params, generate,
                                         start_worker)
 
