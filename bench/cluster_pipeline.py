@@ -36,9 +36,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import uvloop  # noqa: E402
-from procs import cpu_seconds, cpu_ticks, threads  # noqa: E402
 
 from stackd.engine.core import SamplingParams  # noqa: E402
+from stackd.testing.processes import cpu_seconds, cpu_ticks, threads  # noqa: E402
 from stackd.testing.rpc_workers import Peers, chat_prompt, engine_params, start_worker  # noqa: E402
 
 CLIENTS, TOKENS = 16, 64

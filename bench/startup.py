@@ -27,9 +27,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402
 from inference import free_port  # noqa: E402
-from procs import process_tree  # noqa: E402
 
 from stackd.store import defaults  # noqa: E402
+from stackd.testing.processes import process_tree  # noqa: E402
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
 

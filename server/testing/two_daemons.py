@@ -1,21 +1,19 @@
 """A leader daemon and a follower daemon, real processes on loopback, for placement tests:
 the follower listens on 127.0.0.2 (its own loopback address) so that what binds where can be
 told apart from the ggml RPC server's 127.0.0.1. Helpers to find a daemon's RPC server
-children, what they listen on, and to read a stream cut short by a node's loss."""
+children and to read a stream cut short by a node's loss (what a process listens on, whether
+it is gone: processes.py)."""
 from __future__ import annotations
 
 import http.client
-import os
 import signal
-import socket
 from contextlib import contextmanager
 
 import orjson
 
+from .cluster_nodes import Node, eventually, statuses
 from .daemon import CLIENT_TIMEOUT
-from .cluster_nodes import EVENTUAL, Node, eventually, statuses
-
-from .processes import rpc_server_pids
+from .processes import rpc_server_pids, send
 
 MODEL = "smollm2-135m-instruct"
 N_LAYER = 30
@@ -131,43 +129,6 @@ def rpc_children(node: Node) -> list[int]:
     return rpc_server_pids(parent=node.proc.pid)
 
 
-def listening(pid: int) -> set[tuple[str, int]]:
-    """(address, port) of every IPv4 TCP socket the process listens on."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
-    out = set()
-    with open(f"/proc/{pid}/net/tcp") as f:
-        for line in f.readlines()[1:]:
-            fields = line.split()
-            address, state, inode = fields[1], fields[3], fields[9]
-            if state == "0A" and inode in inodes:                    # 0A: LISTEN
-                ip, port = address.split(":")
-                out.add((socket.inet_ntoa(bytes.fromhex(ip)[::-1]), int(port, 16)))
-    return out
-
-
-def send(pid: int, signum: int) -> None:
-    """A signal to a process that may be gone already."""
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
-
-
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"    # a zombie is gone too
-    except OSError:
-        return True
-
-
 # ---- a stream cut short ----------------------------------------------------------------------------
 
 def open_stream(node: Node, max_tokens: int = 200) -> tuple[http.client.HTTPConnection, object]:
@@ -195,6 +156,3 @@ def assert_stream_ends_unavailable(conn, response) -> dict:
     error = stream_error(conn, response)
     assert error["code"] == 503 and error["type"] == "service_unavailable_error", error
     return error
-
-
-__all__ = ["EVENTUAL", "eventually", "statuses"]

@@ -11,14 +11,16 @@ import socket
 import pytest
 
 from stackd.system import relay
-from tests.netns_fixtures import CLUSTER_PORT, RPC_PORT, in_namespace, namespaces, needs_namespaces
+from stackd.testing.cluster_nodes import eventually, statuses
 from stackd.testing.netns import inside
+from stackd.testing.processes import gone, listening
+from stackd.testing.two_daemons import (FOLLOWER_OFFER_MB, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair,
+                                        assert_placed_on_both, assert_stream_ends_unavailable, daemons,
+                                        load_over_both_with_room_for_one, node_env, open_stream, rpc_children,
+                                        rpc_listed)
+from tests.netns_fixtures import CLUSTER_PORT, RPC_PORT, in_namespace, namespaces, needs_namespaces
 
 from .test_relay import ANSWER, rpc_hello
-from stackd.testing.two_daemons import (FOLLOWER_OFFER_MB, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair, assert_placed_on_both,
-                          assert_stream_ends_unavailable, daemons, eventually, gone, listening,
-                          load_over_both_with_room_for_one, node_env, open_stream, rpc_children, rpc_listed,
-                          statuses)
 
 pytestmark = [pytest.mark.netns, needs_namespaces]
 __all__ = ["namespaces"]
