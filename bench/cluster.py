@@ -46,16 +46,17 @@ from contextlib import contextmanager
 
 import orjson
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-import loadgen  # noqa: E402
-from inference import PROMPT, Server, body, free_port, row, spawn_stackd  # noqa: E402
+import loadgen
+from inference import PROMPT, Server, body, free_port, row, spawn_stackd
 
-from stackd.system import relay  # noqa: E402
-from stackd.store import defaults  # noqa: E402
-from stackd.testing.cluster_nodes import Node  # noqa: E402
-from stackd.testing import netns as topology  # noqa: E402
-from stackd.testing.netns import CLUSTER_PORT, INFERENCE_PORT  # noqa: E402
-from stackd.testing.processes import pin_tree, rpc_server_pids  # noqa: E402
+from stackd.store import defaults
+from stackd.system import relay
+from stackd.testing import netns as topology
+from stackd.testing.cluster_nodes import Node
+from stackd.testing.netns import CLUSTER_PORT, INFERENCE_PORT
+from stackd.testing.processes import pin_tree, rpc_server_pids
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FOLLOWER = "f1"                        # the simulated follower's id
 OFFER_MIB = 2000                       # leader and follower offer the same: a 15 / 15 layer split

@@ -14,12 +14,10 @@ import argparse
 import os
 import signal
 import statistics
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from stackd.testing.cluster_nodes import Node, statuses  # noqa: E402
+from stackd.testing.cluster_nodes import Node, statuses
 
 
 def until(check, timeout: float = 60.0) -> float:

@@ -29,17 +29,14 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import uvloop
 
-import uvloop  # noqa: E402
-
-from stackd.engine.core import SamplingParams  # noqa: E402
-from stackd.testing.processes import cpu_seconds, cpu_ticks, threads  # noqa: E402
-from stackd.testing.rpc_workers import Peers, chat_prompt, engine_params, start_worker  # noqa: E402
+from stackd.engine.core import SamplingParams
+from stackd.testing.processes import cpu_seconds, cpu_ticks, threads
+from stackd.testing.rpc_workers import Peers, chat_prompt, engine_params, start_worker
 
 CLIENTS, TOKENS = 16, 64
 LEADER_CPU, FOLLOWER_CPU = {0}, {1}

@@ -27,19 +27,17 @@ import asyncio
 import concurrent.futures
 import os
 import socket
-import sys
 import tempfile
 import threading
 import time
 
 import orjson
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-import loadgen  # noqa: E402
+import loadgen
 
-from stackd.store.store import ModelStore  # noqa: E402
-from stackd.testing.daemon import Daemon, create_key  # noqa: E402
-from stackd.testing.gguf_patch import HOSTILE, HOSTILE_TEMPLATE, with_chat_template  # noqa: E402
+from stackd.store.store import ModelStore
+from stackd.testing.daemon import Daemon, create_key
+from stackd.testing.gguf_patch import HOSTILE, HOSTILE_TEMPLATE, with_chat_template
 
 CHAT = "smollm2-135m-instruct"
 STREAM = {"model": CHAT, "prompt": "Once upon a time, in a small village, there lived", "stream": True,

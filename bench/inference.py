@@ -24,11 +24,12 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-import loadgen  # noqa: E402
-import peers  # noqa: E402
+import loadgen
+import peers
 
-from stackd.store import defaults  # noqa: E402
+from stackd.store import defaults
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROMPT = ("Once upon a time, in a small village at the edge of a great forest, there lived a "
           "curious young girl who loved to explore. One morning she")

@@ -24,9 +24,8 @@ import shutil
 import statistics
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-import loadgen  # noqa: E402
-from inference import body, start_stackd  # noqa: E402
+import loadgen
+from inference import body, start_stackd
 
 
 def measure(server, seconds: float, clients: int) -> float:

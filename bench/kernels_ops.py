@@ -14,8 +14,8 @@ import ctypes
 import os
 import sys
 
-from stackd.engine import accel  # noqa: E402
-from stackd.testing import kernels_check  # noqa: E402
+from stackd.engine import accel
+from stackd.testing import kernels_check
 
 SHAPES = [("attn q / o", "q4_1", 576, 576), ("attn k / v", "q4_1", 576, 192),
           ("ffn gate / up", "q4_1", 576, 1536), ("ffn down", "q4_1", 1536, 576),

@@ -10,16 +10,13 @@ from __future__ import annotations
 import asyncio
 import http.client
 import os
-import sys
 import tempfile
 import threading
 import time
 
+import loadgen
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-import loadgen  # noqa: E402
-
-from stackd.testing.daemon import Daemon  # noqa: E402
+from stackd.testing.daemon import Daemon
 
 CHAT = "smollm2-135m-instruct"
 STREAM = {"model": CHAT, "prompt": "Once upon a time", "stream": True, "max_tokens": 200,

@@ -22,13 +22,12 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-import peers  # noqa: E402
-from inference import free_port, start_stackd, wait_ready  # noqa: E402
+import peers
+from inference import free_port, start_stackd, wait_ready
 
-from stackd.store import oci  # noqa: E402
-from stackd.store.defaults import CHAT_MODEL, smollm2_path  # noqa: E402
-from stackd.testing.registry_server import MEDIA_MODEL, RegistryServer  # noqa: E402
+from stackd.store import oci
+from stackd.store.defaults import CHAT_MODEL, smollm2_path
+from stackd.testing.registry_server import MEDIA_MODEL, RegistryServer
 
 CHAT_BODY = (b'{"model": "%s", "stream": true, "max_tokens": 8, "messages": '
              b'[{"role": "user", "content": "Hello"}]}')

@@ -24,12 +24,13 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-import peers  # noqa: E402
-from inference import free_port  # noqa: E402
+import peers
+from inference import free_port
 
-from stackd.store import defaults  # noqa: E402
-from stackd.testing.processes import process_tree  # noqa: E402
+from stackd.store import defaults
+from stackd.testing.processes import process_tree
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
 

@@ -14,10 +14,9 @@ import asyncio
 import http.client
 import os
 import re
-import sys
 
-import loadgen  # noqa: E402
-from inference import body, start_stackd  # noqa: E402
+import loadgen
+from inference import body, start_stackd
 
 
 def engine_counters(server) -> dict[str, float]:

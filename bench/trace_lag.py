@@ -18,18 +18,16 @@ import asyncio
 import http.client
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
 
 import orjson
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-import loadgen  # noqa: E402
-from loop_lag import probe  # noqa: E402
+import loadgen
+from loop_lag import probe
 
-from stackd.testing.daemon import Daemon  # noqa: E402
+from stackd.testing.daemon import Daemon
 
 CHAT = "smollm2-135m-instruct"
 STREAM = {"model": CHAT, "prompt": "Once upon a time", "stream": True, "max_tokens": 64,

@@ -39,13 +39,13 @@ def worker(module: str | None, trace_on: bool, n_tokens: int, n_requests: int, t
     """One measurement in this process: print {"tok_s": ...}."""
     import llama_cpp  # noqa: F401  (load order: see server/engine/__init__.py)
     import stackd
-    if module:                                   # the compiled-out build stands in for server._engine
+    if module:                                   # the compiled-out build stands in for stackd._engine
         import importlib.util
-        spec = importlib.util.spec_from_file_location("server._engine", module)
+        spec = importlib.util.spec_from_file_location("stackd._engine", module)
         native = importlib.util.module_from_spec(spec)
-        sys.modules["server._engine"] = native
+        sys.modules["stackd._engine"] = native
         spec.loader.exec_module(native)
-        server._engine = native
+        stackd._engine = native
     import select
     from stackd.engine.core import STATUS_RUNNING, Engine, SamplingParams
     from stackd.store import defaults

@@ -5,13 +5,10 @@ Run it on two checkouts to compare (both functions exist since the first release
 """
 from __future__ import annotations
 
-import os
-import sys
 import time
 import timeit
 
-
-from stackd.api.inference import chat, params  # noqa: E402
+from stackd.api.inference import chat, params
 
 BODY = {
     "model": "smollm2-135m-instruct",

@@ -19,11 +19,9 @@ import os
 import shutil
 import signal
 import statistics
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from inference import body, start_stackd  # noqa: E402
+from inference import body, start_stackd
 
 
 async def _request(port: int, key: str, payload: dict, method: str = "POST",

@@ -17,7 +17,7 @@ import atheris
 import orjson
 
 # only the project's own code is instrumented (llama_cpp, numpy, httpx... would take minutes)
-with atheris.instrument_imports(include=["server"]):
+with atheris.instrument_imports(include=["stackd"]):
     from stackd.api.errors import answer_of
     from tests.answers import ANSWERED
     from stackd.api.inference import params
