@@ -64,7 +64,7 @@ run: setup
 # System packages the tests need: the CNCF distribution registry (Debian's docker-registry)
 # that the pull tests run on loopback; PostgreSQL, which the console tests start in a temp dir;
 # Chromium and its driver, in which the console's web page is tested; iproute2, whose `ip`
-# puts cluster nodes in network namespaces (tests/netns).
+# puts cluster nodes in network namespaces (stackd.testing.netns; the tests marked netns).
 TEST_PACKAGES := docker-registry:docker-registry postgresql:initdb chromium:chromium \
                  chromium-driver:chromedriver iproute2:ip
 test-deps:

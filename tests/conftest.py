@@ -4,6 +4,8 @@ import os
 import pytest
 import uvloop
 
+from stackd.testing import netns
+
 
 @pytest.fixture
 def loop():
@@ -26,7 +28,24 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def pytest_collection_modifyitems(config, items):
+    # `netns` tests need network namespaces (root and iproute2): skipped, with the reason,
+    # where they cannot be made.
+    no_namespaces = netns.available()
     for item in items:
         where = os.path.relpath(str(item.path), TESTS)
         if where.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
+        if no_namespaces and item.get_closest_marker("netns"):
+            item.add_marker(pytest.mark.skip(reason=no_namespaces))
+
+
+@pytest.fixture
+def namespaces():
+    """Network namespaces for a test's nodes (stackd.testing.netns), removed once the daemons
+    in them are gone: list it before the fixture that starts them."""
+    netns.sweep()
+    net = netns.Topology()
+    try:
+        yield net
+    finally:
+        net.close()

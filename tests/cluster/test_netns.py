@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 
 from stackd.testing.cluster_nodes import eventually, statuses
-from tests.netns_fixtures import CLUSTER_PORT, INFERENCE_PORT, in_namespace, namespaces, needs_namespaces
+from stackd.testing.netns import CLUSTER_PORT, INFERENCE_PORT, in_namespace
 
-pytestmark = [pytest.mark.netns, needs_namespaces]
-__all__ = ["namespaces"]
+pytestmark = pytest.mark.netns
 
 
 def test_join_and_partition_over_veth_links(namespaces, start_node):   # namespaces go last

@@ -1,4 +1,4 @@
-"""Device records, pairing (with the real `python -m server pair`), terminal tokens end to end."""
+"""Device records, pairing (with the real `python -m stackd pair`), terminal tokens end to end."""
 from __future__ import annotations
 
 import json
