@@ -1,4 +1,4 @@
-"""The node's side of a console: enrolment (`python -m server pair`) and what it leaves behind.
+"""The node's side of a console: enrolment (`stackd pair`) and what it leaves behind.
 
 `pair` creates a node API key for the console (inference, cluster:read, models:manage),
 sends this node's addresses and that key to the console with a pairing token

@@ -1,4 +1,4 @@
-"""Command line: `python -m server serve | keys | models | console | pair`."""
+"""Command line: `stackd serve | keys | models | console | pair` (`python -m server` in a checkout)."""
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,4 @@
-"""`python -m server console serve | admin create`."""
+"""`stackd console serve | admin create`."""
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,4 @@
-"""`python -m server models list | rm NAME | pull NAME`: the store, from the command line.
+"""`stackd models list | rm NAME | defaults | pull NAME`: the store, from the command line.
 
 These work on the data dir directly (no daemon needed); a running daemon sees the
 change on its next listing.

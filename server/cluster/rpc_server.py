@@ -3,7 +3,7 @@
 ggml's RPC server serves one client at a time and fixes its thread count when it starts, so
 every placement of a model on this node gets a child process of its own:
 
-    python -m server.cluster.rpc_server --host H --port P --threads T --cache-dir D \
+    python -m stackd.cluster.rpc_server --host H --port P --threads T --cache-dir D \
         --placement-id X [--direct]          (the cluster secret as one hex line on stdin)
 
 The child runs ggml's server on 127.0.0.1:<free port> (never any other address) and, unless

@@ -3,7 +3,7 @@
 A device record holds the two addresses of a node (inference and cluster) and the node API
 key the console uses to reach it, sealed by the vault; the key is never returned. Pairing
 tokens are random, shown once, stored as digests, single use and expiring: a node presents
-one (`python -m server pair`) to enrol itself.
+one (`stackd pair`) to enrol itself.
 """
 from __future__ import annotations
 

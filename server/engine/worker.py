@@ -1,6 +1,6 @@
 """The engine worker: one model's llama.cpp engine in a process of its own.
 
-    python -m server.engine.worker FD
+    python -m stackd.engine.worker FD PARENT_PID
 
 FD is this end of a socketpair with the daemon. The first frame is the engine's parameters;
 the worker loads the model, answers `ready` with the model's facts, then serves frames

@@ -19,7 +19,7 @@ Layout (little endian; GGUF v2 and v3 share it):
     padding to the alignment, then the tensor data section
     (string = u64 length + bytes; array = u32 element_type + u64 count + elements)
 
-Usage: python -m server.models.gguf_check FILE.gguf ...
+`python -m stackd.store.vocab_check FILE.gguf ...` runs these checks and the vocabulary's.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ throws on the rest. Two checks, both before the model reaches the daemon's llama
    assert in the tokenizer's set-up, kills only that child, and a dead or failing child
    is a refusal with llama.cpp's own last words.
 
-Usage: python -m server.models.vocab_check FILE.gguf ...
+Usage: python -m stackd.store.vocab_check FILE.gguf ...
 """
 from __future__ import annotations
 
