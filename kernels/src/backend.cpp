@@ -374,9 +374,12 @@ ggml_backend_dev_t reg_device(ggml_backend_reg_t, size_t index) {
     return &registered_device();
 }
 
+uint64_t get_rows_nodes() { return g_get_rows_nodes.load(); }
+
 void *reg_proc_address(ggml_backend_reg_t, const char *name) {
     // llama.cpp sets every backend's thread count to the context's before each compute.
     if (std::strcmp(name, "ggml_backend_set_n_threads") == 0) return (void *)backend_set_n_threads;
+    if (std::strcmp(name, kGetRowsNodesProc) == 0) return (void *)get_rows_nodes;
     return nullptr;
 }
 
@@ -427,38 +430,3 @@ void set_path(Path path) { g_path.store((int)path); }
 Path current_path() { return (Path)g_path.load(); }
 
 }  // namespace stackd
-
-// ---- the C entry points the Python loader calls (server/engine/accel.py) ----
-
-namespace {
-bool valid_path(int path) { return path >= 0 && path < stackd::kPathCount; }
-}  // namespace
-
-STACKD_API int stackd_kernels_best_path() { return (int)stackd::best_path(); }
-
-STACKD_API int stackd_kernels_cpu_supports(int path) {
-    return valid_path(path) && stackd::cpu_supports((stackd::Path)path);
-}
-
-STACKD_API const char *stackd_kernels_path_name(int path) {
-    return valid_path(path) ? stackd::path_name((stackd::Path)path) : "?";
-}
-
-// Registers the ACCEL device into this process's ggml (once) and sets the path (-1: the best
-// this CPU has). Returns the path in use, or -1 if the CPU cannot run the one asked for.
-STACKD_API int stackd_kernels_register(int path) {
-    if (path < 0) path = (int)stackd::best_path();
-    if (!stackd_kernels_cpu_supports(path) || !stackd::cpu_backend_uses_openmp()) return -1;
-    stackd::set_path((stackd::Path)path);
-    static const bool registered = [] {
-        ggml_backend_register(stackd::backend_reg());
-        return true;
-    }();
-    (void)registered;
-    return path;
-}
-
-STACKD_API int stackd_kernels_current_path() { return (int)stackd::current_path(); }
-
-// How many GET_ROWS nodes our backends have computed in this process (tables of ours).
-STACKD_API uint64_t stackd_kernels_get_rows_nodes() { return stackd::g_get_rows_nodes.load(); }

@@ -3,6 +3,8 @@
 // how llama.cpp picks them up.
 #pragma once
 
+#include <cstdint>
+
 #include "ggml-backend.h"
 #include "cpu_features.h"
 
@@ -17,6 +19,12 @@ void set_path(Path path);
 // Whether the process's ggml CPU backend runs graphs on an OpenMP team (ours need it).
 bool cpu_backend_uses_openmp();
 Path current_path();
+
+// What the registry's get_proc_address gives for this name: a uint64_t (*)() counting the
+// GET_ROWS nodes the registered device's backends have computed in this process (tables of
+// ours; a test asks it through ggml's registry, the library exports nothing for it).
+constexpr const char *kGetRowsNodesProc = "stackd_get_rows_nodes";
+using GetRowsNodesFn = uint64_t (*)();
 
 }  // namespace stackd
 

@@ -1,6 +1,12 @@
-// The op-level self-check the tests drive (tests/kernels/test_ops.py) and the op benchmark
-// (bench/kernels_ops.py) times: our MUL_MAT against ggml's own CPU backend on the same random
-// Q4_1 or Q8_0 weights and activations, through ggml's public graph API on both sides.
+// libstackd_kernels_check.so, loaded by tests and bench/ only (tests/kernels/check_lib.py):
+// the op-level self-check the tests drive (tests/kernels/test_ops.py) and the op benchmark
+// (bench/kernels_ops.py) times, our MUL_MAT against ggml's own CPU backend on the same random
+// Q4_1 or Q8_0 weights and activations through ggml's public graph API on both sides; and
+// the device's answers to the questions the tests ask.
+//
+// This library holds its own copy of the kernels (the same objects as libstackd_kernels.so)
+// and makes its own backends; it registers nothing. What it reports of the device the process
+// registered (stackd_kernels_get_rows_nodes) it asks through ggml's registry.
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -274,4 +280,15 @@ STACKD_API int stackd_kernels_accepts(int type, int64_t ne0, int64_t ne1, int64_
     ggml_backend_buffer_free(w->buffer);
     ggml_free(ctx);
     return ok;
+}
+
+// The path this CPU runs best (cpu_features.h's numbering, as server/engine/accel.py's PATHS).
+STACKD_API int stackd_kernels_best_path() { return (int)best_path(); }
+
+// How many GET_ROWS nodes the device registered in this process (by libstackd_kernels.so) has
+// computed: tables of ours. 0 when none is registered.
+STACKD_API uint64_t stackd_kernels_get_rows_nodes() {
+    ggml_backend_reg_t reg = ggml_backend_reg_by_name(ggml_backend_reg_name(backend_reg()));
+    auto count = reg ? (GetRowsNodesFn)ggml_backend_reg_get_proc_address(reg, kGetRowsNodesProc) : nullptr;
+    return count ? count() : 0;
 }

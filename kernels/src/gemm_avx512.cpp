@@ -1,10 +1,11 @@
 // GCC 12 flags its own _mm512 intrinsics as maybe-uninitialized; a false positive.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// The AVX-512 paths, Q4_1 and Q8_0: VNNI's vpdpbusd does the u8 x s8 dot of four positions per row in one
-// instruction, adding into an int32 lane per row; eight of them make a block's exact integer
-// sum. Two row groups fill a 512-bit vector (16 rows); below 4 tokens, and for an odd last
-// group, one group runs at 256 bits (AVX512VL; tiles::for_group_pairs). Compiled for these instructions by the target pragma, chosen at run time
-// (cpu_features.cpp). Float arithmetic as every other path (kernels.h).
+// The AVX-512 bodies, Q4_1 and Q8_0, on the tile driver every path runs (tiles.h): VNNI's
+// vpdpbusd does the u8 x s8 dot of four positions per row in one instruction, adding into an
+// int32 lane per row; eight of them make a block's exact integer sum. Two row groups fill a
+// 512-bit vector (16 rows); below 4 tokens, and for an odd last group, one group runs at 256
+// bits (AVX512VL; kPairsFrom). Compiled for these instructions by the target pragma, chosen at
+// run time (cpu_features.cpp). Float arithmetic as every other path (kernels.h).
 #include <immintrin.h>
 
 #include <vector>
@@ -14,80 +15,119 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
-#include "avx512_lanes.h"
+#include "tiles.h"
 
 namespace stackd {
 
 namespace {
 
-using namespace avx512;
+// NG row groups side by side (tiles.h): 8 NG rows, one int32 or float lane each.
+template <int NG> struct Lanes;
+template <> struct Lanes<1> { using I = __m256i; using F = __m256; };
+template <> struct Lanes<2> { using I = __m512i; using F = __m512; };
 
-// Tokens per tile: the eight unpacked weight vectors are reused by each, and a token needs one
-// accumulator, so eight tokens fit the 32 registers with the temporaries.
-constexpr int kTile = 8;
+// Two row groups a tile (a 512-bit tile) from kPairsFrom tokens, else one (256 bits). Below
+// kPairsFrom tokens a step is bound by reading the weights, and a pair's two streams (its
+// groups lie nb blocks apart) read DRAM at about 0.6x the rate of one group after another here
+// (576 x 393216 at one token, two threads: 7.4 against 4.5-5.5 ms); from kPairsFrom tokens the
+// arithmetic dominates and pairs win. Tokens per tile: the eight weight vectors of a block are
+// reused by each, and a token needs one accumulator, so eight tokens fit the 32 registers with
+// the temporaries.
+struct Avx512 {
+    static constexpr int kTile = 8;
+    static constexpr int64_t kPairsFrom = 4;
+    template <int TT, int NG> using Acc = typename Lanes<NG>::F[TT];
+};
 
-// Two groups (16 rows) against TT tokens; out receives TT x 16 floats.
-template <int TT>
-inline void pair_tile(const Q4x8Block *w0, const Q4x8Block *w1, int64_t nb, const ActBlock *act,
-                      float *out) {
-    const __m512i low = _mm512_set1_epi8(0x0F);
-    __m512 acc[TT];
-    for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        prefetch_ahead(w0, nb, b);
-        prefetch_ahead(w1, nb, b);
-        __m512i u[8];
+// Two groups' 32 bytes side by side: 16 rows of four bytes.
+inline __m512i pair256(const uint8_t *lo, const uint8_t *hi) {
+    return _mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)lo)),
+                              _mm256_loadu_si256((const __m256i *)hi), 1);
+}
+
+// Two groups' eight fp16 values as 16 floats.
+inline __m512 pair_fp16(const uint16_t *lo, const uint16_t *hi) {
+    return _mm512_cvtph_ps(_mm256_set_m128i(_mm_loadu_si128((const __m128i *)hi),
+                                            _mm_loadu_si128((const __m128i *)lo)));
+}
+
+inline __m256i group256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+inline __m256 group_fp16(const uint16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
+
+// v in every int32 lane.
+template <class I>
+inline I broadcast(int32_t v) {
+    if constexpr (sizeof(I) == sizeof(__m512i)) return _mm512_set1_epi32(v);
+    else return _mm256_set1_epi32(v);
+}
+
+// acc + u x (the activation quad q), four u8 x s8 products per int32 lane.
+inline __m512i dpbusd(__m512i acc, __m512i u, int32_t q) { return _mm512_dpbusd_epi32(acc, u, broadcast<__m512i>(q)); }
+inline __m256i dpbusd(__m256i acc, __m256i u, int32_t q) { return _mm256_dpbusd_epi32(acc, u, broadcast<__m256i>(q)); }
+inline __m512i add32(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
+inline __m256i add32(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
+
+// Each row's exact block sum: u[c] holds four weight bytes per row (unsigned), matched with
+// activation bytes 4c .. 4c+3; `start` is the integer the sum starts from. Two chains of four
+// vpdpbusd keep the adder busy; integer sums are exact in any order (kernels.h).
+template <class I>
+inline I block_dot(const I *u, const ActBlock &a, int32_t start = 0) {
+    I even = dpbusd(broadcast<I>(start), u[0], quad(a, 0));
+    I odd = dpbusd(broadcast<I>(0), u[1], quad(a, 1));
+    for (int c = 2; c < 8; c += 2) {
+        even = dpbusd(even, u[c], quad(a, c));
+        odd = dpbusd(odd, u[c + 1], quad(a, c + 1));
+    }
+    return add32(even, odd);
+}
+
+// acc + (d_w d_a) isum, per row (kernels.h); acc + m_w s_a.
+inline __m512 add_scaled(__m512 acc, __m512 dw, float da, __m512i isum) {
+    return _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(da)), _mm512_cvtepi32_ps(isum), acc);
+}
+inline __m256 add_scaled(__m256 acc, __m256 dw, float da, __m256i isum) {
+    return _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(da)), _mm256_cvtepi32_ps(isum), acc);
+}
+inline __m512 add_min(__m512 acc, __m512 mw, float sa) { return _mm512_fmadd_ps(mw, _mm512_set1_ps(sa), acc); }
+inline __m256 add_min(__m256 acc, __m256 mw, float sa) { return _mm256_fmadd_ps(mw, _mm256_set1_ps(sa), acc); }
+
+// Q4_1: the nibbles of a block unpacked once into eight vectors (four positions per row each),
+// used by every token of the tile.
+struct Q4_1 : Avx512 {
+    using Block = Q4x8Block;
+
+    template <int TT, int NG>
+    STACKD_BODY_INLINE void add_block(Acc<TT, NG> &acc, const Block *w, int64_t nb, const ActBlock *act,
+                                      int64_t i) const {
+        typename Lanes<NG>::I u[8];
+        typename Lanes<NG>::F dw, mw;
+        if constexpr (NG == 2) {
+            const __m512i low = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4  // kept in registers: a loop here went through the stack
-        for (int j = 0; j < 4; j++) {
-            const __m512i p = pair256(w0[b].qs + 32 * j, w1[b].qs + 32 * j);
-            u[j] = _mm512_and_si512(p, low);
-            u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
-        }
-        const __m512 dw = pair_fp16(w0[b].d, w1[b].d);
-        const __m512 mw = pair_fp16(w0[b].m, w1[b].m);
-        for (int t = 0; t < TT; t++) {
-            const ActBlock &a = act[t * nb + b];
-            const __m512i isum = block_dot(u, a);
-            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a.d));
-            acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc[t]);
-            acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s), acc[t]);
-        }
-    }
-    for (int t = 0; t < TT; t++) _mm512_storeu_ps(out + 16 * t, acc[t]);
-}
-
-// One group (8 rows) against TT tokens at 256 bits; out receives TT x 8 floats.
-template <int TT>
-inline void group_tile(const Q4x8Block *wg, int64_t nb, const ActBlock *act, float *out) {
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    __m256 acc[TT];
-    for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        prefetch_ahead(wg, nb, b);
-        __m256i u[8];
+            for (int j = 0; j < 4; j++) {
+                const __m512i p = pair256(w[0].qs + 32 * j, w[nb].qs + 32 * j);
+                u[j] = _mm512_and_si512(p, low);
+                u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+            }
+            dw = pair_fp16(w[0].d, w[nb].d);
+            mw = pair_fp16(w[0].m, w[nb].m);
+        } else {
+            const __m256i low = _mm256_set1_epi8(0x0F);
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            const __m256i p = _mm256_loadu_si256((const __m256i *)(wg[b].qs + 32 * j));
-            u[j] = _mm256_and_si256(p, low);
-            u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+            for (int j = 0; j < 4; j++) {
+                const __m256i p = group256(w->qs + 32 * j);
+                u[j] = _mm256_and_si256(p, low);
+                u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+            }
+            dw = group_fp16(w->d);
+            mw = group_fp16(w->m);
         }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wg[b].d));
-        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wg[b].m));
         for (int t = 0; t < TT; t++) {
-            const ActBlock &a = act[t * nb + b];
-            const __m256i isum = block_dot(u, a);
-            const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d));
-            acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc[t]);
-            acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), acc[t]);
+            const ActBlock &a = act[i + t * nb];
+            acc[t] = add_min(add_scaled(acc[t], dw, a.d, block_dot(u, a)), mw, a.s);
         }
     }
-    for (int t = 0; t < TT; t++) _mm256_storeu_ps(out + 8 * t, acc[t]);
-}
-
-// ---- Q8_0 ------------------------------------------------------------------------------------
-// The weights are stored as q + 128 (layout.h), the unsigned operand of VNNI's vpdpbusd, and
-// each block's integer sum starts at -128 times the sum of the block's 32 activation bytes, so
-// it ends exactly at sum(q_w * q_a).
+};
 
 // -128 x (the sum of a token-block's 32 activation bytes): vpdpbusd of 128 (unsigned)
 // against the bytes, then the eight lanes added.
@@ -102,82 +142,49 @@ void correct(const ActBlock *act, int64_t count, int32_t *out) {
     }
 }
 
-// Two groups (16 rows) against TT tokens; out receives TT x 16 floats.
-template <int TT>
-inline void pair_tile(const Q8x8Block *w0, const Q8x8Block *w1, int64_t nb, const ActBlock *act,
-                      const int32_t *corr, float *out) {
-    __m512 acc[TT];
-    for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        prefetch_ahead(w0, nb, b);
-        prefetch_ahead(w1, nb, b);
-        __m512i u[8];
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) u[c] = pair256(w0[b].qs + 32 * c, w1[b].qs + 32 * c);
-        const __m512 dw = pair_fp16(w0[b].d, w1[b].d);
-        for (int t = 0; t < TT; t++) {
-            const ActBlock &a = act[t * nb + b];
-            const __m512i isum = block_dot(u, a, _mm512_set1_epi32(corr[t * nb + b]));
-            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a.d));
-            acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc[t]);
-        }
-    }
-    for (int t = 0; t < TT; t++) _mm512_storeu_ps(out + 16 * t, acc[t]);
-}
+// Q8_0: the weights are stored as q + 128 (layout.h), the unsigned operand of vpdpbusd, and
+// each block's integer sum starts at -128 times the sum of the block's 32 activation bytes
+// (corr, one per token-block of the call, indexed as act), so it ends exactly at
+// sum(q_w * q_a).
+struct Q8_0 : Avx512 {
+    using Block = Q8x8Block;
+    const int32_t *corr;
 
-// One group (8 rows) against TT tokens at 256 bits; out receives TT x 8 floats.
-template <int TT>
-inline void group_tile(const Q8x8Block *wg, int64_t nb, const ActBlock *act, const int32_t *corr,
-                       float *out) {
-    __m256 acc[TT];
-    for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        prefetch_ahead(wg, nb, b);
-        __m256i u[8];
+    template <int TT, int NG>
+    STACKD_BODY_INLINE void add_block(Acc<TT, NG> &acc, const Block *w, int64_t nb, const ActBlock *act,
+                                      int64_t i) const {
+        using I = typename Lanes<NG>::I;
+        I u[8];
+        typename Lanes<NG>::F dw;
+        if constexpr (NG == 2) {
 #pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) u[c] = _mm256_loadu_si256((const __m256i *)(wg[b].qs + 32 * c));
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wg[b].d));
+            for (int c = 0; c < 8; c++) u[c] = pair256(w[0].qs + 32 * c, w[nb].qs + 32 * c);
+            dw = pair_fp16(w[0].d, w[nb].d);
+        } else {
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) u[c] = group256(w->qs + 32 * c);
+            dw = group_fp16(w->d);
+        }
         for (int t = 0; t < TT; t++) {
-            const ActBlock &a = act[t * nb + b];
-            const __m256i isum = block_dot(u, a, _mm256_set1_epi32(corr[t * nb + b]));
-            const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d));
-            acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc[t]);
+            const ActBlock &a = act[i + t * nb];
+            acc[t] = add_scaled(acc[t], dw, a.d, block_dot(u, a, corr[i + t * nb]));
         }
     }
-    for (int t = 0; t < TT; t++) _mm256_storeu_ps(out + 8 * t, acc[t]);
+};
+
+// The Q8_0 kernel: each thread derives the corrections of every token-block it reads (one
+// vpdpbusd per block, against 16 rows x 8 for each block of the weights it multiplies).
+void gemm_q8_0(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
+               const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+    thread_local std::vector<int32_t> corr;
+    if (corr.size() < (size_t)(n_tokens * nb)) corr.resize(n_tokens * nb);
+    correct(act, n_tokens * nb, corr.data());
+    tiles::gemm(Q8_0{{}, corr.data()}, w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
 }
 
 }  // namespace
 
-void gemm_avx512(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-                 const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    tiles::for_group_pairs<kTile>(
-        g_begin, g_end, rows, n_tokens, dst, dst_stride,
-        [=](auto tt, int64_t g, int64_t t, float *out) __attribute__((always_inline)) {
-            pair_tile<decltype(tt)::value>(w + g * nb, w + (g + 1) * nb, nb, act + t * nb, out);
-        },
-        [=](auto tt, int64_t g, int64_t t, float *out) __attribute__((always_inline)) {
-            group_tile<decltype(tt)::value>(w + g * nb, nb, act + t * nb, out);
-        });
-}
-
-void gemm_q8_0_avx512(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-                      const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    // Each thread derives the corrections of every token-block it reads: one vpdpbusd per
-    // block, against 16 rows x 8 for each block of the weights it multiplies.
-    thread_local std::vector<int32_t> corr;
-    if (corr.size() < (size_t)(n_tokens * nb)) corr.resize(n_tokens * nb);
-    correct(act, n_tokens * nb, corr.data());
-    const int32_t *c = corr.data();
-    tiles::for_group_pairs<kTile>(
-        g_begin, g_end, rows, n_tokens, dst, dst_stride,
-        [=](auto tt, int64_t g, int64_t t, float *out) __attribute__((always_inline)) {
-            pair_tile<decltype(tt)::value>(w + g * nb, w + (g + 1) * nb, nb, act + t * nb, c + t * nb, out);
-        },
-        [=](auto tt, int64_t g, int64_t t, float *out) __attribute__((always_inline)) {
-            group_tile<decltype(tt)::value>(w + g * nb, nb, act + t * nb, c + t * nb, out);
-        });
-}
+Kernels avx512_kernels() { return {tiles::run<Q4_1>, gemm_q8_0}; }
 
 }  // namespace stackd
 

@@ -1,5 +1,7 @@
-// The reference paths: plain C++, the arithmetic every SIMD path reproduces (kernels.h).
+// The reference paths: plain C++, the arithmetic every SIMD path reproduces (kernels.h), on
+// the tile driver every path runs (tiles.h).
 #include <cmath>
+#include <type_traits>
 
 #include "ggml.h"
 #include "kernels.h"
@@ -27,45 +29,40 @@ int32_t block_dot(const Q8x8Block &w, int r, const ActBlock &a) {
     return sum;
 }
 
-// One row against one token (kernels.h).
-float row_dot(const Q4x8Block *wg, int64_t nb, int r, const ActBlock *a) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++) {
-        const float scale = ggml_fp16_to_fp32(wg[b].d[r]) * a[b].d;
-        acc = std::fma(scale, (float)block_dot(wg[b], r, a[b]), acc);
-        acc = std::fma(ggml_fp16_to_fp32(wg[b].m[r]), a[b].s, acc);
-    }
-    return acc;
-}
+// The reference body (tiles.h): one group and one token a tile, row after row, the float
+// operations of kernels.h in their order.
+template <class BlockType>
+struct Reference {
+    using Block = BlockType;
+    static constexpr int kTile = 1;
+    static constexpr int64_t kPairsFrom = 0;
+    template <int TT, int NG> using Acc = float[TT][kRowsPerGroup];
 
-float row_dot(const Q8x8Block *wg, int64_t nb, int r, const ActBlock *a) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++) {
-        const float scale = ggml_fp16_to_fp32(wg[b].d[r]) * a[b].d;
-        acc = std::fma(scale, (float)block_dot(wg[b], r, a[b]), acc);
+    template <int TT, int NG>
+    void add_block(Acc<TT, NG> &acc, const Block *w, int64_t nb, const ActBlock *act, int64_t i) const {
+        for (int t = 0; t < TT; t++) {
+            const ActBlock &a = act[i + t * nb];
+            for (int r = 0; r < kRowsPerGroup; r++) {
+                const float scale = ggml_fp16_to_fp32(w->d[r]) * a.d;
+                acc[t][r] = std::fma(scale, (float)block_dot(*w, r, a), acc[t][r]);
+                if constexpr (std::is_same_v<Block, Q4x8Block>)
+                    acc[t][r] = std::fma(ggml_fp16_to_fp32(w->m[r]), a.s, acc[t][r]);
+            }
+        }
     }
-    return acc;
-}
+};
 
 }  // namespace
 
-// One token at a time, one row at a time, through the same driver as the SIMD paths.
-template <class Block>
-void gemm_scalar(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-                 const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    tiles::for_groups<1>(g_begin, g_end, rows, n_tokens, dst, dst_stride,
-                         [=](auto, int64_t g, int64_t t, float *out) {
-                             for (int r = 0; r < kRowsPerGroup; r++) out[r] = row_dot(w + g * nb, nb, r, act + t * nb);
-                         });
-}
+Kernels scalar_kernels() { return {tiles::run<Reference<Q4x8Block>>, tiles::run<Reference<Q8x8Block>>}; }
 
 Kernels kernels_for(Path path) {
     switch (path) {
-        case Path::Avx512: return {gemm_avx512, gemm_q8_0_avx512};
-        case Path::Avx2: return {gemm_avx2<Q4x8Block>, gemm_avx2<Q8x8Block>};
+        case Path::Avx512: return avx512_kernels();
+        case Path::Avx2: return avx2_kernels();
         case Path::Scalar: break;
     }
-    return {gemm_scalar<Q4x8Block>, gemm_scalar<Q8x8Block>};
+    return scalar_kernels();
 }
 
 }  // namespace stackd

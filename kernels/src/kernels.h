@@ -21,52 +21,52 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "cpu_features.h"
 #include "layout.h"
 
 namespace stackd {
 
-// Rows [8*g_begin, min(8*g_end, rows)) of the product for n_tokens tokens.
+// A kernel: rows [8*g_begin, min(8*g_end, rows)) of the product for n_tokens tokens, the
+// weights repacked as Block (Q4x8Block, Q8x8Block).
 // act: token t's K-blocks start at act + t*nb. dst: token t's output row starts at dst + t*dst_stride.
-using GemmFn = void (*)(const Q4x8Block *w, int64_t nb, int64_t rows, int64_t g_begin,
-                        int64_t g_end, const ActBlock *act, int64_t n_tokens, float *dst,
-                        int64_t dst_stride);
-
-// The scalar and AVX2 paths: one template per path for both block types (Q4x8Block, Q8x8Block),
-// instantiated in its own file.
 template <class Block>
-void gemm_scalar(const Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *, int64_t, float *, int64_t);
-template <class Block>
-void gemm_avx2(const Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *, int64_t, float *, int64_t);
-void gemm_avx512(const Q4x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *, int64_t,
-                 float *, int64_t);
+using GemmFn = void (*)(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
+                        const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride);
 
-// Q8_0 weights (the vocabulary projection of a model with tied Q8_0 embeddings): the same
-// arithmetic without the minimum term. Activations are Q8_0, which quantizes exactly as Q8_1
-// does (same q, same fp16 d): ActBlock.
-using GemmQ8Fn = void (*)(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_begin,
-                          int64_t g_end, const ActBlock *act, int64_t n_tokens, float *dst,
-                          int64_t dst_stride);
-
-void gemm_q8_0_avx512(const Q8x8Block *, int64_t, int64_t, int64_t, int64_t, const ActBlock *,
-                      int64_t, float *, int64_t);
-
-// A path's kernels, one per weight type we repack.
+// A path's kernels, one per weight type we repack. Q8_0 weights (the vocabulary projection of
+// a model with tied Q8_0 embeddings) take the same arithmetic without the minimum term, and
+// the same activations: Q8_0 quantizes exactly as Q8_1 does (same q, same fp16 d).
 struct Kernels {
-    GemmFn q4_1;
-    GemmQ8Fn q8_0;
+    GemmFn<Q4x8Block> q4_1;
+    GemmFn<Q8x8Block> q8_0;
 };
 
+// Each path's kernels (gemm_scalar.cpp, gemm_avx2.cpp, gemm_avx512.cpp), and the one for a path.
+Kernels scalar_kernels();
+Kernels avx2_kernels();
+Kernels avx512_kernels();
 Kernels kernels_for(Path path);
 
 // One row of k floats -> k/32 ActBlocks, bit for bit as ggml's quantize_row_q8_1 (x86).
 void quantize_row(const float *x, int64_t k, ActBlock *out);
 
-// Writes the valid rows of a group's 8 results (the last group may be partial).
+// Activation bytes 4*chunk .. 4*chunk+3 of a block as one int32, to broadcast.
+inline int32_t quad(const ActBlock &a, int chunk) {
+    int32_t v;
+    std::memcpy(&v, a.q + 4 * chunk, sizeof v);
+    return v;
+}
+
+// Writes the valid rows of a group's 8 results (the last group may be partial). A whole group
+// is one fixed-size copy, which the compiler makes one vector store.
 inline void store_group(float *dst, const float *acc8, int64_t row0, int64_t rows) {
-    const int64_t n = rows - row0 < kRowsPerGroup ? rows - row0 : kRowsPerGroup;
-    for (int64_t r = 0; r < n; r++) dst[row0 + r] = acc8[r];
+    if (rows - row0 >= kRowsPerGroup) {
+        std::memcpy(dst + row0, acc8, sizeof(float) * kRowsPerGroup);
+        return;
+    }
+    for (int64_t r = 0; r < rows - row0; r++) dst[row0 + r] = acc8[r];
 }
 
 }  // namespace stackd

@@ -1,22 +1,44 @@
-// The one tile driver of every path and block type: how a call walks its row groups (one at a
-// time, or two at a time where the path has 16-row tiles) and its tokens (tiles of kTile, then
-// of 4, 2 and 1), and where a tile's results go. A path supplies only its tile: the arithmetic
-// of TT tokens against one group (8 rows) or a pair of groups.
-// Include after the file's `#pragma GCC target` line (the tiles it calls are that target's);
-// every instantiation takes the including file's own lambdas, so none is shared between
-// targets.
+// The one tile driver every path runs (scalar, AVX2, AVX-512; Q4_1 and Q8_0): the walk over a
+// thread's row groups and the call's tokens in tiles, the loop over K-blocks with its weight
+// prefetch, and the stores. A path gives only its body, the arithmetic of one K-block for one
+// tile (the dot products; kernels.h states what every body computes).
+//
+// Include after the file's `#pragma GCC target` line: the driver is compiled for the target of
+// the body it runs, and inlines it. Every function here is a template over the body, a type of
+// the including file's anonymous namespace, so each file gets its own copies for its own
+// target (nothing for the linker to merge across targets). What the driver calls that does not
+// depend on the body (store_group, prefetch_ahead) comes from kernels.h and prefetch.h, which
+// the files include before their pragma: one baseline definition for all.
+//
+// A body (struct Body) has:
+//   using Block                the repacked weight block (Q4x8Block, Q8x8Block)
+//   kTile                      tokens per tile at most (then 4, 2 and 1 for the rest)
+//   kPairsFrom                 from this many tokens a tile takes two row groups side by side
+//                              (NG = 2, 16 rows), else one (NG = 1); 0: always one
+//   Acc<TT, NG>                a tile's accumulators, TT tokens x 8 NG rows of floats in that
+//                              order (an array of vectors: zeroed by {} and stored by memcpy)
+//   add_block<TT, NG>(acc, w, nb, act, i)
+//                              adds K-block b of NG groups (group j's block at w + j*nb) times
+//                              TT tokens (token k's block at act[i + k*nb], i = t*nb + b) into acc
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels.h"
+#include "prefetch.h"
+
+// A body's add_block runs inside the driver's loop over blocks: inlined, its accumulators stay
+// in registers across the loop.
+#define STACKD_BODY_INLINE inline __attribute__((always_inline))
 
 namespace stackd {
 namespace tiles {
 
 // Calls body(std::integral_constant<int, TT>, first_token) over n tokens in tiles of kTile,
-// then of 4, 2 and 1: a token's arithmetic is the same in any tile (kernels.h).
+// then of 4, 2 and 1 (those not above kTile): a token's arithmetic is the same in any tile
+// (kernels.h).
 template <int kTile, class Body>
 inline void for_tiles(int64_t n, Body body) {
     int64_t t = 0;
@@ -24,59 +46,62 @@ inline void for_tiles(int64_t n, Body body) {
     if constexpr (kTile > 4) {
         for (; t + 4 <= n; t += 4) body(std::integral_constant<int, 4>{}, t);
     }
-    for (; t + 2 <= n; t += 2) body(std::integral_constant<int, 2>{}, t);
-    for (; t < n; t++) body(std::integral_constant<int, 1>{}, t);
+    if constexpr (kTile > 2) {
+        for (; t + 2 <= n; t += 2) body(std::integral_constant<int, 2>{}, t);
+    }
+    if constexpr (kTile > 1) {
+        for (; t < n; t++) body(std::integral_constant<int, 1>{}, t);
+    }
 }
 
-// Lambdas here and in the paths capture what they read by value: a reference capture makes the
-// compiler reload it around every tile (4-5 % of the AVX-512 pair path at 16 tokens).
-//
-// Row group g (kGroups == 1) or groups g and g + 1 (kGroups == 2) against every token:
-// tile(tt, t, out) fills out with tt tokens from t (std::integral_constant) x 8 x kGroups
-// floats, token by token, each token's groups in order.
-template <int kTile, int kGroups, class Tile>
-inline void run_groups(int64_t g, int64_t rows, int64_t n_tokens, float *dst, int64_t dst_stride, Tile tile) {
-    const int64_t row0 = g * kRowsPerGroup;
-    for_tiles<kTile>(n_tokens, [&](auto tt, int64_t t) __attribute__((always_inline)) {
-        constexpr int TT = decltype(tt)::value;
-        alignas(64) float out[TT * 8 * kGroups];
-        tile(tt, t, out);
-        for (int i = 0; i < TT; i++) {
-            float *row = dst + (t + i) * dst_stride;
-            for (int k = 0; k < kGroups; k++)
-                store_group(row, out + 8 * (kGroups * i + k), row0 + k * kRowsPerGroup, rows);
-        }
+// NG row groups from wg (contiguous, nb blocks each) against TT tokens from t, over all K-blocks:
+// out receives TT x 8 NG floats, token by token.
+template <int TT, int NG, class Body>
+inline void tile(const Body &body, const typename Body::Block *wg, int64_t nb, const ActBlock *act,
+                 int64_t t, float *out) {
+    typename Body::template Acc<TT, NG> acc{};
+    for (int64_t b = 0; b < nb; b++) {
+        for (int j = 0; j < NG; j++) prefetch_ahead(wg + j * nb, nb, b);
+        body.template add_block<TT, NG>(acc, wg + b, nb, act, t * nb + b);
+    }
+    static_assert(sizeof acc == sizeof(float) * TT * NG * kRowsPerGroup, "Acc: TT x 8 NG floats");
+    std::memcpy(out, &acc, sizeof acc);
+}
+
+// Row groups g .. g+NG-1 against all n_tokens tokens, tile by tile, into their rows of dst.
+template <int NG, class Body>
+inline void group_tiles(const Body &body, const typename Body::Block *w, int64_t nb, int64_t rows,
+                        int64_t g, const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+    for_tiles<Body::kTile>(n_tokens, [&](auto size, int64_t t) {
+        constexpr int TT = decltype(size)::value;
+        alignas(64) float out[TT * NG * kRowsPerGroup];
+        tile<TT, NG>(body, w + g * nb, nb, act, t, out);
+        for (int i = 0; i < TT; i++)
+            for (int j = 0; j < NG; j++)
+                store_group(dst + (t + i) * dst_stride, out + (i * NG + j) * kRowsPerGroup,
+                            (g + j) * kRowsPerGroup, rows);
     });
 }
 
-// Row groups [g_begin, g_end), one at a time.
-template <int kTile, class Tile>
-inline void for_groups(int64_t g_begin, int64_t g_end, int64_t rows, int64_t n_tokens, float *dst,
-                       int64_t dst_stride, Tile tile) {
-    for (int64_t g = g_begin; g < g_end; g++)
-        run_groups<kTile, 1>(g, rows, n_tokens, dst, dst_stride, [&tile, g](auto tt, int64_t t, float *out) __attribute__((always_inline)) {
-            tile(tt, g, t, out);
-        });
+// The product with the given body (kernels.h's GemmFn): row groups [g_begin, g_end), two at a
+// time from Body::kPairsFrom tokens (an odd last one alone), else one at a time.
+template <class Body>
+inline void gemm(const Body &body, const typename Body::Block *w, int64_t nb, int64_t rows,
+                 int64_t g_begin, int64_t g_end, const ActBlock *act, int64_t n_tokens, float *dst,
+                 int64_t dst_stride) {
+    int64_t g = g_begin;
+    if constexpr (Body::kPairsFrom > 0) {
+        if (n_tokens >= Body::kPairsFrom)
+            for (; g + 2 <= g_end; g += 2) group_tiles<2>(body, w, nb, rows, g, act, n_tokens, dst, dst_stride);
+    }
+    for (; g < g_end; g++) group_tiles<1>(body, w, nb, rows, g, act, n_tokens, dst, dst_stride);
 }
 
-// Row groups [g_begin, g_end): two at a time (pair: a 16-row tile of groups g and g + 1) from
-// kPairsFrom tokens, else, and for an odd last group, one at a time (single). Below kPairsFrom
-// tokens a step is bound by reading the weights, and a pair's two streams (its groups lie nb
-// blocks apart) read DRAM at about 0.6x the rate of one group after another here (576 x
-// 393216 at one token, two threads: 7.4 against 4.5-5.5 ms); from kPairsFrom tokens the
-// arithmetic dominates and pairs win.
-constexpr int64_t kPairsFrom = 4;
-
-template <int kTile, class Pair, class Single>
-inline void for_group_pairs(int64_t g_begin, int64_t g_end, int64_t rows, int64_t n_tokens, float *dst,
-                            int64_t dst_stride, Pair pair, Single single) {
-    int64_t g = g_begin;
-    if (n_tokens >= kPairsFrom)
-        for (; g + 2 <= g_end; g += 2)
-            run_groups<kTile, 2>(g, rows, n_tokens, dst, dst_stride, [&pair, g](auto tt, int64_t t, float *out) __attribute__((always_inline)) {
-                pair(tt, g, t, out);
-            });
-    for_groups<kTile>(g, g_end, rows, n_tokens, dst, dst_stride, single);
+// A path's kernel (kernels.h's GemmFn) for a body that needs nothing from the call.
+template <class Body>
+void run(const typename Body::Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
+         const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+    gemm(Body{}, w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
 }
 
 }  // namespace tiles

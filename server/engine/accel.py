@@ -32,7 +32,6 @@ def library() -> ctypes.CDLL:
         lib = ctypes.CDLL(LIBRARY)
         lib.stackd_kernels_register.argtypes = [ctypes.c_int]
         lib.stackd_kernels_cpu_supports.argtypes = [ctypes.c_int]
-        lib.stackd_kernels_get_rows_nodes.restype = ctypes.c_uint64
         _lib = lib
     return _lib
 

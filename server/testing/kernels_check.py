@@ -1,27 +1,78 @@
-"""The kernels' test-only library (kernels/src/check.cpp, built beside the product's into
-build/kernels/ of a checkout): our MUL_MAT against ggml's CPU backend on the same random
-weights, the GET_ROWS check, the op timer, and whether our device takes an op. Used by
-tests/kernels and bench/kernels_ops.py."""
+"""The kernels' test-only library (libstackd_kernels_check.so, kernels/src/check.cpp, built into
+build/kernels/ of a checkout and not part of the package), loaded with ctypes for tests/kernels
+and bench/kernels_ops.py.
+
+It holds its own copy of the kernels and makes its own backends (by path, beside whatever
+stackd.engine.accel registered), so the product's library exports only what registering
+needs. Paths are named as accel.PATHS, weight types by name.
+"""
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 
 from ..engine import accel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIBRARY = os.path.join(ROOT, "build", "kernels", "libstackd_kernels_check.so")
+GGML_TYPE = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 8}
+OPS = {"mul_mat": 0, "mul_mat_id": 1, "get_rows": 2}  # stackd_kernels_accepts' op numbers
+
+_lib: ctypes.CDLL | None = None
 
 
-@functools.cache
 def library() -> ctypes.CDLL:
-    accel.library()              # ggml first, bound the way the product binds it
-    lib = ctypes.CDLL(LIBRARY)
-    lib.stackd_kernels_check.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
-        ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
-    lib.stackd_kernels_time.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
-        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
-    lib.stackd_kernels_check_get_rows.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_uint32, ctypes.c_int]
-    lib.stackd_kernels_accepts.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    return lib
+    """The loaded library, with its C signatures declared."""
+    global _lib
+    if _lib is None:
+        accel.library()              # ggml first, bound the way the product binds it
+        lib = ctypes.CDLL(LIBRARY)
+        lib.stackd_kernels_check.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
+            ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+        lib.stackd_kernels_time.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
+            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+        lib.stackd_kernels_check_get_rows.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_uint32, ctypes.c_int]
+        lib.stackd_kernels_accepts.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        lib.stackd_kernels_get_rows_nodes.restype = ctypes.c_uint64
+        _lib = lib
+    return _lib
+
+
+def check_mul_mat(type_name: str, k: int, rows: int, tokens: int, path: str, seed: int = 1,
+                  n_threads: int = 2) -> list[float] | None:
+    """Our MUL_MAT on `path` against ggml's CPU backend (check.cpp names the five results), or
+    None if this CPU cannot run the path."""
+    result = (ctypes.c_double * 5)()
+    rc = library().stackd_kernels_check(GGML_TYPE[type_name], k, rows, tokens, accel.PATHS.index(path),
+                                        seed, n_threads, result)
+    return None if rc != 0 else list(result)
+
+
+def time_mul_mat(type_name: str, k: int, rows: int, tokens: int, path: str, n_threads: int,
+                 repeat: int) -> tuple[float, float] | None:
+    """Seconds per MUL_MAT, best of `repeat`: (ggml's CPU backend, ours on `path`), or None if
+    this CPU cannot run the path."""
+    times = (ctypes.c_double * 2)()
+    rc = library().stackd_kernels_time(GGML_TYPE[type_name], k, rows, tokens, accel.PATHS.index(path),
+                                       n_threads, repeat, times)
+    return None if rc != 0 else (times[0], times[1])
+
+
+def get_rows_equals_ggml(k: int, rows: int, n_ids: int, seed: int, n_threads: int) -> bool:
+    """GET_ROWS on a repacked Q8_0 table equals ggml's, float for float."""
+    return library().stackd_kernels_check_get_rows(k, rows, n_ids, seed, n_threads) == 1
+
+
+def accepts(type_name: str, shape: tuple[int, int, int], op: str) -> bool:
+    """Whether our device takes a weight of this type and shape for `op`, asked as llama.cpp's
+    loader asks."""
+    return bool(library().stackd_kernels_accepts(GGML_TYPE[type_name], *shape, OPS[op]))
+
+
+def best_path() -> str:
+    return accel.PATHS[library().stackd_kernels_best_path()]
+
+
+def get_rows_nodes() -> int:
+    """GET_ROWS nodes the device registered in this process has computed (tables of ours)."""
+    return library().stackd_kernels_get_rows_nodes()

@@ -18,6 +18,7 @@ import select
 import sys
 
 from stackd.engine import accel
+from stackd.testing import kernels_check
 
 TOPICS = ["the sea", "a mountain", "bread", "the moon", "rain", "a city", "music", "a river",
           "winter", "a library", "coffee", "a garden", "trains", "the desert", "a lighthouse",
@@ -83,7 +84,7 @@ def main(mode: str, n_prompts: int, max_tokens: int, flash_attn: int = -1) -> No
     for start in range(0, len(batch), STREAMS):
         together += generate(engine, batch[start:start + STREAMS], max_tokens, 1000 + start)
     engine.close()
-    table_ours = bool(path) and accel.library().stackd_kernels_get_rows_nodes() > 0
+    table_ours = bool(path) and kernels_check.get_rows_nodes() > 0
     print(json.dumps({"path": path, "alone": alone, "together": together, "table_ours": table_ours}))
 
 

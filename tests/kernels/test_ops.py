@@ -13,19 +13,17 @@ is off by a whole term, about 1 / nb of that magnitude: over 10^3 times the boun
 
 Every SIMD path must also equal the scalar reference path bit for bit, and a token computed
 alone must equal the same token in a batch (batch invariance). The check runs in C
-(stackd_kernels_check) through ggml's public graph API.
+(stackd_kernels_check, in the test-only library: stackd.testing.kernels_check) through ggml's public graph API.
 """
 from __future__ import annotations
-
-import ctypes
 
 import pytest
 
 from stackd.engine import accel
-from stackd.testing import kernels_check
+
+from stackd.testing import kernels_check as check_lib
 
 PATHS = ["scalar", "avx2", "avx512-vnni"]
-GGML_TYPE = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 8}
 
 # (K, rows): SmolLM2-135M's Q4_1 matmuls (q/o, k/v, gate/up, down), then awkward ones: rows
 # not a multiple of the 8-row group or of the 16 rows an AVX-512 pair covers, K not a multiple
@@ -36,11 +34,9 @@ BATCHES = [1, 3, 4, 5, 7, 13, 16, 17, 64]  # every tile and remainder: 8, 4, 2, 
 
 
 def check(k: int, rows: int, tokens: int, path: str, seed: int = 1, type_name: str = "q4_1") -> list[float]:
-    result = (ctypes.c_double * 5)()
-    rc = kernels_check.library().stackd_kernels_check(GGML_TYPE[type_name], k, rows, tokens,
-                                              accel.PATHS.index(path), seed, 2, result)
-    assert rc == 0
-    return list(result)
+    result = check_lib.check_mul_mat(type_name, k, rows, tokens, path, seed, n_threads=2)
+    assert result is not None
+    return result
 
 
 def require(path: str) -> None:
@@ -100,20 +96,20 @@ def test_q8_0_matmul_within_rounding_of_ggml(path, k, rows, tokens):
 def test_q8_0_get_rows_equals_ggml_bit_for_bit(k, rows, n_ids):
     """A tied embedding table lives in our buffer (kernels/src/get_rows.h): the input rows it
     gives are ggml's dequantized rows, float for float."""
-    assert kernels_check.library().stackd_kernels_check_get_rows(k, rows, n_ids, 7, 2) == 1
+    assert check_lib.get_rows_equals_ggml(k, rows, n_ids, seed=7, n_threads=2)
 
 
 @pytest.mark.parametrize("type_name,shape,op,accepted", [
-    ("q4_1", (576, 576, 1), 0, True),
-    ("q4_1", (576, 13, 1), 0, True),
-    ("q4_0", (576, 576, 1), 0, False),
-    ("q8_0", (576, 49152, 1), 0, True),  # a vocabulary projection
-    ("q8_0", (576, 49152, 1), 2, True),  # its tied embedding table, read by GET_ROWS: one copy
-    ("q8_0", (576, 576, 4), 0, False),
-    ("f16", (576, 576, 1), 0, False),
-    ("q4_1", (576, 576, 4), 0, False),   # a stack of matrices
-    ("q4_1", (576, 576, 4), 1, False),   # MoE experts (MUL_MAT_ID)
-    ("q4_1", (576, 49152, 1), 2, False), # an embedding table read by GET_ROWS
+    ("q4_1", (576, 576, 1), "mul_mat", True),
+    ("q4_1", (576, 13, 1), "mul_mat", True),
+    ("q4_0", (576, 576, 1), "mul_mat", False),
+    ("q8_0", (576, 49152, 1), "mul_mat", True),    # a vocabulary projection
+    ("q8_0", (576, 49152, 1), "get_rows", True),   # its tied embedding table: one copy
+    ("q8_0", (576, 576, 4), "mul_mat", False),
+    ("f16", (576, 576, 1), "mul_mat", False),
+    ("q4_1", (576, 576, 4), "mul_mat", False),     # a stack of matrices
+    ("q4_1", (576, 576, 4), "mul_mat_id", False),  # MoE experts
+    ("q4_1", (576, 49152, 1), "get_rows", False),  # a Q4_1 embedding table
 ])
 def test_buffer_type_takes_only_weights_it_serves(type_name, shape, op, accepted):
-    assert bool(kernels_check.library().stackd_kernels_accepts(GGML_TYPE[type_name], *shape, op)) is accepted
+    assert check_lib.accepts(type_name, shape, op) is accepted

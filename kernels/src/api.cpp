@@ -1,0 +1,26 @@
+// What libstackd_kernels.so exports: the two calls server/engine/accel.py makes to plug the
+// kernels into this process's ggml. The op self-check, the timer and the other questions the
+// tests and bench/ ask live in the test-only libstackd_kernels_check.so (check.cpp).
+#include "backend.h"
+
+namespace {
+bool valid_path(int path) { return path >= 0 && path < stackd::kPathCount; }
+}  // namespace
+
+STACKD_API int stackd_kernels_cpu_supports(int path) {
+    return valid_path(path) && stackd::cpu_supports((stackd::Path)path);
+}
+
+// Registers the ACCEL device into this process's ggml (once) and sets the path (-1: the best
+// this CPU has). Returns the path in use, or -1 if the CPU cannot run the one asked for.
+STACKD_API int stackd_kernels_register(int path) {
+    if (path < 0) path = (int)stackd::best_path();
+    if (!stackd_kernels_cpu_supports(path) || !stackd::cpu_backend_uses_openmp()) return -1;
+    stackd::set_path((stackd::Path)path);
+    static const bool registered = [] {
+        ggml_backend_register(stackd::backend_reg());
+        return true;
+    }();
+    (void)registered;
+    return path;
+}
