@@ -5,7 +5,7 @@ it puts its Q4_1 matmul weights in our repacked buffer and runs those matmuls on
 Call it in the process that runs the engine, before its model loads: an engine worker
 (server/engine/worker.py) does so first thing, the daemon before an inline engine
 (runtime/supervisor.py). A model loaded earlier keeps ggml's own kernels. The op-level
-self-check and timer are a test-only library (tests/kernels/check_lib.py), not this one.
+self-check and timer are a test-only library (stackd.testing.kernels_check), not this one.
 
 One ggml per process: our library's runpath names the directory llama-cpp-python loads
 llama.cpp from, as server._engine's does, so whichever loads first, the other binds to the
