@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from .http.limits import Limits
 from .chat.limits import InferenceLimits
 
+MAX_REPLICAS = 64                              # cluster.replicas and options.replicas at most
 RATE_LIMIT_GROUPS = ("inference", "cluster")   # the [rate_limits] settings that are groups
 
 DEFAULTS: dict = {
@@ -90,6 +91,7 @@ DEFAULTS: dict = {
         "secret_file": "",
         "advertise": "",          # this node's cluster URL as the others reach it; empty: from host and port
         "rpc_port": 50052,        # first port of ggml RPC server children
+        "replicas": "all",        # replicas of a model that fits one node: all (every node that can hold it) or N
     },
     "console": {
         "enabled": False,         # serve --console: the console beside the node, on one loop
@@ -257,6 +259,10 @@ def _check_cluster(values: dict) -> None:
     wildcard = values["host"] in ("0.0.0.0", "::", "")
     if (cluster["secret"] or cluster["secret_file"]) and wildcard and not cluster["advertise"]:
         raise ConfigError("setting cluster.advertise: required when host is a wildcard address")
+    replicas = str(cluster["replicas"]).strip()
+    if replicas != "all" and not (replicas.isdigit() and 1 <= int(replicas) <= MAX_REPLICAS):
+        raise ConfigError(f"setting cluster.replicas: all, or a number from 1 to {MAX_REPLICAS}")
+    cluster["replicas"] = replicas if replicas == "all" else int(replicas)
     if not 1 <= cluster["rpc_port"] <= 65535:
         raise ConfigError(f"setting cluster.rpc_port: {cluster['rpc_port']} is not a TCP port")
 

@@ -202,6 +202,7 @@ async def start_console(http: HttpServer, keys: KeyStore, node_id: str, settings
 
 def attach_cluster(registry, membership: Membership, settings: config.Settings) -> None:
     """Placement over the cluster: the membership and this node's RPC server children."""
+    from .api.cluster import replica as replica_routes
     from .api.cluster import rpc as rpc_routes
     from .cluster.rpc_server import RpcServers
 
@@ -216,10 +217,14 @@ def attach_cluster(registry, membership: Membership, settings: config.Settings) 
     supervisor = registry.supervisor
     placing_over.on_node_down(supervisor.node_down)
     placing_over.on_fenced(rpc.stop_all)
+    placing_over.on_fenced(registry.replica_host.stop_all)      # the leader's replicas here
+    if membership.is_leader and placing_over is membership:
+        membership.on_change(registry.grow_replicas)             # a follower joins or comes back
     membership.provide_rpc_state(rpc.listing)                    # its heartbeats carry them
     membership.provide_placements(supervisor.placements.on)      # a leader's answers list them
     membership.on_placements_listed(rpc.keep_only)               # a follower stops the rest
     rpc_routes.register()
+    replica_routes.register()
 
 
 async def load_models(loop, settings: config.Settings, membership: Membership):
@@ -239,7 +244,8 @@ async def load_models(loop, settings: config.Settings, membership: Membership):
                              memory_reserve=settings["models.memory_reserve_mb"] * MIB,
                              memory_limit=settings["models.memory_limit_mb"] * MIB,
                              autoload=settings["models.autoload"],
-                             faults=Faults.from_settings(settings["testing"]))
+                             faults=Faults.from_settings(settings["testing"]),
+                             replicas=settings["cluster.replicas"])
     attach_cluster(registry, membership, settings)
     preload = settings["models.preload"] if settings["cluster.role"] == "leader" else []  # the leader's job
     for model_id in preload:

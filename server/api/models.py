@@ -14,6 +14,7 @@ from .errors import api_error
 from ..http.openapi import json_answer
 from ..http.response import Response, StreamingResponse, json_response
 from ..http.routing import Endpoint
+from ..config import MAX_REPLICAS
 from ..store.defaults import CHAT_MODEL
 
 CLUSTER = "cluster"
@@ -22,9 +23,11 @@ CLUSTER = "cluster"
 MODEL = validate.String("model", required=True, max_len=256, doc="The model's id in the store.")
 CONTEXT_LENGTH = validate.Integer("context_length", lo=1, hi=1 << 24,
                                   doc="Tokens per sequence; at most the model's trained context.")
-SPLIT_MODE = validate.String("split_mode", choices=("layer", "tensor"),
-                             doc="How a model placed over several nodes is cut: by layers (the default) or by "
-                                 "tensors (llama.cpp's tensor split; flash attention, an f16 KV cache).")
+SPLIT_MODE = validate.String("split_mode", choices=("layer", "tensor", "replica"),
+                             doc="How a model placed over several nodes is cut: by layers (the default for a model "
+                                 "too large for one node), by tensors (llama.cpp's tensor split; flash attention, an "
+                                 "f16 KV cache), or not at all: a full replica on each node that can hold it (the "
+                                 "default for a model that fits one node; the leader routes each request).")
 NODES = validate.Array("nodes", validate.String(max_len=128), min_items=1, max_items=16,
                        doc="Node ids to place the model on (GET /v1/nodes); the default is the leader alone "
                            "when it fits, else every node that is up.")
@@ -40,7 +43,11 @@ LANES = validate.Integer("lanes", lo=1, hi=8,
                              "share the slots and step in turn, so that one lane's step runs on a follower "
                              "while another's runs on the leader (1, the default: one context). Pays when the "
                              "nodes' parts of a step take about as long (see 'layers').")
-OPTIONS = validate.Object("options", CONTEXT_LENGTH, SPLIT_MODE, NODES, PIPELINE, LAYERS, LANES)
+REPLICAS = validate.OneOf("replicas", validate.String(choices=("all",)), validate.Integer(lo=1, hi=MAX_REPLICAS),
+                          doc="Replicas of a model that fits one node, the leader's own included: 'all' (every "
+                              "node that is up and can hold it) or a number; the default is cluster.replicas.",
+                          message=f"'options.replicas' must be 'all' or a number from 1 to {MAX_REPLICAS}")
+OPTIONS = validate.Object("options", CONTEXT_LENGTH, SPLIT_MODE, NODES, PIPELINE, LAYERS, LANES, REPLICAS)
 PULL_MODEL = validate.String("model", required=True, max_len=256,
                              doc="A registry reference: name, name:tag or namespace/name:tag.")
 STREAM = validate.Boolean("stream", doc="Report progress as NDJSON lines.")
@@ -108,10 +115,15 @@ MODEL_SCHEMA = {"type": "object", "required": [
     "architecture": _STR, "quantization": _STR, "parameter_count": _INT, "size": _INT,
     "sha256": _STR, "file": _STR, "source": _STR,
     "error": {"type": "string", "description": "Why the last load failed."},
+    "replicas": {"type": "array", "description": "split_mode replica: each full copy of the model, its node, "
+                                                 "state and engine process", "items": {
+        "type": "object", "required": ["node", "state", "pid"], "properties": {
+            "node": _STR, "state": {"type": "string", "enum": ["loaded", "lost"]},
+            "pid": _NULLABLE_INT, "in_flight": _INT}}},
     "placement": {"type": "object", "required": ["split_mode", "nodes"],
                   "description": "Where a loaded model's layers are: the nodes and what each holds.",
                   "properties": {
-                      "split_mode": {"type": "string", "enum": ["layer", "tensor"]},
+                      "split_mode": {"type": "string", "enum": ["layer", "tensor", "replica"]},
                       "pipeline": {"type": "boolean"},
                       "lanes": {"type": "integer", "minimum": 2,
                                 "description": "layer split over several nodes, options.lanes: the "

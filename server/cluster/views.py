@@ -44,6 +44,7 @@ def own_entry(membership) -> dict:
         "power_budget": {"idle_mw": power["idle_mw"], "max_mw": power["max_mw"]},
         "rpc": membership.rpc_state() if membership.rpc_state is not None else None,
         "models": local.model_processes(),
+        "replicas": local.replica_offer(),
     }
 
 

@@ -33,6 +33,11 @@ class RunningNode:
     def degraded_models(self) -> list[str]:
         return self.registry.degraded_models()
 
+    def replica_offer(self) -> dict:
+        """What this node can run as replicas for its leader (the chat models of its store, by
+        digest) and the replicas it runs."""
+        return self.registry.replica_host.offer()
+
     def power_allocation(self, node_id: str) -> dict | None:
         return self.power.allocation(node_id)
 

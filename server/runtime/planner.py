@@ -33,11 +33,12 @@ class PlacementOptions:
     """A load's placement options (POST /v1/models/load `options`, validated by api/models.py),
     keeping only what changes something: the defaults said out loud, or a pipeline or lanes on
     a one-node cluster, are the same load as none."""
-    split_mode: str | None = None       # "layer" | "tensor"
+    split_mode: str | None = None       # "layer" | "tensor" | "replica"
     nodes: tuple[str, ...] | None = None
     pipeline: bool = False
     layers: tuple[int, ...] | None = None
     lanes: int = 1
+    replicas: int | str | None = None   # "all" or a count (None: the setting cluster.replicas)
 
     @classmethod
     def of(cls, options: dict, alone: bool) -> "PlacementOptions":
@@ -47,7 +48,8 @@ class PlacementOptions:
                    nodes=tuple(nodes) if nodes is not None else None,
                    pipeline=bool(options.get("pipeline")) and not alone,
                    layers=tuple(layers) if layers is not None else None,
-                   lanes=1 if alone else (options.get("lanes") or 1))
+                   lanes=1 if alone else (options.get("lanes") or 1),
+                   replicas=options.get("replicas"))
 
     def asked(self) -> dict:
         """What was asked beyond the defaults (a model's description shows it)."""
@@ -62,8 +64,9 @@ class PlacementOptions:
 
 class Planner:
     def __init__(self, config: EngineConfig, memory_reserve: int, memory_limit: int,
-                 placed_here: Callable[[str], int]):
+                 placed_here: Callable[[str], int], replicas: int | str = "all"):
         self.config = config
+        self.replicas = replicas                    # cluster.replicas: "all" or how many
         self.memory_reserve = memory_reserve
         self.memory_limit = memory_limit            # models.memory_limit_mb; 0 = all
         self.placed_here = placed_here              # bytes the loaded models hold on a node
@@ -125,6 +128,9 @@ class Planner:
         hold it, 400 for options that cannot be honoured."""
         others = [] if self.membership is None else [
             n for n in self.membership.nodes_up() if n.id != self.self_id and n.id not in excluded]
+        if options.split_mode == "replica":
+            self.admit(manifest, context_length)           # the leader holds a replica too
+            return None
         if options.split_mode is None and options.nodes is None and options.layers is None:
             try:
                 self.admit(manifest, context_length)
@@ -150,3 +156,36 @@ class Planner:
             raise DomainError(Code.INSUFFICIENT_MEMORY,
                               f"loading '{manifest.id}' with a context of {context_length}: {exc}; "
                               "nothing was changed") from None
+
+    def replica_nodes(self, manifest: Manifest, context_length: int, options: PlacementOptions,
+                      have: set[str] = frozenset()) -> list[str]:
+        """The followers that get a replica of a model the leader holds alone (beside the leader's
+        own): every follower that is up, has the very model file in its store and offers room for
+        the whole estimate, or as many as `replicas` (options.replicas, else cluster.replicas)
+        asks, the roomiest first. Only chat models; none when the load pinned a split."""
+        if (self.membership is None or manifest.kind != "chat" or options.split_mode not in (None, "replica")
+                or options.layers is not None or (options.nodes is not None and options.split_mode is None)):
+            return []
+        wanted = options.replicas if options.replicas is not None else self.replicas
+        need = sum(self.estimate(manifest, context_length).values())
+        pinned = set(options.nodes) if options.nodes is not None else None
+        if pinned is not None:
+            up = {n.id for n in self.membership.nodes_up()}
+            missing = sorted(pinned - up - {self.self_id})
+            if missing:
+                raise invalid(f"'options.nodes' names {missing[0]}, which is not an up node of the cluster",
+                              "options.nodes")
+        candidates = []
+        for node in self.membership.nodes_up():
+            if node.id == self.self_id or node.id in have or (pinned is not None and node.id not in pinned):
+                continue
+            offer = node.detail.get("replicas") or {}
+            if manifest.sha256 not in (offer.get("store") or ()):
+                continue
+            room = node.model_memory_bytes - self.placed_here(node.id)
+            if room >= need:
+                candidates.append((room, node.id))
+        candidates.sort(reverse=True)
+        if wanted != "all":
+            candidates = candidates[:max(0, int(wanted) - 1 - len(have))]
+        return [node_id for _, node_id in candidates]

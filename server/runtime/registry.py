@@ -10,6 +10,8 @@ stream), then the engine is closed and its memory freed.
 from __future__ import annotations
 
 import asyncio
+import logging
+import secrets
 from dataclasses import dataclass, field
 
 from ..cluster.placement import Placement
@@ -21,15 +23,20 @@ from ..faults import NONE as NO_FAULTS, Faults
 from ..store.gguf_check import GGUFError
 from ..store.store import Manifest, ModelStore, valid_model_id
 from .planner import MIB, Planner, PlacementOptions
+from .remote_replica import RemoteReplica
+from .replica_host import ReplicaHost
+from .replicas import LocalReplica, ReplicaSet
 from .runner import ModelRunner
 from .supervisor import Supervisor
 from ..cluster.rpc_devices import NodeUnreachable
+
+log = logging.getLogger("stackd.models")
 
 
 @dataclass
 class LoadedModel:
     manifest: Manifest
-    runner: ModelRunner
+    runner: ModelRunner | ReplicaSet   # a set of replicas has the runner's surface
     context_length: int
     created: int
     template: object = None   # chat models: the chat template (inference.sandbox.ChatTemplate)
@@ -41,6 +48,10 @@ class LoadedModel:
     options: PlacementOptions = field(default_factory=PlacementOptions)   # as asked, for re-placing
     lost: str | None = None              # why its worker is being killed (a node went down)
     nodes_lost: int = 0                  # nodes it was placed on before losing them (degraded)
+
+    @property
+    def replicas(self) -> ReplicaSet | None:
+        return self.runner if isinstance(self.runner, ReplicaSet) else None
 
     def spans(self, node_id: str) -> bool:
         return self.placement is not None and node_id in self.placement.node_ids
@@ -66,7 +77,8 @@ class LoadedModel:
 class ModelRegistry:
     def __init__(self, loop: asyncio.AbstractEventLoop, store: ModelStore,
                  config: EngineConfig = EngineConfig(), *, memory_reserve: int = 512 * MIB,
-                 memory_limit: int = 0, autoload: bool = True, faults: Faults = NO_FAULTS):
+                 memory_limit: int = 0, autoload: bool = True, faults: Faults = NO_FAULTS,
+                 replicas: int | str = "all"):
         self.loop = loop
         self.store = store
         self.autoload = autoload
@@ -76,9 +88,12 @@ class ModelRegistry:
         self.order: list[str] = []                 # load order: "most recent chat model"
         self.last_exits: dict[str, dict] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self.planner = Planner(config, memory_reserve, memory_limit, self.placed_on)
+        self.config = config
+        self.planner = Planner(config, memory_reserve, memory_limit, self.placed_on, replicas)
         self.supervisor = Supervisor(loop, store, config, faults)
         self.supervisor.registry = self
+        self.replica_host = ReplicaHost(self)     # replicas this node runs for its leader
+        self._growing: set[str] = set()           # models whose replicas are being added
 
     def attach_cluster(self, membership, rpc) -> None:
         """Placement over the cluster: its membership and this node's RPC server children."""
@@ -112,7 +127,10 @@ class ModelRegistry:
                "sha256": manifest.sha256, "file": manifest.file, "source": manifest.source}
         if manifest.id in self.errors:
             out["error"] = self.errors[manifest.id]
-        if model is not None:
+        if model is not None and model.replicas is not None:
+            out["placement"] = self.replica_placement(model)
+            out["replicas"] = model.replicas.describe()
+        elif model is not None:
             out["placement"] = self.placement_of(model).describe()
             out["isolation"] = model.runner.engine.isolation
             out["pid"] = model.runner.engine.pid
@@ -126,7 +144,8 @@ class ModelRegistry:
 
     def degraded_models(self) -> list[str]:
         """Models placed again on fewer nodes than they were (the cluster is `degraded`)."""
-        return [m.id for m in self.loaded.values() if m.nodes_lost]
+        return [m.id for m in self.loaded.values()
+                if m.nodes_lost or (m.replicas is not None and m.replicas.lost_nodes)]
 
     def active_chat_model(self) -> str | None:
         chat = [m for m in self.order if m in self.loaded and self.loaded[m].kind == "chat"]
@@ -138,9 +157,26 @@ class ModelRegistry:
         return self.planner.on_this_cpu(model.manifest, model.context_length)
 
     def placed_on(self, node_id: str) -> int:
-        """Bytes the loaded models hold on a node (models.memory_limit_mb counts them)."""
-        return sum(s.memory_bytes for m in self.loaded.values() for s in self.placement_of(m).shares
-                   if s.node_id == node_id)
+        """Bytes the loaded models hold on a node (models.memory_limit_mb counts them): their
+        placements, the replicas this leader runs there, and on this node the replicas it runs
+        for its leader."""
+        placed = sum(s.memory_bytes for m in self.loaded.values() for s in self.placement_of(m).shares
+                     if s.node_id == node_id)
+        for model in self.loaded.values():
+            if model.replicas is not None and model.replicas.replica_on(node_id) is not None \
+                    and node_id != self.planner.self_id:
+                placed += self._replica_bytes(model)
+        if node_id == self.planner.self_id:
+            placed += self.replica_host.placed_here()
+        return placed
+
+    def _replica_bytes(self, model: LoadedModel) -> int:
+        return sum(self.planner.estimate(model.manifest, model.context_length).values())
+
+    def replica_placement(self, model: LoadedModel) -> dict:
+        memory = self._replica_bytes(model)
+        return {"split_mode": "replica",
+                "nodes": [{"id": r.node_id, "memory_bytes": memory} for r in model.replicas.replicas]}
 
     # ---- use -----------------------------------------------------------------------------------
 
@@ -195,12 +231,19 @@ class ModelRegistry:
                     return current                       # same options: nothing to do
                 await self._unload_locked(current)       # different options: reload
             placement = self.planner.plan(manifest, context, placement_options)
+            replica_nodes = [] if placement is not None else \
+                self.planner.replica_nodes(manifest, context, placement_options)
             self.transitions[model_id] = "loading"
             self.errors.pop(model_id, None)
             self.supervisor.crashes.pop(model_id, None)
             try:
                 model = await self.supervisor.start(manifest, context, placement)
                 model.options = placement_options
+                if placement is None and (replica_nodes or placement_options.split_mode == "replica"
+                                          or placement_options.replicas is not None):
+                    model.runner = ReplicaSet(self.loop, LocalReplica(self.planner.self_id, model.runner),
+                                              self.config.key_share, self.config.max_queue)
+                    await self._add_replicas(model, replica_nodes)
             except (NodeUnreachable, EngineError) as exc:  # a node of the placement does not answer
                 self.transitions[model_id] = "failed"
                 self.errors[model_id] = str(exc)
@@ -211,6 +254,54 @@ class ModelRegistry:
                 raise DomainError(Code.INTERNAL, f"loading '{model_id}' failed: {exc}") from None
             self.put_back(model_id, model, most_recent=True)
             return model
+
+    # ---- replicas --------------------------------------------------------------------------------
+
+    async def _add_replicas(self, model: LoadedModel, node_ids: list[str]) -> None:
+        """Start a replica of `model` on each node (at once, in parallel); one that fails to
+        start is left out (the log says why; the model's replicas list the others)."""
+        if not node_ids:
+            return
+        fresh = [RemoteReplica(self.loop, self.supervisor.membership, node_id, secrets.token_hex(8),
+                               on_lost=model.replicas.replica_lost) for node_id in node_ids]
+        results = await asyncio.gather(*(r.start(model.manifest, model.context_length) for r in fresh),
+                                       return_exceptions=True)
+        for replica, result in zip(fresh, results):
+            if isinstance(result, BaseException):
+                log.warning("models: no replica of %s on node %s: %s", model.id, replica.node_id, result)
+                continue
+            if model.replicas.closing or self.loaded.get(model.id, model) is not model:
+                self.loop.create_task(replica.stop())      # unloaded meanwhile
+                continue
+            model.replicas.add(replica)
+            if replica.node_id in model.replicas.lost_nodes:
+                model.replicas.lost_nodes.remove(replica.node_id)   # the node got its replica back
+
+    def grow_replicas(self) -> None:
+        """A follower joined or came back: each model with replicas that wants more gets one
+        there, at the model's next idle moment (now, if no request is open)."""
+        for model in list(self.loaded.values()):
+            replicas = model.replicas
+            if replicas is None or replicas.closing or model.id in self._growing:
+                continue
+            have = {r.node_id for r in replicas.replicas}
+            try:
+                nodes = self.planner.replica_nodes(model.manifest, model.context_length, model.options, have)
+            except DomainError:
+                continue
+            if not nodes:
+                continue
+            if not replicas.idle:
+                replicas.when_idle(self.grow_replicas)
+                continue
+            self._growing.add(model.id)
+            self.loop.create_task(self._grow(model, nodes))
+
+    async def _grow(self, model: LoadedModel, nodes: list[str]) -> None:
+        try:
+            await self._add_replicas(model, nodes)
+        finally:
+            self._growing.discard(model.id)
 
     def put_back(self, model_id: str, model: LoadedModel, most_recent: bool = False) -> None:
         """`model` serves `model_id` from now on (loaded, restarted or placed again); a load

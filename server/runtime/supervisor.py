@@ -145,6 +145,10 @@ class Supervisor:
         """A worker died (its socket reached EOF; its requests have their error events)."""
         registry = self.registry
         for model in registry.loaded.values():
+            if model.replicas is not None and model.replicas.local.runner.engine is client and not self.closing:
+                # one replica of several: the others serve on while this one restarts
+                self.loop.create_task(self._restart_local_replica(model, client.exit_status))
+                return
             if model.runner.engine is client and not self.closing:
                 # restarting from now on, not after a hop of the task: its requests have their
                 # error events already, and a client that asks at once must not see "loaded"
@@ -189,6 +193,40 @@ class Supervisor:
                 registry.put_back(model_id, fresh)
                 return
 
+    async def _restart_local_replica(self, model: "LoadedModel", status) -> None:
+        """The leader's own replica died: its requests that had no event yet went to the other
+        replicas; it restarts (with the crash backoff) and takes requests again."""
+        from .replicas import LocalReplica
+        registry, model_id, replicas = self.registry, model.id, model.replicas
+        local = replicas.local
+        local.alive = False
+        local.runner.end_all(EngineError(ErrorCode.WORKER_LOST, f"the model's worker process died "
+                                         f"({describe_exit(status)})"))
+        await local.runner.engine.aclose(0)
+        n_crashes = self.record_crash(model_id, status)
+        while not self.closing:
+            if n_crashes >= CRASH_LIMIT:
+                async with registry.lock(model_id):
+                    if registry.loaded.get(model_id) is model:
+                        replicas.end_all(EngineError(ErrorCode.FAILED, f"'{model_id}' failed"))
+                        await replicas.close(0)
+                        registry.fail(model_id, f"its worker {registry.last_exits[model_id]['reason']} "
+                                                f"{n_crashes} times within {CRASH_WINDOW:g} s")
+                return
+            await asyncio.sleep(restart_delay(n_crashes))
+            async with registry.lock(model_id):
+                if registry.loaded.get(model_id) is not model or self.closing or replicas.closing:
+                    return
+                try:
+                    fresh = await self.start(model.manifest, model.context_length)
+                except Exception as exc:
+                    n_crashes = self.record_crash(model_id, None)
+                    registry.last_exits[model_id]["reason"] = f"failed to start: {exc}"
+                    continue
+                replicas.replace_local(LocalReplica(local.node_id, fresh.runner))
+                model.restarts += 1
+                return
+
     # ---- a node went down ------------------------------------------------------------------------
 
     def node_down(self, node_id: str) -> None:
@@ -196,6 +234,9 @@ class Supervisor:
         transport has no timeouts, so a frozen node would hold it forever), then is placed
         again on the nodes left."""
         for model in list(self.registry.loaded.values()):
+            if model.replicas is not None:
+                model.replicas.node_down(node_id)       # the others serve on; retried before a token
+                continue
             if model.spans(node_id) and model.lost is None:
                 model.lost = f"node {node_id} went down"
                 model.runner.engine.kill(f"'{model.id}' lost part of its placement ({model.lost}); "

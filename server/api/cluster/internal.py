@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from ...auth.principal import Principal
 from ...http.errors import ApiError, ErrorKind
-from ...http.response import Response, json_response
+from ...http.response import Response, StreamingResponse, json_response
 from ...http.routing import Endpoint
 from ...cluster import signing
 
@@ -118,9 +118,13 @@ async def _sign_later(awaitable, request, secret: bytes):
 
 
 def _sign(response, request, secret: bytes):
-    if not isinstance(response, Response):      # a stream is not an internal answer
-        raise TypeError("internal routes answer with a whole Response")
+    """A whole answer is signed over its status and body; a stream (the replica stream) over
+    its status and an empty body, before its first frame: its frames follow on the connection
+    that the signed request opened."""
+    if not isinstance(response, (Response, StreamingResponse)):
+        raise TypeError("internal routes answer with a Response or a StreamingResponse")
     nonce = request.headers[signing.NONCE.encode()].decode()
-    mac = signing.sign_answer(secret, nonce, response.status, response.body)
+    body = response.body if isinstance(response, Response) else b""
+    mac = signing.sign_answer(secret, nonce, response.status, body)
     response.headers = tuple(response.headers) + ((signing.SIGNATURE.encode(), mac.encode()),)
     return response
