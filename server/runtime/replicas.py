@@ -100,7 +100,7 @@ class Routed(Generation):
             except StopAsyncIteration:
                 self._end()
                 raise
-            if (not self.started and event.status != STATUS_RUNNING
+            if (not self.started and self.replica is not None and event.status != STATUS_RUNNING
                     and isinstance(getattr(event, "error", None), EngineError) and event.error.code in LOST):
                 if await self.replicas.retry(self, event.error):
                     continue
