@@ -37,6 +37,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -330,6 +331,9 @@ def main() -> None:
                         help="each node in a network namespace of its own, on a veth link (root; real followers)")
     parser.add_argument("--pin", action="store_true", help="a core per node: the leader's on CPU 0, the follower's on 1")
     parser.add_argument("--balanced", default="", help="L,F: also a layer split with these layer counts")
+    parser.add_argument("--replicas", type=int, default=0, metavar="ROUNDS",
+                        help="only the rows '1 node' and '2 nodes replicas' (split_mode replica), in ROUNDS "
+                             "alternating rounds on the same two daemons, medians; then a replica node's death")
     args = parser.parse_args()
     if (args.netns or args.pin) and args.followers != "real":
         parser.error("--netns and --pin place the model over a real follower")
@@ -337,7 +341,10 @@ def main() -> None:
         parser.error("--pin needs two cores")
     net = Namespaces() if args.netns else None
     with in_leader_namespace(net):
-        run(args, net)
+        if args.replicas:
+            run_replicas(args, net)
+        else:
+            run(args, net)
 
 
 def run(args, net: Namespaces | None) -> None:
@@ -420,6 +427,89 @@ def run(args, net: Namespaces | None) -> None:
         ours, peer = results["2 nodes layer"][c], results["llama-server --rpc"][c]
         print(f"  2 nodes layer vs llama-server --rpc at c={c}: {ours.tokens_per_second() / peer.tokens_per_second():.2f}x "
               "(target >= 1.0x)")
+
+
+# ---- --replicas: one node against a replica on each of two nodes ------------------------------------
+
+def run_replicas(args, net: Namespaces | None) -> None:
+    """The same two daemons throughout (each pinned to its core with --pin, one engine thread
+    each): the model loaded with one replica (the leader's: "1 node") and with a replica on each
+    node ("2 nodes replicas"), alternately, ROUNDS times; medians of the rounds."""
+    c = args.clients
+    if args.followers != "real":
+        sys.exit("--replicas needs a real follower")
+    if net is not None:
+        server = NamespacedLeader(net, c, args.context, args.threads, args.kernels)
+    else:
+        server = start_stackd(c, args.context, args.threads, args.kernels, "", {"STACKD_CLUSTER_SECRET": SECRET})
+    follower = None
+    try:
+        follower = RealFollower(server, args.threads, net)
+        follower.node.env.update({"STACKD_ENGINE_SLOTS": str(c), "STACKD_ENGINE_CONTEXT_LENGTH": str(args.context),
+                                  "STACKD_ENGINE_KERNELS": args.kernels})
+        follower.node.kill()                  # again, with the leader's engine settings
+        follower.node.start()
+        placed = time.monotonic() + 60
+        while statuses_of(server).get(follower.id) != "up" and time.monotonic() < placed:
+            time.sleep(0.05)
+        rows = {"1 node": {c: [], 1: []}, "2 nodes replicas": {c: [], 1: []}}
+        for round_ in range(args.replicas):
+            for name, count in (("1 node", 1), ("2 nodes replicas", "all")):
+                answer = load(server, split_mode="replica", replicas=count)
+                if round_ == 0:
+                    print(f"{name}: replicas {[(r['node'], r['pid']) for r in answer.get('replicas', [])]}", flush=True)
+                if args.pin:
+                    pin_tree((server.proc if hasattr(server, "proc") else server.node.proc).pid, LEADER_CPUS)
+                    pin_tree(follower.node.proc.pid, FOLLOWER_CPUS)
+                for n in (c, 1):
+                    result = measure(server, n, args.seconds, args.max_tokens)
+                    rows[name][n].append(result.tokens_per_second())
+                    print(f"  round {round_ + 1} {name:18s} c={n:<3d} {result.tokens_per_second():7.1f} tok/s", flush=True)
+        print(f"\nSmolLM2-135M Q4_1, {args.threads} thread(s) per node, {c} slots, {args.max_tokens} tokens per "
+              f"request, {args.seconds:g} s closed loop, medians of {args.replicas} alternating rounds, "
+              f"{'network namespaces on a veth link' if net else 'loopback'}{', a core per node' if args.pin else ''}, "
+              f"kernels {args.kernels}")
+        one = {n: statistics.median(rows["1 node"][n]) for n in (c, 1)}
+        for name, runs in rows.items():
+            med = {n: statistics.median(runs[n]) for n in (c, 1)}
+            print(f"  {name:18s} c={c}: {med[c]:7.1f} tok/s ({med[c] / one[c]:.2f}x one node, target 1.7x)   "
+                  f"c=1: {med[1]:6.1f} tok/s ({med[1] / one[1]:.2f}x, target 0.95x)")
+        load(server, split_mode="replica", replicas="all")
+        took, errors = death_to_next_answer(server, follower)
+        print(f"  replica node killed (kill -9 of the follower daemon and its worker) -> next answered "
+              f"request: {took * 1000:.0f} ms ({errors} requests failed)", flush=True)
+    finally:
+        stop_stackd(server, follower)
+
+
+def death_to_next_answer(server: Server, follower: RealFollower) -> tuple[float, int]:
+    """Two clients asking short questions in a loop; the follower killed; seconds from the
+    kill to the next 200, and how many requests failed meanwhile."""
+    stop, killed_at, answered, errors = threading.Event(), [], [], []
+
+    def client() -> None:
+        while not stop.is_set():
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
+            conn.request("POST", "/v1/completions", body=orjson.dumps(body(server.model, 16)),
+                          headers={"Authorization": f"Bearer {server.key}", "Content-Type": "application/json"})
+            response = conn.getresponse()
+            response.read()
+            conn.close()
+            now = time.monotonic()
+            if killed_at and now > killed_at[0]:
+                (answered if response.status == 200 else errors).append(now)
+    workers = [threading.Thread(target=client) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    time.sleep(3.0)
+    killed_at.append(time.monotonic())
+    follower.node.proc.send_signal(signal.SIGKILL)       # its worker dies with it (PDEATHSIG)
+    while not answered:
+        time.sleep(0.005)
+    stop.set()
+    for worker in workers:
+        worker.join()
+    return answered[0] - killed_at[0], len(errors)
 
 
 if __name__ == "__main__":

@@ -163,8 +163,8 @@ class ModelRegistry:
         placed = sum(s.memory_bytes for m in self.loaded.values() for s in self.placement_of(m).shares
                      if s.node_id == node_id)
         for model in self.loaded.values():
-            if model.replicas is not None and model.replicas.replica_on(node_id) is not None \
-                    and node_id != self.planner.self_id:
+            replicas = getattr(model, "replicas", None)
+            if replicas is not None and node_id != self.planner.self_id and replicas.replica_on(node_id):
                 placed += self._replica_bytes(model)
         if node_id == self.planner.self_id:
             placed += self.replica_host.placed_here()

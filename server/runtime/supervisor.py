@@ -174,24 +174,13 @@ class Supervisor:
         n_crashes = self.record_crash(model_id, status)
         restarts = model.restarts
         registry.transitions[model_id] = "restarting"
-        while not self.closing:
-            if n_crashes >= CRASH_LIMIT:
-                registry.fail(model_id, f"its worker {registry.last_exits[model_id]['reason']} "
-                                        f"{n_crashes} times within {CRASH_WINDOW:g} s")
-                return
-            await asyncio.sleep(restart_delay(n_crashes))
-            async with registry.lock(model_id):
-                if registry.loaded.get(model_id) is not model or self.closing:
-                    return                                # unloaded or reloaded meanwhile
-                try:
-                    fresh = await self.start(model.manifest, model.context_length)
-                except Exception as exc:
-                    n_crashes = self.record_crash(model_id, None)
-                    registry.last_exits[model_id]["reason"] = f"failed to start: {exc}"
-                    continue
-                fresh.restarts = restarts + 1
-                registry.put_back(model_id, fresh)
-                return
+
+        def use(fresh) -> None:
+            fresh.restarts = restarts + 1
+            registry.put_back(model_id, fresh)
+        n_crashes = await self._start_again(model, n_crashes, lambda: True, use)
+        if n_crashes:
+            registry.fail(model_id, self._crash_loop(model_id, n_crashes))
 
     async def _restart_local_replica(self, model: "LoadedModel", status) -> None:
         """The leader's own replica died: its requests that had no event yet went to the other
@@ -204,28 +193,43 @@ class Supervisor:
                                          f"({describe_exit(status)})"))
         await local.runner.engine.aclose(0)
         n_crashes = self.record_crash(model_id, status)
+
+        def use(fresh) -> None:
+            replicas.replace_local(LocalReplica(local.node_id, fresh.runner))
+            model.restarts += 1
+        n_crashes = await self._start_again(model, n_crashes, lambda: not replicas.closing, use)
+        if n_crashes:
+            async with registry.lock(model_id):
+                if registry.loaded.get(model_id) is model:
+                    replicas.end_all(EngineError(ErrorCode.FAILED, f"'{model_id}' failed"))
+                    await replicas.close(0)
+                    registry.fail(model_id, self._crash_loop(model_id, n_crashes))
+
+    async def _start_again(self, model: "LoadedModel", n_crashes: int, wanted, use) -> int:
+        """Start the model's engine again after the backoff, and use(fresh LoadedModel) under the
+        model's lock, unless it was unloaded or reloaded meanwhile (or `wanted()` says no more).
+        -> 0, or the crashes counted when CRASH_LIMIT was reached (the caller fails the model)."""
+        registry, model_id = self.registry, model.id
         while not self.closing:
             if n_crashes >= CRASH_LIMIT:
-                async with registry.lock(model_id):
-                    if registry.loaded.get(model_id) is model:
-                        replicas.end_all(EngineError(ErrorCode.FAILED, f"'{model_id}' failed"))
-                        await replicas.close(0)
-                        registry.fail(model_id, f"its worker {registry.last_exits[model_id]['reason']} "
-                                                f"{n_crashes} times within {CRASH_WINDOW:g} s")
-                return
+                return n_crashes
             await asyncio.sleep(restart_delay(n_crashes))
             async with registry.lock(model_id):
-                if registry.loaded.get(model_id) is not model or self.closing or replicas.closing:
-                    return
+                if registry.loaded.get(model_id) is not model or self.closing or not wanted():
+                    return 0                              # unloaded or reloaded meanwhile
                 try:
                     fresh = await self.start(model.manifest, model.context_length)
                 except Exception as exc:
                     n_crashes = self.record_crash(model_id, None)
                     registry.last_exits[model_id]["reason"] = f"failed to start: {exc}"
                     continue
-                replicas.replace_local(LocalReplica(local.node_id, fresh.runner))
-                model.restarts += 1
-                return
+                use(fresh)
+                return 0
+        return 0
+
+    def _crash_loop(self, model_id: str, n_crashes: int) -> str:
+        return (f"its worker {self.registry.last_exits[model_id]['reason']} {n_crashes} times within "
+                f"{CRASH_WINDOW:g} s")
 
     # ---- a node went down ------------------------------------------------------------------------
 
