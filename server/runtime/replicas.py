@@ -33,7 +33,7 @@ from .runner import Generation, ModelRunner
 AFFINITY_BLOCK = 64            # tokens a prefix block holds (hashed for affinity)
 AFFINITY_BLOCKS = 16           # blocks of a prompt considered (a prefix of up to 1,024 tokens)
 AFFINITY_MEMORY = 4096         # prefix blocks remembered per model (least recently used go)
-AFFINITY_SLACK = 1.0           # requests per slot beyond the least busy replica that void affinity
+AFFINITY_SLACK = 0.25          # requests per slot beyond the least busy replica that void affinity
 # Errors of a replica that is gone, not of the request: retried on another replica before the
 # first token. The refusals of one replica's engine (queue, share) pass to the next one at submit.
 LOST = frozenset({ErrorCode.WORKER_LOST, ErrorCode.PEER_UNREACHABLE, ErrorCode.UNLOADED,
