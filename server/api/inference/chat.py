@@ -59,45 +59,45 @@ def messages_of(body: dict) -> list[dict]:
     return out
 
 
-async def chat_completions(ctx, request) -> Response | StreamingResponse:
-    body = request.json()
-    model = await ctx.models.get(params.MODEL.read(body), "chat")
-    gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=True)
-    prompt = await templates.prompt_tokens(model, messages_of(body))
-    generate.check_fits(len(prompt), model.context_length, "messages")
-    stream = await model.runner.generate(generate.jobs_for([prompt], gen, model.context_length), gen.stop,
-                                   generate.owner_of(request))
-    head = responses.envelope("chat.completion", responses.new_id("chatcmpl"), model.id)
-    if gen.stream:
-        return StreamingResponse(_chunks(model.runner, stream, gen, head), b"text/event-stream")
+class ChatRun:
+    """One chat request, validated and submitted: its answer as one object (`answer`) or as
+    chunk objects (`chunks`), both in OpenAI's chat shapes. The other dialects (Responses,
+    Anthropic messages) translate their bodies into a chat body, start a run, and translate
+    these objects back: one path into the engine for every dialect."""
 
-    choices = await generate.collect(model.runner, stream, gen.n)
-    head["choices"] = [{
-        "index": i,
-        "message": {"role": "assistant", "content": c.joined(), "refusal": None},
-        "logprobs": responses.chat_logprobs(c.logprobs) if gen.logprobs else None,
-        "finish_reason": c.finish_reason,
-    } for i, c in enumerate(choices)]
-    head["usage"] = responses.usage(choices, [0])
-    head["timings"] = timings(choices, [0])
-    return json_response(head)
+    __slots__ = ("model", "gen", "stream", "head")
 
+    def __init__(self, model, gen: params.GenerationParams, stream, head: dict):
+        self.model, self.gen, self.stream, self.head = model, gen, stream, head
 
-async def _chunks(runner, stream, gen: params.GenerationParams, head: dict):
-    head = dict(head, object="chat.completion.chunk")
-    usage_field = {"usage": None} if gen.include_usage else {}
-    choices = [responses.Choice() for _ in range(gen.n)]
+    async def answer(self) -> dict:
+        """The chat.completion object."""
+        gen = self.gen
+        choices = await generate.collect(self.model.runner, self.stream, gen.n)
+        return {**self.head, "choices": [{
+            "index": i,
+            "message": {"role": "assistant", "content": c.joined(), "refusal": None},
+            "logprobs": responses.chat_logprobs(c.logprobs) if gen.logprobs else None,
+            "finish_reason": c.finish_reason,
+        } for i, c in enumerate(choices)], "usage": responses.usage(choices, [0]),
+            "timings": timings(choices, [0])}
 
-    def chunk(index: int, delta: dict, reason=None, logprobs=None, **extra) -> bytes:
-        return responses.sse({**head, "choices": [{"index": index, "delta": delta,
-                                                    "logprobs": logprobs, "finish_reason": reason}],
-                              **usage_field, **extra})
+    async def chunks(self):
+        """The chat.completion.chunk objects, ending with the usage chunk when asked for. Raises
+        ApiError or DomainError when the engine fails the request after the first chunk."""
+        gen = self.gen
+        head = dict(self.head, object="chat.completion.chunk")
+        usage_field = {"usage": None} if gen.include_usage else {}
+        choices = [responses.Choice() for _ in range(gen.n)]
 
-    try:
+        def chunk(index: int, delta: dict, reason=None, logprobs=None, **extra) -> dict:
+            return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                                         "finish_reason": reason}], **usage_field, **extra}
+
         for i in range(gen.n):
             yield chunk(i, {"role": "assistant", "content": ""})
         n_open = gen.n
-        async with contextlib.aclosing(generate.follow(runner, stream, choices)) as events:
+        async with contextlib.aclosing(generate.follow(self.model.runner, self.stream, choices)) as events:
             async for index, choice, event in events:
                 text = event.text
                 entries = event.logprobs
@@ -110,8 +110,39 @@ async def _chunks(runner, stream, gen: params.GenerationParams, head: dict):
                     extra = {"timings": timings(choices, [0])} if last else {}
                     yield chunk(index, {}, choice.finish_reason, **extra)
         if gen.include_usage:
-            yield responses.sse({**head, "choices": [], "usage": responses.usage(choices, [0]),
-                                 "timings": timings(choices, [0])})
+            yield {**head, "choices": [], "usage": responses.usage(choices, [0]),
+                   "timings": timings(choices, [0])}
+
+    def cancel(self) -> None:
+        """Free the request's slots (a no-op once every choice has finished)."""
+        self.model.runner.cancel(self.stream)
+
+
+async def start(ctx, request, body: dict) -> ChatRun:
+    """Validate a chat body, render and tokenize the conversation, and submit it. Every 400 is
+    raised here, before anything is sent."""
+    model = await ctx.models.get(params.MODEL.read(body), "chat")
+    gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=True)
+    prompt = await templates.prompt_tokens(model, messages_of(body))
+    generate.check_fits(len(prompt), model.context_length, "messages")
+    stream = await model.runner.generate(generate.jobs_for([prompt], gen, model.context_length),
+                                         gen.stop, generate.owner_of(request))
+    head = responses.envelope("chat.completion", responses.new_id("chatcmpl"), model.id)
+    return ChatRun(model, gen, stream, head)
+
+
+async def chat_completions(ctx, request) -> Response | StreamingResponse:
+    run = await start(ctx, request, request.json())
+    if run.gen.stream:
+        return StreamingResponse(_sse(run), b"text/event-stream")
+    return json_response(await run.answer())
+
+
+async def _sse(run: ChatRun):
+    try:
+        async with contextlib.aclosing(run.chunks()) as chunks:
+            async for chunk in chunks:
+                yield responses.sse(chunk)
         yield responses.SSE_DONE
     except (ApiError, DomainError) as exc:   # the head is sent: report in the stream, then end it
         yield responses.sse(answer_of(exc).body())
