@@ -28,41 +28,41 @@ QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 MAX_GRAMMAR_NESTING = 4096
 
 
-def _too_big(what: str, limit: int, setting: str) -> None:
-    raise invalid(f"the JSON schema in 'response_format' is too large: {what} (the limit is "
-                  f"{limit}, setting inference.limits.{setting})", PARAM)
+def _too_big(what: str, limit: int, setting: str, param: str = PARAM) -> None:
+    raise invalid(f"the JSON schema in '{param}' is too large: {what} (the limit is "
+                  f"{limit}, setting inference.limits.{setting})", param)
 
 
-def _check_count(keyword: str, value, max_repeat: int) -> None:
+def _check_count(keyword: str, value, max_repeat: int, param: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise invalid(f"'{keyword}' in the JSON schema must be a number", PARAM)
+        raise invalid(f"'{keyword}' in the JSON schema must be a number", param)
     if value < 0:
-        raise invalid(f"'{keyword}' in the JSON schema must not be negative", PARAM)
+        raise invalid(f"'{keyword}' in the JSON schema must not be negative", param)
     if value > max_repeat:
-        _too_big(f"'{keyword}' is {value}", max_repeat, "grammar_max_repeat")
+        _too_big(f"'{keyword}' is {value}", max_repeat, "grammar_max_repeat", param)
 
 
-def _check_node(node: dict, limit: _limits.InferenceLimits) -> None:
+def _check_node(node: dict, limit: _limits.InferenceLimits, param: str) -> None:
     ref = node.get("$ref")
     if ref is not None and (not isinstance(ref, str) or not ref.startswith("#")):
         # The converter would fetch remote references, guarded only by an assert.
-        raise invalid("only local '$ref' references ('#/...') are allowed in the JSON schema", PARAM)
+        raise invalid("only local '$ref' references ('#/...') are allowed in the JSON schema", param)
     for keyword in REPEAT_KEYWORDS:
         if keyword in node:
-            _check_count(keyword, node[keyword], limit.grammar_max_repeat)
+            _check_count(keyword, node[keyword], limit.grammar_max_repeat, param)
     enum = node.get("enum")
     if isinstance(enum, list) and len(enum) > limit.grammar_max_enum:
-        _too_big(f"an enum has {len(enum)} values", limit.grammar_max_enum, "grammar_max_enum")
+        _too_big(f"an enum has {len(enum)} values", limit.grammar_max_enum, "grammar_max_enum", param)
     pattern = node.get("pattern")
     if isinstance(pattern, str):
         for low, high in QUANTIFIER.findall(pattern):
             for value in (low, high):
                 if value and int(value) > limit.grammar_max_repeat:
                     _too_big(f"a pattern repeats {value} times", limit.grammar_max_repeat,
-                             "grammar_max_repeat")
+                             "grammar_max_repeat", param)
 
 
-def check_schema(schema: dict, limit: _limits.InferenceLimits) -> None:
+def check_schema(schema: dict, limit: _limits.InferenceLimits, param: str = PARAM) -> None:
     """Walk the schema without recursion: depth, node count, and each node's keywords."""
     stack = [(schema, 1)]
     n_nodes = 0
@@ -71,12 +71,12 @@ def check_schema(schema: dict, limit: _limits.InferenceLimits) -> None:
         n_nodes += 1
         if n_nodes > limit.schema_max_nodes:
             _too_big(f"more than {limit.schema_max_nodes} objects and arrays",
-                     limit.schema_max_nodes, "schema_max_nodes")
+                     limit.schema_max_nodes, "schema_max_nodes", param)
         if depth > limit.schema_max_depth:
             _too_big(f"nested deeper than {limit.schema_max_depth} levels", limit.schema_max_depth,
-                     "schema_max_depth")
+                     "schema_max_depth", param)
         if isinstance(node, dict):
-            _check_node(node, limit)
+            _check_node(node, limit, param)
             children = node.values()
         else:
             children = node
@@ -108,23 +108,25 @@ def nesting(gbnf: str) -> int:
     return deepest
 
 
-def check_grammar(gbnf: str, limit: _limits.InferenceLimits) -> None:
+def check_grammar(gbnf: str, limit: _limits.InferenceLimits, param: str = PARAM) -> None:
     if len(gbnf) > limit.grammar_max_bytes:
-        _too_big(f"its grammar is {len(gbnf)} bytes", limit.grammar_max_bytes, "grammar_max_bytes")
+        _too_big(f"its grammar is {len(gbnf)} bytes", limit.grammar_max_bytes, "grammar_max_bytes", param)
     n_rules = gbnf.count("::=")
     if n_rules > limit.grammar_max_rules:
-        _too_big(f"its grammar has {n_rules} rules", limit.grammar_max_rules, "grammar_max_rules")
+        _too_big(f"its grammar has {n_rules} rules", limit.grammar_max_rules, "grammar_max_rules", param)
     if nesting(gbnf) > MAX_GRAMMAR_NESTING:
         _too_big(f"its grammar nests deeper than {MAX_GRAMMAR_NESTING} groups", MAX_GRAMMAR_NESTING,
-                 "grammar_max_repeat")
+                 "grammar_max_repeat", param)
 
 
-def json_schema_grammar(schema: dict, limit: _limits.InferenceLimits | None = None) -> str:
+def json_schema_grammar(schema: dict, limit: _limits.InferenceLimits | None = None,
+                        param: str = PARAM) -> str:
+    """`param`: the request field the schema came from, named by every refusal."""
     limit = limit or _limits.current
-    check_schema(schema, limit)
+    check_schema(schema, limit, param)
     try:
         gbnf = json_schema_to_gbnf(orjson.dumps(schema).decode())
     except Exception as exc:      # the converter raises several kinds on schemas it cannot express
-        raise invalid(f"unsupported JSON schema: {str(exc)[:300]}", PARAM) from None
-    check_grammar(gbnf, limit)
+        raise invalid(f"unsupported JSON schema: {str(exc)[:300]}", param) from None
+    check_grammar(gbnf, limit, param)
     return gbnf

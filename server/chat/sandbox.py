@@ -26,6 +26,7 @@ from datetime import datetime
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.runtime
 from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -294,18 +295,23 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
         try:
-            self.template = BoundedEnvironment().from_string(source)
+            environment = BoundedEnvironment()
+            self.template = environment.from_string(source)
+            # the variables it reads: a template that never reads `tools` cannot show them
+            self.variables = frozenset(jinja2.meta.find_undeclared_variables(environment.parse(source)))
             self.error = None
         except Exception as exc:          # kept: every chat request will say why it fails
             self.template = None
+            self.variables = frozenset()
             self.error = f"it does not compile: {str(exc)[:300]}"
 
-    def render(self, messages: list[dict], limits: InferenceLimits) -> str:
+    def render(self, messages: list[dict], limits: InferenceLimits, extra: dict | None = None) -> str:
+        """`extra`: more variables for the template (`tools`, `enable_thinking`, ...)."""
         if self.template is None:
             raise TemplateFailure(self.error)
         _current.budget = _Budget(limits)
         try:
-            return self._render(messages, limits.template_max_bytes)
+            return self._render(messages, limits.template_max_bytes, extra)
         except TemplateFailure:
             raise
         except RecursionError:
@@ -317,13 +323,16 @@ class ChatTemplate:
         finally:
             _current.budget = None
 
-    def _render(self, messages: list[dict], max_bytes: int) -> str:
+    def _render(self, messages: list[dict], max_bytes: int, extra: dict | None) -> str:
         out, size = [], 0
-        for piece in self.template.generate(
-                messages=messages, bos_token=self.bos_token, eos_token=self.eos_token,
-                add_generation_prompt=True, raise_exception=_raise_exception,
-                strftime_now=_strftime_now, tools=None, functions=None, tool_choice=None,
-                function_call=None):
+        variables = dict(
+            messages=messages, bos_token=self.bos_token, eos_token=self.eos_token,
+            add_generation_prompt=True, raise_exception=_raise_exception,
+            strftime_now=_strftime_now, tools=None, functions=None, tool_choice=None,
+            function_call=None)
+        if extra:
+            variables.update(extra)
+        for piece in self.template.generate(**variables):
             size += len(piece)
             if size > max_bytes:
                 raise TemplateFailure(f"its output is larger than {max_bytes} bytes "

@@ -46,20 +46,22 @@ def template_for(engine) -> ChatTemplate:
     return ChatTemplate(engine.chat_template or CHATML, bos_token=bos, eos_token=eos)
 
 
-def _render_and_tokenize(template: ChatTemplate, messages: list[dict], runner, limit) -> list[int]:
-    text = template.render(messages, limit)
+def _render_and_tokenize(template: ChatTemplate, messages: list[dict], runner, limit,
+                         extra: dict | None) -> list[int]:
+    text = template.render(messages, limit, extra)
     with runner.lease():
         return runner.engine.tokenize(text, False, True)
 
 
-async def prompt_tokens(model, messages: list[dict]) -> list[int]:
-    """The tokens of the rendered conversation, computed on a render thread."""
+async def prompt_tokens(model, messages: list[dict], extra: dict | None = None) -> list[int]:
+    """The tokens of the rendered conversation, computed on a render thread. `extra`: more
+    variables for the template (tools, enable_thinking)."""
     runner = model.runner
     runner.check_open()
     loop = asyncio.get_running_loop()
     try:
         return await loop.run_in_executor(_pool, _render_and_tokenize, model.template, messages,
-                                          runner, limits.current)
+                                          runner, limits.current, extra)
     except TemplateFailure as exc:
         raise invalid(f"the model's chat template failed for these messages: {exc}",
                       "messages") from None

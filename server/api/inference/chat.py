@@ -10,7 +10,9 @@ from ...errors import DomainError
 from ...observe.timings import timings
 from ..errors import answer_of
 from . import generate, params, responses
+from . import tools as tools_params
 from ...chat import templates
+from ...chat import tools as chat_tools
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_MESSAGES = 4096
@@ -21,6 +23,12 @@ TEXT_PART = validate.Object(
     validate.String("text", required=True, max_len=None, allow_empty=True),
     message="'{field}' must be a text part ({{\"type\": \"text\", \"text\": ...}}); "
             "other part types are not supported")
+TOOL_CALL = validate.Object(
+    "", validate.String("id", max_len=256, allow_empty=True),
+    validate.Const("type", "function"),
+    validate.Object("function", validate.String("name", required=True, max_len=256),
+                    validate.String("arguments", required=True, max_len=None, allow_empty=True),
+                    required=True))
 MESSAGE = validate.Object(
     "",
     validate.String("role", required=True, choices=ROLES),
@@ -29,7 +37,11 @@ MESSAGE = validate.Object(
                    doc="Required, except in an assistant turn that only called tools.",
                    message="'{field}' must be a string or an array of text parts"),
     validate.String("name", max_len=256),
-    validate.String("tool_call_id", max_len=256))
+    validate.String("tool_call_id", max_len=256),
+    validate.Array("tool_calls", TOOL_CALL, max_items=tools_params.MAX_TOOLS,
+                   doc="An assistant turn's calls (as answered in message.tool_calls)."),
+    validate.String("reasoning_content", max_len=None, allow_empty=True,
+                    doc="An assistant turn's thinking, for templates that show it."))
 MESSAGES = validate.Array("messages", MESSAGE, required=True, min_items=1, max_items=MAX_MESSAGES,
                           doc="The conversation so far, oldest first.")
 
@@ -52,9 +64,15 @@ def messages_of(body: dict) -> list[dict]:
         elif not isinstance(content, str):
             content = "".join(part["text"] for part in content)
         entry = {"role": "system" if role == "developer" else role, "content": content}
-        for optional in ("name", "tool_call_id"):
+        for optional in ("name", "tool_call_id", "reasoning_content"):
             if message.get(optional) is not None:
                 entry[optional] = message[optional]
+        calls = message.get("tool_calls")
+        if calls and role == "assistant":
+            entry["tool_calls"] = [{"id": c.get("id") or "", "type": "function",
+                                    "function": {"name": c["function"]["name"],
+                                                 "arguments": c["function"]["arguments"]}}
+                                   for c in calls]
         out.append(entry)
     return out
 
@@ -65,22 +83,30 @@ class ChatRun:
     Anthropic messages) translate their bodies into a chat body, start a run, and translate
     these objects back: one path into the engine for every dialect."""
 
-    __slots__ = ("model", "gen", "stream", "head")
+    __slots__ = ("model", "gen", "stream", "head", "parse")
 
-    def __init__(self, model, gen: params.GenerationParams, stream, head: dict):
-        self.model, self.gen, self.stream, self.head = model, gen, stream, head
+    def __init__(self, model, gen: params.GenerationParams, stream, head: dict, parse=None):
+        """`parse`: text -> (chat.tools.Message, complete), for answers that may hold tool calls
+        or reasoning; None: the text is the content, as generated."""
+        self.model, self.gen, self.stream, self.head, self.parse = model, gen, stream, head, parse
 
     async def answer(self) -> dict:
         """The chat.completion object."""
         gen = self.gen
         choices = await generate.collect(self.model.runner, self.stream, gen.n)
         return {**self.head, "choices": [{
-            "index": i,
-            "message": {"role": "assistant", "content": c.joined(), "refusal": None},
+            "index": i, **self._message(c),
             "logprobs": responses.chat_logprobs(c.logprobs) if gen.logprobs else None,
-            "finish_reason": c.finish_reason,
         } for i, c in enumerate(choices)], "usage": responses.usage(choices, [0]),
             "timings": timings(choices, [0])}
+
+    def _message(self, choice: responses.Choice) -> dict:
+        if self.parse is None:
+            return {"message": {"role": "assistant", "content": choice.joined(), "refusal": None},
+                    "finish_reason": choice.finish_reason}
+        fields, called = tools_params.Reader(self.parse).message(choice.joined())
+        return {"message": {"role": "assistant", **fields, "refusal": None},
+                "finish_reason": _finish(choice.finish_reason, called)}
 
     async def chunks(self):
         """The chat.completion.chunk objects, ending with the usage chunk when asked for. Raises
@@ -97,18 +123,28 @@ class ChatRun:
         for i in range(gen.n):
             yield chunk(i, {"role": "assistant", "content": ""})
         n_open = gen.n
+        readers = [tools_params.Reader(self.parse) for _ in range(gen.n)] if self.parse else None
         async with contextlib.aclosing(generate.follow(self.model.runner, self.stream, choices)) as events:
             async for index, choice, event in events:
                 text = event.text
                 entries = event.logprobs
                 if text or entries:
                     logprobs = responses.chat_logprobs(entries) if gen.logprobs and entries else None
-                    yield chunk(index, {"content": text.decode("utf-8", "replace")}, None, logprobs)
+                    if readers is None:
+                        yield chunk(index, {"content": text.decode("utf-8", "replace")}, None, logprobs)
+                    else:
+                        deltas = readers[index].feed(text.decode("utf-8", "replace")) if text else []
+                        for delta in deltas or ([{}] if logprobs else []):
+                            yield chunk(index, delta, None, logprobs)
+                            logprobs = None
                 if choice.finish_reason is not None:
                     n_open -= 1
                     last = n_open == 0 and not gen.include_usage   # the timings go in the last chunk
                     extra = {"timings": timings(choices, [0])} if last else {}
-                    yield chunk(index, {}, choice.finish_reason, **extra)
+                    reason = choice.finish_reason
+                    if readers is not None:
+                        reason = _finish(reason, bool(readers[index].seen.calls))
+                    yield chunk(index, {}, reason, **extra)
         if gen.include_usage:
             yield {**head, "choices": [], "usage": responses.usage(choices, [0]),
                    "timings": timings(choices, [0])}
@@ -118,17 +154,37 @@ class ChatRun:
         self.model.runner.cancel(self.stream)
 
 
+def _finish(reason: str | None, called: bool) -> str | None:
+    """An answer that ended by itself after calling tools finished for "tool_calls"."""
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def _has_tool_turns(messages: list[dict]) -> bool:
+    return any(m["role"] == "tool" or "tool_calls" in m for m in messages)
+
+
 async def start(ctx, request, body: dict) -> ChatRun:
     """Validate a chat body, render and tokenize the conversation, and submit it. Every 400 is
     raised here, before anything is sent."""
     model = await ctx.models.get(params.MODEL.read(body), "chat")
     gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=True)
-    prompt = await templates.prompt_tokens(model, messages_of(body))
+    tool_request = tools_params.read(body)
+    messages = messages_of(body)
+    parse = None
+    if tool_request is not None or _has_tool_turns(messages):
+        messages = chat_tools.generic_messages(messages, tool_request)
+    if tool_request is not None and tool_request.active:
+        if gen.grammar:
+            raise invalid("'response_format' cannot be combined with 'tools' (unless "
+                          "'tool_choice' is 'none')", "response_format")
+        gen.grammar = gen.sampling.grammar = chat_tools.generic_grammar(tool_request)
+        parse = chat_tools.parse_generic
+    prompt = await templates.prompt_tokens(model, messages)
     generate.check_fits(len(prompt), model.context_length, "messages")
     stream = await model.runner.generate(generate.jobs_for([prompt], gen, model.context_length),
                                          gen.stop, generate.owner_of(request))
     head = responses.envelope("chat.completion", responses.new_id("chatcmpl"), model.id)
-    return ChatRun(model, gen, stream, head)
+    return ChatRun(model, gen, stream, head, parse)
 
 
 async def chat_completions(ctx, request) -> Response | StreamingResponse:

@@ -12,6 +12,7 @@ from ...http import validate
 from ...http.errors import invalid
 from ...chat.gbnf import json_gbnf
 from ...chat.grammar import json_schema_grammar
+from . import tools as tool_fields
 
 MAX_N = 16
 MAX_STOP = 4
@@ -148,6 +149,7 @@ CHAT = COMMON + [
     V.Boolean("logprobs", doc="Return each generated token's log probability."),
     V.Integer("top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS, default=0,
               doc="Alternatives per token; requires logprobs: true."),
+    *tool_fields.FIELDS,
 ]
 COMPLETION = COMMON + [
     V.Integer("logprobs", lo=0, hi=5, doc="Alternatives per token to return log probabilities for."),

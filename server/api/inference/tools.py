@@ -1,0 +1,137 @@
+"""The tool fields of a chat request (`tools`, `tool_choice`, `parallel_tool_calls`), and each
+choice's answer read back into OpenAI's shapes: `message.tool_calls` and reasoning when whole,
+deltas when streamed."""
+from __future__ import annotations
+
+import os
+import re
+
+from ...chat import limits
+from ...chat import tools as chat_tools
+from ...chat.grammar import check_schema
+from ...http import validate as V
+from ...http.errors import invalid
+
+MAX_TOOLS = 128
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+CHOICES = ("none", "auto", "required")
+
+FUNCTION = V.Object(
+    "function", V.String("name", required=True, max_len=64,
+                         doc="Letters, digits, '_' and '-', at most 64."),
+    V.String("description", max_len=None, allow_empty=True),
+    V.Object("parameters", doc="A JSON Schema of the arguments (an object)."),
+    V.Boolean("strict"))
+TOOL = V.Object("", V.String("type", required=True, max_len=64, doc="Only 'function'."), FUNCTION)
+TOOLS = V.Array("tools", TOOL, max_items=MAX_TOOLS,
+                doc="Functions the model may call; their parameters' schemas share the "
+                    "response_format grammar budget.")
+NAMED_CHOICE = V.Object("", V.Const("type", "function", required=True),
+                        V.Object("function", V.String("name", required=True, max_len=64),
+                                 required=True))
+TOOL_CHOICE = V.OneOf(
+    "tool_choice", V.String(choices=CHOICES), NAMED_CHOICE,
+    doc="'none', 'auto' (the default with tools), 'required', or "
+        "{type: 'function', function: {name}} to force that function.")
+PARALLEL_TOOL_CALLS = V.Boolean("parallel_tool_calls", default=False,
+                                doc="Allow several calls in one answer.")
+FIELDS = [TOOLS, TOOL_CHOICE, PARALLEL_TOOL_CALLS]
+
+
+def read(body: dict) -> chat_tools.ToolRequest | None:
+    """The request's tools, checked; None when it has none."""
+    tools = TOOLS.read(body)
+    choice = TOOL_CHOICE.read(body)
+    parallel = PARALLEL_TOOL_CALLS.read(body)
+    if not tools:
+        if choice is not None:
+            raise invalid("'tool_choice' is only allowed when 'tools' are given", "tool_choice")
+        return None
+    out, names = [], set()
+    for i, tool in enumerate(tools):
+        if tool["type"] != "function":
+            raise invalid(f"'tools[{i}].type' must be 'function', not {tool['type']!r}",
+                          f"tools[{i}].type")
+        function = tool.get("function")
+        if function is None:
+            raise invalid(f"'tools[{i}].function' is required", f"tools[{i}].function")
+        name = function["name"]
+        if not NAME.match(name):
+            raise invalid(f"'tools[{i}].function.name' must be letters, digits, '_' or '-' "
+                          "(at most 64)", f"tools[{i}].function.name")
+        if name in names:
+            raise invalid(f"'tools[{i}].function.name' repeats the function {name!r}",
+                          f"tools[{i}].function.name")
+        names.add(name)
+        parameters = function.get("parameters") or dict(chat_tools.NO_PARAMETERS)
+        check_schema(parameters, limits.current, f"tools[{i}].function.parameters")
+        out.append(chat_tools.Tool(name, function.get("description") or "", parameters))
+    named = None
+    if isinstance(choice, dict):
+        named = choice["function"]["name"]
+        if named not in names:
+            raise invalid(f"'tool_choice.function.name' names {named!r}, which is not in 'tools'",
+                          "tool_choice")
+        choice = "required"
+    return chat_tools.ToolRequest(tuple(out), choice or "auto", named, parallel)
+
+
+def new_call_id() -> str:
+    return f"call_{os.urandom(12).hex()}"
+
+
+class Reader:
+    """One choice's text read back into a message while it grows (`feed`, the stream's deltas)
+    and once it is whole (`message`)."""
+
+    __slots__ = ("parse", "text", "seen", "ids")
+
+    def __init__(self, parse):
+        self.parse = parse           # text -> (chat_tools.Message, complete)
+        self.text = ""
+        self.seen = chat_tools.Message()
+        self.ids: list[str] = []
+
+    def _id(self, index: int, call: chat_tools.Call) -> str:
+        while len(self.ids) <= index:
+            self.ids.append(call.id or new_call_id())
+        return self.ids[index]
+
+    def feed(self, text: str) -> list[dict]:
+        """The deltas the new text adds (reasoning, content, then each call: its name, then
+        fragments of its arguments)."""
+        self.text += text
+        new, _ = self.parse(self.text)
+        seen, out = self.seen, []
+        if len(new.reasoning) > len(seen.reasoning):
+            piece = new.reasoning[len(seen.reasoning):]
+            out.append({"reasoning_content": piece, "reasoning": piece})
+        if len(new.content) > len(seen.content):
+            out.append({"content": new.content[len(seen.content):]})
+        for i, call in enumerate(new.calls):
+            if i >= len(seen.calls):
+                out.append({"tool_calls": [{"index": i, "id": self._id(i, call), "type": "function",
+                                            "function": {"name": call.name, "arguments": ""}}]})
+                done = ""
+            else:
+                done = seen.calls[i].arguments
+            if len(call.arguments) > len(done):
+                out.append({"tool_calls": [{"index": i, "function": {
+                    "arguments": call.arguments[len(done):]}}]})
+        self.seen = new
+        return out
+
+    def message(self, text: str) -> tuple[dict, bool]:
+        """The whole answer as message fields, and whether it called tools."""
+        self.text = text
+        new, complete = self.parse(text)
+        if not complete and not new.calls and not new.content and not new.reasoning:
+            return {"content": text}, False       # cut short before anything could be read
+        fields: dict = {"content": new.content or (None if new.calls else "")}
+        if new.reasoning:
+            fields["reasoning_content"] = fields["reasoning"] = new.reasoning
+        if new.calls:
+            fields["tool_calls"] = [{"id": self._id(i, c), "type": "function",
+                                     "function": {"name": c.name, "arguments": c.arguments}}
+                                    for i, c in enumerate(new.calls)]
+        return fields, bool(new.calls)
