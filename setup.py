@@ -16,6 +16,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 from Cython.Build import cythonize
 from setuptools import Extension, find_packages, setup
@@ -25,6 +26,8 @@ PACKAGE, SOURCE_DIR = "stackd", "server"
 # The module list lives in server/compiled.py, which also enforces it at start-up.
 COMPILED_MODULES = runpy.run_path(os.path.join(SOURCE_DIR, "compiled.py"))["COMPILED_MODULES"]
 KERNELS_LIBRARY = "libstackd_kernels.so"
+# CMake builds the chat formats module (native/chat/) beside the engine, in the same run.
+CHAT_MODULE = "_chat" + sysconfig.get_config_var("EXT_SUFFIX")
 
 
 class CMakeExtension(Extension):
@@ -55,12 +58,14 @@ class BuildExt(build_ext):
     def copy_extensions_to_source(self):
         super().copy_extensions_to_source()
         # CMake also builds kernels/ as a plain shared library (loaded with ctypes by
-        # server/engine/accel.py), which setuptools does not know to copy in place.
-        built = os.path.join(self.build_lib, PACKAGE, KERNELS_LIBRARY)
-        if os.path.exists(built):  # replaced, not rewritten: a running process may map it
-            target = os.path.join(SOURCE_DIR, KERNELS_LIBRARY)
-            shutil.copyfile(built, target + ".tmp")
-            os.replace(target + ".tmp", target)
+        # server/engine/accel.py) and the chat formats module, which setuptools does not know
+        # to copy in place.
+        for name in (KERNELS_LIBRARY, CHAT_MODULE):
+            built = os.path.join(self.build_lib, PACKAGE, name)
+            if os.path.exists(built):  # replaced, not rewritten: a running process may map it
+                target = os.path.join(SOURCE_DIR, name)
+                shutil.copyfile(built, target + ".tmp")
+                os.replace(target + ".tmp", target)
 
 
 extensions = cythonize(

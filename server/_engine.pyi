@@ -99,6 +99,8 @@ class SamplingParams:
     penalty_last_n: int
     logit_bias: list[tuple[int, float]]
     grammar: str
+    grammar_lazy: bool
+    grammar_triggers: list[str]
     logprobs: bool
     n_top_logprobs: int
     min_tokens: int

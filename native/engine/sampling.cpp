@@ -28,7 +28,19 @@ bool by_logit(const llama_token_data & a, const llama_token_data & b) {
 
 request_sampler::request_sampler(const sampling_params & p, const llama_vocab * vocab, grammar_fallback fallback)
     : fallback_(fallback) {
-    if (!p.grammar.empty()) {
+    if (!p.grammar.empty() && p.grammar_lazy) {
+        // a tool call's grammar under tool_choice auto: free text until the family's trigger
+        // (e.g. "<tool_call>") appears in the output, the grammar from there on
+        std::vector<const char *> patterns;
+        for (const std::string & pattern : p.grammar_triggers) {
+            patterns.push_back(pattern.c_str());
+        }
+        grammar_ = llama_sampler_init_grammar_lazy_patterns(vocab, p.grammar.c_str(), "root",
+                                                            patterns.data(), patterns.size(), nullptr, 0);
+        if (grammar_ == nullptr) {
+            throw std::invalid_argument("the grammar does not parse");
+        }
+    } else if (!p.grammar.empty()) {
         grammar_ = llama_sampler_init_grammar(vocab, p.grammar.c_str(), "root");
         if (grammar_ == nullptr) {
             throw std::invalid_argument("the grammar does not parse");

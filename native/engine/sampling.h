@@ -28,6 +28,8 @@ using logit_bias_list = std::vector<std::pair<int32_t, float>>;
     X(int32_t,         penalty_last_n,    64)                                            \
     X(logit_bias_list, logit_bias,        {})                                            \
     X(std::string,     grammar,           {})           /* GBNF; empty: none */          \
+    X(bool,            grammar_lazy,      false)        /* off until a trigger matches */ \
+    X(std::vector<std::string>, grammar_triggers, {})   /* regexes over the output text */ \
     X(bool,            logprobs,          false)                                         \
     X(int32_t,         n_top_logprobs,    0)                                             \
     X(int32_t,         min_tokens,        0)            /* end of generation waits */    \
