@@ -12,7 +12,10 @@ from ..errors import answer_of
 from . import generate, params, responses
 from . import tools as tools_params
 from ...chat import templates
+from ...chat import formats as chat_formats
+from ...chat import limits as chat_limits
 from ...chat import tools as chat_tools
+from ...chat.grammar import check_grammar
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_MESSAGES = 4096
@@ -170,21 +173,53 @@ async def start(ctx, request, body: dict) -> ChatRun:
     gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=True)
     tool_request = tools_params.read(body)
     messages = messages_of(body)
-    parse = None
-    if tool_request is not None or _has_tool_turns(messages):
-        messages = chat_tools.generic_messages(messages, tool_request)
-    if tool_request is not None and tool_request.active:
-        if gen.grammar:
-            raise invalid("'response_format' cannot be combined with 'tools' (unless "
-                          "'tool_choice' is 'none')", "response_format")
-        gen.grammar = gen.sampling.grammar = chat_tools.generic_grammar(tool_request)
-        parse = chat_tools.parse_generic
-    prompt = await templates.prompt_tokens(model, messages)
+    active = tool_request is not None and tool_request.active
+    if active and gen.grammar:
+        raise invalid("'response_format' cannot be combined with 'tools' (unless "
+                      "'tool_choice' is 'none')", "response_format")
+    template = model.template
+    parse, extra = None, None
+    if chat_formats.reads_tools(template) or chat_formats.thinks(template):
+        if active or chat_formats.thinks(template) or _has_tool_turns(messages):
+            messages, extra, parse = await _family_format(template, messages, tool_request, gen,
+                                                          tools_params.REASONING_EFFORT.read(body))
+    else:
+        if tool_request is not None or _has_tool_turns(messages):
+            messages = chat_tools.generic_messages(messages, tool_request)
+        if active:
+            gen.grammar = gen.sampling.grammar = chat_tools.generic_grammar(tool_request)
+            parse = _generic_parse
+    prompt = await templates.prompt_tokens(model, messages, extra)
     generate.check_fits(len(prompt), model.context_length, "messages")
     stream = await model.runner.generate(generate.jobs_for([prompt], gen, model.context_length),
                                          gen.stop, generate.owner_of(request))
     head = responses.envelope("chat.completion", responses.new_id("chatcmpl"), model.id)
     return ChatRun(model, gen, stream, head, parse)
+
+
+def _generic_parse(text: str, final: bool):
+    return chat_tools.parse_generic(text)
+
+
+async def _family_format(template, messages, tool_request, gen, effort):
+    """A template that knows tools or thinks: llama.cpp's analysis of its format (formats.py)
+    gives the grammar, its triggers and the parser; our sandbox renders the prompt."""
+    active = tool_request is not None and tool_request.active
+    thinking = effort != "none"
+    analysis = await chat_formats.analyze(template, tool_request if active else None, thinking,
+                                          "tools" if active else "messages")
+    extra = {"enable_thinking": thinking}
+    if active:
+        extra["tools"] = [t.as_openai() for t in tool_request.offered()]
+        if analysis.grammar:
+            check_grammar(analysis.grammar, chat_limits.current, "tools")
+            gen.grammar = gen.sampling.grammar = analysis.grammar
+            gen.sampling.grammar_lazy = analysis.grammar_lazy
+            gen.sampling.grammar_triggers = analysis.triggers
+        gen.stop = gen.stop + [s for s in analysis.stops if s not in gen.stop]
+    reasoning = analysis.supports_thinking
+    parse = analysis.parse_function(active, reasoning) if active or reasoning else None
+    return chat_formats.render_messages(messages, analysis.caps), extra, parse
 
 
 async def chat_completions(ctx, request) -> Response | StreamingResponse:

@@ -35,7 +35,11 @@ TOOL_CHOICE = V.OneOf(
         "{type: 'function', function: {name}} to force that function.")
 PARALLEL_TOOL_CALLS = V.Boolean("parallel_tool_calls", default=False,
                                 doc="Allow several calls in one answer.")
-FIELDS = [TOOLS, TOOL_CHOICE, PARALLEL_TOOL_CALLS]
+REASONING_EFFORT = V.String(
+    "reasoning_effort", choices=("none", "minimal", "low", "medium", "high"),
+    doc="For a model whose template thinks: 'none' switches thinking off (the template's "
+        "enable_thinking); any other value leaves it on.")
+FIELDS = [TOOLS, TOOL_CHOICE, PARALLEL_TOOL_CALLS, REASONING_EFFORT]
 
 
 def read(body: dict) -> chat_tools.ToolRequest | None:
@@ -87,7 +91,7 @@ class Reader:
     __slots__ = ("parse", "text", "seen", "ids")
 
     def __init__(self, parse):
-        self.parse = parse           # text -> (chat_tools.Message, complete)
+        self.parse = parse           # (text, final) -> (chat_tools.Message, complete)
         self.text = ""
         self.seen = chat_tools.Message()
         self.ids: list[str] = []
@@ -101,7 +105,7 @@ class Reader:
         """The deltas the new text adds (reasoning, content, then each call: its name, then
         fragments of its arguments)."""
         self.text += text
-        new, _ = self.parse(self.text)
+        new, _ = self.parse(self.text, False)
         seen, out = self.seen, []
         if len(new.reasoning) > len(seen.reasoning):
             piece = new.reasoning[len(seen.reasoning):]
@@ -124,7 +128,7 @@ class Reader:
     def message(self, text: str) -> tuple[dict, bool]:
         """The whole answer as message fields, and whether it called tools."""
         self.text = text
-        new, complete = self.parse(text)
+        new, complete = self.parse(text, True)
         if not complete and not new.calls and not new.content and not new.reasoning:
             return {"content": text}, False       # cut short before anything could be read
         fields: dict = {"content": new.content or (None if new.calls else "")}

@@ -1,0 +1,143 @@
+"""llama.cpp's family formats (stackd._chat through chat/formats.py): the analysis in its killable
+child, the lazy grammar and its triggers, the parser read partially and whole, reasoning split
+out, and hostile templates ending in a 400."""
+import asyncio
+
+import pytest
+
+from stackd.api.inference.tools import Reader
+from stackd.chat import formats, limits
+from stackd.chat.sandbox import ChatTemplate
+from stackd.chat.tools import Tool, ToolRequest
+from stackd.errors import DomainError
+
+# Qwen 2.5's tool template (Hermes <tool_call> JSON), trimmed to its tool parts.
+QWEN = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0].role == 'system' %}"
+    "{{- messages[0].content + '\\n\\n' }}{%- endif %}{{- '# Tools\\n\\nYou may call one or more "
+    "functions to assist with the user query.\\n\\nYou are provided with function signatures "
+    "within <tools></tools> XML tags:\\n<tools>' }}{%- for tool in tools %}{{- '\\n' }}"
+    "{{- tool | tojson }}{%- endfor %}{{- '\\n</tools>\\n\\nFor each function call, return a json "
+    "object with function name and arguments within <tool_call></tool_call> XML tags:\\n"
+    "<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call>"
+    "<|im_end|>\\n' }}{%- else %}{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' "
+    "+ messages[0].content + '<|im_end|>\\n' }}{%- endif %}{%- endif %}{%- for message in messages %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or "
+    "(message.role == 'assistant' and not message.tool_calls) %}{{- '<|im_start|>' + message.role + "
+    "'\\n' + message.content + '<|im_end|>' + '\\n' }}{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>' + message.role }}{%- if message.content %}{{- '\\n' + message.content }}"
+    "{%- endif %}{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}"
+    "{%- set tool_call = tool_call.function %}{%- endif %}{{- '\\n<tool_call>\\n{\"name\": \"' }}"
+    "{{- tool_call.name }}{{- '\", \"arguments\": ' }}{{- tool_call.arguments | tojson }}"
+    "{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}{%- elif message.role == 'tool' %}"
+    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}"
+    "{{- '<|im_start|>user' }}{%- endif %}{{- '\\n<tool_response>\\n' }}{{- message.content }}"
+    "{{- '\\n</tool_response>' }}{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+# A thinking template in Qwen3's manner: <think> in the history, switched by enable_thinking.
+THINKING = (
+    "{%- for message in messages %}{%- if message.role == 'assistant' and message.reasoning_content %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' + "
+    "message.content + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>' + message.role + '\\n' + "
+    "message.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}")
+WEATHER = Tool("get_weather", "The weather", {"type": "object", "properties": {
+    "city": {"type": "string"}}, "required": ["city"]})
+
+
+def analyze(source, tools=None, thinking=True, param="tools"):
+    """One analysis on its own event loop (the worker's pipes belong to one loop)."""
+    template = ChatTemplate(source, "", "<|im_end|>")
+
+    async def run():
+        try:
+            return await formats.analyze(template, tools, thinking, param)
+        finally:
+            formats.close()
+            formats._worker = None
+
+    return asyncio.run(run())
+
+
+def stream(parse, text: str) -> list[dict]:
+    reader, deltas = Reader(parse), []
+    for i in range(0, len(text), 3):
+        deltas += reader.feed(text[i:i + 3])
+    return deltas
+
+
+@pytest.fixture(autouse=True)
+def fresh_worker():
+    yield
+    formats.close()
+    formats._worker = None
+    formats._cache.clear()
+
+
+def test_hermes_template_gets_a_lazy_grammar_triggered_by_tool_call():
+    template = ChatTemplate(QWEN, "", "<|im_end|>")
+    assert formats.reads_tools(template)
+    analysis = analyze(QWEN, ToolRequest((WEATHER,), "auto"))
+    assert analysis.grammar and analysis.grammar_lazy
+    assert any("tool_call" in t for t in analysis.triggers)
+    assert analysis.caps["supports_tool_calls"] and analysis.caps["supports_object_arguments"]
+
+
+def test_required_is_not_lazy():
+    analysis = analyze(QWEN, ToolRequest((WEATHER,), "required"))
+    assert analysis.grammar and not analysis.grammar_lazy
+
+
+def test_the_family_parser_reads_calls_whole_and_streamed():
+    parse = analyze(QWEN, ToolRequest((WEATHER,), "auto")).parse_function(True, False)
+    text = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    message, complete = parse(text, True)
+    assert complete and message.content.strip() == "Let me look."
+    assert [(c.name, c.arguments) for c in message.calls] == [("get_weather", '{"city": "Paris"}')]
+    deltas = stream(parse, text)
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["index"] == 0
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"city": "Paris"}'
+
+
+def test_reasoning_is_split_out_of_content_and_streamed_apart():
+    analysis = analyze(THINKING)
+    assert analysis.supports_thinking and analysis.thinking_start == "<think>"
+    parse = analysis.parse_function(False, True)
+    text = "<think>\nThe user greets me.\n</think>\n\nHello!"
+    fields, called = Reader(parse).message(text)
+    assert not called and fields["content"] == "Hello!"
+    assert fields["reasoning_content"].strip() == "The user greets me." == fields["reasoning"].strip()
+    deltas = stream(parse, text)
+    thought = "".join(d.get("reasoning_content", "") for d in deltas)
+    content = "".join(d.get("content", "") for d in deltas)
+    assert thought.strip() == "The user greets me." and content == "Hello!"
+    first_content = next(i for i, d in enumerate(deltas) if "content" in d)
+    assert all("content" not in d for d in deltas[:first_content])
+
+
+def test_thinking_switched_off_renders_the_empty_think_block():
+    template = ChatTemplate(THINKING, "", "<|im_end|>")
+    on = template.render([{"role": "user", "content": "hi"}], limits.current, {"enable_thinking": True})
+    off = template.render([{"role": "user", "content": "hi"}], limits.current, {"enable_thinking": False})
+    assert off == on + "<think>\n\n</think>\n\n"
+    assert analyze(THINKING, thinking=False).generation_prompt.endswith(b"</think>\n\n")
+
+
+def test_a_template_that_loops_in_the_analysis_is_a_400_and_the_worker_is_replaced(monkeypatch):
+    monkeypatch.setattr(limits, "current", limits.InferenceLimits(template_timeout=0.05))
+    looping = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+               "{{ tools }}")
+    with pytest.raises(DomainError) as refused:
+        analyze(looping, ToolRequest((WEATHER,), "auto"))
+    assert refused.value.param == "tools" and "longer than" in refused.value.message
+    monkeypatch.setattr(limits, "current", limits.InferenceLimits())
+    assert analyze(QWEN, ToolRequest((WEATHER,), "auto")).grammar   # a new worker answers
+
+
+def test_a_template_llama_cpp_cannot_take_is_a_400():
+    with pytest.raises(DomainError) as refused:
+        analyze("{% for %}", ToolRequest((WEATHER,), "auto"))
+    assert refused.value.param == "tools"
