@@ -11,15 +11,15 @@ copy of them, never patched.
 """
 from __future__ import annotations
 
-import glob
 import os
 import runpy
-import subprocess
 import sys
 import tarfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-VERSION = runpy.run_path(os.path.join(ROOT, "native", "llama_wheel.py"))["VERSION"]
+# the kernels' fetcher downloads the sdist (and extracts ggml/): its archive is ours too
+GGML = runpy.run_path(os.path.join(ROOT, "kernels", "fetch_ggml_source.py"))
+VERSION = GGML["VERSION"]
 NEEDED = ("common/chat.cpp", "common/peg-parser.cpp", "common/jinja/runtime.cpp",
           "vendor/nlohmann/json.hpp")
 PREFIXES = ("common/", "vendor/nlohmann/")
@@ -33,12 +33,8 @@ def fetch(dest: str) -> str:
     target = llama_dir(dest)
     if all(os.path.exists(os.path.join(target, name)) for name in NEEDED):
         return target
-    os.makedirs(dest, exist_ok=True)
+    GGML["fetch"](dest)
     archive = os.path.join(dest, f"llama_cpp_python-{VERSION}.tar.gz")
-    if not glob.glob(archive):
-        subprocess.check_call([sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
-                               "-q", "--no-deps", "--no-binary", "llama-cpp-python",
-                               f"llama-cpp-python=={VERSION}", "-d", dest], stdout=sys.stderr)
     with tarfile.open(archive) as tar:
         head = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
         members = [m for m in tar.getmembers() if m.isfile() and m.name.startswith(head)
