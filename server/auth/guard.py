@@ -29,7 +29,7 @@ class Guard:
             return
         header = request.headers.get(b"authorization")
         if header is None:
-            raise unauthenticated(self.authenticator.missing_message)
+            header = self.alternative(request, route)
         session = request.session
         generation = self.versioned.generation
         if session.credential == header and session.generation == generation:
@@ -44,6 +44,21 @@ class Guard:
             raise ApiError(ErrorKind.PERMISSION, self.authenticator.refusal(principal, permission))
         if route.group is not None and self.limiter is not None:
             request.rate_headers = self.limiter.admit(principal.id, principal.name, route.group)
+
+    def alternative(self, request, route) -> bytes:
+        """The credential of a route that also takes it in its own header (Anthropic's
+        x-api-key: the bare key), as the Authorization value it stands for."""
+        name = getattr(route, "credential_header", None)
+        token = request.headers.get(name) if name is not None else None
+        if token is None:
+            message = self.authenticator.missing_message
+            if name is not None:
+                message += f" or '{name.decode()}: <key>'"
+            raise unauthenticated(message)
+        token = token.strip()
+        if not token or b" " in token:
+            raise unauthenticated(f"malformed {name.decode()} header: expected the bare key")
+        return b"Bearer " + token
 
     def authenticate(self, header: bytes):
         scheme, _, token = header.partition(b" ")

@@ -70,5 +70,20 @@ class ApiError(Exception):
         return {"error": error}
 
 
+class ErrorShape:
+    """How a route words its errors when it speaks another API's dialect (Anthropic's
+    /v1/messages): `body(err)` is the JSON it answers for an ApiError, `schema` its JSON Schema
+    in the OpenAPI document under `name`. Routes without one answer in the spec's shape
+    (ApiError.body). The HTTP layer's own refusals (408, 413, 414, 431: before a route is
+    known) keep the spec's shape on every route."""
+
+    __slots__ = ("name", "body", "schema")
+
+    def __init__(self, name: str, body, schema: dict):
+        self.name = name
+        self.body = body                # body(ApiError) -> dict
+        self.schema = schema
+
+
 def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(ErrorKind.INVALID_REQUEST, message, param=param)

@@ -71,14 +71,17 @@ def _path_template(path: str) -> tuple[str, list[str]]:
     return re.sub(r":(\w+)", r"{\1}", path), names
 
 
-def _error_answer(description: str) -> dict:
-    return json_answer(ERROR_REF, description)
+def _error_answer(description: str, shape=None) -> dict:
+    """`shape`: the endpoint's errors.ErrorShape (its schema is a component of its own name)."""
+    ref = ERROR_REF if shape is None else {"$ref": f"#/components/schemas/{shape.name}"}
+    return json_answer(ref, description)
 
 
 def _responses(endpoint: Endpoint) -> dict:
     out: dict = {}
+    shape = endpoint.error_shape
     for status, answer in endpoint.responses.items():
-        out[str(status)] = _error_answer(answer) if isinstance(answer, str) else answer
+        out[str(status)] = _error_answer(answer, shape) if isinstance(answer, str) else answer
     errors = {401: GUARD_ERRORS[401]}
     if endpoint.permission is not None:
         errors[403] = GUARD_ERRORS[403]
@@ -90,7 +93,7 @@ def _responses(endpoint: Endpoint) -> dict:
         if str(status) in out:          # the endpoint says more: keep both reasons
             out[str(status)]["description"] += " " + description
         else:
-            out[str(status)] = _error_answer(description)
+            out[str(status)] = _error_answer(description, shape)
     return dict(sorted(out.items()))
 
 
@@ -106,6 +109,9 @@ def _operation(method: str, path: str, endpoint: Endpoint, names: list[str]) -> 
         op["x-permission"] = endpoint.permission
     if endpoint.group:
         op["x-rate-limit-group"] = endpoint.group
+    if endpoint.credential_header:
+        op["security"] = [{"apiKey": []}, {endpoint.credential_header.decode(): []}]
+        op["description"] += f" The key may also come as '{endpoint.credential_header.decode()}: <key>'."
     if names:
         op["parameters"] = [{"name": name, "in": "path", "required": True,
                              "schema": {"type": "string", "minLength": 1}} for name in names]
@@ -120,20 +126,25 @@ def _operation(method: str, path: str, endpoint: Endpoint, names: list[str]) -> 
 
 def document(title: str, tables: list[dict], *, version: str, description: str = "") -> dict:
     paths: dict = {}
+    schemas: dict = {"Error": ERROR_SCHEMA}
+    schemes: dict = {"apiKey": {"type": "http", "scheme": "bearer",
+                                "description": "An API key: 'Authorization: Bearer <key>'."}}
     for table in tables:
         for (method, path), endpoint in table.items():
             template, names = _path_template(path)
             paths.setdefault(template, {})[method.lower()] = _operation(method, path, endpoint, names)
+            if endpoint.error_shape is not None:
+                schemas[endpoint.error_shape.name] = endpoint.error_shape.schema
+            if endpoint.credential_header:
+                name = endpoint.credential_header.decode()
+                schemes[name] = {"type": "apiKey", "in": "header", "name": name,
+                                 "description": "The same API key, as the bare key."}
     return {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version, "description": description},
         "security": [{"apiKey": []}],
         "paths": dict(sorted(paths.items())),
-        "components": {
-            "schemas": {"Error": ERROR_SCHEMA},
-            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer",
-                                           "description": "An API key: 'Authorization: Bearer <key>'."}},
-        },
+        "components": {"schemas": schemas, "securitySchemes": schemes},
     }
 
 

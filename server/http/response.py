@@ -47,5 +47,7 @@ def json_response(obj, status: int = 200, headers: tuple[tuple[bytes, bytes], ..
     return Response(status, orjson.dumps(obj), JSON, headers)
 
 
-def error_response(err: ApiError) -> Response:
-    return Response(err.kind.status, orjson.dumps(err.body()), JSON, err.headers)
+def error_response(err: ApiError, shape=None) -> Response:
+    """`shape`: the route's errors.ErrorShape, None for the spec's shape."""
+    body = err.body() if shape is None else shape.body(err)
+    return Response(err.kind.status, orjson.dumps(body), JSON, err.headers)

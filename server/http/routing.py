@@ -32,10 +32,15 @@ class Endpoint:
     body: object = None             # validate.Body, for requests with a JSON body
     responses: dict = field(default_factory=dict)
     summary: str = ""
+    error_shape: object = None      # errors.ErrorShape: this route's errors in another dialect
+    # a header that may carry the credential instead of Authorization, as the bare token
+    # (Anthropic's x-api-key); the guard reads it only when Authorization is absent
+    credential_header: bytes | None = None
 
 
 class Route:
-    __slots__ = ("method", "path", "label", "handler", "ctx", "permission", "group", "max_body", "stats")
+    __slots__ = ("method", "path", "label", "handler", "ctx", "permission", "group", "max_body", "stats",
+                 "error_shape", "credential_header")
 
     def __init__(self, method: str, path: str, endpoint: Endpoint, default_max_body: int, ctx=None):
         self.method = method
@@ -47,6 +52,8 @@ class Route:
         self.group = endpoint.group
         self.max_body = endpoint.max_body if endpoint.max_body is not None else default_max_body
         self.stats = None               # metrics.RouteStats, attached on first use
+        self.error_shape = endpoint.error_shape
+        self.credential_header = endpoint.credential_header
 
 
 _NO_PARAMS: dict = {}
@@ -128,9 +135,10 @@ class App:
                 self.guard(request, route)
             return route.handler(route.ctx, request)
         except ApiError as exc:
+            response = error_response(exc, _shape(request))
             if exc.delay > 0:
-                return _held_back(exc.delay, error_response(exc))
-            return error_response(exc)
+                return _held_back(exc.delay, response)
+            return response
         except Exception as exc:
             return self.failed(request, exc)
 
@@ -138,7 +146,7 @@ class App:
         try:
             return await awaitable
         except ApiError as exc:
-            return error_response(exc)
+            return error_response(exc, _shape(request))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -146,13 +154,20 @@ class App:
 
     def failed(self, request, exc: Exception) -> Response:
         answer = self.errors(exc) if self.errors is not None else None
-        return error_response(answer) if answer is not None else self.crashed(request)
+        return error_response(answer, _shape(request)) if answer is not None else self.crashed(request)
 
     def crashed(self, request) -> Response:
         log.exception("unhandled error request_id=%s %s %s", request.request_id.decode(),
                       request.method, request.path)
         return error_response(ApiError(ErrorKind.INTERNAL,
-                                       "internal server error; see the server log for this request id"))
+                                       "internal server error; see the server log for this request id"),
+                              _shape(request))
+
+
+def _shape(request):
+    """The ErrorShape of the request's route (None: the spec's shape, also when unmatched)."""
+    route = request.route
+    return route.error_shape if route is not None else None
 
 
 async def _held_back(delay: float, response):
