@@ -96,9 +96,11 @@ def test_errors_are_documented_where_they_can_happen():
         for status, answer in op["responses"].items():
             if status >= "400":
                 [media] = answer["content"].values()
-                assert media["schema"] == {"$ref": "#/components/schemas/Error"}, (path, status)
+                shape = "AnthropicError" if path.startswith("/v1/messages") else "Error"
+                assert media["schema"] == {"$ref": f"#/components/schemas/{shape}"}, (path, status)
     paths = doc["paths"]
-    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+                 "/v1/messages", "/v1/messages/count_tokens"):
         assert {"404", "503", "507"} <= set(paths[path]["post"]["responses"]), path
     assert {"404", "507"} <= set(paths["/v1/models/load"]["post"]["responses"])
 

@@ -1,0 +1,299 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API over chat.
+
+The body is checked here, field by field, in Anthropic's words; translated into a chat body
+(system -> a system message, tool_use blocks -> an assistant turn's tool_calls, tool_result
+blocks -> tool messages, tool_choice any -> required); and chat's answer or chunks are turned
+back into a Message or Anthropic's event sequence (message_start, content_block_start/delta/
+stop, message_delta with the stop_reason, message_stop). Errors on these routes come in
+Anthropic's shape, with the spec's `code` kept inside `error` (ERROR_SHAPE).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import orjson
+
+from ...chat import templates
+from ...errors import DomainError
+from ...http import validate as V
+from ...http.errors import ApiError, ErrorShape, invalid
+from ...http.openapi import ERROR_SCHEMA
+from ...http.response import Response, StreamingResponse, json_response
+from ..errors import answer_of
+from . import chat, dialect, params
+from .dialect import CLOSE, DELTA, END, OPEN, REASONING, TEXT, TOOL, tag
+
+# ---- errors -----------------------------------------------------------------------------------
+
+# HTTP status -> Anthropic's error type (anything else: api_error at 5xx, else invalid_request_error)
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
+               429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
+
+
+def error_body(err: ApiError) -> dict:
+    status = err.kind.status
+    kind = ERROR_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
+    error = {"type": kind, "message": err.message, "code": status}
+    if err.param is not None:
+        error["param"] = err.param
+    return {"type": "error", "error": error}
+
+
+_SPEC_ERROR = ERROR_SCHEMA["properties"]["error"]
+ERROR_SHAPE = ErrorShape("AnthropicError", error_body, {
+    "type": "object", "required": ["error"],
+    "description": "Anthropic's error shape; `error.code` is the HTTP status, as in the spec's. "
+                   "The HTTP layer's own refusals (408, 413, 414, 431) have no top-level `type`.",
+    "properties": {
+        "type": {"const": "error"},
+        "error": {**_SPEC_ERROR, "properties": {
+            **_SPEC_ERROR["properties"],
+            "type": {"type": "string", "enum": sorted({*ERROR_TYPES.values(),
+                                                       *_SPEC_ERROR["properties"]["type"]["enum"]})}}}}})
+
+# ---- the body ---------------------------------------------------------------------------------
+
+TEXT_BLOCK = V.Object("", tag("text"), V.String("text", required=True, max_len=None, allow_empty=True))
+TEXT_BLOCKS = V.Array(items=TEXT_BLOCK, max_items=dialect.MAX_BLOCKS)
+BLOCK = dialect.Tagged("", {
+    "text": TEXT_BLOCK,
+    "tool_use": V.Object("", tag("tool_use"), V.String("id", required=True, max_len=256),
+                         V.String("name", required=True, max_len=256),
+                         V.Object("input", required=True, doc="The call's arguments.")),
+    "tool_result": V.Object("", tag("tool_result"), V.String("tool_use_id", required=True, max_len=256),
+                            V.OneOf("content", V.String(max_len=None, allow_empty=True), TEXT_BLOCKS),
+                            V.Boolean("is_error")),
+    "thinking": V.Object("", tag("thinking"),
+                         V.String("thinking", required=True, max_len=None, allow_empty=True),
+                         V.String("signature", max_len=None, allow_empty=True)),
+}, what="content block; text, tool_use, tool_result and thinking are supported")
+MESSAGE = V.Object(
+    "", V.String("role", required=True, choices=("user", "assistant")),
+    V.OneOf("content", V.String(max_len=None, allow_empty=True),
+            V.Array(items=BLOCK, max_items=dialect.MAX_BLOCKS), required=True))
+MESSAGES = V.Array("messages", MESSAGE, required=True, min_items=1, max_items=chat.MAX_MESSAGES,
+                   doc="The conversation, oldest first: user and assistant turns.")
+SYSTEM = V.OneOf("system", V.String(max_len=None, allow_empty=True), TEXT_BLOCKS,
+                 doc="The system prompt: a string or text blocks.")
+TOOL_SPEC = V.Object("", V.String("name", required=True, max_len=256),
+                     V.String("description", max_len=None, allow_empty=True),
+                     V.Object("input_schema", required=True, doc="A JSON Schema of the tool's input."),
+                     V.String("type", choices=("custom",)))
+TOOLS = V.Array("tools", TOOL_SPEC, max_items=dialect.MAX_TOOLS, doc="Tools the model may call.")
+_PARALLEL = V.Boolean("disable_parallel_tool_use")
+TOOL_CHOICE = dialect.Tagged("tool_choice", {
+    "auto": V.Object("", tag("auto"), _PARALLEL),
+    "any": V.Object("", tag("any"), _PARALLEL),
+    "tool": V.Object("", tag("tool"), V.String("name", required=True, max_len=256), _PARALLEL),
+    "none": V.Object("", tag("none")),
+}, what="tool choice", doc="auto (default), any (some tool must be called), tool (this one), none.")
+STOP_SEQUENCES = V.Array("stop_sequences", V.String(max_len=params.MAX_STOP_LEN), max_items=params.MAX_STOP,
+                         doc="Where generation stops (not included in the text).")
+COUNT_FIELDS = [params.MODEL, MESSAGES, SYSTEM, TOOLS, TOOL_CHOICE]
+FIELDS = COUNT_FIELDS + [
+    V.Integer("max_tokens", required=True, lo=1, hi=dialect.MAX_TOKENS, doc="Tokens to generate at most."),
+    STOP_SEQUENCES,
+    V.Number("temperature", lo=0.0, hi=1.0, doc=f"Default {params.DEFAULT_TEMPERATURE}."),
+    V.Number("top_p", lo=0.0, hi=1.0),
+    V.Integer("top_k", lo=0, doc="At most the model's vocabulary size."),
+    V.Boolean("stream", doc="Send the answer as Anthropic's server-sent events."),
+    V.Object("metadata", doc="Not used."),
+]
+READ = V.Fields(FIELDS)
+READ_COUNT = V.Fields(COUNT_FIELDS)
+# chat's field -> ours, for the errors chat raises on the translated body
+NAMES = {"messages": "messages", "max_tokens": "max_tokens", "stop": "stop_sequences",
+         "tools": "tools", "tool_choice": "tool_choice", "top_k": "top_k"}
+
+
+def chat_messages(v: dict) -> list[dict]:
+    """system and messages as chat messages."""
+    out = []
+    if v["system"] is not None:
+        out.append({"role": "system", "content": dialect.text_of(v["system"], "\n")})
+    for i, message in enumerate(v["messages"]):
+        role, content = message["role"], message["content"]
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        texts, calls, thinking, results = [], [], [], []
+        for j, block in enumerate(content):
+            kind = block["type"]
+            if kind == "text":
+                texts.append(block["text"])
+            elif kind == "thinking":
+                thinking.append(block["thinking"])
+            elif kind == "tool_use":
+                _only_in(role, "assistant", kind, i, j)
+                calls.append({"id": block["id"], "type": "function", "function": {
+                    "name": block["name"], "arguments": orjson.dumps(block["input"]).decode()}})
+            else:
+                _only_in(role, "user", kind, i, j)
+                results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
+                                "content": dialect.text_of(block.get("content") or "", "\n")})
+        if role == "assistant":
+            turn = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
+            if calls:
+                turn["tool_calls"] = calls
+            if thinking:
+                turn["reasoning_content"] = "".join(thinking)
+            out.append(turn)
+            continue
+        out.extend(results)                  # tool results answer the turn before: first
+        if texts or not results:
+            out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _only_in(role: str, allowed: str, kind: str, i: int, j: int) -> None:
+    if role != allowed:
+        where = f"messages[{i}].content[{j}]"
+        raise invalid(f"'{where}' is a {kind} block, which only a {allowed} turn may hold", where)
+
+
+def chat_tool_fields(v: dict) -> dict:
+    """tools and tool_choice as chat takes them."""
+    out: dict = {}
+    tools = v["tools"]
+    if tools:
+        out["tools"] = dialect.chat_tools([{"name": t["name"], "description": t.get("description"),
+                                            "parameters": t["input_schema"]} for t in tools])
+    choice = v["tool_choice"]
+    if choice is None:
+        return out
+    kind = choice["type"]
+    if kind != "none" and not tools:
+        raise invalid(f"'tool_choice' {kind!r} needs 'tools'", "tool_choice")
+    if kind == "tool":
+        dialect.check_named_tool(choice["name"], out.get("tools"), "tool_choice.name")
+        out["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+    else:
+        out["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[kind]
+    if choice.get("disable_parallel_tool_use"):
+        out["parallel_tool_calls"] = False
+    return out
+
+
+def chat_body(v: dict) -> dict:
+    body = {"model": v["model"], "messages": chat_messages(v), "max_tokens": v["max_tokens"],
+            **chat_tool_fields(v)}
+    for name in ("temperature", "top_p", "top_k"):
+        if v[name] is not None:
+            body[name] = v[name]
+    if v["stop_sequences"]:
+        body["stop"] = v["stop_sequences"]
+    if v["stream"]:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+# ---- the answer -------------------------------------------------------------------------------
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def stop_reason(finish_reason: str | None, blocks) -> str:
+    if any(block.kind == TOOL for block in blocks):
+        return "tool_use"
+    return STOP_REASONS.get(finish_reason, "end_turn")
+
+
+def usage_of(usage: dict) -> dict:
+    """Anthropic counts cache reads apart from input_tokens."""
+    prompt = usage.get("prompt_tokens", 0)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"input_tokens": prompt - cached, "output_tokens": usage.get("completion_tokens", 0),
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+
+
+def tool_input(arguments: str) -> dict:
+    """A tool call's arguments as the object Anthropic's tool_use carries."""
+    try:
+        value = orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+def content_block(block: dialect.Block, whole: bool) -> dict:
+    """A block as Anthropic's content block: whole, or empty as content_block_start opens it."""
+    text = block.text() if whole else ""
+    if block.kind == TOOL:
+        return {"type": "tool_use", "id": block.id, "name": block.name,
+                "input": tool_input(text) if whole else {}}
+    if block.kind == REASONING:
+        return {"type": "thinking", "thinking": text, "signature": ""}
+    return {"type": "text", "text": text}
+
+
+DELTAS = {TEXT: ("text_delta", "text"), REASONING: ("thinking_delta", "thinking"),
+          TOOL: ("input_json_delta", "partial_json")}
+
+
+def message_head(model: str) -> dict:
+    return {"id": dialect.new_id("msg"), "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": None, "stop_sequence": None}
+
+
+def message_of(answer: dict) -> dict:
+    blocks, reason, usage = dialect.blocks_of(answer)
+    return {**message_head(answer["model"]), "content": [content_block(b, True) for b in blocks],
+            "stop_reason": stop_reason(reason, blocks), "usage": usage_of(usage)}
+
+
+async def events(run: chat.ChatRun, model: str):
+    """Anthropic's event sequence for a streamed run; a failure after the head is an `error`
+    event, as Anthropic sends it."""
+    yield dialect.named_sse("message_start", {"type": "message_start", "message": {
+        **message_head(model), "usage": usage_of({})}})
+    blocks = []
+    try:
+        async with contextlib.aclosing(dialect.block_events(run.chunks())) as stream:
+            async for event in stream:
+                what = event[0]
+                if what == OPEN:
+                    blocks.append(event[1])
+                    yield _event("content_block_start", index=event[1].index,
+                                 content_block=content_block(event[1], False))
+                elif what == DELTA:
+                    kind, field = DELTAS[event[1].kind]
+                    yield _event("content_block_delta", index=event[1].index,
+                                 delta={"type": kind, field: event[2]})
+                elif what == CLOSE:
+                    yield _event("content_block_stop", index=event[1].index)
+                elif what == END:
+                    yield _event("message_delta", delta={
+                        "stop_reason": stop_reason(event[1], blocks), "stop_sequence": None},
+                        usage=usage_of(event[2]))
+        yield _event("message_stop")
+    except (ApiError, DomainError) as exc:
+        yield dialect.named_sse("error", error_body(answer_of(exc)))
+
+
+def _event(kind: str, **fields) -> bytes:
+    return dialect.named_sse(kind, {"type": kind, **fields})
+
+
+# ---- the handlers -----------------------------------------------------------------------------
+
+async def messages(ctx, request) -> Response | StreamingResponse:
+    """Anthropic's Messages API. The key may come as `x-api-key` or as a bearer token."""
+    v = READ.read(request.json())
+    run = await dialect.start(ctx, request, chat_body(v), NAMES)
+    if v["stream"]:
+        return StreamingResponse(events(run, v["model"]), b"text/event-stream")
+    return json_response(message_of(await run.answer()))
+
+
+async def count_tokens(ctx, request) -> Response:
+    """The prompt's tokens for these messages, as the model's chat template renders them."""
+    v = READ_COUNT.read(request.json())
+    body = {"model": v["model"], "messages": chat_messages(v), **chat_tool_fields(v)}
+    model = await ctx.models.get(v["model"], "chat")
+    try:
+        prompt = await templates.prompt_tokens(model, chat.messages_of(body))
+    except ApiError as exc:
+        raise dialect.renamed(exc, NAMES) from None
+    return json_response({"input_tokens": len(prompt)})

@@ -1,0 +1,320 @@
+"""POST /v1/responses: OpenAI's Responses API over chat, stateless.
+
+The body is checked here in the Responses API's words; `input` (a string, or items: messages,
+function_call, function_call_output, reasoning) and `instructions` become chat messages, a
+function_call joining the assistant turn before it; tools, tool_choice, text.format,
+max_output_tokens and reasoning.effort become their chat fields. Chat's answer or chunks come
+back as a Response object or as the typed events (response.created, response.output_item.added,
+response.output_text.delta, response.function_call_arguments.delta, ..., response.completed).
+
+Nothing is stored: previous_response_id, conversation, store: true and background: true are
+refused with a 400 that says so (the client sends the whole conversation in `input`).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+from ...errors import DomainError
+from ...http import validate as V
+from ...http.errors import ApiError, invalid
+from ...http.response import Response, StreamingResponse, json_response
+from ..errors import answer_of
+from . import chat, dialect, params
+from .dialect import CLOSE, DELTA, END, OPEN, REASONING, TEXT, TOOL, tag
+
+# ---- the body ---------------------------------------------------------------------------------
+
+_TEXT = V.String("text", required=True, max_len=None, allow_empty=True)
+INPUT_TEXT = V.Object("", tag("input_text"), _TEXT)
+PART = dialect.Tagged("", {"input_text": INPUT_TEXT, "output_text": V.Object("", tag("output_text"), _TEXT)},
+                      what="content part; input_text and output_text are supported")
+_ID = V.String("id", max_len=256)
+_CALL_ID = V.String("call_id", required=True, max_len=256)
+_TEXT_ITEM = V.Object("", V.String("type", max_len=64), _TEXT)     # a reasoning item's summary and content
+ITEM = dialect.Tagged("", {
+    "message": V.Object("", tag("message", required=False), _ID,
+                        V.String("role", required=True, choices=("user", "assistant", "system", "developer")),
+                        V.OneOf("content", V.String(max_len=None, allow_empty=True),
+                                V.Array(items=PART, max_items=dialect.MAX_BLOCKS), required=True)),
+    "function_call": V.Object("", tag("function_call"), _ID, _CALL_ID, V.String("name", required=True, max_len=256),
+                              V.String("arguments", required=True, max_len=None, allow_empty=True)),
+    "function_call_output": V.Object("", tag("function_call_output"), _ID, _CALL_ID,
+                                     V.OneOf("output", V.String(max_len=None, allow_empty=True),
+                                             V.Array(items=INPUT_TEXT, max_items=dialect.MAX_BLOCKS),
+                                             required=True)),
+    "reasoning": V.Object("", tag("reasoning"), _ID,
+                          V.Array("summary", _TEXT_ITEM, max_items=dialect.MAX_BLOCKS),
+                          V.Array("content", _TEXT_ITEM, max_items=dialect.MAX_BLOCKS)),
+}, untagged="message", what="input item; message, function_call, function_call_output and reasoning "
+                           "are supported")
+INPUT = V.OneOf("input", V.String(max_len=None, allow_empty=True),
+                V.Array(items=ITEM, min_items=1, max_items=chat.MAX_MESSAGES), required=True,
+                doc="The conversation: a user message, or input items, oldest first.")
+TOOLS = V.Array("tools", dialect.Tagged("", {"function": V.Object(
+    "", tag("function"), V.String("name", required=True, max_len=256),
+    V.String("description", max_len=None, allow_empty=True),
+    V.Object("parameters", doc="A JSON Schema of the arguments."), V.Boolean("strict"))},
+    what="tool type; only function tools are supported"), max_items=dialect.MAX_TOOLS)
+TOOL_CHOICE = V.OneOf("tool_choice", V.String(choices=("none", "auto", "required")),
+                      dialect.Tagged("", {"function": V.Object("", tag("function"),
+                                                               V.String("name", required=True, max_len=256))},
+                                     what="tool choice"),
+                      doc="none, auto (default), required, or {type: function, name}.")
+FORMAT = dialect.Tagged("format", {
+    "text": V.Object("", tag("text")),
+    "json_object": V.Object("", tag("json_object")),
+    "json_schema": V.Object("", tag("json_schema"), V.String("name", max_len=256, allow_empty=True),
+                            V.Object("schema", required=True, doc="A JSON Schema the output must match."),
+                            V.Boolean("strict"), V.String("description", max_len=None, allow_empty=True)),
+}, what="text format")
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+FIELDS = [
+    params.MODEL, INPUT,
+    V.String("instructions", max_len=None, allow_empty=True, doc="A system message put first."),
+    TOOLS, TOOL_CHOICE, V.Boolean("parallel_tool_calls", default=True),
+    V.Object("text", FORMAT, V.String("verbosity", choices=("low", "medium", "high"))),
+    V.Object("reasoning", V.String("effort", choices=EFFORTS), V.String("summary", max_len=64)),
+    V.Integer("max_output_tokens", lo=1, hi=dialect.MAX_TOKENS, doc="Tokens to generate at most."),
+    V.Number("temperature", lo=0.0, hi=2.0, default=params.DEFAULT_TEMPERATURE),
+    V.Number("top_p", lo=0.0, hi=1.0, default=params.DEFAULT_TOP_P),
+    V.Boolean("stream", doc="Send the answer as the Responses API's server-sent events."),
+    V.Boolean("store", doc="Must be false (or absent): nothing is stored."),
+    V.Boolean("background", doc="Must be false (or absent)."),
+    V.String("previous_response_id", max_len=256, doc="Refused: nothing is stored."),
+    V.OneOf("conversation", V.String(max_len=256), V.Object(), doc="Refused: nothing is stored."),
+    V.Object("metadata", doc="Echoed in the response."), params.USER,
+]
+READ = V.Fields(FIELDS)
+NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format",
+         "tools": "tools", "tool_choice": "tool_choice", "reasoning_effort": "reasoning.effort"}
+STATELESS = "this server keeps no responses: send the whole conversation in 'input'"
+
+
+def read(body: dict) -> dict:
+    v = READ.read(body)
+    for name in ("previous_response_id", "conversation"):
+        if v[name] is not None:
+            raise invalid(f"'{name}' is not supported: {STATELESS}", name)
+    for name in ("store", "background"):
+        if v[name]:
+            raise invalid(f"'{name}' must be false: {STATELESS}", name)
+    return v
+
+
+def chat_messages(v: dict) -> list[dict]:
+    out = []
+    if v["instructions"]:
+        out.append({"role": "system", "content": v["instructions"]})
+    if isinstance(v["input"], str):
+        out.append({"role": "user", "content": v["input"]})
+        return out
+    turn = None                 # the assistant turn a function_call joins
+    reasoning = None            # a reasoning item's text, for the assistant turn after it
+    for item in v["input"]:
+        kind = ITEM.kind_of(item)
+        if kind == "reasoning":
+            reasoning = dialect.text_of(item.get("content") or item.get("summary") or [], "\n")
+            continue
+        if kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": item["call_id"],
+                        "content": dialect.text_of(item["output"])})
+            turn = None
+            continue
+        if kind == "message" and item["role"] != "assistant":
+            out.append({"role": item["role"], "content": dialect.text_of(item["content"])})
+            turn = None
+            continue
+        if turn is None or kind == "message":
+            turn = {"role": "assistant", "content": None}
+            out.append(turn)
+            if reasoning:
+                turn["reasoning_content"], reasoning = reasoning, None
+        if kind == "message":
+            turn["content"] = dialect.text_of(item["content"])
+        else:
+            turn.setdefault("tool_calls", []).append({"id": item["call_id"], "type": "function", "function": {
+                "name": item["name"], "arguments": item["arguments"]}})
+    return out
+
+
+def chat_body(v: dict) -> dict:
+    body = {"model": v["model"], "messages": chat_messages(v), "temperature": v["temperature"],
+            "top_p": v["top_p"]}
+    if v["max_output_tokens"] is not None:
+        body["max_tokens"] = v["max_output_tokens"]
+    if v["tools"]:
+        body["tools"] = dialect.chat_tools([{k: t.get(k) for k in ("name", "description", "parameters", "strict")}
+                                            for t in v["tools"]])
+        body["parallel_tool_calls"] = v["parallel_tool_calls"]
+    choice = v["tool_choice"]
+    if isinstance(choice, dict):
+        dialect.check_named_tool(choice["name"], body.get("tools"), "tool_choice.name")
+        body["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+    elif choice is not None:
+        if choice == "required" and not v["tools"]:
+            raise invalid("'tool_choice' 'required' needs 'tools'", "tool_choice")
+        body["tool_choice"] = choice
+    fmt = (v["text"] or {}).get("format")
+    if fmt is not None and fmt["type"] == "json_schema":
+        body["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": fmt.get("name") or "output", "schema": fmt["schema"], "strict": fmt.get("strict")}}
+    elif fmt is not None and fmt["type"] == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    effort = (v["reasoning"] or {}).get("effort")
+    if effort is not None:
+        body["reasoning_effort"] = effort
+    if v["stream"]:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+# ---- the answer -------------------------------------------------------------------------------
+
+class Reply:
+    """What one response says of itself; its output items are built from chat's blocks."""
+
+    __slots__ = ("id", "created", "v")
+
+    def __init__(self, v: dict):
+        self.id = dialect.new_id("resp")
+        self.created = int(time.time())
+        self.v = v
+
+    def item_id(self, block: dialect.Block) -> str:
+        prefix = {TEXT: "msg", REASONING: "rs", TOOL: "fc"}[block.kind]
+        return f"{prefix}_{self.id[5:]}{block.index:04d}"
+
+    def item(self, block: dialect.Block, whole: bool = True) -> dict:
+        """The output item of `block`: whole and completed, or empty as it is added."""
+        status = "completed" if whole else "in_progress"
+        text = block.text() if whole else ""
+        if block.kind == TOOL:
+            return {"id": self.item_id(block), "type": "function_call", "status": status,
+                    "call_id": block.id, "name": block.name, "arguments": text}
+        if block.kind == REASONING:
+            return {"id": self.item_id(block), "type": "reasoning", "status": status, "summary": [],
+                    "content": [{"type": "reasoning_text", "text": text}] if whole else []}
+        return {"id": self.item_id(block), "type": "message", "status": status, "role": "assistant",
+                "content": [output_text(text)] if whole else []}
+
+    def response(self, status: str = "in_progress", blocks=(), usage: dict | None = None,
+                 finish_reason: str | None = None, error: dict | None = None) -> dict:
+        v = self.v
+        if status == "completed" and finish_reason == "length":
+            status = "incomplete"
+        return {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status,
+            "completed_at": int(time.time()) if status == "completed" else None,
+            "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": v["instructions"], "max_output_tokens": v["max_output_tokens"],
+            "model": v["model"], "output": [self.item(block) for block in blocks],
+            "parallel_tool_calls": v["parallel_tool_calls"], "previous_response_id": None,
+            "reasoning": {"effort": (v["reasoning"] or {}).get("effort"), "summary": None},
+            "temperature": v["temperature"], "top_p": v["top_p"],
+            "text": {"format": (v["text"] or {}).get("format") or {"type": "text"}},
+            "tool_choice": v["tool_choice"] or "auto", "tools": v["tools"] or [],
+            "truncation": "disabled", "metadata": v["metadata"] or {}, "user": v["user"],
+            "usage": usage_of(usage) if usage is not None else None,
+        }
+
+
+def output_text(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def usage_of(usage: dict) -> dict:
+    prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + completion}
+
+
+def response_of(answer: dict, reply: Reply) -> dict:
+    blocks, reason, usage = dialect.blocks_of(answer)
+    return reply.response("completed", blocks, usage, reason)
+
+
+class Events:
+    """The typed events of one streamed response, numbered."""
+
+    __slots__ = ("reply", "n")
+
+    def __init__(self, reply: Reply):
+        self.reply, self.n = reply, 0
+
+    def __call__(self, kind: str, **fields) -> bytes:
+        self.n += 1
+        return dialect.named_sse(kind, {"type": kind, "sequence_number": self.n - 1, **fields})
+
+    def at(self, kind: str, block: dialect.Block, **fields) -> bytes:
+        """An event about one block's item (and its one content part)."""
+        if block.kind != TOOL:
+            fields["content_index"] = 0
+        return self(kind, item_id=self.reply.item_id(block), output_index=block.index, **fields)
+
+
+def _part(block: dialect.Block, text: str) -> dict:
+    return output_text(text) if block.kind == TEXT else {"type": "reasoning_text", "text": text}
+
+
+async def events(run: chat.ChatRun, reply: Reply):
+    event = Events(reply)
+    yield event("response.created", response=reply.response())
+    yield event("response.in_progress", response=reply.response())
+    blocks = []
+    try:
+        async with contextlib.aclosing(dialect.block_events(run.chunks())) as stream:
+            async for what, *rest in stream:
+                if what == OPEN:
+                    block = rest[0]
+                    blocks.append(block)
+                    yield event("response.output_item.added", output_index=block.index,
+                                item=reply.item(block, whole=False))
+                    if block.kind != TOOL:
+                        yield event.at("response.content_part.added", block, part=_part(block, ""))
+                elif what == DELTA:
+                    block, text = rest
+                    if block.kind == TOOL:
+                        yield event.at("response.function_call_arguments.delta", block, delta=text)
+                    elif block.kind == TEXT:
+                        yield event.at("response.output_text.delta", block, delta=text, logprobs=[])
+                    else:
+                        yield event.at("response.reasoning_text.delta", block, delta=text)
+                elif what == CLOSE:
+                    block = rest[0]
+                    text = block.text()
+                    if block.kind == TOOL:
+                        yield event.at("response.function_call_arguments.done", block, arguments=text,
+                                       name=block.name)
+                    else:
+                        if block.kind == TEXT:
+                            yield event.at("response.output_text.done", block, text=text, logprobs=[])
+                        else:
+                            yield event.at("response.reasoning_text.done", block, text=text)
+                        yield event.at("response.content_part.done", block, part=_part(block, text))
+                    yield event("response.output_item.done", output_index=block.index, item=reply.item(block))
+                else:
+                    reason, usage = rest
+                    final = reply.response("completed", blocks, usage, reason)
+                    yield event(f"response.{final['status']}", response=final)
+    except (ApiError, DomainError) as exc:
+        error = answer_of(exc)
+        yield event("error", code=error.kind.type, message=error.message, param=error.param)
+        yield event("response.failed", response=reply.response(
+            "failed", blocks, error={"code": "server_error", "message": error.message}))
+
+
+# ---- the handler ------------------------------------------------------------------------------
+
+async def create(ctx, request) -> Response | StreamingResponse:
+    """OpenAI's Responses API, stateless: the whole conversation comes in `input`."""
+    v = read(request.json())
+    run = await dialect.start(ctx, request, chat_body(v), NAMES)
+    reply = Reply(v)
+    if v["stream"]:
+        return StreamingResponse(events(run, reply), b"text/event-stream")
+    return json_response(response_of(await run.answer(), reply))
