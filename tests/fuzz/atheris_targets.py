@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing with atheris (libFuzzer), for `make fuzz` only.
 
-    python -m tests.fuzz.atheris_targets gguf|manifest|params SECONDS
+    python -m tests.fuzz.atheris_targets gguf|manifest|params|dialects SECONDS
 
 Each target takes raw bytes, so libFuzzer's mutations reach what the hypothesis strategies
 do not think of; the properties are the hypothesis targets' own (an uncaught exception or a
@@ -22,6 +22,7 @@ with atheris.instrument_imports(include=["stackd"]):
     from tests.answers import ANSWERED
     from stackd.api.inference import params
     from stackd.store import oci
+    from tests.fuzz.test_fuzz_dialects import read_count, read_messages, read_responses, translated_or_4xx
     from tests.fuzz.test_fuzz_gguf import described_or_refused
     from tests.fuzz.test_fuzz_registry import GOOD_MANIFEST, parse_manifest_or_refuse
     from tests.store.tiny import write_tiny
@@ -53,18 +54,36 @@ def request(data: bytes) -> None:
             assert 400 <= exc.kind.status < 500, exc.message
 
 
+def dialects(data: bytes) -> None:
+    """A JSON body as /v1/responses, /v1/messages and count_tokens read it."""
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return
+    if isinstance(body, dict):
+        for translate in (read_responses, read_messages, read_count):
+            translated_or_4xx((translate, body))
+
+
 def seeds(target: str) -> list[bytes]:
     if target == "gguf":
         with open(write_tiny(os.path.join(WORK, "seed.gguf")), "rb") as f:
             return [f.read()]
     if target == "manifest":
         return [GOOD_MANIFEST, b"{}"]
+    if target == "dialects":
+        return [b'{"model": "m", "max_tokens": 8, "system": "s", "messages": [{"role": "user", "content": '
+                b'[{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}], "tools": [{"name": "f", '
+                b'"input_schema": {"type": "object"}}], "tool_choice": {"type": "tool", "name": "f"}}',
+                b'{"model": "m", "input": [{"role": "user", "content": "x"}, {"type": "function_call", '
+                b'"call_id": "c", "name": "f", "arguments": "{}"}], "tools": [{"type": "function", "name": "f"}], '
+                b'"text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}']
     return [b'{"max_tokens": 5, "temperature": 0.5, "stop": ["x"], "logit_bias": {"1": 2}}',
             b'{"response_format": {"type": "json_schema", "json_schema": {"schema": '
             b'{"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}}}}}']
 
 
-TARGETS = {"gguf": gguf, "manifest": manifest, "params": request}
+TARGETS = {"gguf": gguf, "manifest": manifest, "params": request, "dialects": dialects}
 
 
 def main(target: str, seconds: int) -> None:
