@@ -55,7 +55,7 @@ ERROR_SHAPE = ErrorShape("AnthropicError", error_body, {
 # ---- the body ---------------------------------------------------------------------------------
 
 TEXT_BLOCK = V.Object("", tag("text"), V.String("text", required=True, max_len=None, allow_empty=True))
-TEXT_BLOCKS = V.Array(items=TEXT_BLOCK, max_items=dialect.MAX_BLOCKS)
+TEXT_BLOCKS = V.Array(items=TEXT_BLOCK)
 BLOCK = dialect.Tagged("", {
     "text": TEXT_BLOCK,
     "tool_use": V.Object("", tag("tool_use"), V.String("id", required=True, max_len=256),
@@ -71,7 +71,7 @@ BLOCK = dialect.Tagged("", {
 MESSAGE = V.Object(
     "", V.String("role", required=True, choices=("user", "assistant")),
     V.OneOf("content", V.String(max_len=None, allow_empty=True),
-            V.Array(items=BLOCK, max_items=dialect.MAX_BLOCKS), required=True))
+            V.Array(items=BLOCK), required=True))
 MESSAGES = V.Array("messages", MESSAGE, required=True, min_items=1, max_items=chat.MAX_MESSAGES,
                    doc="The conversation, oldest first: user and assistant turns.")
 SYSTEM = V.OneOf("system", V.String(max_len=None, allow_empty=True), TEXT_BLOCKS,

@@ -20,7 +20,6 @@ from . import chat
 
 REASONING, TEXT, TOOL = "reasoning", "text", "tool"
 MAX_TOOLS = 128
-MAX_BLOCKS = 1024           # content parts or blocks in one message
 MAX_TOKENS = 1 << 20        # max_tokens, max_output_tokens: as chat's max_tokens
 
 
