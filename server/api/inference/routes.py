@@ -39,31 +39,31 @@ COUNT_TOKENS_BODY = Body(anthropic_messages.COUNT_FIELDS, example={
 # Anthropic's routes: its error shape, and the key also as x-api-key
 ANTHROPIC = {"error_shape": anthropic_messages.ERROR_SHAPE, "credential_header": b"x-api-key"}
 
+
+
+def generation(handler, body: Body, summary: str, answer: dict, **extra) -> Endpoint:
+    """A POST that runs a model: the inference permission and rate limit, and the model's errors."""
+    return Endpoint(handler, perm.INFERENCE, INFERENCE, body=body, summary=summary,
+                    responses={200: answer, **schemas.MODEL_ERRORS}, **extra)
+
+
 ROUTES = {
-    ("POST", "/v1/chat/completions"): Endpoint(
-        chat.chat_completions, perm.INFERENCE, INFERENCE, body=CHAT_BODY,
-        summary="Chat completion", responses={200: schemas.CHAT_ANSWER, **schemas.MODEL_ERRORS}),
-    ("POST", "/v1/completions"): Endpoint(
-        completions.completions, perm.INFERENCE, INFERENCE, body=COMPLETION_BODY,
-        summary="Text completion",
-        responses={200: schemas.COMPLETION_ANSWER, **schemas.MODEL_ERRORS}),
-    ("POST", "/v1/embeddings"): Endpoint(
-        embeddings.embeddings, perm.INFERENCE, INFERENCE, body=EMBEDDING_BODY,
-        summary="Embeddings of one or more inputs",
-        responses={200: json_answer(schemas.EMBEDDINGS, "One embedding per input, in order."),
-                   **schemas.MODEL_ERRORS}),
-    ("POST", "/v1/responses"): Endpoint(
-        openai_responses.create, perm.INFERENCE, INFERENCE, body=RESPONSES_BODY,
-        summary="OpenAI Responses (stateless)",
-        responses={200: dialect_schemas.RESPONSE_ANSWER, **schemas.MODEL_ERRORS}),
-    ("POST", "/v1/messages"): Endpoint(
-        anthropic_messages.messages, perm.INFERENCE, INFERENCE, body=MESSAGES_BODY,
-        summary="Anthropic Messages", **ANTHROPIC,
-        responses={200: dialect_schemas.MESSAGE_ANSWER, **schemas.MODEL_ERRORS}),
-    ("POST", "/v1/messages/count_tokens"): Endpoint(
-        anthropic_messages.count_tokens, perm.INFERENCE, INFERENCE, body=COUNT_TOKENS_BODY,
-        summary="Anthropic token count", **ANTHROPIC,
-        responses={200: dialect_schemas.TOKEN_COUNT, **schemas.MODEL_ERRORS}),
+    ("POST", "/v1/chat/completions"): generation(
+        chat.chat_completions, CHAT_BODY, "Chat completion", schemas.CHAT_ANSWER),
+    ("POST", "/v1/completions"): generation(
+        completions.completions, COMPLETION_BODY, "Text completion", schemas.COMPLETION_ANSWER),
+    ("POST", "/v1/embeddings"): generation(
+        embeddings.embeddings, EMBEDDING_BODY, "Embeddings of one or more inputs",
+        json_answer(schemas.EMBEDDINGS, "One embedding per input, in order.")),
+    ("POST", "/v1/responses"): generation(
+        openai_responses.create, RESPONSES_BODY, "OpenAI Responses (stateless)",
+        dialect_schemas.RESPONSE_ANSWER),
+    ("POST", "/v1/messages"): generation(
+        anthropic_messages.messages, MESSAGES_BODY, "Anthropic Messages", dialect_schemas.MESSAGE_ANSWER,
+        **ANTHROPIC),
+    ("POST", "/v1/messages/count_tokens"): generation(
+        anthropic_messages.count_tokens, COUNT_TOKENS_BODY, "Anthropic token count",
+        dialect_schemas.TOKEN_COUNT, **ANTHROPIC),
     ("GET", "/v1/models"): Endpoint(list_models, perm.INFERENCE, INFERENCE, responses={
         200: json_answer(MODEL_LIST_SCHEMA, "The models of the store.")}),
     ("GET", "/v1/models/:id"): Endpoint(get_model, perm.INFERENCE, INFERENCE, responses={
