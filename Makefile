@@ -91,7 +91,7 @@ test: setup test-deps
 # leaves its input in build/fuzz/crash-<target>-*.
 fuzz: setup
 	STACKD_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest tests/fuzz $(PYTEST_ARGS)
-	for target in gguf manifest params; do \
+	for target in gguf manifest params dialects; do \
 	  $(PY) -m tests.fuzz.atheris_targets $$target $$(( $(FUZZ_SECONDS) / 3 )) || exit 1; \
 	done
 
