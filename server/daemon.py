@@ -221,8 +221,10 @@ def attach_cluster(registry, membership: Membership, settings: config.Settings) 
     if membership.is_leader and placing_over is membership:
         membership.on_change(registry.grow_replicas)             # a follower joins or comes back
     membership.provide_rpc_state(rpc.listing)                    # its heartbeats carry them
-    membership.provide_placements(supervisor.placements.on)      # a leader's answers list them
+    membership.provide_placements(lambda node_id: supervisor.placements.on(node_id)
+                                  + registry.replica_ids_on(node_id))   # a leader's answers list them
     membership.on_placements_listed(rpc.keep_only)               # a follower stops the rest
+    membership.on_placements_listed(registry.replica_host.keep_only)
     rpc_routes.register()
     replica_routes.register()
 

@@ -84,7 +84,7 @@ def _topology(membership, entries: list[dict]) -> dict:
 def _cluster(membership, entries: list[dict]) -> dict:
     up = [e for e in entries if e["status"] == "up"]
     reasons = [f"node {e['id']} is down" for e in entries if e["status"] != "up"]
-    reasons += [f"model {m} is placed on fewer nodes than it was" for m in membership.local.degraded_models()]
+    reasons += membership.local.degraded_reasons()
     return {"status": "degraded" if reasons else "healthy",
             "total_ram_gb": readings.ram_gb(sum(e["memory_total_bytes"] for e in up)),
             "active_model": membership.local.active_model(), "node_count": len(entries),

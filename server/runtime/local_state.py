@@ -30,8 +30,8 @@ class RunningNode:
     def active_model(self) -> str | None:
         return self.registry.active_chat_model()
 
-    def degraded_models(self) -> list[str]:
-        return self.registry.degraded_models()
+    def degraded_reasons(self) -> list[str]:
+        return self.registry.degraded_reasons()
 
     def replica_offer(self) -> dict:
         """What this node can run as replicas for its leader (the chat models of its store, by

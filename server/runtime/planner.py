@@ -157,14 +157,32 @@ class Planner:
                               f"loading '{manifest.id}' with a context of {context_length}: {exc}; "
                               "nothing was changed") from None
 
+    def replicated(self, manifest: Manifest, options: PlacementOptions) -> bool:
+        """Whether a model this node holds alone runs as a replica set: when the load asks
+        (split_mode replica, options.replicas), and by default on the leader of a cluster (one
+        with a secret, so followers can join) unless cluster.replicas is 1: a set of one at
+        first, grown onto each follower that can hold it when it joins or comes back."""
+        if not self._replicable(manifest, options):
+            return False
+        if options.split_mode == "replica" or options.replicas is not None:
+            return True
+        membership = self.membership
+        return (self.replicas != 1 and getattr(membership, "is_leader", False)
+                and bool(getattr(membership, "secret", None)))
+
+    @staticmethod
+    def _replicable(manifest: Manifest, options: PlacementOptions) -> bool:
+        """A chat model, and no pinned split (layers, or nodes without split_mode replica)."""
+        return (manifest.kind == "chat" and options.split_mode in (None, "replica") and options.layers is None
+                and not (options.nodes is not None and options.split_mode is None))
+
     def replica_nodes(self, manifest: Manifest, context_length: int, options: PlacementOptions,
                       have: set[str] = frozenset()) -> list[str]:
         """The followers that get a replica of a model the leader holds alone (beside the leader's
         own): every follower that is up, has the very model file in its store and offers room for
         the whole estimate, or as many as `replicas` (options.replicas, else cluster.replicas)
         asks, the roomiest first. Only chat models; none when the load pinned a split."""
-        if (self.membership is None or manifest.kind != "chat" or options.split_mode not in (None, "replica")
-                or options.layers is not None or (options.nodes is not None and options.split_mode is None)):
+        if self.membership is None or not self._replicable(manifest, options):
             return []
         wanted = options.replicas if options.replicas is not None else self.replicas
         need = sum(self.estimate(manifest, context_length).values())

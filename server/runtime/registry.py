@@ -94,6 +94,7 @@ class ModelRegistry:
         self.supervisor.registry = self
         self.replica_host = ReplicaHost(self)     # replicas this node runs for its leader
         self._growing: set[str] = set()           # models whose replicas are being added
+        self._claimed: dict[str, str] = {}        # replica id -> node, while it starts there
 
     def attach_cluster(self, membership, rpc) -> None:
         """Placement over the cluster: its membership and this node's RPC server children."""
@@ -132,9 +133,9 @@ class ModelRegistry:
             out["replicas"] = model.replicas.describe()
         elif model is not None:
             out["placement"] = self.placement_of(model).describe()
-            out["isolation"] = model.runner.engine.isolation
-            out["pid"] = model.runner.engine.pid
-            out["restarts"] = model.restarts
+        if model is not None:       # a replica set's: the leader's own copy
+            engine = model.runner.engine
+            out["isolation"], out["pid"], out["restarts"] = engine.isolation, engine.pid, model.restarts
         if manifest.id in self.last_exits:
             out["last_exit"] = self.last_exits[manifest.id]
         return out
@@ -143,9 +144,29 @@ class ModelRegistry:
         return [self.describe(m) for m in self.store.list()]
 
     def degraded_models(self) -> list[str]:
-        """Models placed again on fewer nodes than they were (the cluster is `degraded`)."""
-        return [m.id for m in self.loaded.values()
-                if m.nodes_lost or (m.replicas is not None and m.replicas.lost_nodes)]
+        """Models placed again on fewer nodes than they were, or missing a replica on a node
+        that is still in the cluster (the cluster is `degraded`)."""
+        return [m.id for m in self.loaded.values() if m.nodes_lost or self._replicas_lost(m)]
+
+    def degraded_reasons(self) -> list[str]:
+        """Why the cluster is `degraded`, for /v1/cluster `reasons`: each split placed on fewer
+        nodes, each replica lost with a node that has not come back (a node that left with
+        SIGTERM is forgotten, and so is its replica)."""
+        reasons = []
+        for model in self.loaded.values():
+            if model.nodes_lost:
+                reasons.append(f"model {model.id} is placed on fewer nodes than it was")
+            reasons += [f"model {model.id} lost its replica on node {node} ({why}); it gets one again "
+                        "when the node is back" for node, why in self._replicas_lost(model).items()]
+        return reasons
+
+    def _replicas_lost(self, model: LoadedModel) -> dict[str, str]:
+        replicas = getattr(model, "replicas", None)
+        if replicas is None or not replicas.lost_nodes:
+            return {}
+        membership = self.planner.membership
+        known = {n.id for n in membership.nodes()} if membership is not None else set()
+        return {node: why for node, why in replicas.lost_nodes.items() if node in known}
 
     def active_chat_model(self) -> str | None:
         chat = [m for m in self.order if m in self.loaded and self.loaded[m].kind == "chat"]
@@ -239,8 +260,7 @@ class ModelRegistry:
             try:
                 model = await self.supervisor.start(manifest, context, placement)
                 model.options = placement_options
-                if placement is None and (replica_nodes or placement_options.split_mode == "replica"
-                                          or placement_options.replicas is not None):
+                if placement is None and (replica_nodes or self.planner.replicated(manifest, placement_options)):
                     model.runner = ReplicaSet(self.loop, LocalReplica(self.planner.self_id, model.runner),
                                               self.config.key_share, self.config.max_queue)
                     await self._add_replicas(model, replica_nodes)
@@ -264,8 +284,14 @@ class ModelRegistry:
             return
         fresh = [RemoteReplica(self.loop, self.supervisor.membership, node_id, secrets.token_hex(8),
                                on_lost=model.replicas.replica_lost) for node_id in node_ids]
-        results = await asyncio.gather(*(r.start(model.manifest, model.context_length) for r in fresh),
-                                       return_exceptions=True)
+        for replica in fresh:       # claimed from before its start: heartbeats list it (fencing)
+            self._claimed[replica.replica_id] = replica.node_id
+        try:
+            results = await asyncio.gather(*(r.start(model.manifest, model.context_length) for r in fresh),
+                                           return_exceptions=True)
+        finally:
+            for replica in fresh:
+                self._claimed.pop(replica.replica_id, None)
         for replica, result in zip(fresh, results):
             if isinstance(result, BaseException):
                 log.warning("models: no replica of %s on node %s: %s", model.id, replica.node_id, result)
@@ -274,8 +300,14 @@ class ModelRegistry:
                 self.loop.create_task(replica.stop())      # unloaded meanwhile
                 continue
             model.replicas.add(replica)
-            if replica.node_id in model.replicas.lost_nodes:
-                model.replicas.lost_nodes.remove(replica.node_id)   # the node got its replica back
+            model.replicas.lost_nodes.pop(replica.node_id, None)    # the node got its replica back
+
+    def replica_ids_on(self, node_id: str) -> list[str]:
+        """The replicas this leader holds on a node, starting ones included: its heartbeat
+        answers list them, and the follower stops any other (replica_host.keep_only)."""
+        held = [r.replica_id for m in self.loaded.values() if m.replicas is not None
+                for r in m.replicas.replicas if r.remote and r.node_id == node_id]
+        return held + [rid for rid, node in self._claimed.items() if node == node_id]
 
     def grow_replicas(self) -> None:
         """A follower joined or came back: each model with replicas that wants more gets one

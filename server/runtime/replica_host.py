@@ -10,11 +10,15 @@ its RPC server children: the leader routes to them no more and will start fresh 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from dataclasses import dataclass
 
 from ..engine.errors import EngineError, ErrorCode
 from ..errors import Code, DomainError, invalid
 from .runner import ModelRunner
+
+log = logging.getLogger("stackd.cluster")
 
 MAX_REPLICAS = 16              # replicas one node runs at most (each is a model in memory)
 
@@ -26,6 +30,7 @@ class Hosted:
     runner: ModelRunner
     memory_bytes: int
     context_length: int
+    asked_at: float                # this node's monotonic clock when the leader asked for it
 
 
 class ReplicaHost:
@@ -46,14 +51,15 @@ class ReplicaHost:
             if len(self.replicas) + len(self._starting) >= MAX_REPLICAS:
                 raise DomainError(Code.UNAVAILABLE, f"this node runs {MAX_REPLICAS} replicas already")
             task = self._starting[replica_id] = asyncio.ensure_future(
-                self._start(replica_id, model_id, sha256, context_length))
+                self._start(replica_id, model_id, sha256, context_length, time.monotonic()))
         try:
             return await asyncio.shield(task)
         finally:
             if task.done():
                 self._starting.pop(replica_id, None)
 
-    async def _start(self, replica_id: str, model_id: str, sha256: str, context_length: int) -> Hosted:
+    async def _start(self, replica_id: str, model_id: str, sha256: str, context_length: int,
+                     asked_at: float) -> Hosted:
         registry = self.registry
         manifest = registry.manifest(model_id)
         if manifest.sha256 != sha256:
@@ -65,7 +71,7 @@ class ReplicaHost:
         model = await registry.supervisor.start(manifest, context)
         model.runner.engine.on_lost = lambda client: self._lost(replica_id, client)
         memory = sum(registry.planner.estimate(manifest, context).values())
-        hosted = Hosted(replica_id, model_id, model.runner, memory, context)
+        hosted = Hosted(replica_id, model_id, model.runner, memory, context, asked_at)
         self.replicas[replica_id] = hosted
         return hosted
 
@@ -92,6 +98,17 @@ class ReplicaHost:
         hosted.runner.end_all(EngineError(ErrorCode.UNLOADED, "the replica was stopped"))
         await hosted.runner.close(0)
         return True
+
+    def keep_only(self, listed: set[str], asked_before: float) -> None:
+        """The leader holds only the `listed` replicas here (its heartbeat answer, made after
+        `asked_before`): one asked for before that and not listed is an orphan (the leader marked
+        this node down, restarted, or its replica/stop never came): it stops, as an RPC server
+        child does (cluster/rpc_server.py). Newer ones may be too new for the list."""
+        for hosted in list(self.replicas.values()):
+            if hosted.replica_id not in listed and hosted.asked_at < asked_before:
+                log.warning("cluster: the leader no longer holds replica %s of %s: it stops",
+                            hosted.replica_id, hosted.model_id)
+                asyncio.ensure_future(self.stop(hosted.replica_id))
 
     def stop_all(self) -> None:
         for replica_id in list(self.replicas):

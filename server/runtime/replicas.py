@@ -128,7 +128,7 @@ class ReplicaSet:
         self.affinity: collections.OrderedDict = collections.OrderedDict()   # prefix hash -> replica
         self.open: set[Routed] = set()
         self.closing = False
-        self.lost_nodes: list[str] = []        # nodes whose replica went with them (degraded)
+        self.lost_nodes: dict[str, str] = {}   # node -> why its replica went (degraded until back)
         self.routed = collections.Counter()    # node id -> requests routed there (observability)
         self._idle_callbacks: list = []
 
@@ -310,8 +310,7 @@ class ReplicaSet:
         replica.alive = False
         self.replicas = [r for r in self.replicas if r is not replica]
         self.affinity = collections.OrderedDict((k, r) for k, r in self.affinity.items() if r is not replica)
-        if replica.node_id not in self.lost_nodes:
-            self.lost_nodes.append(replica.node_id)
+        self.lost_nodes.setdefault(replica.node_id, why)
         replica.end_all(EngineError(ErrorCode.WORKER_LOST, f"the model's replica on node {replica.node_id} "
                                     f"was lost ({why})"))
         self.loop.create_task(_quietly(replica.stop()))

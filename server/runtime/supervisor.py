@@ -146,7 +146,10 @@ class Supervisor:
         registry = self.registry
         for model in registry.loaded.values():
             if model.replicas is not None and model.replicas.local.runner.engine is client and not self.closing:
-                # one replica of several: the others serve on while this one restarts
+                # one replica of several: the others serve on while this one restarts; a set
+                # of one is `restarting` (from now on, as below)
+                if all(r is model.replicas.local for r in model.replicas.live()):
+                    registry.transitions[model.id] = "restarting"
                 self.loop.create_task(self._restart_local_replica(model, client.exit_status))
                 return
             if model.runner.engine is client and not self.closing:
@@ -193,10 +196,13 @@ class Supervisor:
                                          f"({describe_exit(status)})"))
         await local.runner.engine.aclose(0)
         n_crashes = self.record_crash(model_id, status)
+        alone = registry.transitions.get(model_id) == "restarting"     # a set of one (_worker_lost)
 
         def use(fresh) -> None:
             replicas.replace_local(LocalReplica(local.node_id, fresh.runner))
             model.restarts += 1
+            if alone and registry.transitions.get(model_id) == "restarting":
+                registry.transitions.pop(model_id)
         n_crashes = await self._start_again(model, n_crashes, lambda: not replicas.closing, use)
         if n_crashes:
             async with registry.lock(model_id):

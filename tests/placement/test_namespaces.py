@@ -136,7 +136,7 @@ def test_layers_over_three_namespaces_answer_as_the_leader_alone_does(netns_pair
 
     status, _, body = p.leader.request("POST", "/v1/models/unload", body={"model": MODEL})
     assert status == 200, body
-    status, _, body = p.load()                                # it fits the leader: there alone
+    status, _, body = p.load(replicas=1)          # it fits the leader: there alone (no replicas)
     assert status == 200, body
     assert [n["id"] for n in body["placement"]["nodes"]] == [p.leader.node_id]
     assert p.answer() == three_nodes

@@ -10,9 +10,10 @@ import signal
 import orjson
 import pytest
 
-from stackd.testing.cluster_nodes import eventually
+from stackd.testing.cluster_nodes import eventually, statuses
 from stackd.testing.daemon import CLIENT_TIMEOUT, free_port
-from stackd.testing.two_daemons import (FOLLOWER_HOST, MODEL, QUESTION, Pair, daemons, node_env,
+from stackd.testing.processes import gone
+from stackd.testing.two_daemons import (EMBEDDING_MODEL, FOLLOWER_HOST, MODEL, QUESTION, Pair, daemons, node_env,
                                         open_stream, assert_stream_ends_unavailable)
 
 ROOMY_MB = 1000                 # a leader that holds SmolLM2 (about 297 MiB) alone
@@ -133,7 +134,8 @@ def test_a_lost_follower_costs_only_its_streaming_requests(replicas, how):
     assert p.state() == "loaded"
     assert [r["node"] for r in p.described()["replicas"]] == [p.leader.node_id]
     cluster = p.leader.get("/v1/cluster")
-    assert cluster["status"] == "degraded" and any(MODEL in r for r in cluster["reasons"])
+    assert cluster["status"] == "degraded"
+    assert any(f"model {MODEL} lost its replica on node {p.follower.node_id}" in r for r in cluster["reasons"]), cluster
     status, _, body = chat(p)
     assert status == 200, body
     if how == "freeze":            # it comes back: it gets its replica back, the cluster heals
@@ -144,18 +146,37 @@ def test_a_lost_follower_costs_only_its_streaming_requests(replicas, how):
         eventually(lambda: p.leader.get("/v1/cluster")["status"] == "healthy")
 
 
-def test_a_follower_that_joins_later_gets_a_replica(tmp_path):
+def test_a_follower_that_joins_later_gets_a_replica_of_the_preloaded_model(tmp_path):
+    """The common case: the leader starts alone with its default models, followers join after."""
     with daemons(tmp_path) as start_node:
-        leader = start_node("leader", env=node_env(ROOMY_MB, free_port()))
-        status, _, body = leader.request("POST", "/v1/models/load", body={"model": MODEL})
-        assert status == 200, body
-        assert "replicas" not in body                         # alone: a model as before
+        leader = start_node("leader", env={**node_env(ROOMY_MB, free_port()),
+                                           "STACKD_MODELS_PRELOAD": f"{MODEL},{EMBEDDING_MODEL}"})
+        alone = leader.request("GET", f"/v1/models/{MODEL}", port="inference")[2]
+        assert alone["state"] == "loaded" and alone["placement"]["split_mode"] == "replica"
+        assert [r["node"] for r in alone["replicas"]] == [leader.node_id]       # a set of one
+        embedding = leader.request("GET", f"/v1/models/{EMBEDDING_MODEL}", port="inference")[2]
+        assert "replicas" not in embedding                                     # not replicated
         follower = start_node("follower", role="follower", leader=leader.cluster_url, host=FOLLOWER_HOST,
                               reach=FOLLOWER_HOST, env=node_env(ROOMY_MB, free_port(FOLLOWER_HOST)))
         p = Pair(leader, follower)
-        # A model loaded before the cluster grew is not a replica set: a load with replicas makes it one.
-        load_replicas(p, split_mode="replica")
-        assert [r["node"] for r in p.described()["replicas"]] == [leader.node_id, follower.node_id]
+        eventually(lambda: [r["node"] for r in p.described()["replicas"]] == [leader.node_id, follower.node_id])
+        assert p.described()["pid"] == alone["pid"]                   # grown, not reloaded
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: p.answer(), range(4)))
+        assert len(set(answers)) == 1
+        counts = routed(p)
+        assert counts[leader.node_id] >= 1 and counts[follower.node_id] >= 1
+
+
+def test_cluster_replicas_1_keeps_a_model_on_the_leader_alone(tmp_path):
+    with daemons(tmp_path) as start_node:
+        leader = start_node("leader", env={**node_env(ROOMY_MB, free_port()), "STACKD_CLUSTER_REPLICAS": "1"})
+        follower = start_node("follower", role="follower", leader=leader.cluster_url, host=FOLLOWER_HOST,
+                              reach=FOLLOWER_HOST, env=node_env(ROOMY_MB, free_port(FOLLOWER_HOST)))
+        p = Pair(leader, follower)
+        status, _, body = p.load()
+        assert status == 200, body
+        assert "replicas" not in body and body["placement"]["nodes"][0]["id"] == leader.node_id
 
 
 def test_a_model_loaded_as_replicas_grows_onto_a_joining_follower(tmp_path):
@@ -196,3 +217,40 @@ def test_the_replica_stream_refuses_a_client_without_the_secret(replicas):
     status, _, answer = p.follower.request("POST", path.replace("stop", "generate"), key=None, body=body,
                                            headers=p.follower.signed("POST", "/internal/v1/replica/generate", body))
     assert status == 503 and answer["error"]["type"] == "service_unavailable_error", answer
+
+
+def test_a_follower_that_leaves_is_dropped_from_the_set_and_the_cluster_stays_healthy(replicas):
+    p = replicas
+    load_replicas(p)
+    assert p.follower.stop() == 0                          # SIGTERM: it says it leaves
+    eventually(lambda: p.follower.node_id not in statuses(p.leader))
+    eventually(lambda: [r["node"] for r in p.described()["replicas"]] == [p.leader.node_id])
+    cluster = p.leader.get("/v1/cluster")
+    assert cluster["status"] == "healthy" and cluster["reasons"] == [], cluster
+    status, _, body = chat(p)
+    assert status == 200, body
+
+
+def test_a_follower_stops_a_replica_its_leader_does_not_hold(replicas):
+    """Fencing's orphan rule for replicas: one the leader no longer lists in its heartbeat
+    answers (it marked the node down, restarted, or its replica/stop never came) stops there."""
+    p = replicas
+    body = load_replicas(p)
+    held = body["replicas"][1]["pid"]
+    sha256 = p.described()["sha256"]
+    path = "/internal/v1/replica/start"
+    start = orjson.dumps({"replica_id": "orphan-1", "model": MODEL, "sha256": sha256, "context_length": 256})
+    status, _, answer = p.follower.request("POST", path, key=None, body=start,
+                                           headers=p.follower.signed("POST", path, start))
+    assert status == 200, answer
+    orphan = answer["pid"]
+
+    def running() -> dict:
+        return {r["replica_id"]: r["pid"] for r in p.follower.request(
+            "GET", "/internal/v1/replica", key=None,
+            headers=p.follower.signed("GET", "/internal/v1/replica"))[2]["replicas"]}
+    eventually(lambda: "orphan-1" not in running())
+    eventually(lambda: gone(orphan))
+    assert list(running().values()) == [held] and not gone(held)     # the leader's own stays
+    status, _, body = chat(p)
+    assert status == 200, body
