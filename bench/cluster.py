@@ -238,7 +238,8 @@ def start_llama_server_rpc(binary: str, slots: int, context: int, threads: int, 
 
 
 def measure(server: Server, clients: int, seconds: float, max_tokens: int) -> loadgen.LoadResult:
-    asyncio.run(loadgen.run(server.port, body(server.model, 8), 1, 2.0, server.key))   # warm up
+    # warm up, two clients: with replicas, one request each way (one client warms the leader's alone)
+    asyncio.run(loadgen.run(server.port, body(server.model, 8), 2, 2.0, server.key))
     return asyncio.run(loadgen.run(server.port, body(server.model, max_tokens), clients, seconds, server.key))
 
 

@@ -14,6 +14,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from ..engine.core import SamplingParams
 from ..engine.errors import EngineError, ErrorCode
 from ..errors import Code, DomainError, invalid
 from .runner import ModelRunner
@@ -21,6 +22,8 @@ from .runner import ModelRunner
 log = logging.getLogger("stackd.cluster")
 
 MAX_REPLICAS = 16              # replicas one node runs at most (each is a model in memory)
+WARM_PROMPT = 32               # tokens of the warm-up request a fresh replica runs before it serves
+WARM_TOKENS = 4                # and the tokens it decodes
 
 
 @dataclass
@@ -70,6 +73,11 @@ class ReplicaHost:
         registry.planner.admit(manifest, context)            # 507 when it does not fit here
         model = await registry.supervisor.start(manifest, context)
         model.runner.engine.on_lost = lambda client: self._lost(replica_id, client)
+        try:
+            await warm(model.runner)
+        except BaseException:
+            await model.runner.close(0)
+            raise
         memory = sum(registry.planner.estimate(manifest, context).values())
         hosted = Hosted(replica_id, model_id, model.runner, memory, context, asked_at)
         self.replicas[replica_id] = hosted
@@ -121,3 +129,15 @@ class ReplicaHost:
     def listing(self) -> list[dict]:
         return [{"replica_id": h.replica_id, "model": h.model_id, "pid": h.runner.engine.pid,
                  "memory_bytes": h.memory_bytes} for h in self.replicas.values()]
+
+
+async def warm(runner: ModelRunner) -> None:
+    """One short greedy request through a fresh replica's engine before it is announced: the
+    weights are paged in from this node's copy of the file (cold on a node that never read it)
+    and the engine's threads and buffers are up, so the first requests the leader routes here
+    do not pay for them (bench/cluster.py --replicas: a cold follower's first round ran at
+    half the speed of the later ones)."""
+    n_vocab = runner.engine.n_vocab
+    prompt = [(100 + i) % n_vocab for i in range(WARM_PROMPT)]
+    async for _ in await runner.generate([(prompt, WARM_TOKENS, SamplingParams())], []):
+        pass
