@@ -529,6 +529,11 @@ PYBIND11_MODULE(_engine, m) {
              },
              py::arg("logits"), py::arg("suppress_eog") = false, py::arg("eog") = std::vector<int32_t>{})
         .def("accept", &request_sampler::accept)
+        .def_property_readonly("thinking", [](const request_sampler & s) {
+            static const char * names[] = {"off", "idle", "counting", "forcing", "done"};
+            return std::string(names[s.thinking()]);
+        })
+        .def_property_readonly("thinking_tokens", &request_sampler::thinking_tokens)
         .def_property_readonly("counts", [](const request_sampler & s) {
             const grammar_counts & c = s.counts();
             py::dict d;

@@ -1,5 +1,5 @@
 """Type stubs for the native engine module (native/bindings.cpp)."""
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 
@@ -101,6 +101,12 @@ class SamplingParams:
     grammar: str
     grammar_lazy: bool
     grammar_triggers: list[str]
+    grammar_prefill: list[int]
+    reasoning_budget: int
+    reasoning_start: str
+    reasoning_end: str
+    reasoning_forced: list[int]
+    reasoning_open: bool
     logprobs: bool
     n_top_logprobs: int
     min_tokens: int
@@ -198,6 +204,8 @@ class Sampler:
     def sample(self, logits: np.ndarray, suppress_eog: bool = False, eog: list[int] = ...) -> int: ...
     def accept(self, token: int) -> None: ...
     counts: SamplerCounts
+    thinking: Literal["off", "idle", "counting", "forcing", "done"]   # the thinking budget's state
+    thinking_tokens: int
 
 def encode_events_wire(events: list[Event]) -> bytes: ...
 def decode_events_wire(data: bytes) -> list[Event]: ...   # ValueError: not the layout

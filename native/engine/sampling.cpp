@@ -27,7 +27,23 @@ bool by_logit(const llama_token_data & a, const llama_token_data & b) {
 }  // namespace
 
 request_sampler::request_sampler(const sampling_params & p, const llama_vocab * vocab, grammar_fallback fallback)
-    : fallback_(fallback) {
+    : fallback_(fallback), vocab_(vocab), grammar_lazy_(p.grammar_lazy) {
+    if (!p.reasoning_end.empty()) {
+        const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+        for (int32_t t : p.reasoning_forced) {
+            if (t < 0 || t >= n_vocab) {
+                throw std::invalid_argument("a forced end-of-thinking token is outside the vocabulary");
+            }
+        }
+        start_tag_ = p.reasoning_start;
+        end_tag_ = p.reasoning_end;
+        forced_ = p.reasoning_forced;
+        budget_ = forced_.empty() ? -1 : p.reasoning_budget;     // nothing to force: no bound
+        thinking_ = p.reasoning_open ? THINKING_COUNTING : THINKING_IDLE;
+        if (thinking_ == THINKING_COUNTING && budget_ == 0) {
+            thinking_ = THINKING_FORCING;
+        }
+    }
     if (!p.grammar.empty() && p.grammar_lazy) {
         // a tool call's grammar under tool_choice auto: free text until the family's trigger
         // (e.g. "<tool_call>") appears in the output, the grammar from there on
@@ -44,6 +60,17 @@ request_sampler::request_sampler(const sampling_params & p, const llama_vocab * 
         grammar_ = llama_sampler_init_grammar(vocab, p.grammar.c_str(), "root");
         if (grammar_ == nullptr) {
             throw std::invalid_argument("the grammar does not parse");
+        }
+        // a family's tool-call grammar starts at the generation prompt (llama.cpp prefills it
+        // with the prompt's last tokens, "<|im_start|>assistant\n<think>\n"): read them first
+        const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+        for (int32_t t : p.grammar_prefill) {
+            if (t < 0 || t >= n_vocab || !grammar_allows(t)) {
+                llama_sampler_free(grammar_);
+                grammar_ = nullptr;
+                throw std::invalid_argument("the grammar does not start with the generation prompt");
+            }
+            llama_sampler_accept(grammar_, t);
         }
     }
     llama_sampler_chain_params chain_params = llama_sampler_chain_default_params();
@@ -143,6 +170,16 @@ bool request_sampler::grammar_allows_other_than(const std::vector<int32_t> & eog
 
 llama_token request_sampler::sample(const float * logits, int32_t n_vocab, bool suppress_eog,
                                     const std::vector<int32_t> & eog) {
+    if (thinking_ == THINKING_FORCING) {
+        // the budget is spent: the end-of-thinking tag, token by token, whatever the logits say;
+        // a grammar that is awake (not a lazy one asleep in the thinking) has the last word: if
+        // it refuses the tag, the answer goes on unforced
+        const llama_token forced = forced_[force_pos_];
+        if (grammar_ == nullptr || grammar_sleeps() || grammar_allows(forced)) {
+            return forced;
+        }
+        thinking_ = THINKING_DONE;
+    }
     const llama_token pick = draw(logits, n_vocab, suppress_eog, eog);
     if (grammar_ == nullptr || (pick != LLAMA_TOKEN_NULL && grammar_allows(pick))) {
         return pick;
@@ -326,8 +363,85 @@ llama_token request_sampler::full_vocabulary(const float * logits, int32_t n_voc
     return selected();
 }
 
+// A lazy grammar (a tool call's, under tool_choice auto) sleeps through the thinking, as in
+// llama.cpp: a trigger word the model thinks about is not a call.
+bool request_sampler::grammar_sleeps() const {
+    return grammar_lazy_ && (thinking_ == THINKING_COUNTING || thinking_ == THINKING_FORCING);
+}
+
+namespace {
+
+// Whether `text` ends inside a UTF-8 sequence (the forced tag waits for its end).
+bool ends_mid_character(const std::string & text) {
+    for (size_t back = 1; back <= 4 && back <= text.size(); ++back) {
+        const unsigned char c = (unsigned char) text[text.size() - back];
+        if ((c & 0xC0) != 0x80) {                 // the sequence's first byte
+            const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+            return need > back;
+        }
+    }
+    return false;
+}
+
+// Whether `text` ends with the beginning of `tag` (the tag may be on its way).
+bool ends_in_part_of(const std::string & text, const std::string & tag) {
+    for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
+        if (text.compare(text.size() - n, n, tag, 0, n) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+}  // namespace
+
+// The thinking's state after `token`: IDLE -> COUNTING at the start tag (or from the start when
+// the prompt opened it), COUNTING -> DONE at the end tag, or -> FORCING once `budget` thinking
+// tokens are spent (and the text is neither mid-character nor part-way into the end tag: at
+// most the tag's length in tokens more), FORCING -> DONE after the forced tag.
+// The budget is for the whole answer: a second block starts with what the first one left.
+void request_sampler::track_thinking(llama_token token) {
+    if (thinking_ == THINKING_OFF) {
+        return;
+    }
+    if (thinking_ == THINKING_FORCING) {
+        if (++force_pos_ >= forced_.size()) {
+            thinking_ = THINKING_DONE;
+            tail_.clear();
+        }
+        return;
+    }
+    tail_ += token_piece(vocab_, token);
+    const std::string & tag = thinking_ == THINKING_COUNTING ? end_tag_ : start_tag_;
+    const size_t at = tag.empty() ? std::string::npos : tail_.find(tag);
+    if (at != std::string::npos) {
+        tail_.erase(0, at + tag.size());
+        if (thinking_ == THINKING_COUNTING) {
+            thinking_ = THINKING_DONE;
+            return;
+        }
+        thinking_ = THINKING_COUNTING;
+    } else if (thinking_ == THINKING_COUNTING) {
+        ++n_thinking_;
+    }
+    if (thinking_ == THINKING_COUNTING && budget_ >= 0 && n_thinking_ >= budget_ &&
+        !ends_mid_character(tail_) && !ends_in_part_of(tail_, end_tag_)) {
+        thinking_ = THINKING_FORCING;
+        force_pos_ = 0;
+        return;
+    }
+    // keep what could still begin a tag
+    const size_t keep = std::max(start_tag_.size(), end_tag_.size()) + 4;
+    if (tail_.size() > keep) {
+        tail_.erase(0, tail_.size() - keep);
+    }
+}
+
 void request_sampler::accept(llama_token token) {
-    if (grammar_ != nullptr) {
+    track_thinking(token);
+    // the token that ends the thinking wakes the grammar with it: it may hold the trigger's
+    // first characters too ("><" of "</think><tool_call>")
+    if (grammar_ != nullptr && !grammar_sleeps()) {
         llama_sampler_accept(grammar_, token);
     }
     llama_sampler_accept(adjust_, token);

@@ -30,6 +30,12 @@ using logit_bias_list = std::vector<std::pair<int32_t, float>>;
     X(std::string,     grammar,           {})           /* GBNF; empty: none */          \
     X(bool,            grammar_lazy,      false)        /* off until a trigger matches */ \
     X(std::vector<std::string>, grammar_triggers, {})   /* regexes over the output text */ \
+    X(std::vector<int32_t>, grammar_prefill, {})        /* tokens the grammar reads first */ \
+    X(int32_t,         reasoning_budget,  -1)           /* thinking tokens; -1: no bound */ \
+    X(std::string,     reasoning_start,   {})           /* the template's thinking tags */ \
+    X(std::string,     reasoning_end,     {})           /* (empty: no thinking tracked) */ \
+    X(std::vector<int32_t>, reasoning_forced, {})       /* tokens forced when it is spent */ \
+    X(bool,            reasoning_open,    false)        /* the prompt opened the thinking */ \
     X(bool,            logprobs,          false)                                         \
     X(int32_t,         n_top_logprobs,    0)                                             \
     X(int32_t,         min_tokens,        0)            /* end of generation waits */    \
@@ -101,7 +107,15 @@ public:
 
     const grammar_counts & counts() const { return counts_; }
 
+    // The thinking budget (reasoning_*): where the answer is, for tests.
+    enum thinking_state { THINKING_OFF, THINKING_IDLE, THINKING_COUNTING, THINKING_FORCING, THINKING_DONE };
+    thinking_state thinking() const { return thinking_; }
+    int32_t thinking_tokens() const { return n_thinking_; }
+
 private:
+    void track_thinking(llama_token token);
+    bool grammar_sleeps() const;
+
     void load(const float * logits, int32_t n_vocab);
     void suppress(const std::vector<int32_t> & eog);
     llama_token selected() const;
@@ -131,6 +145,16 @@ private:
     std::vector<char> in_batch_;             // per token id: does the batch being built hold it
     std::vector<llama_token_data> found_;    // allowed tokens found, by descending logit
     prefix_seen seen_;
+    // the thinking budget: the tags are matched on the text (a tag the model spells in other
+    // tokens still counts), the forced end is the template's own tokens
+    const llama_vocab * vocab_ = nullptr;
+    bool grammar_lazy_ = false;
+    thinking_state thinking_ = THINKING_OFF;
+    int32_t budget_ = -1;
+    int32_t n_thinking_ = 0;             // thinking tokens so far, over every block
+    size_t force_pos_ = 0;
+    std::string start_tag_, end_tag_, tail_;
+    std::vector<int32_t> forced_;
 };
 
 // log-softmax statistics of one row of logits, for the chosen token and the top-n.
