@@ -15,7 +15,7 @@ import tomllib
 from dataclasses import dataclass
 
 from .http.limits import Limits
-from .chat.limits import InferenceLimits
+from .chat.limits import InferenceLimits, ReasoningBudget
 
 MAX_REPLICAS = 64                              # cluster.replicas and options.replicas at most
 RATE_LIMIT_GROUPS = ("inference", "cluster")   # the [rate_limits] settings that are groups
@@ -62,6 +62,7 @@ DEFAULTS: dict = {
     },
     "inference": {
         "limits": InferenceLimits.defaults(),
+        "reasoning_budget": ReasoningBudget.defaults(),   # thinking tokens per reasoning_effort; -1: no bound
     },
     "power": {
         "idle_mw": 2000,          # this node's draw with its engines idle
@@ -222,6 +223,9 @@ def _check(values: dict) -> None:
     for name, value in values["inference"]["limits"].items():
         if value <= 0:
             raise ConfigError(f"setting inference.limits.{name}: must be positive")
+    for name, value in values["inference"]["reasoning_budget"].items():
+        if value < -1:
+            raise ConfigError(f"setting inference.reasoning_budget.{name}: must be -1 (no bound) or more")
     power = values["power"]
     if not 0 < power["idle_mw"] <= power["max_mw"]:
         raise ConfigError("settings power.idle_mw and power.max_mw: need 0 < idle_mw <= max_mw")

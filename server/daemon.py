@@ -241,7 +241,8 @@ async def load_models(loop, settings: config.Settings, membership: Membership):
     missing = await loop.run_in_executor(None, import_defaults, store)
     for model_id, why in missing.items():
         print(f"stackd: default model {model_id} left out: {why}", flush=True)
-    inference_limits = configure_inference_limits(settings["inference.limits"])
+    inference_limits = configure_inference_limits(settings["inference.limits"],
+                                                  settings["inference.reasoning_budget"])
     registry = ModelRegistry(loop, store, EngineConfig.from_settings(settings["engine"], inference_limits.key_share),
                              memory_reserve=settings["models.memory_reserve_mb"] * MIB,
                              memory_limit=settings["models.memory_limit_mb"] * MIB,

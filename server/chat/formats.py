@@ -23,6 +23,7 @@ import base64
 import collections
 import hashlib
 import json
+import re
 import sys
 
 from ..errors import invalid
@@ -156,7 +157,7 @@ async def analyze(template, tools: ToolRequest | None, enable_thinking: bool, pa
     choice = tools.choice if offered else "none"
     parallel = bool(offered) and tools.parallel
     key = _key(template.source, template.bos_token, template.eos_token, offered, choice, parallel,
-               enable_thinking)
+               enable_thinking, 2)
     found = _cache.get(key)
     if found is not None:
         _cache.move_to_end(key)
@@ -171,6 +172,10 @@ async def analyze(template, tools: ToolRequest | None, enable_thinking: bool, pa
     timeout = ANALYSIS_TIMEOUT_FACTOR * _limits.current.template_timeout
     try:
         analysis = Analysis(await _worker.run(request, timeout))
+        if choice == "required" and not analysis.grammar_lazy:
+            analysis.grammar = call_at_once(analysis.grammar)
+        if offered and not parallel:
+            analysis.grammar = one_call(analysis.grammar)
     except _Failed as exc:
         raise invalid(f"the model's chat template could not be analysed for this request: {exc}",
                       param) from None
@@ -178,6 +183,26 @@ async def analyze(template, tools: ToolRequest | None, enable_thinking: bool, pa
     if len(_cache) > CACHE_SIZE:
         _cache.popitem(last=False)
     return analysis
+
+
+_FREE_TEXT = re.compile(r"(?m)^(root ::= [^\n]*?) until-\d+\?( tool-calls?)$")
+
+
+def call_at_once(grammar: str) -> str:
+    """A required (or named) call begins the answer, after any thinking. llama.cpp's grammar lets
+    free text come first (`root ::= prompt thinking? until-N? tool-calls`), which a small model
+    spends its whole max_tokens on; the free text goes. A root of another shape is kept."""
+    return _FREE_TEXT.sub(r"\1\2", grammar, count=1)
+
+
+_CALLS = re.compile(r"(?m)^tool-calls ::= \(tool-call space\)\+$")
+
+
+def one_call(grammar: str) -> str:
+    """parallel_tool_calls false: one call. llama.cpp's grammar of some formats repeats the call
+    whatever the switch (`tool-calls ::= (tool-call space)+`); once the call is whole, the grammar
+    is complete and the answer ends."""
+    return _CALLS.sub("tool-calls ::= tool-call space", grammar, count=1)
 
 
 def close() -> None:

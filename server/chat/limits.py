@@ -31,7 +31,33 @@ class InferenceLimits:
 current = InferenceLimits()
 
 
-def configure(values: dict) -> InferenceLimits:
-    global current
+@dataclass(frozen=True)
+class ReasoningBudget:
+    """Thinking tokens an answer may spend per `reasoning_effort` (settings
+    `inference.reasoning_budget.*`; -1: no bound), so a small thinking model cannot spend a
+    device's whole answer thinking: past it the engine forces the template's end-of-thinking tag
+    and the answer goes on. 'none' switches the template's thinking off and forces the tag at
+    once should the model think anyway. A request without reasoning_effort gets `medium`."""
+    minimal: int = 64
+    low: int = 256
+    medium: int = 1024
+    high: int = 4096
+
+    @classmethod
+    def defaults(cls) -> dict:
+        return {f.name: f.default for f in fields(cls)}
+
+    def of(self, effort: str | None) -> int:
+        if effort == "none":
+            return 0
+        return getattr(self, effort or "medium")
+
+
+reasoning_budget = ReasoningBudget()
+
+
+def configure(values: dict, budget: dict | None = None) -> InferenceLimits:
+    global current, reasoning_budget
     current = InferenceLimits(**values)
+    reasoning_budget = ReasoningBudget(**(budget or {}))
     return current

@@ -10,31 +10,9 @@ from stackd.chat import formats, limits
 from stackd.chat.sandbox import ChatTemplate
 from stackd.chat.tools import Tool, ToolRequest
 from stackd.errors import DomainError
+from stackd.testing.gguf_patch import QWEN25_TOOLS, QWEN3_THINKING
 
-# Qwen 2.5's tool template (Hermes <tool_call> JSON), trimmed to its tool parts.
-QWEN = (
-    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0].role == 'system' %}"
-    "{{- messages[0].content + '\\n\\n' }}{%- endif %}{{- '# Tools\\n\\nYou may call one or more "
-    "functions to assist with the user query.\\n\\nYou are provided with function signatures "
-    "within <tools></tools> XML tags:\\n<tools>' }}{%- for tool in tools %}{{- '\\n' }}"
-    "{{- tool | tojson }}{%- endfor %}{{- '\\n</tools>\\n\\nFor each function call, return a json "
-    "object with function name and arguments within <tool_call></tool_call> XML tags:\\n"
-    "<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call>"
-    "<|im_end|>\\n' }}{%- else %}{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' "
-    "+ messages[0].content + '<|im_end|>\\n' }}{%- endif %}{%- endif %}{%- for message in messages %}"
-    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or "
-    "(message.role == 'assistant' and not message.tool_calls) %}{{- '<|im_start|>' + message.role + "
-    "'\\n' + message.content + '<|im_end|>' + '\\n' }}{%- elif message.role == 'assistant' %}"
-    "{{- '<|im_start|>' + message.role }}{%- if message.content %}{{- '\\n' + message.content }}"
-    "{%- endif %}{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}"
-    "{%- set tool_call = tool_call.function %}{%- endif %}{{- '\\n<tool_call>\\n{\"name\": \"' }}"
-    "{{- tool_call.name }}{{- '\", \"arguments\": ' }}{{- tool_call.arguments | tojson }}"
-    "{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}{%- elif message.role == 'tool' %}"
-    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}"
-    "{{- '<|im_start|>user' }}{%- endif %}{{- '\\n<tool_response>\\n' }}{{- message.content }}"
-    "{{- '\\n</tool_response>' }}{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}"
-    "{{- '<|im_end|>\\n' }}{%- endif %}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+QWEN = QWEN25_TOOLS
 # A thinking template in Qwen3's manner: <think> in the history, switched by enable_thinking.
 THINKING = (
     "{%- for message in messages %}{%- if message.role == 'assistant' and message.reasoning_content %}"
@@ -141,3 +119,19 @@ def test_a_template_llama_cpp_cannot_take_is_a_400():
     with pytest.raises(DomainError) as refused:
         analyze("{% for %}", ToolRequest((WEATHER,), "auto"))
     assert refused.value.param == "tools"
+
+
+def test_a_required_call_begins_the_answer_and_is_one_unless_parallel():
+    """llama.cpp's required grammar lets free text come first and repeats the call; ours starts
+    with the call (after any thinking) and holds one call unless parallel_tool_calls."""
+    calls = ToolRequest((WEATHER,), "required", None, False)
+    grammar = analyze(QWEN, calls).grammar
+    root = next(line for line in grammar.splitlines() if line.startswith("root ::="))
+    assert "until" not in root and root.endswith(" tool-calls")
+    assert "tool-calls ::= tool-call space" in grammar
+    thinking = analyze(QWEN3_THINKING, calls).grammar
+    root = next(line for line in thinking.splitlines() if line.startswith("root ::="))
+    assert '"</think>"' in root and not root.split('"</think>"')[1].count("until")
+    parallel = analyze(QWEN, ToolRequest((WEATHER,), "required", None, True)).grammar
+    assert "tool-calls ::= (tool-call space)+" in parallel
+    assert formats.call_at_once("root ::= other\n") == "root ::= other\n"   # another shape: kept

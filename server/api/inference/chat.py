@@ -181,7 +181,7 @@ async def start(ctx, request, body: dict) -> ChatRun:
     parse, extra = None, None
     if chat_formats.reads_tools(template) or chat_formats.thinks(template):
         if active or chat_formats.thinks(template) or _has_tool_turns(messages):
-            messages, extra, parse = await _family_format(template, messages, tool_request, gen,
+            messages, extra, parse = await _family_format(model, messages, tool_request, gen,
                                                           tools_params.REASONING_EFFORT.read(body))
     else:
         if tool_request is not None or _has_tool_turns(messages):
@@ -201,13 +201,15 @@ def _generic_parse(text: str, final: bool):
     return chat_tools.parse_generic(text)
 
 
-async def _family_format(template, messages, tool_request, gen, effort):
+async def _family_format(model, messages, tool_request, gen, effort):
     """A template that knows tools or thinks: llama.cpp's analysis of its format (formats.py)
     gives the grammar, its triggers and the parser; our sandbox renders the prompt."""
     active = tool_request is not None and tool_request.active
     thinking = effort != "none"
-    analysis = await chat_formats.analyze(template, tool_request if active else None, thinking,
+    analysis = await chat_formats.analyze(model.template, tool_request if active else None, thinking,
                                           "tools" if active else "messages")
+    if analysis.supports_thinking and analysis.thinking_start and analysis.thinking_ends:
+        _thinking_budget(model, gen, analysis, effort)
     extra = {"enable_thinking": thinking}
     if active:
         extra["tools"] = [t.as_openai() for t in tool_request.offered()]
@@ -216,10 +218,26 @@ async def _family_format(template, messages, tool_request, gen, effort):
             gen.grammar = gen.sampling.grammar = analysis.grammar
             gen.sampling.grammar_lazy = analysis.grammar_lazy
             gen.sampling.grammar_triggers = analysis.triggers
+            if not analysis.grammar_lazy:       # it starts at the generation prompt, as in llama.cpp
+                gen.sampling.grammar_prefill = model.engine.tokenize(
+                    analysis.generation_prompt.decode("utf-8", "replace"), False, True)
         gen.stop = gen.stop + [s for s in analysis.stops if s not in gen.stop]
     reasoning = analysis.supports_thinking
     parse = analysis.parse_function(active, reasoning) if active or reasoning else None
     return chat_formats.render_messages(messages, analysis.caps), extra, parse
+
+
+def _thinking_budget(model, gen, analysis, effort) -> None:
+    """The engine counts the thinking (between the template's tags) and, past the budget of the
+    request's reasoning_effort (inference.reasoning_budget.*), forces the end tag; a lazy tool
+    grammar sleeps through the thinking."""
+    s = gen.sampling
+    s.reasoning_budget = chat_limits.reasoning_budget.of(effort)
+    s.reasoning_start = analysis.thinking_start
+    s.reasoning_end = analysis.thinking_ends[0]
+    s.reasoning_forced = model.engine.tokenize(analysis.thinking_ends[0], False, True)
+    prompt_end = analysis.generation_prompt.decode("utf-8", "replace").rstrip()
+    s.reasoning_open = prompt_end.endswith(analysis.thinking_start)
 
 
 async def chat_completions(ctx, request) -> Response | StreamingResponse:

@@ -38,7 +38,10 @@ PARALLEL_TOOL_CALLS = V.Boolean("parallel_tool_calls", default=False,
 REASONING_EFFORT = V.String(
     "reasoning_effort", choices=("none", "minimal", "low", "medium", "high"),
     doc="For a model whose template thinks: 'none' switches thinking off (the template's "
-        "enable_thinking); any other value leaves it on.")
+        "enable_thinking); the others leave it on and bound it (thinking tokens, settings "
+        "inference.reasoning_budget.*: minimal 64, low 256, medium 1024 (the default), high "
+        "4096): past the budget the template's end-of-thinking tag is forced and the answer "
+        "goes on.")
 FIELDS = [TOOLS, TOOL_CHOICE, PARALLEL_TOOL_CALLS, REASONING_EFFORT]
 
 
