@@ -83,7 +83,7 @@ elif os.path.exists("CMakeLists.txt"):
 setup(
     package_dir={PACKAGE: SOURCE_DIR},
     packages=[PACKAGE] + [f"{PACKAGE}.{name}" for name in find_packages(SOURCE_DIR)],
-    package_data={PACKAGE: ["_engine.pyi", KERNELS_LIBRARY],
+    package_data={PACKAGE: ["_engine.pyi", "_chat.pyi", KERNELS_LIBRARY],
                   f"{PACKAGE}.console": ["static/*", "db/migrations/*.mako"]},
     ext_modules=extensions,
     cmdclass={"build_ext": BuildExt},
