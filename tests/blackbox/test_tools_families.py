@@ -13,6 +13,8 @@ from stackd.store.store import ModelStore
 from stackd.testing.daemon import Daemon
 from stackd.testing.gguf_patch import QWEN25_TOOLS, QWEN3_THINKING, rewritten_with_chat_template
 
+from .test_tools import TIME
+
 TOOLS_MODEL = "qwen-tools-fixture"
 THINKING_MODEL = "qwen3-thinking-fixture"
 BUDGET_LOW = 8                   # inference.reasoning_budget.low, small enough to be spent
@@ -21,10 +23,6 @@ CONFIG = ("[rate_limits]\ninference = 0\n[engine]\nslots = 4\ncontext_length = 2
           f"[inference.reasoning_budget]\nlow = {BUDGET_LOW}\nhigh = -1\n")
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "The local time in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
