@@ -5,7 +5,7 @@ the daemon: the daemon (formats.py) starts this process, bounds its address spac
 when an analysis runs past its time, and starts another. One JSON request a line on stdin, one
 JSON answer a line on stdout; bytes fields travel as base64.
 
-    python -m stackd.chat.format_worker MEMORY_BYTES
+    python -m stackd.chat.format_worker MEMORY_BYTES PARENT_PID
 """
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ import json
 import resource
 import sys
 
+from ..system.process import die_with_parent
+
 BYTES_FIELDS = ("prompt", "parser", "generation_prompt")
 
 
 def main() -> None:
-    memory = int(sys.argv[1])
+    memory, parent = int(sys.argv[1]), int(sys.argv[2])
+    die_with_parent(parent)      # a daemon killed mid-analysis must not leave a looping template
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     from .. import _chat

@@ -23,6 +23,7 @@ import base64
 import collections
 import hashlib
 import json
+import os
 import re
 import sys
 
@@ -98,7 +99,7 @@ class _Worker:
     async def _start(self) -> asyncio.subprocess.Process:
         if self.proc is None or self.proc.returncode is not None:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", f"{__package__}.format_worker", str(ANALYSIS_MEMORY),
+                sys.executable, "-m", f"{__package__}.format_worker", str(ANALYSIS_MEMORY), str(os.getpid()),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL, limit=64 << 20)
         return self.proc
@@ -135,6 +136,14 @@ class _Worker:
 
     def close(self) -> None:
         self._kill()
+
+    async def aclose(self) -> None:
+        """Kill the child and reap it on this loop, so its transport closes here and not in a
+        finalizer after the loop has gone."""
+        proc = self.proc
+        self._kill()
+        if proc is not None:
+            await proc.communicate()     # reads to EOF and closes stdin: every pipe is closed
 
 
 class _Failed(Exception):
@@ -208,6 +217,14 @@ def one_call(grammar: str) -> str:
 def close() -> None:
     if _worker is not None:
         _worker.close()
+
+
+async def aclose() -> None:
+    """Stop the analysing child and forget it (the daemon's shutdown, and tests between loops)."""
+    global _worker
+    if _worker is not None:
+        worker, _worker = _worker, None
+        await worker.aclose()
 
 
 # ---- llama.cpp's message workarounds (common/chat.cpp), for our own rendering ---------------
