@@ -25,6 +25,8 @@ def analyze(source: str, bos: str, eos: str, messages_json: str, tools_json: str
             tool_choice: str, parallel: bool, enable_thinking: bool,
             extract_reasoning: bool) -> Analysis: ...   # RuntimeError etc.: llama.cpp's words
 
+def json_schema_to_grammar(schema_json: str) -> str: ...   # ValueError: a schema it cannot convert
+
 class Parser:
     def __init__(self, format: int, serialized: bytes, generation_prompt: bytes,
                  extract_reasoning: bool, parse_tool_calls: bool) -> None: ...

@@ -14,6 +14,7 @@
 
 #include "chat.h"
 #include "common.h"
+#include "json-schema-to-grammar.h"
 #include "json.h"
 #include "log.h"
 
@@ -132,6 +133,17 @@ private:
     common_chat_parser_params params_;
 };
 
+// llama.cpp's JSON-schema-to-GBNF converter (the one llama-server uses for response_format and
+// tool schemas). No template runs here, so the daemon may call it; the schema's budget is
+// checked before (server/chat/grammar.py). A schema it cannot convert is a ValueError.
+std::string schema_grammar(const std::string & schema_json) {
+    try {
+        return json_schema_to_grammar(common_json::parse(schema_json), /*force_gbnf=*/true);
+    } catch (const std::exception & e) {
+        throw py::value_error(e.what());
+    }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_chat, m) {
@@ -140,6 +152,8 @@ PYBIND11_MODULE(_chat, m) {
     m.def("analyze", &analyze, py::arg("source"), py::arg("bos"), py::arg("eos"),
           py::arg("messages_json"), py::arg("tools_json"), py::arg("tool_choice"),
           py::arg("parallel"), py::arg("enable_thinking"), py::arg("extract_reasoning"));
+    m.def("json_schema_to_grammar", &schema_grammar, py::arg("schema_json"),
+          py::call_guard<py::gil_scoped_release>());
     py::class_<parser>(m, "Parser")
         .def(py::init<int, const std::string &, const std::string &, bool, bool>(),
              py::arg("format"), py::arg("serialized"), py::arg("generation_prompt"),

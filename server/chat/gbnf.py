@@ -1,4 +1,10 @@
-"""llama-cpp-python's JSON-schema-to-GBNF converter, without llama-cpp-python's package.
+"""JSON schemas and JSON as GBNF grammars.
+
+A schema is converted by llama.cpp's own converter (common/json-schema-to-grammar.cpp, in
+stackd._chat), the one llama-server uses. llama-cpp-python's Python port lags it: its string rule
+lets raw control characters into a string, so a "strict" schema let a small model write a newline
+and run on inside a string value until max_tokens. The any-JSON grammar of json_object is
+llama-cpp-python's JSON_GBNF (its string rule is right), loaded as described below.
 
 `llama_cpp/llama_grammar.py` is plain Python (standard library only), but importing it as
 `llama_cpp.llama_grammar` runs the package's __init__, which loads numpy and the whole ctypes
@@ -23,8 +29,10 @@ def _module() -> ModuleType:
 
 
 def json_schema_to_gbnf(schema: str) -> str:
-    """The GBNF grammar of the JSON schema `schema` (a JSON text)."""
-    return _module().json_schema_to_gbnf(schema)
+    """The GBNF grammar of the JSON schema `schema` (a JSON text); ValueError when llama.cpp's
+    converter cannot express it."""
+    from .. import _chat        # on first use: most requests never need a grammar
+    return _chat.json_schema_to_grammar(schema)
 
 
 def json_gbnf() -> str:

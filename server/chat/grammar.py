@@ -108,9 +108,29 @@ def nesting(gbnf: str) -> int:
     return deepest
 
 
+# A repetition in the grammar's text: `atom{m}`, `atom{m,}` or `atom{m,n}`.
+REPETITION = re.compile(r"(\S+?)\{(\d+)(?:,(\d*))?\}")
+# What one copy of a repeated atom costs at least once llama.cpp has expanded it into rules.
+MIN_COPY_BYTES = 8
+
+
+def expanded_bytes(gbnf: str) -> int:
+    """The grammar's size with its repetitions written out. llama.cpp's converter writes
+    `char{0,900}` where the Python port wrote 900 nested groups, and llama.cpp's grammar parser
+    expands it into as many rules: the text alone no longer shows what the grammar costs."""
+    extra = 0
+    for match in REPETITION.finditer(gbnf):
+        lo, hi = int(match.group(2)), match.group(3)
+        copies = int(hi) if hi else lo
+        extra += copies * max(len(match.group(1)), MIN_COPY_BYTES)
+    return len(gbnf) + extra
+
+
 def check_grammar(gbnf: str, limit: _limits.InferenceLimits, param: str = PARAM) -> None:
-    if len(gbnf) > limit.grammar_max_bytes:
-        _too_big(f"its grammar is {len(gbnf)} bytes", limit.grammar_max_bytes, "grammar_max_bytes", param)
+    size = expanded_bytes(gbnf)
+    if size > limit.grammar_max_bytes:
+        _too_big(f"its grammar is {size} bytes with its repetitions written out",
+                 limit.grammar_max_bytes, "grammar_max_bytes", param)
     n_rules = gbnf.count("::=")
     if n_rules > limit.grammar_max_rules:
         _too_big(f"its grammar has {n_rules} rules", limit.grammar_max_rules, "grammar_max_rules", param)

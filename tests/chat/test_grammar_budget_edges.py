@@ -6,7 +6,7 @@ from stackd.http.errors import ApiError, ErrorKind
 
 from tests.answers import raises_http
 from stackd.chat import grammar, limits
-from stackd.chat.grammar import check_grammar, json_schema_grammar, nesting
+from stackd.chat.grammar import check_grammar, expanded_bytes, json_schema_grammar, nesting
 
 SMALL = limits.InferenceLimits(schema_max_depth=4, schema_max_nodes=6, grammar_max_repeat=5,
                                grammar_max_enum=3, grammar_max_rules=40, grammar_max_bytes=4000)
@@ -128,10 +128,11 @@ def test_keywords_are_checked_in_every_nested_schema():
 def test_the_converted_grammar_is_measured_in_bytes_and_rules():
     wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(5)}}
     gbnf = json_schema_grammar(wide, limits.InferenceLimits())
-    size, rules = len(gbnf), gbnf.count("::=")
+    size, rules = expanded_bytes(gbnf), gbnf.count("::=")
+    assert size > len(gbnf)            # llama.cpp's string rule repeats a hex digit {4} times
     json_schema_grammar(wide, limits.InferenceLimits(grammar_max_bytes=size, grammar_max_rules=rules))
     message = over_budget(wide, "grammar_max_bytes", limits.InferenceLimits(grammar_max_bytes=size - 1))
-    assert f"its grammar is {size} bytes" in message
+    assert f"its grammar is {size} bytes with its repetitions written out" in message
     message = over_budget(wide, "grammar_max_rules", limits.InferenceLimits(grammar_max_rules=rules - 1))
     assert f"its grammar has {rules} rules" in message
 
@@ -140,6 +141,13 @@ def test_a_schema_the_converter_cannot_express_is_a_400_with_a_bounded_message()
     assert refusal({"type": "frob"}).message.startswith("unsupported JSON schema: ")
     long = refusal({"$ref": "#/definitions/" + "x" * 400}).message
     assert long.startswith("unsupported JSON schema: ") and len(long) == 25 + 300
+
+
+def test_repetitions_count_as_written_out():
+    assert expanded_bytes('root ::= "a"') == len('root ::= "a"')
+    assert expanded_bytes("root ::= char{0,900}") == len("root ::= char{0,900}") + 900 * 8
+    assert expanded_bytes("root ::= [0-9a-fA-F]{4}") == len("root ::= [0-9a-fA-F]{4}") + 4 * 11
+    assert expanded_bytes("root ::= x{3,}") == len("root ::= x{3,}") + 3 * 8
 
 
 def test_nesting_counts_groups_outside_literals_and_classes():
