@@ -13,7 +13,6 @@ import contextlib
 
 import orjson
 
-from ...chat import templates
 from ...errors import DomainError
 from ...http import validate as V
 from ...http.errors import ApiError, ErrorShape, invalid
@@ -288,12 +287,12 @@ async def messages(ctx, request) -> Response | StreamingResponse:
 
 
 async def count_tokens(ctx, request) -> Response:
-    """The prompt's tokens for these messages, as the model's chat template renders them."""
+    """The prompt's tokens for these messages and tools, as the model's chat template renders
+    them for messages.create."""
     v = READ_COUNT.read(request.json())
     body = {"model": v["model"], "messages": chat_messages(v), **chat_tool_fields(v)}
-    model = await ctx.models.get(v["model"], "chat")
     try:
-        prompt = await templates.prompt_tokens(model, chat.messages_of(body))
+        prepared = await chat.prepare(ctx, body)
     except ApiError as exc:
         raise dialect.renamed(exc, NAMES) from None
-    return json_response({"input_tokens": len(prompt)})
+    return json_response({"input_tokens": len(prepared.prompt)})

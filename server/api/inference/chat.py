@@ -166,9 +166,19 @@ def _has_tool_turns(messages: list[dict]) -> bool:
     return any(m["role"] == "tool" or "tool_calls" in m for m in messages)
 
 
-async def start(ctx, request, body: dict) -> ChatRun:
-    """Validate a chat body, render and tokenize the conversation, and submit it. Every 400 is
-    raised here, before anything is sent."""
+class Prepared:
+    """A chat body checked and its conversation rendered: what start() submits, and what a
+    token count (Anthropic's count_tokens) measures."""
+
+    __slots__ = ("model", "gen", "prompt", "parse")
+
+    def __init__(self, model, gen: params.GenerationParams, prompt: list[int], parse):
+        self.model, self.gen, self.prompt, self.parse = model, gen, prompt, parse
+
+
+async def prepare(ctx, body: dict) -> Prepared:
+    """Validate a chat body, and render and tokenize the conversation as the model sees it (with
+    its tools and their grammar). Every 400 is raised here."""
     model = await ctx.models.get(params.MODEL.read(body), "chat")
     gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=True)
     tool_request = tools_params.read(body)
@@ -190,11 +200,18 @@ async def start(ctx, request, body: dict) -> ChatRun:
             gen.grammar = gen.sampling.grammar = chat_tools.generic_grammar(tool_request)
             parse = _generic_parse
     prompt = await templates.prompt_tokens(model, messages, extra)
-    generate.check_fits(len(prompt), model.context_length, "messages")
-    stream = await model.runner.generate(generate.jobs_for([prompt], gen, model.context_length),
-                                         gen.stop, generate.owner_of(request))
-    head = responses.envelope("chat.completion", responses.new_id("chatcmpl"), model.id)
-    return ChatRun(model, gen, stream, head, parse)
+    return Prepared(model, gen, prompt, parse)
+
+
+async def start(ctx, request, body: dict) -> ChatRun:
+    """Prepare a chat body and submit it. Every 400 is raised here, before anything is sent."""
+    p = await prepare(ctx, body)
+    generate.check_fits(len(p.prompt), p.model.context_length, "messages")
+    stream = await p.model.runner.generate(
+        generate.jobs_for([p.prompt], p.gen, p.model.context_length), p.gen.stop,
+        generate.owner_of(request))
+    head = responses.envelope("chat.completion", responses.new_id("chatcmpl"), p.model.id)
+    return ChatRun(p.model, p.gen, stream, head, p.parse)
 
 
 def _generic_parse(text: str, final: bool):
