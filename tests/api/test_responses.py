@@ -78,7 +78,6 @@ def test_text_format_and_reasoning_effort():
 @pytest.mark.parametrize("body, param, words", [
     ({"previous_response_id": "resp_1"}, "previous_response_id", "keeps no responses"),
     ({"conversation": "conv_1"}, "conversation", "keeps no responses"),
-    ({"store": True}, "store", "must be false"),
     ({"background": True}, "background", "must be false"),
     ({"input": None}, "input", "required"),
     ({"input": []}, "input", "must not be empty"),

@@ -82,7 +82,7 @@ def test_json_schema_output(client):
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"), ({"store": True}, "store"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id"), ({"background": True}, "background"),
     ({"max_output_tokens": 0}, "max_output_tokens"), ({"tools": [{"type": "web_search"}]}, "tools[0].type")])
 def test_bad_bodies_are_400s_naming_the_field(client, extra, param):
     with pytest.raises(openai.BadRequestError) as caught:

@@ -7,8 +7,10 @@ max_output_tokens and reasoning.effort become their chat fields. Chat's answer o
 back as a Response object or as the typed events (response.created, response.output_item.added,
 response.output_text.delta, response.function_call_arguments.delta, ..., response.completed).
 
-Nothing is stored: previous_response_id, conversation, store: true and background: true are
-refused with a 400 that says so (the client sends the whole conversation in `input`).
+Nothing is stored: previous_response_id, conversation and background: true are refused with a
+400 that says so (the client sends the whole conversation in `input`). `store` is accepted and
+answered as `"store": false`: OpenAI stores when it is absent, so clients send it either way,
+and a client that never reads a response back loses nothing.
 """
 from __future__ import annotations
 
@@ -79,7 +81,7 @@ FIELDS = [
     V.Number("temperature", lo=0.0, hi=2.0, default=params.DEFAULT_TEMPERATURE),
     V.Number("top_p", lo=0.0, hi=1.0, default=params.DEFAULT_TOP_P),
     V.Boolean("stream", doc="Send the answer as the Responses API's server-sent events."),
-    V.Boolean("store", doc="Must be false (or absent): nothing is stored."),
+    V.Boolean("store", doc="Accepted; nothing is stored (the answer says \"store\": false)."),
     V.Boolean("background", doc="Must be false (or absent)."),
     V.String("previous_response_id", max_len=256, doc="Refused: nothing is stored."),
     V.OneOf("conversation", V.String(max_len=256), V.Object(), doc="Refused: nothing is stored."),
@@ -96,9 +98,8 @@ def read(body: dict) -> dict:
     for name in ("previous_response_id", "conversation"):
         if v[name] is not None:
             raise invalid(f"'{name}' is not supported: {STATELESS}", name)
-    for name in ("store", "background"):
-        if v[name]:
-            raise invalid(f"'{name}' must be false: {STATELESS}", name)
+    if v["background"]:
+        raise invalid(f"'background' must be false: {STATELESS}", "background")
     return v
 
 
@@ -199,6 +200,13 @@ class Reply:
         return {"id": self.item_id(block), "type": "message", "status": status, "role": "assistant",
                 "content": [output_text(text)] if whole else []}
 
+    def items(self, blocks, status: str) -> list[dict]:
+        """The output items; in an incomplete response the last one is the one cut short."""
+        items = [self.item(block) for block in blocks]
+        if status == "incomplete" and items:
+            items[-1]["status"] = "incomplete"
+        return items
+
     def response(self, status: str = "in_progress", blocks=(), usage: dict | None = None,
                  finish_reason: str | None = None, error: dict | None = None) -> dict:
         v = self.v
@@ -210,7 +218,7 @@ class Reply:
             "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": v["instructions"], "max_output_tokens": v["max_output_tokens"],
-            "model": v["model"], "output": [self.item(block) for block in blocks],
+            "model": v["model"], "output": self.items(blocks, status), "store": False,
             "parallel_tool_calls": v["parallel_tool_calls"], "previous_response_id": None,
             "reasoning": {"effort": (v["reasoning"] or {}).get("effort"), "summary": None},
             "temperature": v["temperature"], "top_p": v["top_p"],
