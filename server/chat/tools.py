@@ -302,7 +302,18 @@ def _read_call(s: _Scanner, calls: list[Call], partial_args: list) -> None:
 
 
 def parse_generic(text: str) -> tuple[Message, bool]:
-    """The answer in `text` (maybe unfinished) and whether it was complete."""
+    """The answer in `text` (maybe unfinished) and whether it was complete. The grammar keeps a
+    generated answer in this form; text that is not (none is expected) is returned as content,
+    never an error: a parse failure must not turn a finished generation into a 500."""
+    try:
+        return _parse_generic(text)
+    except ValueError:
+        message = Message()
+        message.content = text
+        return message, True
+
+
+def _parse_generic(text: str) -> tuple[Message, bool]:
     message = Message()
     s = _Scanner(text)
     partial_args: list = []

@@ -122,3 +122,65 @@ def parsed_or_4xx(drawn) -> None:
 def test_request_json_is_parsed_or_refused_with_a_4xx(fuzz_seconds):
     fuzz(st.tuples(body, st.sampled_from([49152, 30522, 1, 2]), st.booleans()), parsed_or_4xx,
          seconds=fuzz_seconds, batch=100)
+
+
+# ---- tools: `tools` and `tool_choice` -> the tool request -> its grammar ------------------------
+
+function_tool = st.fixed_dictionaries(
+    {"type": st.one_of(st.just("function"), scalars)},
+    optional={"function": st.one_of(
+        st.fixed_dictionaries({"name": st.one_of(st.sampled_from(["f", "get_weather", "a-b_9"]), scalars)},
+                              optional={"description": scalars, "parameters": st.one_of(schemas, json_values),
+                                        "strict": scalars}),
+        json_values)})
+tool_choices = st.one_of(st.sampled_from(["none", "auto", "required", "any", ""]),
+                         st.fixed_dictionaries({"type": st.just("function"),
+                                                "function": st.fixed_dictionaries(
+                                                    {"name": st.sampled_from(["f", "g", "get_weather"])})}),
+                         json_values)
+tool_bodies = st.fixed_dictionaries({}, optional={
+    "tools": st.one_of(st.lists(function_tool, max_size=3), json_values),
+    "tool_choice": tool_choices, "parallel_tool_calls": scalars})
+
+
+def tools_read_or_4xx(request: dict) -> None:
+    from stackd.api.inference import tools as tool_params
+    from stackd.chat import tools as chat_tools
+    try:
+        request = orjson.loads(orjson.dumps(request))
+    except (orjson.JSONEncodeError, orjson.JSONDecodeError, TypeError):
+        return
+    try:
+        tool_request = tool_params.read(request)
+        if tool_request is not None and tool_request.active:
+            chat_tools.generic_grammar(tool_request)
+    except ANSWERED as exc:
+        exc = answer_of(exc)
+        assert 400 <= exc.kind.status < 500, (exc.kind, exc.message)
+
+
+def test_tool_bodies_become_a_grammar_or_a_4xx(fuzz_seconds):
+    fuzz(tool_bodies, tools_read_or_4xx, seconds=fuzz_seconds, batch=50)
+
+
+def parsed_whole_and_in_pieces(text: str) -> None:
+    """Whatever a model writes, the generic tool-call reader reads it (whole and streamed in
+    pieces) without raising: a call it cannot finish is content."""
+    from stackd.api.inference.tools import Reader
+    from stackd.chat import tools as chat_tools
+    chat_tools.parse_generic(text)
+    reader = Reader(lambda so_far, final: chat_tools.parse_generic(so_far))
+    for i in range(0, len(text), 5):
+        reader.feed(text[i:i + 5])
+
+
+model_texts = st.one_of(
+    st.text(max_size=80),
+    st.builds(lambda a, b: a + b, st.sampled_from(['{"tool_call": {"name": "f", "arguments": ',
+                                                   '{"tool_calls": [{"name": "f", "arguments": {',
+                                                   '{"response": "', '{"tool_call": {"name": "']),
+              st.text(alphabet='{}[]":,\\ ab1\n', max_size=40)))
+
+
+def test_model_output_is_read_whole_and_streamed_without_raising(fuzz_seconds):
+    fuzz(model_texts, parsed_whole_and_in_pieces, seconds=fuzz_seconds, batch=100)
