@@ -76,6 +76,8 @@ DEFAULTS: dict = {
         "memory_reserve_mb": 512, # memory a load must leave free
         "memory_limit_mb": 0,     # the most memory this node offers to models; 0 = all
         "registry": "",           # base URL of the OCI model registry pulls come from
+        "registries": [],         # other registries a name may carry as its host (host/ns/name:tag)
+        "import_dir": "",         # files POST /v1/models/import may add; empty: DATA_DIR/import
         "registry_username": "",
         "registry_password": "",
         "max_pull_gb": 64,        # a declared blob larger than this is refused before downloading
@@ -233,6 +235,9 @@ def _check(values: dict) -> None:
         raise ConfigError("settings power.min_voltage_mv and power.max_voltage_mv: need 0 < min <= max")
     if values["models"]["memory_limit_mb"] < 0:
         raise ConfigError("setting models.memory_limit_mb: must be 0 (all) or more")
+    for url in values["models"]["registries"]:
+        if not _is_registry_url(url):
+            raise ConfigError(f"setting models.registries: {url!r} is not http(s)://host[:port]")
     if values["inference"]["limits"]["key_share"] > 1:
         raise ConfigError("setting inference.limits.key_share: must be a fraction from 0 to 1")
     if values["debug"]["trace_reply_timeout"] <= 0:
@@ -278,6 +283,17 @@ def _is_http_url(text: str) -> bool:
         return url.scheme == "http" and bool(url.hostname) and url.port is not None and url.path in ("", "/")
     except ValueError:
         return False
+
+
+def _is_registry_url(text: str) -> bool:
+    from urllib.parse import urlsplit
+    try:
+        url = urlsplit(text)
+        url.port                                   # raises on a bad port
+    except ValueError:
+        return False
+    return url.scheme in ("http", "https") and bool(url.hostname) and url.path in ("", "/") \
+        and not (url.query or url.fragment or url.username or url.password)
 
 
 def _read_secret(cluster: dict) -> bytes | None:
