@@ -1,4 +1,4 @@
-"""`stackd models list | rm NAME | defaults | pull NAME`: the store, from the command line.
+"""`stackd models list | rm NAME | defaults | pull NAME | add PATH`: the store, from the command line.
 
 These work on the data dir directly (no daemon needed); a running daemon sees the
 change on its next listing.
@@ -6,6 +6,7 @@ change on its next listing.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
 from ..errors import DomainError
@@ -31,6 +32,8 @@ def main(args, settings) -> int:
         elif args.model_command == "rm":
             removed = store.remove(args.model)
             print(f"removed {removed.id}")
+        elif args.model_command == "add":
+            return _add(store, settings, args.path, args.name)
         else:
             return asyncio.run(_pull(store, settings, args.model))
     except KeyError:
@@ -42,6 +45,19 @@ def main(args, settings) -> int:
     except GGUFError as exc:
         print(f"stackd: model refused: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _add(store, settings, path: str, name: str | None) -> int:
+    from ..store.local import LocalImports
+
+    imports = LocalImports.from_settings(store, settings.data_dir, settings["models"])
+    try:
+        m = imports.add(os.path.abspath(path), name)
+    except DomainError as exc:
+        print(f"stackd: {exc.message}", file=sys.stderr)
+        return 1
+    print(f"added {m.id}\t{m.kind}\t{m.architecture}\t{m.quantization}\tsha256:{m.sha256[:12]}")
     return 0
 
 

@@ -10,10 +10,13 @@ directory is ever opened as a model.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import secrets
 import shutil
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -21,15 +24,40 @@ import orjson
 
 from ..system.files import write_private_file
 from . import vocab_check
-from .gguf_check import GGUFError
 
-MODEL_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}(/[a-z0-9][a-z0-9._-]{0,63})?(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?")
+# A registry host (a name with a dot or a port, or localhost), as Ollama writes it: only in front
+# of namespace/name, so that "ns/name" never reads as a host.
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+HOST = rf"{_LABEL}(?:\.{_LABEL})*(?::[0-9]{{1,5}})?"
+_NAME = r"[a-z0-9][a-z0-9._-]{0,63}"
+MODEL_ID = re.compile(rf"(?:(?:(?=[^/]*[.:]|localhost[:/]){HOST}/{_NAME}/)|(?:{_NAME}/))?{_NAME}"
+                      r"(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?")
 HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 HASH_CHUNK = 4 << 20
 
 
 class StoreError(ValueError):
     pass
+
+
+class NameTaken(StoreError):
+    """Another model already has this name."""
+
+
+class FileTooLarge(StoreError):
+    """Larger than models.max_pull_gb."""
+
+
+class NoSpace(StoreError):
+    """A copy would leave less than models.disk_reserve_mb free."""
+
+
+class OutsideDirectory(StoreError):
+    """The file opened does not lie in the directory it had to."""
+
+
+class FileMissing(StoreError):
+    """No file at that path."""
 
 
 def valid_model_id(model_id: str) -> bool:
@@ -56,6 +84,7 @@ class Manifest:
     extra: dict = field(default_factory=dict)   # media type -> digest of template/params layers
     created: int = 0
     vocab_checked: bool = False    # false in manifests of older stores: checked before a load
+    origin: dict | None = None     # a local file's path, size, mtime_ns, inode, device when added
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -145,49 +174,135 @@ class ModelStore:
     def manifest_for_blob(self, model_id: str, hex_digest: str, *, source: str,
                           reference: str | None = None, extra: dict | None = None) -> Manifest:
         """Check a blob already in the store as a model llama.cpp can load, and describe it
-        (raises GGUFError). The default models are the project's own pinned files: their
-        vocabulary gets the rules, not the slower load in a child process."""
+        (raises GGUFError)."""
         path = self.blob_path(hex_digest)
-        info = vocab_check.check_model_file(path, load=source != "default")
+        return self._describe(model_id, hex_digest, _checked(path, source), source=source,
+                              reference=reference, extra=extra)
+
+    def _describe(self, model_id: str, hex_digest: str, info, *, source: str, reference: str | None = None,
+                  extra: dict | None = None, origin: dict | None = None) -> Manifest:
         return Manifest(
-            id=model_id, file=os.path.relpath(path, self.root), size=info.file_size, sha256=hex_digest,
-            architecture=info.architecture, kind=info.kind, quantization=info.quantization,
-            parameter_count=info.parameter_count, context_length=info.context_length,
-            n_layer=info.block_count, n_embd=info.embedding_length, n_head_kv=info.head_count_kv,
-            n_head=info.head_count, source=source, reference=reference, extra=dict(extra or {}),
-            created=int(time.time()), vocab_checked=True)
+            id=model_id, file=os.path.relpath(self.blob_path(hex_digest), self.root), size=info.file_size,
+            sha256=hex_digest, architecture=info.architecture, kind=info.kind,
+            quantization=info.quantization, parameter_count=info.parameter_count,
+            context_length=info.context_length, n_layer=info.block_count, n_embd=info.embedding_length,
+            n_head_kv=info.head_count_kv, n_head=info.head_count, source=source, reference=reference,
+            extra=dict(extra or {}), created=int(time.time()), vocab_checked=True, origin=origin)
 
     def ensure_loadable(self, manifest: Manifest) -> Manifest:
         """Before a load: a manifest written by an older version was never vocabulary-checked;
         check its model now (raises GGUFError) and record that it passed."""
         if manifest.vocab_checked:
             return manifest
-        vocab_check.check_model_file(self.model_path(manifest), load=manifest.source != "default")
+        _checked(self.model_path(manifest), manifest.source)
         manifest.vocab_checked = True
         self.put(manifest)
         return manifest
 
-    def import_file(self, model_id: str, path: str, *, source: str = "default") -> Manifest:
-        """Bring a local GGUF into the store (hard link when possible, else a copy)."""
-        existing = self.get(model_id)
-        if existing is not None and os.path.exists(self.blob_path(existing.sha256)) \
-                and os.path.getsize(self.blob_path(existing.sha256)) == os.path.getsize(path):
-            return existing
-        hex_digest = file_sha256(path)
-        blob = self.blob_path(hex_digest)
-        added = not os.path.exists(blob)
-        if added:
-            tmp = f"{blob}.partial"
-            try:
-                os.link(path, tmp)
-            except OSError:
-                shutil.copyfile(path, tmp)
-            os.replace(tmp, blob)
+    def import_file(self, model_id: str, path: str, *, source: str = "default", replace: bool = True,
+                    max_bytes: int | None = None, disk_reserve: int = 0,
+                    within: str | None = None) -> Manifest:
+        """Bring a local GGUF into the store, through every check a pulled model passes (raises
+        GGUFError, or StoreError: NameTaken, FileTooLarge, NoSpace). A hard link when the file
+        is on the store's filesystem and only this user may write it, else a copy hashed as it
+        is written; either way the checks run on the store's own temp file, which takes its
+        place (renamed atomically) only once they pass. A refused file leaves nothing behind.
+
+        The same file again (path, size, mtime, inode) is recognised without reading it. A
+        different file under a name the store holds replaces that model, or with replace=False
+        raises NameTaken (the same bytes under the same name are no clash). `within`: a
+        directory the opened file must lie in (OutsideDirectory), whatever its path pointed to
+        by the time it was opened."""
+        self._manifest_path(model_id)                              # the id, checked first
         try:
-            manifest = self.manifest_for_blob(model_id, hex_digest, source=source)
-        except GGUFError:
-            if added:                       # refused: nothing of it stays in the store
-                os.unlink(blob)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # a FIFO never blocks us
+        except OSError as exc:
+            kind = FileMissing if exc.errno == errno.ENOENT else StoreError
+            raise kind(f"cannot open {os.path.basename(path)}: {exc.strerror}") from None
+        try:
+            if within is not None and not _lies_in(os.readlink(f"/proc/self/fd/{fd}"), within):
+                raise OutsideDirectory(f"{os.path.basename(path)} is not in {within}")
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StoreError(f"{os.path.basename(path)} is not a regular file")
+            origin = {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                      "inode": st.st_ino, "device": st.st_dev}
+            existing = self.get(model_id)
+            if existing is not None and existing.origin == origin and os.path.exists(self.blob_path(existing.sha256)):
+                return existing
+            if max_bytes is not None and st.st_size > max_bytes:
+                raise FileTooLarge(f"{os.path.basename(path)} is {st.st_size} bytes, more than the {max_bytes} allowed "
+                                   "(models.max_pull_gb)")
+            tmp, hex_digest = self._take(fd, st, disk_reserve)
+        finally:
+            os.close(fd)
+        try:
+            if existing is not None and not replace and existing.sha256 != hex_digest:
+                raise NameTaken(f"the store already has a model named {model_id!r} (a different file, "
+                                f"sha256:{existing.sha256[:12]}): remove it first or choose another name")
+            info = _checked(tmp, source)
+            os.replace(tmp, self.blob_path(hex_digest))        # the same bytes, if it was there already
+            _unlink(tmp)        # a no-op rename (both names one inode, as linked twice) leaves it
+        except BaseException:
+            _unlink(tmp)
             raise
+        manifest = self._describe(model_id, hex_digest, info, source=source, origin=origin,
+                                  reference=origin["path"] if source == "local" else None)
         self.put(manifest)
         return manifest
+
+    def _take(self, fd: int, st: os.stat_result, disk_reserve: int) -> tuple[str, str]:
+        """The opened file as a temp file of the blobs folder, and its sha256."""
+        tmp = os.path.join(self.blobs, f".import-{os.getpid()}-{secrets.token_hex(8)}")
+        blobs = os.stat(self.blobs)
+        linkable = (st.st_dev == blobs.st_dev and st.st_uid == os.getuid()
+                    and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+        if linkable:
+            blobs_fd = os.open(self.blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                # the inode we opened, whatever its path names now (a dir fd makes Python call
+                # linkat with AT_SYMLINK_FOLLOW, which follows /proc's link to the open file)
+                os.link(f"/proc/self/fd/{fd}", os.path.basename(tmp), dst_dir_fd=blobs_fd)
+                return tmp, file_sha256(tmp)
+            except OSError:
+                _unlink(tmp)
+            finally:
+                os.close(blobs_fd)
+        free = shutil.disk_usage(self.blobs).free
+        if st.st_size + disk_reserve > free:
+            raise NoSpace(f"copying {st.st_size} bytes would leave less than {disk_reserve} bytes free "
+                          "(models.disk_reserve_mb)")
+        digest = hashlib.sha256()
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            while chunk := os.read(fd, HASH_CHUNK):
+                digest.update(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view):]
+            os.fsync(out)
+        except BaseException:
+            os.close(out)
+            _unlink(tmp)
+            raise
+        os.close(out)
+        return tmp, digest.hexdigest()
+
+
+def _checked(path: str, source: str):
+    """GGUF structure, vocabulary rules and, but for the project's own pinned default models,
+    a vocab-only load by llama.cpp in a child process (raises GGUFError)."""
+    return vocab_check.check_model_file(path, load=source != "default")
+
+
+def _lies_in(path: str, directory: str) -> bool:
+    root = os.path.realpath(directory)
+    return path != root and os.path.commonpath([root, path]) == root
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

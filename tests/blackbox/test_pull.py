@@ -11,7 +11,7 @@ import pytest
 from stackd.testing.registry_server import MEDIA_MODEL, MEDIA_PARAMS, MEDIA_TEMPLATE, RegistryServer
 
 from stackd.store.store import ModelStore
-from tests.store.crafted import duplicate_token_copy, old_store_manifest
+from tests.store.crafted import crafted, duplicate_token_copy, old_store_manifest
 from tests.store.tiny import write_tiny
 
 from stackd.testing.daemon import cli
@@ -21,19 +21,6 @@ def tiny_gguf_bytes(tmp_path, name="tiny.gguf", rows=16) -> bytes:
     path = tmp_path / name
     write_tiny(path, rows=rows)
     return path.read_bytes()
-
-
-def crafted(valid: bytes, kind: str) -> bytes:
-    if kind == "truncated":
-        return valid[: len(valid) // 2]
-    if kind == "absurd tensor count":
-        return valid[:8] + struct.pack("<Q", 1 << 60) + valid[16:]
-    if kind == "huge string length":
-        # the first metadata key's length, right after magic, version and the two counts
-        return valid[:24] + struct.pack("<Q", (1 << 63) - 1) + valid[32:]
-    if kind == "not gguf":
-        return b"\x7fELF" + valid[4:]
-    raise AssertionError(kind)
 
 
 @pytest.fixture(scope="module")

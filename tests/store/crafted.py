@@ -76,3 +76,17 @@ def old_store_manifest(store: ModelStore, path: str, model_id: str) -> Manifest:
     with open(store._manifest_path(model_id), "wb") as f:
         f.write(orjson.dumps(raw))
     return store.get(model_id)
+
+
+def crafted(valid: bytes, kind: str) -> bytes:
+    """A valid GGUF's bytes broken in its structure, one way per `kind`."""
+    if kind == "truncated":
+        return valid[: len(valid) // 2]
+    if kind == "absurd tensor count":
+        return valid[:8] + struct.pack("<Q", 1 << 60) + valid[16:]
+    if kind == "huge string length":
+        # the first metadata key's length, right after magic, version and the two counts
+        return valid[:24] + struct.pack("<Q", (1 << 63) - 1) + valid[32:]
+    if kind == "not gguf":
+        return b"\x7fELF" + valid[4:]
+    raise AssertionError(kind)

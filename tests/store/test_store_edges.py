@@ -161,7 +161,7 @@ def test_two_ids_share_one_blob(store, source):
 
 
 def test_a_file_on_another_device_is_copied(store, source, monkeypatch):
-    def no_links(src, dst):
+    def no_links(src, dst, **kwargs):
         raise OSError(18, "Invalid cross-device link")
     monkeypatch.setattr(os, "link", no_links)
     manifest = store.import_file("m", source)
