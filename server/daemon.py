@@ -118,8 +118,10 @@ async def serve(settings: config.Settings) -> int:
         print(f"stackd: cannot load the models: {exc}", file=sys.stderr, flush=True)
         return 1
     from .runtime.local_state import RunningNode
+    from .store.local import LocalImports
     from .store.pulling import PullService, RegistrySettings
     pulls = PullService(registry.store, RegistrySettings.from_settings(settings["models"]))
+    imports = LocalImports.from_settings(registry.store, settings.data_dir, settings["models"])
     power = power_contracts(settings, membership, registry, loop)
     membership.report_local(RunningNode(registry, power))
     if stop.is_set():               # asked to stop while loading: never start listening
@@ -128,7 +130,7 @@ async def serve(settings: config.Settings) -> int:
         return 0
 
     # Built once the models are: loading registers their modules' internal routes.
-    contexts = Contexts(InferenceContext(registry), ModelsContext(registry, pulls),
+    contexts = Contexts(InferenceContext(registry), ModelsContext(registry, pulls, imports),
                         ClusterContext(facts, membership, power, registry, metrics, registry.supervisor.rpc,
                                        settings["debug.trace_reply_timeout"]))
     inference_app, cluster_app = build_apps(settings["http.max_body_bytes"],
@@ -235,6 +237,7 @@ async def load_models(loop, settings: config.Settings, membership: Membership):
     from .runtime.planner import MIB
     from .runtime.registry import ModelRegistry
     from .store.defaults import import_defaults
+    from .store.local import LocalImports, looks_like_path
     from .store.store import ModelStore
 
     store = ModelStore(settings.data_dir)
@@ -254,6 +257,9 @@ async def load_models(loop, settings: config.Settings, membership: Membership):
     for model_id in preload:
         if model_id in missing:
             continue
+        if looks_like_path(model_id):         # serve --model PATH: add the file, then load it
+            imports = LocalImports.from_settings(store, settings.data_dir, settings["models"])
+            model_id = await loop.run_in_executor(None, imports.add_preloaded, model_id)
         model = await registry.load(model_id)
         print(f"stackd: loaded {model.kind} model {model.id} "
               f"(context {model.context_length}, {model.engine.n_slots} slots)", flush=True)

@@ -12,6 +12,7 @@ if TYPE_CHECKING:                  # annotations only: the registry brings the e
     from ..cluster.rpc_server import RpcServers
     from ..observe.metrics import Metrics
     from ..runtime.registry import ModelRegistry
+    from ..store.local import LocalImports
     from ..store.pulling import PullService
 
 
@@ -23,9 +24,10 @@ class InferenceContext:
 
 @dataclass(frozen=True)
 class ModelsContext:
-    """/v1/models/load, unload, pull."""
+    """/v1/models/load, unload, pull, import."""
     models: ModelRegistry
     pulls: PullService
+    imports: LocalImports
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """The model-management group, on both ports, counted against the cluster rate-limit group.
 
-Load, unload and pull answer with the model's description: its manifest facts and its
+Load, unload, pull and import answer with the model's description: its manifest facts and its
 state, the same shape as an entry of GET /v1/models.
 """
 from __future__ import annotations
+
+import asyncio
 
 import orjson
 
@@ -51,9 +53,16 @@ OPTIONS = validate.Object("options", CONTEXT_LENGTH, SPLIT_MODE, NODES, PIPELINE
 PULL_MODEL = validate.String("model", required=True, max_len=256,
                              doc="A registry reference: name, name:tag or namespace/name:tag.")
 STREAM = validate.Boolean("stream", doc="Report progress as NDJSON lines.")
+IMPORT_PATH = validate.String("path", required=True, max_len=4096,
+                              doc="The GGUF file: relative to the import directory (models.import_dir), "
+                                  "or an absolute path under it. Nothing outside it can be imported.")
+IMPORT_NAME = validate.String("name", max_len=200,
+                              doc="name[:tag] or namespace/name[:tag]; default: the file name without .gguf.")
 LOAD_BODY = validate.Body(MODEL, OPTIONS, example={"model": CHAT_MODEL})
 UNLOAD_BODY = validate.Body(MODEL, example={"model": CHAT_MODEL})
 PULL_BODY = validate.Body(PULL_MODEL, STREAM, example={"model": "smollm2:135m"})
+IMPORT_BODY = validate.Body(IMPORT_PATH, IMPORT_NAME, example={"path": "qwen2.5-0.5b-instruct-q4_k_m.gguf",
+                                                               "name": "qwen2.5:0.5b"})
 
 
 async def load(ctx, request) -> Response:
@@ -89,6 +98,16 @@ async def pull(ctx, request) -> Response | StreamingResponse:
         model_id = event.get("model", model_id)
     result = ctx.models.describe(ctx.models.manifest(model_id))
     return json_response({"status": "success", **result})
+
+
+async def import_(ctx, request) -> Response:
+    """Add a GGUF file from the import directory to the store, through every check a pulled
+    model passes; a refused file leaves nothing behind."""
+    body = request.json()
+    path, name = IMPORT_PATH.read(body), IMPORT_NAME.read(body)
+    loop = asyncio.get_running_loop()
+    manifest = await loop.run_in_executor(None, ctx.imports.add_requested, path, name)
+    return json_response({"status": "success", **ctx.models.describe(manifest)})
 
 
 async def _ndjson(first: dict, events):
@@ -165,4 +184,13 @@ ROUTES = {
         413: "The model is larger than models.max_pull_gb.",
         503: "The registry cannot be reached or failed; retry later.",
         507: "The disk would be left with less than models.disk_reserve_mb free."}),
+    ("POST", "/v1/models/import"): Endpoint(import_, perm.ADMIN, CLUSTER, body=IMPORT_BODY, responses={
+        200: json_answer(PULLED, "The model, in the store."),
+        400: "The path or name is not valid, or the file is not a valid GGUF model llama.cpp can load "
+             "(the message says why).",
+        403: "The key is not an admin key, or the path lies outside the import directory.",
+        404: "No such file in the import directory.",
+        409: "Another model already has this name.",
+        413: "The file is larger than models.max_pull_gb.",
+        507: "Copying the file would leave less than models.disk_reserve_mb of disk free."}),
 }
