@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .. import config
@@ -26,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--console", action="store_const", const=True, dest="console_enabled",
                        help="serve the console (/api and its web page) beside the node")
     serve.add_argument("--console-port", type=int, help="console port; default 8000")
+    serve.add_argument("--model", action="append", dest="model_files", metavar="PATH",
+                       help="a GGUF file to add to the store and load at start (repeatable); "
+                            "replaces models.preload")
 
     keys = commands.add_parser("keys", help="manage API keys")
     key_commands = keys.add_subparsers(dest="key_command", required=True)
@@ -54,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     _common(pull)
     pull.add_argument("model", help="name[:tag] or namespace/name[:tag]")
     pull.add_argument("--registry", help="registry base URL (default: models.registry)")
+    add = model_commands.add_parser("add", help="add a local GGUF file to the store")
+    _common(add)
+    add.add_argument("path", help="the GGUF file")
+    add.add_argument("--name", help="name[:tag] or namespace/name[:tag]; default: the file name "
+                                    "without .gguf")
 
     from .console import add_commands as add_console_commands
     add_console_commands(commands, _common)
@@ -76,6 +85,8 @@ def _settings(args) -> config.Settings:
         flags[name] = getattr(args, name, None)
     flags["console.enabled"] = getattr(args, "console_enabled", None)
     flags["console.port"] = getattr(args, "console_port", None)
+    if getattr(args, "model_files", None):
+        flags["models.preload"] = [os.path.abspath(path) for path in args.model_files]
     if args.command == "console":
         from .console import flags as console_flags
         flags.update(console_flags(args))
@@ -105,8 +116,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _keys(args, settings: config.Settings) -> int:
-    import os
-
     from ..auth import permissions
     from ..auth.keys import KeyStore
 
