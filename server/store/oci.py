@@ -82,25 +82,43 @@ _TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 MAX_REFERENCE = 200
 
 
+_HOST_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*"
+                      r"(?::[0-9]{1,5})?")
+
+
+def _host_ok(host: str) -> bool:
+    if not isinstance(host, str) or len(host) > 253 or not _HOST_RE.fullmatch(host):
+        return False
+    _, _, port = host.partition(":")
+    return not port or 1 <= int(port) <= 65535
+
+
+def looks_like_host(part: str) -> bool:
+    """Ollama's rule: a first part with a dot or a port, or `localhost`, is a registry host."""
+    return "." in part or ":" in part or part == "localhost"
+
+
 @dataclass(frozen=True)
 class Reference:
     namespace: str = "library"
     name: str = ""
     tag: str = "latest"
+    host: str = ""                 # a registry named in the reference; "" is the configured one
 
     def __post_init__(self) -> None:
         # constructed directly (not through parse_reference): the same rules, so that
         # path() is always safe to put in a URL
         if not (_component_ok(self.namespace) and "." not in self.namespace
                 and self.namespace != "localhost" and _component_ok(self.name)
-                and isinstance(self.tag, str) and _TAG_RE.fullmatch(self.tag) and ".." not in self.tag):
+                and isinstance(self.tag, str) and _TAG_RE.fullmatch(self.tag) and ".." not in self.tag
+                and (self.host == "" or _host_ok(self.host))):
             raise PullError(f"invalid model reference {self.namespace!r}/{self.name!r}:{self.tag!r}", 400)
 
     def path(self) -> str:
         return f"{self.namespace}/{self.name}"
 
     def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}:{self.tag}"
+        return f"{self.host + '/' if self.host else ''}{self.namespace}/{self.name}:{self.tag}"
 
     @property
     def scope(self) -> str:
@@ -112,7 +130,9 @@ def _component_ok(text: str) -> bool:
 
 
 def parse_reference(text: str) -> Reference:
-    """"name", "name:tag" or "ns/name:tag"; anything else is PullError(400)."""
+    """"name", "name:tag", "ns/name:tag", each optionally after a registry host
+    ("host[:port]/ns/name:tag", "host/name"); anything else is PullError(400). Whether a
+    named host may be pulled from is the caller's decision (pulling.py)."""
     def bad(why: str) -> PullError:
         return PullError(f"invalid model name {text[:64]!r}: {why}", 400)
 
@@ -122,25 +142,34 @@ def parse_reference(text: str) -> Reference:
         raise bad(f"longer than {MAX_REFERENCE} characters")
     if not text.isascii() or not text.isprintable():
         raise bad("only ASCII letters, digits and . _ - / : are allowed")
-    path, sep, tag = text.partition(":")
+    head, slash, last = text.rpartition("/")
+    last, sep, tag = last.partition(":")
     if sep:
         if not _TAG_RE.fullmatch(tag) or ".." in tag:
             raise bad("the tag must be 1-128 of [A-Za-z0-9._-], not starting with . or -")
     else:
         tag = "latest"
-    parts = path.split("/")
+    parts = (head.split("/") if slash else []) + [last]
+    host = ""
+    if len(parts) > 1 and looks_like_host(parts[0]):
+        host = parts.pop(0)
+        if not _host_ok(host):
+            raise bad("the registry host must be a lower-case host name or address, with an optional port")
+        # repository names on the wire are lower case (OCI distribution); Hugging Face's
+        # repository names, written with capitals on its pages, are matched without case
+        parts = [part.lower() for part in parts]
     if len(parts) > 2:
-        raise bad("expected name, name:tag or namespace/name:tag (no registry host)")
+        raise bad("expected name, name:tag or namespace/name:tag, optionally after a registry host")
     for part in parts:
         if not _component_ok(part):
             raise bad("each part must be 1-64 of [a-z0-9] with single . _ - inside")
     if len(parts) == 2:
         namespace, name = parts
-        if "." in namespace or namespace == "localhost":
-            raise bad("a registry host is not allowed in the name")
+        if looks_like_host(namespace):
+            raise bad("the registry host must come first")
     else:
         namespace, name = "library", parts[0]
-    return Reference(namespace, name, tag)
+    return Reference(namespace, name, tag, host)
 
 
 # ---------------------------------------------------------------- manifests

@@ -224,3 +224,29 @@ def test_a_data_dir_made_by_the_models_cli_is_private(tmp_path):
     data = tmp_path / "fresh"
     assert cli("models", "list", data_dir=str(data)).returncode == 0
     assert stat.S_IMODE(os.stat(data).st_mode) == 0o700
+
+
+def test_a_name_with_a_listed_registry_host_pulls_from_that_registry(start_daemon, registry, tmp_path):
+    registry.push_model("library/hosted", "v1", [(MEDIA_MODEL, tiny_gguf_bytes(tmp_path, "h.gguf"))])
+    host = registry.url.removeprefix("http://")
+    daemon = start_daemon(f"[models]\npreload = []\nregistries = [\"{registry.url}\"]\n", models=True)
+    status, _, body = pull(daemon, f"{host}/library/hosted:v1")
+    assert status == 200 and body["id"] == f"{host}/library/hosted:v1", body
+    assert body["source"] == "registry"
+    _, _, listing = daemon.request("GET", "/v1/models", port="inference", key=daemon.admin_key)
+    assert f"{host}/library/hosted:v1" in {m["id"] for m in listing["data"]}
+    # no models.registry configured: a plain name has nowhere to come from
+    assert pull(daemon, "hosted:v1")[0] == 400
+
+
+def test_a_registry_host_the_operator_did_not_list_is_refused(daemon, registry, tmp_path):
+    registry.push_model("library/unlisted", "latest", [(MEDIA_MODEL, tiny_gguf_bytes(tmp_path, "u.gguf"))])
+    for name in ("127.0.0.2:5000/library/unlisted", "registry.ollama.ai/library/qwen2.5:0.5b",
+                 "hf.co/bartowski/x:Q4_K_M"):
+        status, _, body = pull(daemon, name)
+        assert status == 403 and body["error"]["type"] == "permission_error", body
+        assert "models.registries" in body["error"]["message"]
+    # the configured registry named by its host is that registry: the model keeps its plain id
+    host = registry.url.removeprefix("http://")
+    status, _, body = pull(daemon, f"{host}/unlisted")
+    assert status == 200 and body["id"] == "unlisted:latest", body

@@ -62,8 +62,9 @@ def listing(path) -> list[str]:
 
 # ------------------------------------------------------------------ references
 
-@pytest.mark.parametrize("text", ["../x", "a/b/c", "UPPER", "name:", ":tag", "x" * 300, "host:5000/name",
-                                  "registry.ollama.ai/library/x", "example.com/x", "localhost/x", "a..b",
+@pytest.mark.parametrize("text", ["../x", "a/b/c", "UPPER", "name:", ":tag", "x" * 300, "host:0/name",
+                                  "host:65536/name", "Host.com/x", "a..b.com/x", "-a.com/x", "h.com/a/b/c",
+                                  "ns/h.com/x", "h.com/", "h.com//x", "h.com/../x", "a..b",
                                   "-a", "a-", "a/", "/a", "a:b:c", "a:../x", "a:.x", "a b", "", "x:" + "t" * 129,
                                   "a" * 65, "nam\u00e9", "a:tag\n"])
 def test_bad_references_are_400(text):
@@ -80,9 +81,23 @@ def test_bad_references_are_400(text):
 ])
 def test_good_references(text, expected):
     ref = parse_reference(text)
-    assert (ref.namespace, ref.name, ref.tag) == expected
+    assert (ref.namespace, ref.name, ref.tag, ref.host) == (*expected, "")
     assert ref.path() == f"{expected[0]}/{expected[1]}"
     assert str(ref) == f"{expected[0]}/{expected[1]}:{expected[2]}"
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("registry.ollama.ai/library/qwen2.5:0.5b", ("registry.ollama.ai", "library", "qwen2.5", "0.5b")),
+    ("hf.co/bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M",
+     ("hf.co", "bartowski", "smollm2-135m-instruct-gguf", "Q4_K_M")),     # the tag keeps its case
+    ("localhost:5000/x", ("localhost:5000", "library", "x", "latest")),
+    ("127.0.0.1:65535/ns/m:t", ("127.0.0.1:65535", "ns", "m", "t")),
+    ("example.com/x", ("example.com", "library", "x", "latest")),
+])
+def test_references_with_a_registry_host(text, expected):
+    ref = parse_reference(text)
+    assert (ref.host, ref.namespace, ref.name, ref.tag) == expected
+    assert str(ref) == f"{expected[0]}/{expected[1]}/{expected[2]}:{expected[3]}"
 
 
 def test_reference_constructed_directly_is_validated():
