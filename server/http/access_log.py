@@ -1,7 +1,8 @@
 """Access log as JSON lines, buffered on the loop and written by a thread of its own.
 
 One line per request: time, method, path, status, bytes, duration, request id,
-key name (never the key), peer. The hot path costs one dict and one append; about twice a
+key name (never the key), peer; a request by one of the `quiet_keys` (the embedded console's
+own key: its polls of its node) only when it fails. The hot path costs one dict and one append; about twice a
 second (or every 4,096 lines) the batch goes to a writer thread. The log goes to stderr,
 which is a pipe to journald or a supervisor: a reader that falls behind blocks the write,
 and a write on the loop stalled every client (a flood of 20,000 pipelined requests filled
@@ -24,9 +25,10 @@ MAX_PENDING_BYTES = 8 << 20
 
 
 class AccessLog:
-    def __init__(self, stream=None, enabled: bool = True):
+    def __init__(self, stream=None, enabled: bool = True, quiet_keys: frozenset[str] = frozenset()):
         self.stream = stream if stream is not None else sys.stderr.buffer
         self.enabled = enabled
+        self.quiet_keys = quiet_keys        # names of keys whose requests are logged only when they fail
         self.dropped_lines = 0              # lines lost to a reader that fell behind, ever
         self._lines: list[bytes] = []
         self._batches: deque[bytes] = deque()
@@ -37,7 +39,7 @@ class AccessLog:
 
     def write(self, method: str, path: str, status: int, n_bytes: int, duration: float,
               request_id: bytes, key_name: str | None, peer: str) -> None:
-        if not self.enabled:
+        if not self.enabled or (status < 400 and key_name in self.quiet_keys):
             return
         self._lines.append(orjson.dumps({
             "ts": round(time.time(), 3), "method": method, "path": path, "status": status,

@@ -17,6 +17,7 @@ from ...http.access_log import AccessLog
 from ...http.routing import App
 from ...http.server import HttpServer
 from ...observe.metrics import Metrics
+from ...system import logs
 from . import routes
 from ..errors import to_api_error
 from ...console.service import Console, ConsoleSettings
@@ -86,6 +87,5 @@ async def serve_alone(settings) -> int:
 
 
 def run(settings) -> int:
-    logging.basicConfig(level=settings["log_level"].upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(settings["log_level"])
     return uvloop.run(serve_alone(settings))

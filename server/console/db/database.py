@@ -7,7 +7,6 @@ blocks the event loop (aiosqlite runs SQLite on its own thread, asyncpg is async
 """
 from __future__ import annotations
 
-import logging
 import os
 
 from alembic import command
@@ -58,7 +57,6 @@ def _upgrade(connection) -> None:
 
 async def migrate(engine: AsyncEngine) -> None:
     """Apply every migration not applied yet (Alembic, on a connection of our engine)."""
-    logging.getLogger("alembic").setLevel(logging.WARNING)    # one line per step is noise
     async with engine.begin() as connection:
         await connection.run_sync(_upgrade)
 
