@@ -27,6 +27,7 @@ from .api.inference import routes as inference_routes
 from .auth.access import NodeAccess
 from .auth.guard import KeyGuard
 from .auth.keys import KeyStore, bootstrap_admin_key
+from .auth.pairing import CONSOLE_KEY_NAME
 from .auth.ratelimit import RateLimiter
 from .chat.limits import configure as configure_inference_limits
 from .cluster import identity
@@ -37,6 +38,7 @@ from .http.access_log import AccessLog
 from .http.routing import App
 from .http.server import HttpServer
 from .observe.metrics import Metrics
+from .system import logs
 from .system.memory import release_free_heap
 from .system.sd_notify import Notifier
 
@@ -108,7 +110,10 @@ async def serve(settings: config.Settings) -> int:
     membership = build_membership(settings)
     access, admin_key_path = build_access(settings, metrics)
     facts = membership.facts
-    access_log = AccessLog(enabled=settings["http.access_log"])
+    # the embedded console's own requests to this node (its polls, and what it proxies for a
+    # request its own access log already shows) are logged only when they fail
+    access_log = AccessLog(enabled=settings["http.access_log"],
+                           quiet_keys=frozenset({CONSOLE_KEY_NAME}) if settings["console.enabled"] else frozenset())
     http = HttpServer(loop, settings.limits(), metrics, access_log)
     http.tick_hooks.append(access.reload_keys)
 
@@ -285,7 +290,6 @@ def _url_host(host: str) -> str:
 
 def run(settings: config.Settings) -> int:
     compiled.require_compiled()
-    logging.basicConfig(level=settings["log_level"].upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(settings["log_level"])
     _raise_fd_limit()
     return uvloop.run(serve(settings))
