@@ -295,8 +295,9 @@ PYBIND11_MODULE(_engine, m) {
     m.attr("SPLIT_MODE_LAYER") = (int) LLAMA_SPLIT_MODE_LAYER;
     m.attr("SPLIT_MODE_TENSOR") = (int) LLAMA_SPLIT_MODE_TENSOR;
     m.def("rpc_serve", &rpc_serve, py::call_guard<py::gil_scoped_release>(), py::arg("endpoint"),
-          py::arg("cache_dir"), py::arg("n_threads"),
-          "Serve this CPU to ggml RPC clients on endpoint (127.0.0.1:port); never returns.");
+          py::arg("cache_dir"), py::arg("n_threads"), py::arg("device") = 0,
+          "Serve a device (its address; 0: this CPU) to ggml RPC clients on endpoint (127.0.0.1:port); "
+          "never returns.");
 
     py::class_<sampling_params> sampling(m, "SamplingParams");
     sampling.def(py::init<>());

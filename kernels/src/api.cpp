@@ -24,3 +24,10 @@ STACKD_API int stackd_kernels_register(int path) {
     (void)registered;
     return path;
 }
+
+// The device a ggml RPC server child serves (backend.cpp, "the served buffer"), computing with
+// the path stackd_kernels_register set; null before a successful register.
+STACKD_API void *stackd_kernels_rpc_device() {
+    static const bool ok = stackd::cpu_backend_uses_openmp();
+    return ok ? (void *)stackd::served_device_handle() : nullptr;
+}

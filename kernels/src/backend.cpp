@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -139,6 +140,178 @@ size_t buft_alloc_size(ggml_backend_buffer_type_t, const ggml_tensor *t) {
 // may read them in place (ggml_backend_buft_is_host is what the CPU backend checks).
 bool buft_is_host(ggml_backend_buffer_type_t) { return false; }
 
+// ---- the served buffer: what a ggml RPC server allocates every tensor in ----
+// ggml's RPC server puts everything a client allocates (weights, KV cache, compute buffers)
+// in its device's default buffer type and computes whatever graph the client sends, without
+// asking supports_op. So the buffer a served device hands out cannot refuse a weight the way
+// the registered one does: it holds plain host bytes, repacks a Q4_1/Q8_0 tensor when one is
+// written whole (how llama.cpp uploads a weight) and its shape repacks into the same bytes
+// (rows a multiple of eight), and remembers which ranges it repacked. A MUL_MAT (GET_ROWS on
+// Q8_0) whose weight is exactly one of them runs on our kernels; any other read or write of a
+// repacked range (an op we do not serve, a partial copy) first unpacks it in place, so the
+// CPU backend always sees ggml's bytes.
+
+struct Repacked {
+    uintptr_t end;
+    ggml_type type;
+    int64_t ne0, ne1;
+};
+
+struct ServedAllocation {
+    void *data;
+    std::map<uintptr_t, Repacked> repacked;   // by first byte
+};
+
+ggml_backend_buffer_type_t served_buffer_type();
+
+ServedAllocation *served_of(const ggml_tensor *t) {
+    const ggml_backend_buffer_t buffer = t->view_src ? t->view_src->buffer : t->buffer;
+    if (buffer == nullptr || buffer->buft != served_buffer_type()) return nullptr;
+    return static_cast<ServedAllocation *>(buffer->context);
+}
+
+// The repacked range starting at or overlapping [begin, end), or repacked.end().
+std::map<uintptr_t, Repacked>::iterator overlapping(ServedAllocation *alloc, uintptr_t begin, uintptr_t end) {
+    auto it = alloc->repacked.upper_bound(begin);
+    if (it != alloc->repacked.begin()) {
+        auto before = std::prev(it);
+        if (before->second.end > begin) return before;
+    }
+    return it != alloc->repacked.end() && it->first < end ? it : alloc->repacked.end();
+}
+
+void unpack_in_place(std::map<uintptr_t, Repacked>::iterator it) {
+    const Repacked &r = it->second;
+    std::vector<uint8_t> plain(r.end - it->first);
+    if (r.type == GGML_TYPE_Q8_0) {
+        unpack_q8_0(reinterpret_cast<const Q8x8Block *>(it->first), r.ne1, r.ne0, plain.data());
+    } else {
+        unpack_q4_1(reinterpret_cast<const Q4x8Block *>(it->first), r.ne1, r.ne0, plain.data());
+    }
+    std::memcpy(reinterpret_cast<void *>(it->first), plain.data(), plain.size());
+}
+
+// [begin, end) of a served buffer holds ggml's bytes again (every repacked range in it unpacked).
+void make_plain(ServedAllocation *alloc, uintptr_t begin, uintptr_t end) {
+    for (auto it = overlapping(alloc, begin, end); it != alloc->repacked.end(); it = overlapping(alloc, begin, end)) {
+        unpack_in_place(it);
+        alloc->repacked.erase(it);
+    }
+}
+
+void make_plain(const ggml_tensor *t) {
+    ServedAllocation *alloc = served_of(t);
+    if (alloc == nullptr || alloc->repacked.empty()) return;
+    const auto begin = reinterpret_cast<uintptr_t>(t->data);
+    make_plain(alloc, begin, begin + ggml_nbytes(t));
+}
+
+// Whether t is exactly a weight this served buffer repacked (same bytes, type and shape).
+bool served_weight(const ggml_tensor *t) {
+    ServedAllocation *alloc = served_of(t);
+    if (alloc == nullptr || t->view_src != nullptr) return false;
+    auto it = alloc->repacked.find(reinterpret_cast<uintptr_t>(t->data));
+    return it != alloc->repacked.end() && it->second.type == t->type && it->second.ne0 == t->ne[0] &&
+           it->second.ne1 == t->ne[1] && t->ne[2] == 1 && t->ne[3] == 1;
+}
+
+bool repacks_in_place(const ggml_tensor *t) {
+    return is_repacked_type(t->type) && t->view_src == nullptr && t->ne[2] == 1 && t->ne[3] == 1 &&
+           t->ne[0] % kQK == 0 && t->ne[1] % kRowsPerGroup == 0 && ggml_is_contiguous(t);
+}
+
+void served_free(ggml_backend_buffer_t buffer) {
+    auto *alloc = static_cast<ServedAllocation *>(buffer->context);
+    std::free(alloc->data);
+    delete alloc;
+}
+
+void *served_base(ggml_backend_buffer_t buffer) {
+    return static_cast<ServedAllocation *>(buffer->context)->data;
+}
+
+void served_set_tensor(ggml_backend_buffer_t buffer, ggml_tensor *t, const void *data, size_t offset, size_t size) {
+    auto *alloc = static_cast<ServedAllocation *>(buffer->context);
+    const auto begin = reinterpret_cast<uintptr_t>(t->data);
+    if (offset == 0 && size == ggml_nbytes(t) && repacks_in_place(t)) {
+        alloc->repacked.erase(alloc->repacked.lower_bound(begin), alloc->repacked.lower_bound(begin + size));
+        make_plain(alloc, begin, begin + size);   // a range that straddles the start
+        if (t->type == GGML_TYPE_Q8_0) {
+            repack_q8_0(data, t->ne[1], t->ne[0], static_cast<Q8x8Block *>(t->data));
+        } else {
+            repack_q4_1(data, t->ne[1], t->ne[0], static_cast<Q4x8Block *>(t->data));
+        }
+        alloc->repacked[begin] = {begin + size, t->type, t->ne[0], t->ne[1]};
+        return;
+    }
+    make_plain(alloc, begin + offset, begin + offset + size);
+    std::memcpy(reinterpret_cast<char *>(begin) + offset, data, size);
+}
+
+void served_get_tensor(ggml_backend_buffer_t buffer, const ggml_tensor *t, void *data, size_t offset, size_t size) {
+    auto *alloc = static_cast<ServedAllocation *>(buffer->context);
+    const auto begin = reinterpret_cast<uintptr_t>(t->data) + offset;
+    make_plain(alloc, begin, begin + size);   // rare (a client reading a weight back): unpack for good
+    std::memcpy(data, reinterpret_cast<const void *>(begin), size);
+}
+
+void served_memset_tensor(ggml_backend_buffer_t buffer, ggml_tensor *t, uint8_t value, size_t offset, size_t size) {
+    auto *alloc = static_cast<ServedAllocation *>(buffer->context);
+    const auto begin = reinterpret_cast<uintptr_t>(t->data) + offset;
+    alloc->repacked.erase(alloc->repacked.lower_bound(begin), alloc->repacked.lower_bound(begin + size));
+    make_plain(alloc, begin, begin + size);
+    std::memset(reinterpret_cast<void *>(begin), value, size);
+}
+
+void served_clear(ggml_backend_buffer_t buffer, uint8_t value) {
+    auto *alloc = static_cast<ServedAllocation *>(buffer->context);
+    alloc->repacked.clear();
+    std::memset(alloc->data, value, buffer->size);
+}
+
+const ggml_backend_buffer_i kServedBufferInterface = {
+    /* .free_buffer   = */ served_free,
+    /* .get_base      = */ served_base,
+    /* .init_tensor   = */ nullptr,
+    /* .memset_tensor = */ served_memset_tensor,
+    /* .set_tensor    = */ served_set_tensor,
+    /* .get_tensor    = */ served_get_tensor,
+    /* .set_tensor_2d = */ nullptr,
+    /* .get_tensor_2d = */ nullptr,
+    /* .cpy_tensor    = */ nullptr,
+    /* .clear         = */ served_clear,
+    /* .reset         = */ nullptr,
+};
+
+const char *served_buft_name(ggml_backend_buffer_type_t) { return "STACKD_served"; }
+
+ggml_backend_buffer_t served_alloc(ggml_backend_buffer_type_t buft, size_t size) {
+    void *data = std::aligned_alloc(kAlignment, std::max<size_t>(kAlignment, (size + kAlignment - 1) / kAlignment * kAlignment));
+    if (data == nullptr) return nullptr;
+    return ggml_backend_buffer_init(buft, kServedBufferInterface, new ServedAllocation{data, {}}, size);
+}
+
+size_t served_alloc_size(ggml_backend_buffer_type_t, const ggml_tensor *t) { return ggml_nbytes(t); }
+
+// Before a graph on a served backend: every tensor a node reads or writes that overlaps a
+// repacked range, other than the weight of a MUL_MAT or GET_ROWS of ours, gets ggml's bytes back.
+void unpack_what_ggml_reads(ggml_cgraph *graph) {
+    for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
+        ggml_tensor *node = ggml_graph_node(graph, i);
+        make_plain(node);
+        for (int s = 0; s < GGML_MAX_SRC; s++) {
+            const ggml_tensor *src = node->src[s];
+            if (src == nullptr) continue;
+            if (s == 0 && served_weight(src) &&
+                ((node->op == GGML_OP_MUL_MAT && can_serve(node)) ||
+                 (node->op == GGML_OP_GET_ROWS && can_serve_get_rows(node)))) {
+                continue;
+            }
+            make_plain(src);
+        }
+    }
+}
+
 // ---- backend: the whole graph on ggml's CPU backend, our MUL_MATs inside it ----
 // ggml's scheduler splits a graph wherever the backend changes, and each split is a fork and
 // join of the thread team. Had this backend computed only the MUL_MATs, a layer would be
@@ -152,6 +325,7 @@ bool buft_is_host(ggml_backend_buffer_type_t) { return false; }
 struct BackendContext {
     int n_threads = 1;
     int fixed_path = -1;  // -1: follow the process-wide path
+    bool served = false;  // the device an RPC server serves (weights in served buffers)
     ggml_backend_t cpu = nullptr;
     Activations act;
     uint64_t epoch = 0;
@@ -191,13 +365,22 @@ void get_rows_task(ggml_tensor *dst, int ith, int nth, void *) { get_rows_share(
 // test's question: when it is not, llama.cpp loads a tied table twice).
 std::atomic<uint64_t> g_get_rows_nodes{0};
 
+// Whether a MUL_MAT or GET_ROWS node is ours: on the registered device, any on a weight in our
+// buffer (supports_op let in only those we serve); on a served one, those whose weight is a
+// repacked one of a served buffer and whose shapes we serve (unpack_what_ggml_reads ran first).
+bool ours(const BackendContext *ctx, const ggml_tensor *node) {
+    if (!ctx->served) return in_our_buffer(node->src[0]);
+    if (!served_weight(node->src[0])) return false;
+    return node->op == GGML_OP_MUL_MAT ? can_serve(node) : can_serve_get_rows(node);
+}
+
 // Ours become custom ops (op and op_params kept to put back); the scratch is sized first.
 void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph) {
     size_t need = 0;
     ctx->swapped.clear();
     for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
         ggml_tensor *node = ggml_graph_node(graph, i);
-        if ((node->op != GGML_OP_MUL_MAT && node->op != GGML_OP_GET_ROWS) || !in_our_buffer(node->src[0])) continue;
+        if ((node->op != GGML_OP_MUL_MAT && node->op != GGML_OP_GET_ROWS) || !ours(ctx, node)) continue;
         ctx->swapped.push_back({node, node->op, {}});
         std::memcpy(ctx->swapped.back().params.data(), node->op_params, sizeof(node->op_params));
         ggml_custom_op_params task = {get_rows_task, GGML_N_TASKS_MAX, ctx};
@@ -224,6 +407,7 @@ void swap_back(BackendContext *ctx) {
 ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     auto *ctx = static_cast<BackendContext *>(backend->context);
     ctx->epoch++;  // what the scratch held belongs to the last computation
+    if (ctx->served) unpack_what_ggml_reads(graph);
     swap_in_tasks(ctx, graph);
     const ggml_status status = ggml_backend_graph_compute(ctx->cpu, graph);
     swap_back(ctx);
@@ -278,6 +462,7 @@ void backend_set_n_threads(ggml_backend_t backend, int n_threads) {
 
 ggml_backend_device &registered_device();
 ggml_backend_device &compute_device();
+ggml_backend_device &served_device();
 
 const char *dev_name(ggml_backend_dev_t) { return "STACKD"; }
 
@@ -287,7 +472,13 @@ const char *dev_description(ggml_backend_dev_t) {
     return text.c_str();
 }
 
-void dev_memory(ggml_backend_dev_t, size_t *free, size_t *total) { *free = *total = 0; }
+void dev_memory(ggml_backend_dev_t dev, size_t *free, size_t *total) {
+    if (dev == &served_device()) {          // an RPC client asks what the node has
+        ggml_backend_dev_memory(cpu_device(), free, total);
+        return;
+    }
+    *free = *total = 0;
+}
 
 enum ggml_backend_dev_type dev_type(ggml_backend_dev_t) { return GGML_BACKEND_DEVICE_TYPE_ACCEL; }
 
@@ -300,10 +491,13 @@ void dev_props(ggml_backend_dev_t dev, ggml_backend_dev_props *props) {
                    /* events */ false, /* mmap_support */ false};
 }
 
-ggml_backend_t dev_init_backend(ggml_backend_dev_t, const char *) { return backend_new((Path)-1); }
+ggml_backend_t dev_init_backend(ggml_backend_dev_t dev, const char *) {
+    return dev == &served_device() ? served_backend_new() : backend_new((Path)-1);
+}
 
 ggml_backend_buffer_type_t dev_repack_buft(ggml_backend_dev_t) { return repack_buffer_type(); }
 ggml_backend_buffer_type_t dev_cpu_buft(ggml_backend_dev_t) { return ggml_backend_cpu_buffer_type(); }
+ggml_backend_buffer_type_t dev_served_buft(ggml_backend_dev_t) { return served_buffer_type(); }
 
 bool in_our_buffer(const ggml_tensor *t) {
     return t != nullptr && t->buffer != nullptr && t->buffer->buft == repack_buffer_type();
@@ -335,7 +529,9 @@ bool dev_supports_buft(ggml_backend_dev_t, ggml_backend_buffer_type_t buft) {
     return buft == repack_buffer_type() || ggml_backend_buft_is_host(buft);
 }
 
-ggml_backend_device_i device_interface(bool registered) {
+enum class DeviceKind { registered, compute, served };
+
+ggml_backend_device_i device_interface(DeviceKind kind) {
     return {
         /* .get_name             = */ dev_name,
         /* .get_description      = */ dev_description,
@@ -343,7 +539,9 @@ ggml_backend_device_i device_interface(bool registered) {
         /* .get_type             = */ dev_type,
         /* .get_props            = */ dev_props,
         /* .init_backend         = */ dev_init_backend,
-        /* .get_buffer_type      = */ registered ? dev_repack_buft : dev_cpu_buft,
+        /* .get_buffer_type      = */ kind == DeviceKind::registered ? dev_repack_buft
+                                     : kind == DeviceKind::served   ? dev_served_buft
+                                                                    : dev_cpu_buft,
         /* .get_host_buffer_type = */ nullptr,
         /* .buffer_from_host_ptr = */ nullptr,
         /* .supports_op          = */ dev_supports_op,
@@ -356,12 +554,19 @@ ggml_backend_device_i device_interface(bool registered) {
 }
 
 ggml_backend_device &registered_device() {
-    static ggml_backend_device dev = {device_interface(true), backend_reg(), nullptr};
+    static ggml_backend_device dev = {device_interface(DeviceKind::registered), backend_reg(), nullptr};
     return dev;
 }
 
 ggml_backend_device &compute_device() {
-    static ggml_backend_device dev = {device_interface(false), backend_reg(), nullptr};
+    static ggml_backend_device dev = {device_interface(DeviceKind::compute), backend_reg(), nullptr};
+    return dev;
+}
+
+// What an RPC server serves: never in the registry (llama.cpp in this process never sees
+// it); its default buffer type is the served one, and its backends are served backends.
+ggml_backend_device &served_device() {
+    static ggml_backend_device dev = {device_interface(DeviceKind::served), backend_reg(), nullptr};
     return dev;
 }
 
@@ -404,6 +609,20 @@ ggml_backend_buffer_type_t repack_buffer_type() {
     return &buft;
 }
 
+namespace {
+ggml_backend_buffer_type_t served_buffer_type() {
+    static ggml_backend_buffer_type buft = {
+        /* .iface   = */ {served_buft_name, served_alloc, buft_alignment, nullptr, served_alloc_size,
+                          buft_is_host},
+        /* .device  = */ &served_device(),
+        /* .context = */ nullptr,
+    };
+    return &buft;
+}
+}  // namespace
+
+ggml_backend_dev_t served_device_handle() { return &served_device(); }
+
 // Our tasks meet at an OpenMP barrier inside ggml's parallel region: a ggml built with its
 // own thread pool instead runs them with no team to meet, so the kernels stay off there.
 bool cpu_backend_uses_openmp() {
@@ -416,15 +635,21 @@ bool cpu_backend_uses_openmp() {
     return false;
 }
 
-ggml_backend_t backend_new(Path path) {
+namespace {
+ggml_backend_t new_backend(Path path, ggml_backend_dev_t device, bool served) {
     const int threads = (int)std::max(1u, std::thread::hardware_concurrency());
     auto *ctx = new BackendContext;
     ctx->fixed_path = (int)path;
+    ctx->served = served;
     ctx->cpu = ggml_backend_dev_init(cpu_device(), nullptr);
-    ggml_backend_t backend = new ggml_backend{backend_guid(), kBackendInterface, &compute_device(), ctx};
+    ggml_backend_t backend = new ggml_backend{backend_guid(), kBackendInterface, device, ctx};
     backend_set_n_threads(backend, threads);
     return backend;
 }
+}  // namespace
+
+ggml_backend_t backend_new(Path path) { return new_backend(path, &compute_device(), false); }
+ggml_backend_t served_backend_new() { return new_backend((Path)-1, &served_device(), true); }
 
 void set_path(Path path) { g_path.store((int)path); }
 Path current_path() { return (Path)g_path.load(); }

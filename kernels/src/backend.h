@@ -15,6 +15,11 @@ ggml_backend_buffer_type_t repack_buffer_type();
 // A backend computing with the given path (the registered device's backends use the current
 // process-wide path; tests and benchmarks create one per path).
 ggml_backend_t backend_new(Path path);
+// The device a ggml RPC server serves (never registered): every tensor in its served buffer
+// type, weights repacked when written whole, our MUL_MAT/GET_ROWS on them and ggml's CPU
+// backend for the rest (backend.cpp, "the served buffer"). Its backends follow the current path.
+ggml_backend_dev_t served_device_handle();
+ggml_backend_t served_backend_new();
 void set_path(Path path);
 // Whether the process's ggml CPU backend runs graphs on an OpenMP team (ours need it).
 bool cpu_backend_uses_openmp();

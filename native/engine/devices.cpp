@@ -64,14 +64,16 @@ void model_devices::apply(llama_model_params & mp) {
     mp.main_gpu = 0;
 }
 
-void rpc_serve(const std::string & endpoint, const std::string & cache_dir, int32_t n_threads) {
+void rpc_serve(const std::string & endpoint, const std::string & cache_dir, int32_t n_threads,
+               uintptr_t device) {
     using start_server_fn = void (*)(const char *, const char *, size_t, size_t, ggml_backend_dev_t *);
     auto start_server = rpc_function<start_server_fn>("ggml_backend_rpc_start_server");
-    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    if (cpu == nullptr) {
+    ggml_backend_dev_t served = device != 0 ? reinterpret_cast<ggml_backend_dev_t>(device)
+                                            : ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (served == nullptr) {
         throw std::runtime_error("no CPU device");
     }
     start_server(endpoint.c_str(), cache_dir.empty() ? nullptr : cache_dir.c_str(),
-                 (size_t) std::max(1, n_threads), 1, &cpu);
+                 (size_t) std::max(1, n_threads), 1, &served);
     throw std::runtime_error("the RPC server on " + endpoint + " could not start");
 }

@@ -32,6 +32,8 @@ private:
     std::vector<float>        split_;           // llama_max_devices() long
 };
 
-// Serve this CPU to one RPC client at a time on `endpoint` (127.0.0.1:port); never returns
-// unless the server cannot start (then throws).
-void rpc_serve(const std::string & endpoint, const std::string & cache_dir, int32_t n_threads);
+// Serve `device` (a ggml_backend_dev_t's address: our kernels' served device, see
+// kernels/README.md; 0: this CPU) to one RPC client at a time on `endpoint` (127.0.0.1:port);
+// never returns unless the server cannot start (then throws).
+void rpc_serve(const std::string & endpoint, const std::string & cache_dir, int32_t n_threads,
+               uintptr_t device = 0);

@@ -4,12 +4,15 @@ ggml's RPC server serves one client at a time and fixes its thread count when it
 every placement of a model on this node gets a child process of its own:
 
     python -m stackd.cluster.rpc_server --host H --port P --threads T --cache-dir D \
-        --placement-id X [--direct]          (the cluster secret as one hex line on stdin)
+        --placement-id X [--kernels MODE] [--direct]   (the cluster secret as one hex line on stdin)
 
 The child runs ggml's server on 127.0.0.1:<free port> (never any other address) and, unless
 `--direct`, the relay (server/system/relay.py) on H:P, both in threads. It prints
 `ready <public port> <loopback port>` once both accept connections. `--direct` (a leader's own
-RPC server, which its worker reaches on loopback) runs no relay.
+RPC server, which its worker reaches on loopback) runs no relay. `--kernels` is the node's
+engine.kernels (auto | off, or a path name): unless off, the child serves our kernels' served
+device (kernels/README.md, "Served over RPC"), so that its layers compute as the leader's
+engine computes its own: the same arithmetic, so a split gives one node's greedy text.
 
 `RpcServers` is the daemon's side: it starts children on ports from `cluster.rpc_port` upward,
 stops them, lists them, and restarts none on its own (a restarted server under a live client
@@ -72,6 +75,7 @@ def child_main(argv: list[str]) -> int:
     args.add_argument("--placement-id", required=True)
     args.add_argument("--parent", type=int, default=0)
     args.add_argument("--direct", action="store_true")
+    args.add_argument("--kernels", default="off")
     opts = args.parse_args(argv)
     if opts.parent:
         from ..system.process import die_with_parent
@@ -97,12 +101,20 @@ def child_main(argv: list[str]) -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     from .._engine import rpc_serve
+    from ..engine import accel
 
+    try:
+        accel.register(opts.kernels)          # after _engine: one ggml (accel.py)
+    except ValueError as exc:
+        report.write(f"failed: {exc}\n")
+        report.flush()
+        return 2
+    device = accel.rpc_device()
     upstream = free_loopback_port()
 
     def serve():
         try:
-            rpc_serve(f"127.0.0.1:{upstream}", opts.cache_dir, opts.threads)
+            rpc_serve(f"127.0.0.1:{upstream}", opts.cache_dir, opts.threads, device)
         finally:
             os._exit(4)                      # the server never returns unless it failed
     threading.Thread(target=serve, daemon=True, name="ggml rpc server").start()
@@ -152,8 +164,10 @@ class RpcChild:
 class RpcServers:
     """This node's RPC server children, by placement id."""
 
-    def __init__(self, loop, data_dir: str, host: str, first_port: int, secret: bytes | None):
+    def __init__(self, loop, data_dir: str, host: str, first_port: int, secret: bytes | None,
+                 kernels: str = "off"):
         self.loop = loop
+        self.kernels = kernels               # engine.kernels: the children compute as the engine does
         self.data_dir = data_dir
         self.host = host
         self.first_port = first_port
@@ -195,7 +209,7 @@ class RpcServers:
     async def _spawn(self, placement_id, leader_id, threads, port, cache_dir, direct) -> RpcChild | None:
         cmd = [sys.executable, "-m", f"{PACKAGE}.cluster.rpc_server", "--host", self.host, "--port", str(port),
                "--threads", str(max(1, threads)), "--cache-dir", cache_dir,
-               "--placement-id", placement_id, "--parent", str(os.getpid())]
+               "--placement-id", placement_id, "--parent", str(os.getpid()), "--kernels", self.kernels]
         if direct:
             cmd.append("--direct")
         env = {**os.environ, "GGML_NO_BACKTRACE": "1",

@@ -32,6 +32,7 @@ def library() -> ctypes.CDLL:
         lib = ctypes.CDLL(LIBRARY)
         lib.stackd_kernels_register.argtypes = [ctypes.c_int]
         lib.stackd_kernels_cpu_supports.argtypes = [ctypes.c_int]
+        lib.stackd_kernels_rpc_device.restype = ctypes.c_void_p
         _lib = lib
     return _lib
 
@@ -62,6 +63,16 @@ def register(mode: str = "auto") -> str | None:
         return _registered
     _registered = PATHS[chosen]
     return _registered
+
+
+def rpc_device() -> int:
+    """The address of the ggml device an RPC server child serves so that its part of a split
+    computes as this node's engine does: our MUL_MAT/GET_ROWS on weights it repacks when the
+    leader uploads them, ggml-cpu for the rest (kernels/README.md, "Served over RPC"). 0 when
+    the kernels are not registered in this process (then the child serves ggml's CPU)."""
+    if _registered is None:
+        return 0
+    return library().stackd_kernels_rpc_device() or 0
 
 
 def registered() -> str | None:

@@ -48,15 +48,20 @@ async def generate(runner: ModelRunner, text: str, max_tokens: int = 24, n_top: 
 class Peers:
     """RPC server children on loopback, one per simulated follower, each behind its relay."""
 
-    def __init__(self, loop, data_dir: str):
+    def __init__(self, loop, data_dir: str, kernels: str = "off"):
         self.loop = loop
-        self.servers = RpcServers(loop, data_dir, "127.0.0.1", 0, SECRET)
+        self.servers = RpcServers(loop, data_dir, "127.0.0.1", 0, SECRET, kernels=kernels)
         self.n = 0
 
-    async def start(self, direct: bool = False):
+    async def start(self, direct: bool = False, kernels: str | None = None):
+        """A child; `kernels` (engine.kernels or a path name) for this one only."""
         self.n += 1
+        default, self.servers.kernels = self.servers.kernels, kernels or self.servers.kernels
         self.servers.first_port = 0 if direct else free_port()
-        return await self.servers.start(f"test-{self.n}", 1, "leader", direct=direct)
+        try:
+            return await self.servers.start(f"test-{self.n}", 1, "leader", direct=direct)
+        finally:
+            self.servers.kernels = default
 
     def rpc(self, children) -> dict:
         return {"secret": SECRET.hex(), "peers": [
