@@ -22,13 +22,20 @@ VERSION = runpy.run_path(os.path.join(ROOT, "native", "llama_wheel.py"))["VERSIO
 NEEDED = ("src/ggml-backend-impl.h", "src/ggml-common.h", "include/ggml.h")
 
 
+def llama_dir(dest: str) -> str:
+    """Where the sdist's vendored llama.cpp is extracted under `dest`."""
+    return os.path.join(dest, f"llama_cpp_python-{VERSION}", "vendor", "llama.cpp")
+
+
 def ggml_dir(dest: str) -> str:
-    return os.path.join(dest, f"llama_cpp_python-{VERSION}", "vendor", "llama.cpp", "ggml")
+    return os.path.join(llama_dir(dest), "ggml")
 
 
-def fetch(dest: str) -> str:
-    target = ggml_dir(dest)
-    if all(os.path.exists(os.path.join(target, name)) for name in NEEDED):
+def extract(dest: str, parts: tuple[str, ...], needed: tuple[str, ...]) -> str:
+    """llama.cpp's folders `parts` (e.g. "ggml/") from the sdist, downloaded once into `dest`
+    and shared by every fetcher; `needed` (paths under llama.cpp/) must then exist."""
+    target = llama_dir(dest)
+    if all(os.path.exists(os.path.join(target, name)) for name in needed):
         return target
     os.makedirs(dest, exist_ok=True)
     archives = glob.glob(os.path.join(dest, f"llama_cpp_python-{VERSION}.tar.gz"))
@@ -39,13 +46,19 @@ def fetch(dest: str) -> str:
                               stdout=sys.stderr)
         archives = glob.glob(os.path.join(dest, f"llama_cpp_python-{VERSION}.tar.gz"))
     with tarfile.open(archives[0]) as tar:
-        prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/ggml/"
-        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile()]
+        head = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
+        members = [m for m in tar.getmembers() if m.isfile() and m.name.startswith(head)
+                   and m.name[len(head):].startswith(parts)]
         tar.extractall(dest, members=members, filter="data")
-    missing = [name for name in NEEDED if not os.path.exists(os.path.join(target, name))]
+    missing = [name for name in needed if not os.path.exists(os.path.join(target, name))]
     if missing:
         raise SystemExit(f"llama-cpp-python {VERSION} source lacks {missing}")
     return target
+
+
+def fetch(dest: str) -> str:
+    extract(dest, ("ggml/",), tuple("ggml/" + name for name in NEEDED))
+    return ggml_dir(dest)
 
 
 if __name__ == "__main__":

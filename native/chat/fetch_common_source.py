@@ -14,36 +14,17 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-import tarfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# the kernels' fetcher downloads the sdist (and extracts ggml/): its archive is ours too
+# the kernels' fetcher downloads the sdist once and extracts the folders each build needs
 GGML = runpy.run_path(os.path.join(ROOT, "kernels", "fetch_ggml_source.py"))
-VERSION = GGML["VERSION"]
 NEEDED = ("common/chat.cpp", "common/peg-parser.cpp", "common/jinja/runtime.cpp",
           "vendor/nlohmann/json.hpp")
 PREFIXES = ("common/", "vendor/nlohmann/")
 
 
-def llama_dir(dest: str) -> str:
-    return os.path.join(dest, f"llama_cpp_python-{VERSION}", "vendor", "llama.cpp")
-
-
 def fetch(dest: str) -> str:
-    target = llama_dir(dest)
-    if all(os.path.exists(os.path.join(target, name)) for name in NEEDED):
-        return target
-    GGML["fetch"](dest)
-    archive = os.path.join(dest, f"llama_cpp_python-{VERSION}.tar.gz")
-    with tarfile.open(archive) as tar:
-        head = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
-        members = [m for m in tar.getmembers() if m.isfile() and m.name.startswith(head)
-                   and m.name[len(head):].startswith(PREFIXES)]
-        tar.extractall(dest, members=members, filter="data")
-    missing = [name for name in NEEDED if not os.path.exists(os.path.join(target, name))]
-    if missing:
-        raise SystemExit(f"llama-cpp-python {VERSION} source lacks {missing}")
-    return target
+    return GGML["extract"](dest, PREFIXES, NEEDED)
 
 
 if __name__ == "__main__":
