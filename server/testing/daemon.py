@@ -21,9 +21,10 @@ CLIENT_TIMEOUT = 300
 LISTENING = re.compile(r"(inference|cluster|console) listening on http://(?:\[[^\]]*\]|[^:/]+):(\d+)")
 
 
-def stackd_command(*args: str) -> list[str]:
-    """The stackd CLI as this interpreter runs it (the installed package, from any folder)."""
-    return [sys.executable, "-m", "stackd", *args]
+def stackd_command(*args: str, python: str | None = None) -> list[str]:
+    """The stackd CLI as this interpreter (or `python`: another checkout's, for A/B benches) runs
+    it (the installed package, from any folder)."""
+    return [python or sys.executable, "-m", "stackd", *args]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -111,7 +112,7 @@ class Daemon:
     `console=True` serves the embedded console too (`serve --console`, on a free port)."""
 
     def __init__(self, data_dir: str, config: str = "", env: dict | None = None, models: bool = False,
-                 console: bool = False, start_timeout: float = 120.0):
+                 console: bool = False, start_timeout: float = 120.0, python: str | None = None):
         self.data_dir = data_dir
         os.makedirs(data_dir, exist_ok=True)
         if not models and "[models]" not in config:
@@ -119,7 +120,8 @@ class Daemon:
         if config:
             with open(os.path.join(data_dir, "config.toml"), "w") as f:
                 f.write(config)
-        command = stackd_command("serve", "--data-dir", data_dir, "--inference-port", "0", "--cluster-port", "0")
+        command = stackd_command("serve", "--data-dir", data_dir, "--inference-port", "0", "--cluster-port", "0",
+                                 python=python)
         apps = {"inference", "cluster"}
         if console:
             command += ["--console", "--console-port", "0"]
