@@ -13,6 +13,7 @@
 #include "engine/event_wire.h"
 #include "engine/frame_sink.h"
 #include "engine/text_stream.h"
+#include "splice.h"
 
 namespace py = pybind11;
 
@@ -298,6 +299,19 @@ PYBIND11_MODULE(_engine, m) {
           py::arg("cache_dir"), py::arg("n_threads"), py::arg("device") = 0,
           "Serve a device (its address; 0: this CPU) to ggml RPC clients on endpoint (127.0.0.1:port); "
           "never returns.");
+    m.def("splice",
+          [](int a, int b) {
+              unsigned long long counts[2];
+              int first;
+              {
+                  py::gil_scoped_release release;
+                  first = splice_sockets(a, b, counts);
+              }
+              return py::make_tuple(first, counts[0], counts[1]);
+          },
+          py::arg("a"), py::arg("b"),
+          "Copy bytes both ways between two connected sockets (fds) until either side ends, off the GIL; "
+          "then shut both down. Returns (0 if a -> b ended first else 1, bytes a -> b, bytes b -> a).");
 
     py::class_<sampling_params> sampling(m, "SamplingParams");
     sampling.def(py::init<>());

@@ -64,6 +64,15 @@ def wait_accepting(port: int, timeout: float) -> bool:
     return False
 
 
+def native_splice():
+    """The relay's native byte pump (native/splice.cpp); None (Python threads copy) when
+    STACKD_RELAY=python, which bench/rpc_split.py sets to measure the difference."""
+    if os.environ.get("STACKD_RELAY") == "python":
+        return None
+    from .._engine import splice
+    return splice
+
+
 # ---- the child ----------------------------------------------------------------------------------
 
 def child_main(argv: list[str]) -> int:
@@ -126,7 +135,7 @@ def child_main(argv: list[str]) -> int:
     if relay_listener is not None:
         from ..system.relay import Relay
         public = relay_listener.getsockname()[1]
-        relay = Relay(relay_listener, upstream, secret, opts.placement_id)
+        relay = Relay(relay_listener, upstream, secret, opts.placement_id, splice=native_splice())
         threading.Thread(target=relay.serve_forever, daemon=True, name="rpc relay").start()
     report.write(f"ready {public} {upstream}\n")
     report.close()

@@ -22,6 +22,12 @@ timeout fires and llama.cpp would wait forever) is found by probing: every PROBE
 the dialer opens a connection and waits for the relay's greeting; none within PROBE_TIMEOUT
 is a lost peer too. The probe never proves the secret, so it never reaches the RPC server
 (which serves one client at a time).
+
+After the handshake, bytes flow through `splice` when the caller gives one: the engine's native
+pump (`stackd._engine.splice`, native/splice.cpp: one C++ thread per direction, off the GIL),
+which the RPC server child and the engine worker pass (`native_splice()` in their layers; this
+module, a neutral helper, imports nothing of the engine). Without it, Python threads copy (the
+reference the bench compares with: bench/rpc_split.py).
 """
 from __future__ import annotations
 
@@ -76,9 +82,19 @@ def _close(sock: socket.socket) -> None:
     sock.close()
 
 
-def pipe(a: socket.socket, b: socket.socket, on_b_closed=None) -> None:
+def pipe(a: socket.socket, b: socket.socket, on_b_closed=None, splice=None) -> None:
     """Copy bytes both ways until either side closes, then close both. `on_b_closed` is
-    called if `b` is the side that ended first."""
+    called if `b` is the side that ended first. `splice(fd_a, fd_b)`: a native pump that does
+    the copying (returns a tuple whose first item is 1 when b's side ended first)."""
+    if splice is not None:
+        try:
+            b_first = splice(a.fileno(), b.fileno())[0] == 1
+        finally:
+            _close(a)
+            _close(b)
+        if b_first and on_b_closed is not None:
+            on_b_closed()
+        return
     done = threading.Event()
 
     def copy(src, dst, is_b):
@@ -110,11 +126,13 @@ class Relay:
     """Accepts on a public port; lets through to 127.0.0.1:upstream_port only clients that
     prove the secret for this placement."""
 
-    def __init__(self, listener: socket.socket, upstream_port: int, secret: bytes, placement_id: str):
+    def __init__(self, listener: socket.socket, upstream_port: int, secret: bytes, placement_id: str,
+                 splice=None):
         self.listener = listener
         self.upstream_port = upstream_port
         self.secret = secret
         self.placement_id = placement_id
+        self.splice = splice
 
     def serve_forever(self) -> None:
         while True:
@@ -143,7 +161,7 @@ class Relay:
             _close(conn)
             _close(upstream)
             return
-        pipe(conn, upstream)
+        pipe(conn, upstream, splice=self.splice)
 
 
 # ---- the dialer (in the leader's engine worker) -------------------------------------------------
@@ -175,8 +193,9 @@ def dial(host: str, port: int, secret: bytes, placement_id: str) -> socket.socke
 class Dialer:
     """127.0.0.1:<ephemeral> for llama.cpp, each connection carried to a remote relay."""
 
-    def __init__(self, host: str, port: int, secret: bytes, placement_id: str, on_lost=None):
+    def __init__(self, host: str, port: int, secret: bytes, placement_id: str, on_lost=None, splice=None):
         self.remote = (host, port)
+        self.splice = splice
         self.secret = secret
         self.placement_id = placement_id
         self.on_lost = on_lost
@@ -222,7 +241,7 @@ class Dialer:
             _close(local)
             self._lost()
             return
-        pipe(local, remote, on_b_closed=self._lost)
+        pipe(local, remote, on_b_closed=self._lost, splice=self.splice)
 
     def _lost(self) -> None:
         if self.on_lost is not None:

@@ -1,0 +1,227 @@
+"""What a split over ggml RPC costs per step, and where it goes. Engine level, no HTTP:
+SmolLM2 (30 layers), our kernels on both nodes (the follower's RPC server serves our device),
+one thread per node, loopback, the rows of bench/cluster_pipeline.py's `measure` (16 clients of
+64 greedy tokens, then one client):
+
+  1 node               every layer on the worker's CPU
+  layer, direct        the follower's RPC server reached without its relay (what the relay's
+                       cost is measured against: no relay at all)
+  layer, native relay  through the relay and the dialer, bytes pumped by native/splice.cpp
+  layer, python relay  the same with STACKD_RELAY=python: Python threads copy (before)
+  tensor, native relay llama.cpp's tensor split, the leader through its own loopback server
+
+    .venv/bin/python bench/rpc_split.py [--rounds 3] [--pin] [--follower-layers 11]
+                                        [--rows layer-direct,layer-native,...] [--tap layer|tensor]
+
+--tap MODE: no timing table; one stream of 32 tokens through a Python tap in front of each RPC
+server that parses ggml's RPC protocol, and per decode step: commands by type, round trips
+(commands the client waits an answer for), bytes each way. --pin: the leader's processes on
+CPU 0, the follower's on CPU 1 (as cluster_pipeline.py). Figures on a shared machine move by
+tens of percent: compare rows of one run.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import struct
+import tempfile
+import threading
+import time
+from collections import Counter
+
+import uvloop
+
+import cluster_pipeline as pipeline
+from stackd.engine.core import SamplingParams
+from stackd.testing.rpc_workers import Peers, chat_prompt, engine_params, start_worker
+
+N_LAYER = 30
+# ggml-rpc.cpp's rpc_cmd, in order; the ones whose answer the client waits for are round trips.
+COMMANDS = ["ALLOC_BUFFER", "GET_ALIGNMENT", "GET_MAX_SIZE", "BUFFER_GET_BASE", "FREE_BUFFER", "BUFFER_CLEAR",
+            "SET_TENSOR", "SET_TENSOR_HASH", "GET_TENSOR", "COPY_TENSOR", "GRAPH_COMPUTE", "GET_DEVICE_MEMORY",
+            "INIT_TENSOR", "GET_ALLOC_SIZE", "HELLO", "DEVICE_COUNT", "GRAPH_RECOMPUTE", "MEMSET_TENSOR"]
+NO_ANSWER = {"SET_TENSOR", "GRAPH_COMPUTE", "GRAPH_RECOMPUTE", "FREE_BUFFER", "BUFFER_CLEAR", "INIT_TENSOR",
+             "MEMSET_TENSOR"}
+
+
+def split_params(mode: str, follower_layers: int) -> dict:
+    if mode == "tensor":
+        return dict(split_mode=3, tensor_split=[0.5, 0.5], n_gpu_layers=N_LAYER + 1, flash_attn=1)
+    return dict(split_mode=1, tensor_split=[float(follower_layers + 1)], n_gpu_layers=follower_layers + 1)
+
+
+class Tap:
+    """127.0.0.1:<port> in front of an RPC server: forwards both ways, parses what the client
+    sends (command byte, 8-byte size, payload) and counts it."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream_port = upstream_port
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(4)
+        self.port = self.listener.getsockname()[1]
+        self.commands, self.bytes_out, self.bytes_in = Counter(), 0, 0
+        self.command_bytes = Counter()
+        self.graph_nodes = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def snapshot(self):
+        return Counter(self.commands), self.bytes_out, self.bytes_in, Counter(self.command_bytes)
+
+    def _accept(self):
+        while True:
+            client, _ = self.listener.accept()
+            server = socket.create_connection(("127.0.0.1", self.upstream_port))
+            for s in (client, server):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._back, args=(server, client), daemon=True).start()
+            threading.Thread(target=self._forth, args=(client, server), daemon=True).start()
+
+    def _back(self, src, dst):
+        try:
+            while data := src.recv(1 << 20):
+                self.bytes_in += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        self._end(src, dst)
+
+    @staticmethod
+    def _end(*socks):
+        """One side ended: so does the other (ggml's server serves one client at a time)."""
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _forth(self, src, dst):
+        def exactly(n):
+            buf = bytearray()
+            while len(buf) < n:
+                chunk = src.recv(min(n - len(buf), 1 << 20))
+                if not chunk:
+                    raise EOFError
+                buf += chunk
+            return bytes(buf)
+        try:
+            while True:
+                head = exactly(9)
+                cmd, size = struct.unpack("<BQ", head)
+                payload = exactly(size)
+                name = COMMANDS[cmd] if cmd < len(COMMANDS) else str(cmd)
+                self.commands[name] += 1
+                if name == "GRAPH_COMPUTE" and size >= 8:
+                    self.graph_nodes.append(struct.unpack_from("<I", payload, 4)[0])
+                self.bytes_out += 9 + size
+                self.command_bytes[name] += 9 + size
+                dst.sendall(head + payload)
+        except (EOFError, OSError):
+            pass
+        self._end(src, dst)
+
+
+async def tap(mode: str, follower_layers: int, tokens: int = 32) -> None:
+    loop = asyncio.get_running_loop()
+    peers = Peers(loop, tempfile.mkdtemp(prefix="stackd-rpc-tap-"), kernels="auto")
+    children = [await peers.start(direct=True)] + ([await peers.start(direct=True)] if mode == "tensor" else [])
+    taps = [Tap(c.port) for c in children]
+    rpc = {"secret": "", "peers": [{"host": "127.0.0.1", "port": t.port, "relay": False} for t in taps]}
+    runner = await start_worker(loop, engine_params(**split_params(mode, follower_layers)), rpc, kernels="auto")
+    try:
+        sampling = SamplingParams()
+        sampling.temperature, sampling.ignore_eos = 0.0, True
+        prompt = chat_prompt(runner.engine.vocab, "Tell me a story.")
+
+        async def one(n):
+            stream = await runner.generate([(prompt, n, sampling)], [])
+            return sum([event.n_tokens async for event in stream])
+        await one(4)                                        # warm: buffers allocated, graphs built
+        await one(1)                                        # the prompt's step alone, to subtract
+        before = [t.snapshot() for t in taps]
+        start = time.monotonic()
+        n = await one(1 + tokens)
+        wall = time.monotonic() - start
+        print(f"{mode} split, one stream, {tokens} decode steps (+ the prompt's), {wall / n * 1e3:.1f} ms/token:")
+        for i, (t, (c0, o0, i0, b0)) in enumerate(zip(taps, before)):
+            c1, o1, i1, b1 = t.snapshot()
+            per = {k: (c1[k] - c0[k]) / tokens for k in c1 if c1[k] - c0[k]}
+            trips = sum(v for k, v in per.items() if k not in NO_ANSWER)
+            print(f"  server {i}: per step {trips:.1f} round trips, {(o1 - o0) / tokens / 1024:.1f} KiB out, "
+                  f"{(i1 - i0) / tokens / 1024:.1f} KiB back; commands "
+                  + ", ".join(f"{k} {v:.1f} ({(b1[k] - b0[k]) / tokens / 1024:.1f} KiB)"
+                            for k, v in sorted(per.items(), key=lambda kv: -kv[1])))
+            if t.graph_nodes:
+                print(f"            graphs: {len(t.graph_nodes)} in all, last nodes per graph {t.graph_nodes[-8:]}")
+    finally:
+        await runner.close()
+        peers.servers.stop_all()
+
+
+async def main(rounds: int, follower_layers: int, rows: list[str]) -> None:
+    loop = asyncio.get_running_loop()
+    peers = Peers(loop, tempfile.mkdtemp(prefix="stackd-rpc-split-"), kernels="auto")
+    pipeline.kernels = "auto"
+
+    async def one_node():
+        return await pipeline.measure(loop, engine_params())
+
+    def split(mode: str, relay: str):
+        async def run():
+            os.environ.pop("STACKD_RELAY", None)
+            if relay == "python":
+                os.environ["STACKD_RELAY"] = "python"          # read by the child and the worker
+            started = []
+            try:
+                if mode == "tensor":
+                    started.append(await peers.start(direct=True))
+                    pipeline.pin_to(started[0].proc.pid, pipeline.LEADER_CPU)
+                started.append(await peers.start(direct=relay == "direct"))
+                return await pipeline.measure(loop, engine_params(**split_params(mode, follower_layers)),
+                                              [peers.rpc(started)], started[-1:])
+            finally:
+                os.environ.pop("STACKD_RELAY", None)
+                for child in started:
+                    await peers.servers.stop(child.placement_id)
+        return run
+
+    table = {"one-node": ("1 node", one_node),
+             "layer-direct": ("layer, direct", split("layer", "direct")),
+             "layer-native": ("layer, native relay", split("layer", "native")),
+             "layer-python": ("layer, python relay", split("layer", "python")),
+             "tensor-native": ("tensor, native relay", split("tensor", "native")),
+             "tensor-python": ("tensor, python relay", split("tensor", "python"))}
+    chosen = [table[r] for r in ["one-node"] + [r for r in rows if r != "one-node"]]
+    results = {name: [] for name, _ in chosen}
+    try:
+        for r in range(rounds):
+            for name, run in chosen:
+                print(f"round {r + 1}, {name}:", flush=True)
+                results[name].append(await run())
+        base = [statistics.median(x[k] for x in results["1 node"]) for k in (0, 1)]
+        print(f"medians of {rounds} round(s), follower {follower_layers} layers + output (layer split), "
+              f"kernels auto on both nodes, pin {pipeline.pin or 'no'}:")
+        for name, _ in chosen:
+            many, single = (statistics.median(x[k] for x in results[name]) for k in (0, 1))
+            print(f"  {name:22s} c={pipeline.CLIENTS}: {many:6.1f} tok/s ({many / base[0]:.2f}x)   "
+                  f"c=1: {single:6.1f} tok/s ({single / base[1]:.2f}x), {1e3 / single:6.2f} ms/step", flush=True)
+    finally:
+        peers.servers.stop_all()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--follower-layers", type=int, default=15)
+    parser.add_argument("--rows", default="layer-direct,layer-native,layer-python")
+    parser.add_argument("--tap", choices=["layer", "tensor"])
+    parser.add_argument("--pin", nargs="?", const="all", default="", choices=["all", "compute"])
+    args = parser.parse_args()
+    pipeline.pin = args.pin
+    if args.tap:
+        uvloop.run(tap(args.tap, args.follower_layers))
+    else:
+        uvloop.run(main(args.rounds, args.follower_layers, [r for r in args.rows.split(",") if r]))
