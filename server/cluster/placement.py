@@ -4,8 +4,10 @@ Pure: nodes and the model's needs in, a Placement out (or a PlacementError). The
 starts the RPC servers and the engine from it.
 
 - `layer` split (the default): on the leader alone when it holds the whole model; else the
-  layers are spread over the leader and the followers in proportion to the memory each
-  offers to models, no node past what it offers. The leader keeps the first layers on its
+  layers are spread over the leader and the followers so that each node's part of a step takes
+  as long as the others' when every node's compute is measured (the last node also computes
+  the output layer: `Need.output_layers`), else in proportion to the memory each offers to
+  models; no node past what it offers. The leader keeps the first layers on its
   own CPU; each follower takes a run of the following ones (llama.cpp's layer split over
   RPC devices, in the order given).
 - `tensor` split: every weight matrix is cut in rows across the nodes, in proportion to
@@ -46,6 +48,8 @@ class PlacementError(Exception):
 class NodeOffer:
     id: str
     memory_bytes: int            # what the node offers to models now
+    compute: float = 0.0         # its measured decode speed, any unit shared by all nodes
+                                 # (layers per second, say); 0: not measured
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ class Need:
     kv_cache: int
     buffers: int                 # per node that takes part
     n_layer: int
+    output_layers: float = 0.0   # the output layer's work in layers' worth (its weight bytes
+                                 # over a layer's): the last node of a layer split computes it
 
     @property
     def layered(self) -> int:
@@ -198,10 +204,23 @@ def _layer_split(need: Need, nodes: list[NodeOffer]) -> Placement:
     capacity = [max(0, (n.memory_bytes - need.buffers) // need.per_layer) for n in nodes]
     if sum(capacity) < need.n_layer:
         raise _insufficient(need, nodes, "the model")
-    layers = _proportional(need.n_layer, [max(0, n.memory_bytes) for n in nodes], capacity)
+    layers = _proportional(need.n_layer, _layer_weights(need, nodes), capacity)
     shares = tuple(Share(n.id, need.of_layers(k), layers=k)
                    for n, k in zip(nodes, layers) if k > 0)
     return Placement("layer", shares)
+
+
+def _layer_weights(need: Need, nodes: list[NodeOffer]) -> list[int]:
+    """What a layer split's counts follow. When every node's compute is measured: equal time
+    per step on every node, the last one also computing the output layer: with speeds c_i,
+    node i takes T c_i layers and the last T c_last - output, T = (n_layer + output) / sum(c)
+    (a node whose share would go below zero takes none). Otherwise: the memory each offers."""
+    if len(nodes) < 2 or any(n.compute <= 0 for n in nodes):
+        return [max(0, n.memory_bytes) for n in nodes]
+    per_time = (need.n_layer + need.output_layers) / sum(n.compute for n in nodes)
+    targets = [per_time * n.compute for n in nodes]
+    targets[-1] -= need.output_layers
+    return [max(0, round(t * 1000)) for t in targets]
 
 
 def _proportional(total: int, weights: list[int], capacity: list[int]) -> list[int]:
