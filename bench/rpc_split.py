@@ -13,6 +13,9 @@ one thread per node, loopback, the rows of bench/cluster_pipeline.py's `measure`
     .venv/bin/python bench/rpc_split.py [--rounds 3] [--pin] [--follower-layers 11]
                                         [--rows layer-direct,layer-native,...] [--tap layer|tensor]
 
+--pingpong: no engine; the relay alone, in one process: a layer split's per-step exchange (5 KiB
+to the follower, 198 KiB of logits back, bench --tap layer) through dialer and relay to an
+answering server, direct / Python pump / native pump, medians of 400 exchanges.
 --tap MODE: no timing table; one stream of 32 tokens through a Python tap in front of each RPC
 server that parses ggml's RPC protocol, and per decode step: commands by type, round trips
 (commands the client waits an answer for), bytes each way. --pin: the leader's processes on
@@ -161,6 +164,61 @@ async def tap(mode: str, follower_layers: int, tokens: int = 32) -> None:
         peers.servers.stop_all()
 
 
+def pingpong(rounds: int = 3, n: int = 400) -> None:
+    from stackd._engine import splice as native
+    from stackd.system import relay
+    secret, out, back = os.urandom(32), b"x" * 5 * 1024, b"y" * 198 * 1024
+
+    def listener():
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(4)
+        return sock
+
+    def answer(sock):
+        conn, _ = sock.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while True:
+            got = 0
+            while got < len(out):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                got += len(chunk)
+            conn.sendall(back)
+
+    def run(splice, direct):
+        upstream = listener()
+        threading.Thread(target=answer, args=(upstream,), daemon=True).start()
+        port = upstream.getsockname()[1]
+        if not direct:
+            public = listener()
+            threading.Thread(target=relay.Relay(public, port, secret, "p", splice=splice).serve_forever,
+                             daemon=True).start()
+            dialer = relay.Dialer("127.0.0.1", public.getsockname()[1], secret, "p", splice=splice)
+            threading.Thread(target=dialer._accept, daemon=True).start()
+            port = dialer.port
+        client = socket.create_connection(("127.0.0.1", port))
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf, times = bytearray(len(back)), []
+        view = memoryview(buf)
+        for _ in range(n):
+            start = time.perf_counter()
+            client.sendall(out)
+            got = 0
+            while got < len(buf):
+                got += client.recv_into(view[got:])
+            times.append(time.perf_counter() - start)
+        client.close()
+        return statistics.median(times) * 1e6
+
+    for r in range(rounds):
+        for name, splice, direct in (("direct", None, True), ("python relay", None, False),
+                                     ("native relay", native, False)):
+            print(f"round {r + 1}, {name:13s}: {run(splice, direct):7.1f} us per step exchange", flush=True)
+    os._exit(0)          # the pumps' threads are still in their sockets: no interpreter teardown
+
+
 async def main(rounds: int, follower_layers: int, rows: list[str]) -> None:
     loop = asyncio.get_running_loop()
     peers = Peers(loop, tempfile.mkdtemp(prefix="stackd-rpc-split-"), kernels="auto")
@@ -218,10 +276,13 @@ if __name__ == "__main__":
     parser.add_argument("--follower-layers", type=int, default=15)
     parser.add_argument("--rows", default="layer-direct,layer-native,layer-python")
     parser.add_argument("--tap", choices=["layer", "tensor"])
+    parser.add_argument("--pingpong", action="store_true")
     parser.add_argument("--pin", nargs="?", const="all", default="", choices=["all", "compute"])
     args = parser.parse_args()
     pipeline.pin = args.pin
-    if args.tap:
+    if args.pingpong:
+        pingpong(args.rounds)
+    elif args.tap:
         uvloop.run(tap(args.tap, args.follower_layers))
     else:
         uvloop.run(main(args.rounds, args.follower_layers, [r for r in args.rows.split(",") if r]))
