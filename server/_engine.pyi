@@ -209,3 +209,9 @@ class Sampler:
 
 def encode_events_wire(events: list[Event]) -> bytes: ...
 def decode_events_wire(data: bytes) -> list[Event]: ...   # ValueError: not the layout
+
+def rpc_serve(endpoint: str, cache_dir: str, n_threads: int, device: int = 0) -> None: ...
+    # serve a device (its address; 0: this CPU) to ggml RPC clients on 127.0.0.1:port; never returns
+def splice(a: int, b: int) -> tuple[int, int, int]: ...
+    # copy both ways between two socket fds until one side ends, off the GIL:
+    # (0 if a -> b ended first else 1, bytes a -> b, bytes b -> a)
