@@ -57,6 +57,21 @@ def pin_to(pid: int, cpus: set[int], warm: bool = False, n_compute: int = 1) -> 
             os.sched_setaffinity(tid, cpus)
 
 
+
+async def in_rounds(rows, rounds: int) -> dict:
+    """{row name: [(tok/s at CLIENTS, tok/s at 1), one per round]}: every row once per round, in
+    turn, so that a drift of the machine touches every row alike."""
+    results = {name: [] for name, _ in rows}
+    for r in range(rounds):
+        for name, run in rows:
+            print(f"round {r + 1}, {name}:", flush=True)
+            results[name].append(await run())
+    return results
+
+
+def medians(figures: list) -> tuple[float, float]:
+    return tuple(statistics.median(x[k] for x in figures) for k in (0, 1))
+
 async def measure(loop, params, rpcs=(None,), followers=()) -> tuple[float, float]:
     """(tokens/s with 16 clients shared by the engines, one per entry of `rpcs`; tokens/s with
     one client). `followers`: the RPC server children of the run, pinned to the follower's core."""
@@ -128,17 +143,13 @@ async def main(rounds: int, follower_layers: int, ubatches: list[int], lanes: li
     rows = [("1 node", one_node), ("layer, 1 lane", layer_split(1))]
     rows += [(f"layer, {n} lanes", layer_split(n)) for n in lanes]
     rows += [(f"pipeline, ubatch {u}", pipelined(u)) for u in ubatches]
-    results = {name: [] for name, _ in rows}
     try:
-        for r in range(rounds):
-            for name, run in rows:
-                print(f"round {r + 1}, {name}:", flush=True)
-                results[name].append(await run())
-        base = [statistics.median(x[k] for x in results["1 node"]) for k in (0, 1)]
+        results = await in_rounds(rows, rounds)
+        base = medians(results["1 node"])
         print(f"medians of {rounds} round(s), follower {follower_layers} layers + output, kernels {kernels}, "
               f"pin {pin or 'no'}:")
         for name, _ in rows:
-            many, single = (statistics.median(x[k] for x in results[name]) for k in (0, 1))
+            many, single = medians(results[name])
             each = " ".join(f"{x[0]:.0f}" for x in results[name])
             print(f"  {name:20s} c={CLIENTS}: {many:6.1f} tok/s ({many / base[0]:.2f}x) [{each}]   "
                   f"c=1: {single:6.1f} tok/s ({single / base[1]:.2f}x)", flush=True)

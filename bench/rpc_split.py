@@ -253,17 +253,13 @@ async def main(rounds: int, follower_layers: int, rows: list[str]) -> None:
              "tensor-native": ("tensor, native relay", split("tensor", "native")),
              "tensor-python": ("tensor, python relay", split("tensor", "python"))}
     chosen = [table[r] for r in ["one-node"] + [r for r in rows if r != "one-node"]]
-    results = {name: [] for name, _ in chosen}
     try:
-        for r in range(rounds):
-            for name, run in chosen:
-                print(f"round {r + 1}, {name}:", flush=True)
-                results[name].append(await run())
-        base = [statistics.median(x[k] for x in results["1 node"]) for k in (0, 1)]
+        results = await pipeline.in_rounds(chosen, rounds)
+        base = pipeline.medians(results["1 node"])
         print(f"medians of {rounds} round(s), follower {follower_layers} layers + output (layer split), "
               f"kernels auto on both nodes, pin {pipeline.pin or 'no'}:")
         for name, _ in chosen:
-            many, single = (statistics.median(x[k] for x in results[name]) for k in (0, 1))
+            many, single = pipeline.medians(results[name])
             print(f"  {name:22s} c={pipeline.CLIENTS}: {many:6.1f} tok/s ({many / base[0]:.2f}x)   "
                   f"c=1: {single:6.1f} tok/s ({single / base[1]:.2f}x), {1e3 / single:6.2f} ms/step", flush=True)
     finally:
