@@ -32,11 +32,6 @@ STATS_INTERVAL = 1.0
 EXIT_RPC_PEER_LOST = 75                # a node holding some of the model's layers went away
 
 
-def _engine_splice():
-    from .._engine import splice
-    return splice
-
-
 def connect_devices(rpc: dict | None) -> list[str]:
     """The RPC endpoints llama.cpp will use, each checked to answer first (ggml's RPC client
     aborts the process on one it cannot reach). A relayed peer gets a local dialer that proves
@@ -51,12 +46,13 @@ def connect_devices(rpc: dict | None) -> list[str]:
 
     endpoints = []
     secret = bytes.fromhex(rpc.get("secret") or "")
-    # The dialers' byte pump: native (off the GIL) unless STACKD_RELAY=python (bench/rpc_split.py).
-    splice = None if os.environ.get("STACKD_RELAY") == "python" else _engine_splice()
+    # The dialers copy in Python: a lost peer must be reported (EXIT_RPC_PEER_LOST) before the
+    # local socket closes and ggml aborts the process, and the native pump shuts both sockets
+    # down before it returns. The relay on the RPC server's side copies natively.
     for peer in rpc["peers"]:
         host, port = peer["host"], int(peer["port"])
         if peer.get("relay"):
-            dialer = Dialer(host, port, secret, peer["placement_id"], on_lost=lost, splice=splice)
+            dialer = Dialer(host, port, secret, peer["placement_id"], on_lost=lost)
             dialer.probe()
             endpoints.append(dialer.start().endpoint)
         else:
