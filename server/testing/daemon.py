@@ -134,6 +134,14 @@ class Daemon:
         key_file = os.path.join(data_dir, "admin.key")
         self.admin_key = open(key_file).read().strip() if os.path.exists(key_file) else None
 
+    def openai_client(self, asynchronous: bool = False):
+        """The official openai SDK's client on this daemon, with its admin key. No retries (one would
+        hide a failed first answer) and a timeout no slow CI run reaches."""
+        import openai
+        kind = openai.AsyncOpenAI if asynchronous else openai.OpenAI
+        return kind(base_url=f"http://127.0.0.1:{self.inference_port}/v1", api_key=self.admin_key,
+                    max_retries=0, timeout=CLIENT_TIMEOUT)
+
     def request(self, method: str, path: str, *, port: str = "cluster", key: str | None = None,
                 body=None, headers: dict | None = None):
         """-> (status, headers dict with lower-case names, parsed JSON or raw bytes)."""

@@ -25,8 +25,7 @@ def daemon(tmp_path_factory, request):
 
 @pytest.fixture(scope="module")
 def client(daemon):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{daemon.inference_port}/v1",
-                         api_key=daemon.admin_key, max_retries=0, timeout=120)
+    return daemon.openai_client()
 
 
 def ask(client, text, **kwargs):

@@ -17,8 +17,7 @@ TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     daemon = Daemon(str(tmp_path_factory.mktemp("responses") / "data"), CONFIG, models=True)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{daemon.inference_port}/v1", api_key=daemon.admin_key,
-                        max_retries=0, timeout=600)
+    yield daemon.openai_client()
     daemon.stop()
 
 

@@ -2,7 +2,6 @@
 and the default SmolLM2 model (whose template has no tools: the generic JSON form)."""
 import json
 
-import openai
 import pytest
 
 from stackd.testing.daemon import Daemon
@@ -31,8 +30,7 @@ def daemon(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(daemon):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{daemon.inference_port}/v1",
-                         api_key=daemon.admin_key, max_retries=0, timeout=120)
+    return daemon.openai_client()
 
 
 def create(client, **kwargs):

@@ -51,8 +51,7 @@ def daemon(request, tmp_path_factory, fixture_models):
 
 @pytest.fixture(scope="module")
 def client(daemon):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{daemon.inference_port}/v1",
-                         api_key=daemon.admin_key, max_retries=0, timeout=120)
+    return daemon.openai_client()
 
 
 def create(client, model=TOOLS_MODEL, **kwargs):

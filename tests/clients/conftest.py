@@ -32,13 +32,10 @@ def api_key(daemon) -> str:
 
 
 @pytest.fixture(scope="package")
-def openai_client(base_url, api_key):
-    import openai
-    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=CLIENT_TIMEOUT)
+def openai_client(daemon):
+    return daemon.openai_client()
 
 
 @pytest.fixture(scope="package")
-def async_openai_client(base_url, api_key):
-    import openai
-    return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
-                              timeout=CLIENT_TIMEOUT)
+def async_openai_client(daemon):
+    return daemon.openai_client(asynchronous=True)
