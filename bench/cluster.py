@@ -7,7 +7,7 @@ death to the first 503 a streaming client sees (kill -9 of the follower daemon a
 server), and from its freezing (SIGSTOP of both) to that 503.
 
     .venv/bin/python bench/cluster.py [--clients 16] [--seconds 20] [--threads 1] [--followers real] [--netns]
-                                      [--pin] [--balanced 18,12]
+                                      [--pin] [--balanced 18,12] [--rows '1 node,2 nodes layer'] [--no-node-loss]
 
 One thread per node. The follower is a second daemon on this machine (`--followers real`, the
 default: its own data dir, on 127.0.0.2, the cluster secret; it starts its RPC server child when
@@ -24,7 +24,10 @@ RPC server child; llama-server's rpc server) on CPU 1, the bench's clients where
 them. `--balanced L,F` adds a layer split with those layer counts (`options.layers`) and two
 lanes (`options.lanes`), the in-engine pipeline: the follower
 also computes the output layer, several layers' worth on this model, so halves of the layers are
-not halves of the work. Same
+not halves of the work. "2 nodes layer" is the default placement over the two nodes (real
+followers: once both have measured their compute, so its counts follow compute and it takes
+a lane per node, docs/cluster.md), "2 nodes layer 1 lane" the same counts with one lane.
+`--rows` runs only the rows named. Same
 model (SmolLM2-135M Q4_1, 30 layers), same requests as bench/inference.py (a fixed prompt,
 128 tokens each, end of generation suppressed, greedy).
 """
@@ -97,6 +100,21 @@ def leader_id(server: Server) -> str:
     leader = orjson.loads(conn.getresponse().read())["leader"]
     conn.close()
     return leader
+
+
+def wait_measured(server: Server) -> dict[str, float]:
+    """Every node's compute figure (/v1/nodes), once each has measured it: a split placed before
+    that follows memory, with one lane (docs/cluster.md, "Compute, measured")."""
+    deadline = time.monotonic() + 120
+    while True:
+        conn = http.client.HTTPConnection("127.0.0.1", server.cluster_port, timeout=60)
+        conn.request("GET", "/v1/nodes", headers={"Authorization": f"Bearer {server.key}"})
+        nodes = orjson.loads(conn.getresponse().read()).get("data", [])
+        conn.close()
+        computes = {n["id"]: n.get("compute", 0) for n in nodes}
+        if (len(computes) > 1 and all(computes.values())) or time.monotonic() > deadline:
+            return computes
+        time.sleep(0.2)
 
 
 def rpc_child(marker: bytes) -> int:
@@ -332,6 +350,9 @@ def main() -> None:
                         help="each node in a network namespace of its own, on a veth link (root; real followers)")
     parser.add_argument("--pin", action="store_true", help="a core per node: the leader's on CPU 0, the follower's on 1")
     parser.add_argument("--balanced", default="", help="L,F: also a layer split with these layer counts")
+    parser.add_argument("--rows", default="", help="only these rows, by name, comma-separated "
+                                                   "('1 node,2 nodes layer,2 nodes layer 1 lane')")
+    parser.add_argument("--no-node-loss", action="store_true", help="skip the node loss timings")
     parser.add_argument("--replicas", type=int, default=0, metavar="ROUNDS",
                         help="only the rows '1 node' and '2 nodes replicas' (split_mode replica), in ROUNDS "
                              "alternating rounds on the same two daemons, medians; then a replica node's death")
@@ -362,6 +383,7 @@ def run(args, net: Namespaces | None) -> None:
         try:
             if two_nodes and real:
                 follower = RealFollower(server, args.threads, net)
+                print(f"{name}: compute (GFLOP/s) {wait_measured(server)}", flush=True)
             answer = load(server, **options_of(leader_id(server), follower.id if follower else FOLLOWER))
             print(f"{name}: placement {answer.get('placement')}", flush=True)
             if args.pin:
@@ -381,14 +403,17 @@ def run(args, net: Namespaces | None) -> None:
     for name, two_nodes, options_of in [
             ("1 node", False, lambda leader, follower: {}),
             ("2 nodes layer", True, lambda leader, follower: {"nodes": [leader, follower]}),
+            ("2 nodes layer 1 lane", True, lambda leader, follower: {"nodes": [leader, follower], "lanes": 1}),
             *([(f"2 nodes layer {balanced[0]}/{balanced[1]} 2 lanes", True,
                 lambda leader, follower: {"nodes": [leader, follower], "layers": balanced, "lanes": 2})]
               if balanced else []),
             ("2 nodes layer pipe", True, lambda leader, follower: {"nodes": [leader, follower], "pipeline": True}),
             ("2 nodes tensor", True, lambda leader, follower: {"nodes": [leader, follower], "split_mode": "tensor"})]:
+        if args.rows and name not in args.rows.split(","):
+            continue
         server, follower = run_stackd(name, two_nodes, options_of)
         try:
-            if name == "2 nodes layer":
+            if name == "2 nodes layer" and not args.no_node_loss:
                 node_loss(server, follower, lambda leader, follower: {"nodes": [leader, follower]})
         finally:
             stop_stackd(server, follower)

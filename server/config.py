@@ -112,7 +112,8 @@ DEFAULTS: dict = {
     # test suite and bench/ set these.
     "testing": {
         "worker_crash_file": "",  # engine workers abort at start while this file exists
-        "loopback_peers": "",     # "f1=512,f2=512": simulated followers on loopback
+        "loopback_peers": "",     # "f1=512,f2=512": simulated followers on loopback ("f1=512@2.5": computing 2.5)
+        "compute": 0.0,           # > 0: this node's compute figure (GFLOP/s) instead of measuring it
     },
 }
 

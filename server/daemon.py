@@ -32,6 +32,7 @@ from .auth.ratelimit import RateLimiter
 from .chat.limits import configure as configure_inference_limits
 from .cluster import identity
 from .cluster.membership import Membership
+from .cluster.compute_speed import ComputeSpeed
 from .cluster.node_facts import NodeFacts
 from .http import openapi
 from .http.access_log import AccessLog
@@ -67,8 +68,15 @@ def build_access(settings: config.Settings, metrics: Metrics) -> tuple[NodeAcces
 def build_membership(settings: config.Settings) -> Membership:
     """This node (its identity, made on a first start) in its cluster."""
     os.makedirs(settings.data_dir, mode=0o700, exist_ok=True)
-    facts = NodeFacts(identity.load_or_create(settings.data_dir), settings)
+    facts = NodeFacts(identity.load_or_create(settings.data_dir), settings, compute=node_compute(settings))
     return Membership.from_settings(facts, settings)
+
+
+def node_compute(settings: config.Settings) -> ComputeSpeed:
+    """This node's compute figure (fixed by testing.compute in a test configuration);
+    serve() starts measuring it."""
+    fixed = settings["testing.compute"]
+    return ComputeSpeed(settings["engine.threads"] or os.cpu_count() or 1, fixed if fixed > 0 else None)
 
 
 def build_apps(max_body: int, guard, membership: Membership | None, contexts: Contexts) -> tuple[App, App]:
@@ -108,6 +116,8 @@ async def serve(settings: config.Settings) -> int:
         loop.add_signal_handler(signum, stop.set)
     metrics = Metrics()
     membership = build_membership(settings)
+    if settings.cluster_secret is not None or settings["testing.loopback_peers"]:
+        membership.facts.compute.start()     # in the background: a layer split's counts follow it
     access, admin_key_path = build_access(settings, metrics)
     facts = membership.facts
     # the embedded console's own requests to this node (its polls, and what it proxies for a

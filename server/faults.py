@@ -5,7 +5,10 @@ configuration; only the test suite and bench/ set them:
 - testing.worker_crash_file: while this file exists, every engine worker aborts as it starts
   (a crash loop, for the supervisor's backoff and `failed` state);
 - testing.loopback_peers: "f1=512,f2=512": simulated followers whose RPC server children this
-  daemon starts on loopback (server/testing/loopback_peers.py), for placement on one machine.
+  daemon starts on loopback (server/testing/loopback_peers.py), for placement on one machine;
+  "f1=512@2.5" also gives f1 a compute figure of 2.5;
+- testing.compute: > 0, this node's compute figure instead of its measurement
+  (server/cluster/compute_speed.py; read by the daemon when it builds the node's facts).
 
 The daemon reads them once (`from_settings`); an engine worker gets its part in its start frame.
 """

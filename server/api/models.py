@@ -38,13 +38,15 @@ PIPELINE = validate.Boolean("pipeline", doc="Layer split over several nodes: the
                                              "device and llama.cpp overlaps micro-batches across the nodes.")
 LAYERS = validate.Array("layers", validate.Integer(lo=1, hi=1 << 16), min_items=1, max_items=16,
                         doc="Layer split: how many layers each node of 'nodes' takes, in that order (they add "
-                            "up to the model's layer count), as llama.cpp's --tensor-split; the default shares "
-                            "the layers out in proportion to the memory each node offers.")
+                            "up to the model's layer count), as llama.cpp's --tensor-split; the default follows "
+                            "each node's measured compute (the last node's share counting the output layer), "
+                            "or the memory each offers while a node is unmeasured.")
 LANES = validate.Integer("lanes", lo=1, hi=8,
                          doc="Layer split over several nodes: the engine's lanes, contexts of the model that "
                              "share the slots and step in turn, so that one lane's step runs on a follower "
-                             "while another's runs on the leader (1, the default: one context). Pays when the "
-                             "nodes' parts of a step take about as long (see 'layers').")
+                             "while another's runs on the leader. Default: one per node when the layer counts "
+                             "followed every node's measured compute and each lane keeps 2 slots, else 1 "
+                             "(they pay when the nodes' parts of a step take about as long).")
 REPLICAS = validate.OneOf("replicas", validate.String(choices=("all",)), validate.Integer(lo=1, hi=MAX_REPLICAS),
                           doc="Replicas of a model that fits one node, the leader's own included: 'all' (every "
                               "node that is up and can hold it) or a number; the default is cluster.replicas.",

@@ -50,6 +50,7 @@ class PeerNode:
     threads: int                    # engine.threads it runs with
     last_seen_ago_ms: int
     detail: dict                    # its /v1/nodes entry as last received
+    compute: float = 0.0            # its measured compute (compute_speed.py), 0: not measured
 
 
 def peer_node(entry: dict) -> PeerNode:
@@ -61,7 +62,7 @@ def peer_node(entry: dict) -> PeerNode:
         memory_available_bytes=entry.get("memory_available_bytes", 0),
         model_memory_bytes=entry.get("model_memory_bytes", 0), cpu_cores=entry.get("cpu_cores"),
         threads=entry.get("threads", 1), last_seen_ago_ms=entry.get("last_seen_ago_ms", 0),
-        detail=entry)
+        detail=entry, compute=float(entry.get("compute") or 0.0))
 
 
 @dataclass
@@ -442,6 +443,9 @@ def _checked_entry(sender: str, body: dict, leader_id: str) -> dict:
         value = entry.get(name)
         if type(value) is not int or value < 0:
             raise invalid(f"'entry.{name}' must be a non-negative integer", f"entry.{name}")
+    compute = entry.get("compute", 0)
+    if type(compute) not in (int, float) or not 0 <= compute < 1e9:
+        raise invalid("'entry.compute' must be a non-negative number (GFLOP/s)", "entry.compute")
     budget = entry.get("power_budget")
     if not (isinstance(budget, dict) and all(type(budget.get(k)) is int and budget[k] > 0
                                              for k in ("idle_mw", "max_mw"))):

@@ -1,5 +1,5 @@
 """This node as the cluster reports it, built once at start-up: who it is, its settings, its
-temperature sensor, and since when it runs.
+temperature sensor, since when it runs, and its measured compute (compute_speed.py).
 
 What the node runs (its models, its share of a power contract) changes while it runs and comes
 from above the cluster layer: `LocalState` is what the membership and the views ask of it. The
@@ -14,6 +14,7 @@ from typing import Protocol
 
 from ..config import Settings
 from ..system.readings import Thermometer
+from .compute_speed import ComputeSpeed
 from .identity import Identity
 
 
@@ -23,6 +24,7 @@ class NodeFacts:
     settings: Settings
     thermometer: Thermometer = field(default_factory=Thermometer)
     started: float = field(default_factory=time.monotonic)
+    compute: ComputeSpeed = field(default_factory=lambda: ComputeSpeed(1))   # unmeasured until started
 
     @property
     def node_id(self) -> str:

@@ -16,8 +16,10 @@ starts the RPC servers and the engine from it.
 - `nodes` pins the placement to those nodes (in that order after the leader).
 - `lanes` (layer split over several nodes): the engine's lanes, contexts stepping in turn so
   that one lane's step runs on a follower while another's runs on the leader. Worth it when
-  the nodes' parts of a step take about as long; when one node's part dominates (the leader on
-  our kernels, a follower's RPC server on ggml's), smaller steps only slow that node down.
+  the nodes' parts of a step take about as long; when one node's part dominates, smaller steps
+  only slow that node down. By default (`default_lanes`): one lane per node when the counts
+  follow every node's measured compute (the parts are balanced) and each lane keeps at least
+  LANE_MIN_SLOTS slots; else one.
 - `layers` (layer split, with `nodes`): how many layers each of those nodes takes, as
   llama.cpp's --tensor-split sets them, instead of shares of memory. A layer split runs a step
   on the nodes in turn, so its throughput follows the slowest node's part: the last node also
@@ -32,6 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SPLIT_MODES = ("layer", "tensor")
+LANE_MIN_SLOTS = 2      # a default lane gets at least this many slots: a lane of one slot steps
+                        # one sequence, and the weights are read once per lane and step
+MAX_LANES = 8           # options.lanes' bound (api/models.py)
 
 
 class PlacementError(Exception):
@@ -124,18 +129,33 @@ class Placement:
 
 def place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str = "layer",
           pinned: list[str] | None = None, pipeline: bool = False,
-          layers: list[int] | None = None, lanes: int = 1) -> Placement:
+          layers: list[int] | None = None, lanes: int | None = None, slots: int = 1) -> Placement:
     """`nodes`: the nodes that are up, the leader among them. `pipeline` (layer split over
     several nodes only): the leader computes through its own loopback RPC server. `layers`:
     one count per node of `pinned`, in its order. `lanes` (layer split over several nodes
-    only): the engine's lanes."""
+    only): the engine's lanes, at most `slots` (the engine's); None: `default_lanes`."""
     if layers is not None:
         placement = _given_layers(need, nodes, leader_id, split_mode, pinned, layers)
     else:
         placement = _place(need, nodes, leader_id, split_mode, pinned)
     if placement.split_mode == "layer" and len(placement.shares) > 1:
-        return Placement("layer", placement.shares, pipeline=pipeline, lanes=max(1, lanes))
+        if lanes is None:
+            lanes = 1 if layers is not None else default_lanes(placement, nodes, slots)
+        return Placement("layer", placement.shares, pipeline=pipeline, lanes=max(1, min(lanes, slots)))
     return placement
+
+
+def default_lanes(placement: Placement, nodes: list[NodeOffer], slots: int) -> int:
+    """A lane per node of a layer split whose counts followed every node's measured compute:
+    each node's part of a step then takes about as long, so while one lane steps on a node the
+    others step on the rest (docs/cluster.md "Lanes": 1.2-1.3x one node with the parts
+    balanced, where one lane leaves each node idle while the others work). One lane when a node is unmeasured (memory decided,
+    the parts may be far apart) or when the slots would leave a lane fewer than LANE_MIN_SLOTS."""
+    placed = {s.node_id for s in placement.shares}
+    if any(n.compute <= 0 for n in nodes if n.id in placed):
+        return 1
+    wanted = min(len(placement.shares), MAX_LANES)
+    return wanted if slots >= LANE_MIN_SLOTS * wanted else 1
 
 
 def _place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str,

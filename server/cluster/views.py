@@ -30,6 +30,7 @@ def own_entry(membership) -> dict:
         "ram_gb": readings.ram_gb(memory["MemTotal"]),
         "cpu_cores": os.cpu_count(),
         "threads": settings["engine.threads"] or os.cpu_count() or 1,
+        "compute": round(facts.compute.value, 3),   # GFLOP/s measured (compute_speed.py); 0: not yet
         "load_average": readings.load_average(),
         "memory_total_bytes": memory["MemTotal"],
         "memory_available_bytes": memory["MemAvailable"],

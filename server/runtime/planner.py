@@ -6,13 +6,15 @@ options that cannot be honoured are 400s naming the option.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Callable
 
 from ..cluster.placement import NodeOffer, Need, Placement, PlacementError, Share, place
 from ..engine.config import EngineConfig
 from ..errors import Code, DomainError, invalid
-from ..store.store import Manifest
+from ..store.gguf_check import GGUFError, check_gguf
+from ..store.store import Manifest, StoreError
 from ..system import readings
 
 MIB = 1 << 20
@@ -37,7 +39,7 @@ class PlacementOptions:
     nodes: tuple[str, ...] | None = None
     pipeline: bool = False
     layers: tuple[int, ...] | None = None
-    lanes: int = 1
+    lanes: int | None = None            # None: the placement's default (placement.default_lanes)
     replicas: int | str | None = None   # "all" or a count (None: the setting cluster.replicas)
 
     @classmethod
@@ -48,7 +50,7 @@ class PlacementOptions:
                    nodes=tuple(nodes) if nodes is not None else None,
                    pipeline=bool(options.get("pipeline")) and not alone,
                    layers=tuple(layers) if layers is not None else None,
-                   lanes=1 if alone else (options.get("lanes") or 1),
+                   lanes=None if alone else options.get("lanes"),
                    replicas=options.get("replicas"))
 
     def asked(self) -> dict:
@@ -62,10 +64,21 @@ class PlacementOptions:
         return self == PlacementOptions()
 
 
+@functools.lru_cache(maxsize=32)
+def _output_layers(path: str, n_layer: int) -> float:
+    try:
+        info = check_gguf(path)
+    except GGUFError:
+        return 0.0
+    return info.output_elements * n_layer / info.block_elements if info.block_elements else 0.0
+
+
 class Planner:
     def __init__(self, config: EngineConfig, memory_reserve: int, memory_limit: int,
-                 placed_here: Callable[[str], int], replicas: int | str = "all"):
+                 placed_here: Callable[[str], int], replicas: int | str = "all",
+                 model_path: Callable[[Manifest], str] | None = None):
         self.config = config
+        self.model_path = model_path                # a manifest's file (None: no output estimate)
         self.replicas = replicas                    # cluster.replicas: "all" or how many
         self.memory_reserve = memory_reserve
         self.memory_limit = memory_limit            # models.memory_limit_mb; 0 = all
@@ -117,6 +130,24 @@ class Planner:
             free = min(free, self.memory_limit - self.placed_here(self.self_id))
         return free
 
+    def output_layers(self, manifest: Manifest) -> float:
+        """The output layer's work in layers' worth (its weights over a layer's: a step of many
+        slots is a matmul of every weight, whatever its type), which the last node of a layer
+        split computes; 0 when the file cannot tell (placement then leaves it out)."""
+        if self.model_path is None or not manifest.n_layer:
+            return 0.0
+        try:
+            return _output_layers(self.model_path(manifest), manifest.n_layer)
+        except StoreError:
+            return 0.0
+
+    def own_compute(self) -> float:
+        """This node's measured compute as its membership reports it (0: not measured)."""
+        if self.membership is None:
+            return 0.0
+        me = next((n for n in self.membership.nodes_up() if n.id == self.self_id), None)
+        return me.compute if me is not None else 0.0
+
     def on_this_cpu(self, manifest: Manifest, context_length: int) -> Placement:
         """The placement of a model that runs on this node's CPU alone."""
         parts = self.estimate(manifest, context_length)
@@ -141,15 +172,15 @@ class Planner:
         if manifest.kind != "chat" or not manifest.n_layer:
             raise invalid("only chat models with a known layer count are placed across nodes", "options")
         parts = self.estimate(manifest, context_length)
-        need = Need(parts["weights"], parts["kv_cache"], parts["buffers"], manifest.n_layer)
-        offers = [NodeOffer(self.self_id, self.own_offer())] + [
-            NodeOffer(n.id, n.model_memory_bytes) for n in others]
-        lanes = min(options.lanes, max(1, self.config.slots))          # a lane needs a slot
+        need = Need(parts["weights"], parts["kv_cache"], parts["buffers"], manifest.n_layer,
+                    self.output_layers(manifest))
+        offers = [NodeOffer(self.self_id, self.own_offer(), self.own_compute())] + [
+            NodeOffer(n.id, n.model_memory_bytes, n.compute) for n in others]
         nodes = list(options.nodes) if options.nodes is not None else None
         layers = list(options.layers) if options.layers is not None else None
         try:
             return place(need, offers, self.self_id, options.split_mode or "layer", nodes,
-                         options.pipeline, layers, lanes)
+                         options.pipeline, layers, options.lanes, max(1, self.config.slots))
         except PlacementError as exc:
             if exc.kind == "invalid":
                 raise invalid(str(exc), exc.param) from None

@@ -89,7 +89,8 @@ class ModelRegistry:
         self.last_exits: dict[str, dict] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.config = config
-        self.planner = Planner(config, memory_reserve, memory_limit, self.placed_on, replicas)
+        self.planner = Planner(config, memory_reserve, memory_limit, self.placed_on, replicas,
+                               model_path=store.model_path)
         self.supervisor = Supervisor(loop, store, config, faults)
         self.supervisor.registry = self
         self.replica_host = ReplicaHost(self)     # replicas this node runs for its leader

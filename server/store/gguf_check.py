@@ -57,6 +57,9 @@ class GGUFInfo:
     tensor_count: int
     tensor_data_bytes: int       # bytes of tensor data as declared by the tensor table
     file_size: int
+    block_elements: int = 0      # weights of the repeating layers' tensors (blk.*)
+    output_elements: int = 0     # weights of the output matrix (output.weight, else
+                                 # token_embd.weight when the output is tied to the embeddings)
 
 
 # ------------------------------------------------------------------ limits
@@ -244,6 +247,11 @@ class _Tensor:
                  offset: int) -> None:
         self.name, self.n_dims, self.ggml_type = name, n_dims, ggml_type
         self.elements, self.nbytes, self.offset = elements, nbytes, offset
+
+
+def _output_elements(tensors: list[_Tensor]) -> int:
+    by_name = {t.name: t.elements for t in tensors}
+    return by_name.get("output.weight", by_name.get("token_embd.weight", 0))
 
 
 class _Parser:
@@ -557,6 +565,8 @@ class _Parser:
             tensor_count=len(tensors),
             tensor_data_bytes=data_bytes,
             file_size=self.size,
+            block_elements=sum(t.elements for t in tensors if t.name.startswith("blk.")),
+            output_elements=_output_elements(tensors),
         )
 
     def _quantization(self, tensors: list[_Tensor]) -> str:

@@ -5,7 +5,8 @@ every node, one-node clusters included; this is only the base of the simulation)
 whose RPC server children this same daemon starts on loopback, behind their relays, as a
 follower would: placement, the relay and node loss run for real on one machine. It is a
 fault-injection hook (server/faults.py: testing.loopback_peers, or STACKD_TESTING_LOOPBACK_PEERS,
-"f1=512,f2=512": node ids and the MiB each offers to models), never on unless a test sets it.
+"f1=512,f2=512": node ids and the MiB each offers to models; "f1=512@2.5": and its compute
+figure, see cluster/compute_speed.py), never on unless a test sets it.
 """
 from __future__ import annotations
 
@@ -23,17 +24,19 @@ class SoloMembership(NodeEvents):
     role = "leader"
     secret: bytes | None = None
 
-    def __init__(self, self_id: str, host: str = "127.0.0.1", threads: int = 0):
+    def __init__(self, self_id: str, host: str = "127.0.0.1", threads: int = 0, compute=None):
         super().__init__()
         self.self_id = self_id
         self.host = host
         self.threads = threads or (os.cpu_count() or 1)
+        self.compute = compute               # this node's ComputeSpeed (None: not measured)
 
     def _me(self) -> PeerNode:
         memory = readings.meminfo()
         return PeerNode(self.self_id, "leader", "up", f"http://{self.host}", self.host,
                         memory["MemTotal"], memory["MemAvailable"], memory["MemAvailable"],
-                        os.cpu_count(), self.threads, 0, {})
+                        os.cpu_count(), self.threads, 0, {},
+                        self.compute.value if self.compute is not None else 0.0)
 
     def nodes(self) -> list[PeerNode]:
         return [self._me()]
@@ -46,10 +49,12 @@ class SoloMembership(NodeEvents):
 class LoopbackPeers(SoloMembership):
     """Simulated followers hosted by this daemon: their RPC children run here, on loopback."""
 
-    def __init__(self, self_id: str, offers: dict[str, int], servers_for, threads: int = 1):
-        super().__init__(self_id, "127.0.0.1", threads)
+    def __init__(self, self_id: str, offers: dict[str, int], servers_for, threads: int = 1,
+                 compute=None, computes: dict[str, float] | None = None):
+        super().__init__(self_id, "127.0.0.1", threads, compute)
         self.secret = os.urandom(32)
         self.offers = offers
+        self.computes = computes or {}       # node id -> its compute figure (absent: not measured)
         self.servers_for = servers_for       # node id -> that simulated node's RpcServers
         self.down: set[str] = set()
         self.silent: set[str] = set()      # testing: up by the heartbeats' count, yet not answering
@@ -57,7 +62,8 @@ class LoopbackPeers(SoloMembership):
     def nodes(self) -> list[PeerNode]:
         me = self._me()
         return [me] + [PeerNode(i, "follower", "down" if i in self.down else "up", "http://127.0.0.1",
-                                "127.0.0.1", mib * MIB, mib * MIB, mib * MIB, 1, 1, 0, {})
+                                "127.0.0.1", mib * MIB, mib * MIB, mib * MIB, 1, 1, 0, {},
+                                self.computes.get(i, 0.0))
                        for i, mib in self.offers.items()]
 
     def set_down(self, node_id: str) -> None:
@@ -76,13 +82,22 @@ class LoopbackPeers(SoloMembership):
 
 
 def parse_test_peers(text: str) -> dict[str, int]:
-    offers = {}
+    return {node_id: mib for node_id, (mib, _) in _parse(text).items()}
+
+
+def parse_test_computes(text: str) -> dict[str, float]:
+    return {node_id: compute for node_id, (_, compute) in _parse(text).items() if compute is not None}
+
+
+def _parse(text: str) -> dict[str, tuple[int, float | None]]:
+    """"f1=512,f2=512@2.5": node id -> (MiB offered, compute figure or None)."""
+    peers = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
-        found = re.fullmatch(r"([A-Za-z0-9._-]{1,64})=(\d+)", item)
+        found = re.fullmatch(r"([A-Za-z0-9._-]{1,64})=(\d+)(?:@(\d+(?:\.\d+)?))?", item)
         if not found:
-            raise ValueError(f"testing.loopback_peers: expected id=MiB items, got {item!r}")
-        offers[found.group(1)] = int(found.group(2))
-    return offers
+            raise ValueError(f"testing.loopback_peers: expected id=MiB or id=MiB@compute items, got {item!r}")
+        peers[found.group(1)] = (int(found.group(2)), float(found.group(3)) if found.group(3) else None)
+    return peers
 
 
 def membership(facts, settings, loop, spec: str) -> "LoopbackPeers | None":
@@ -103,5 +118,6 @@ def membership(facts, settings, loop, spec: str) -> "LoopbackPeers | None":
                                           membership.secret, kernels=settings["engine.kernels"])
         return servers[node_id]
 
-    membership = LoopbackPeers(facts.node_id, offers, servers_for, threads or 1)
+    membership = LoopbackPeers(facts.node_id, offers, servers_for, threads or 1,
+                               facts.compute, parse_test_computes(spec))
     return membership

@@ -114,7 +114,8 @@ def test_the_leader_refuses_a_second_node_with_a_taken_id(pair):
 @pytest.mark.parametrize("field,value", [
     ("id", "someone-else"), ("address", "ftp://x:1"), ("address", "http://host-without-port"),
     ("memory_total_bytes", -1), ("memory_available_bytes", "lots"), ("threads", 1.5),
-    ("power_budget", {"idle_mw": 0, "max_mw": 1}), ("power_budget", None)])
+    ("power_budget", {"idle_mw": 0, "max_mw": 1}), ("power_budget", None),
+    ("compute", -1.0), ("compute", "fast"), ("compute", float("nan")), ("compute", True)])
 def test_a_malformed_heartbeat_is_a_400_naming_the_field(pair, field, value):
     leader, follower = pair
     body = _heartbeat(follower)
@@ -123,3 +124,13 @@ def test_a_malformed_heartbeat_is_a_400_naming_the_field(pair, field, value):
         leader.receive_heartbeat(follower.self_id, body)
     assert err.value.kind.status == 400 and err.value.param == f"entry.{field}"
     assert leader.nodes()[1:] == []
+
+
+def test_a_heartbeat_carries_the_followers_compute(pair):
+    leader, follower = pair
+    body = _heartbeat(follower)
+    assert body["entry"]["compute"] == 0           # this test's nodes never measured theirs
+    body["entry"]["compute"] = 7.25
+    leader.receive_heartbeat(follower.self_id, body)
+    assert [n.compute for n in leader.nodes() if n.id == follower.self_id] == [7.25]
+

@@ -45,3 +45,46 @@ def test_given_layers_override_compute():
     assert counts(nodes, layers=[15, 15]) == [("a", 15), ("b", 15)]
     with pytest.raises(PlacementError):
         counts(nodes, layers=[30, 0])
+
+
+# ---- lanes: one per node when the counts follow measured compute -------------------------------
+
+def lanes(nodes, slots, **kw):
+    return place(NEED, nodes, "a", pinned=[n.id for n in nodes], slots=slots, **kw).lanes
+
+
+def test_a_split_balanced_by_compute_gets_a_lane_per_node():
+    two = [NodeOffer("a", 1000 * MIB, compute=2.0), NodeOffer("b", 1000 * MIB, compute=1.0)]
+    assert lanes(two, slots=16) == 2
+    assert lanes(two + [NodeOffer("c", 1000 * MIB, compute=1.0)], slots=16) == 3
+
+
+def test_too_few_slots_keep_one_lane():
+    two = [NodeOffer("a", 1000 * MIB, compute=1.0), NodeOffer("b", 1000 * MIB, compute=1.0)]
+    assert lanes(two, slots=4) == 2                      # the edge: two slots a lane
+    assert lanes(two, slots=3) == 1
+    assert lanes(two, slots=1) == 1
+
+
+def test_an_unmeasured_node_keeps_one_lane():
+    nodes = [NodeOffer("a", 1000 * MIB, compute=1.0), NodeOffer("b", 1000 * MIB)]
+    assert lanes(nodes, slots=16) == 1
+
+
+def test_given_layers_keep_one_lane_unless_asked():
+    two = [NodeOffer("a", 1000 * MIB, compute=1.0), NodeOffer("b", 1000 * MIB, compute=1.0)]
+    assert lanes(two, slots=16, layers=[15, 15]) == 1
+    assert lanes(two, slots=16, layers=[15, 15], lanes=4) == 4
+
+
+def test_asked_lanes_override_the_default_within_the_slots():
+    two = [NodeOffer("a", 1000 * MIB, compute=1.0), NodeOffer("b", 1000 * MIB, compute=1.0)]
+    assert lanes(two, slots=16, lanes=1) == 1
+    assert lanes(two, slots=16, lanes=3) == 3
+    assert lanes(two, slots=2, lanes=3) == 2             # a lane needs a slot
+
+
+def test_one_node_has_no_lanes():
+    nodes = [NodeOffer("a", 1000 * MIB, compute=1.0), NodeOffer("b", 1000 * MIB, compute=1.0)]
+    placement = place(NEED, nodes, "a", slots=16)        # fits the leader alone
+    assert len(placement.shares) == 1 and placement.lanes == 1

@@ -81,7 +81,8 @@ def test_a_model_too_large_for_the_leader_loads_over_the_cluster_and_serves(clus
     status, _, answer = ask(daemon)
     assert status == 200 and answer["choices"][0]["message"]["content"]
     assert len(rpc_children(daemon, "f1")) == 1 and len(rpc_children(daemon, "f2")) == 1
-    assert "lanes" not in placement                              # one context unless asked
+    assert "lanes" not in placement                              # followers unmeasured: one lane
+    assert own_compute(daemon) > 0                                # measured in the background
 
     status, _, body = load(daemon, layers=[10, 10, 10])           # counts need the nodes they are for
     assert status == 400 and body["error"]["param"] == "options.layers"
@@ -107,6 +108,47 @@ def test_a_model_too_large_for_the_leader_loads_over_the_cluster_and_serves(clus
     while rpc_children(daemon, "f1") and time.monotonic() < deadline:
         time.sleep(0.2)
     assert rpc_children(daemon, "f1") == []                        # unload stops them
+
+
+def own_compute(daemon) -> float:
+    """The leader's compute figure in /v1/nodes, once its background measurement answered."""
+    deadline = time.monotonic() + 120
+    while True:
+        nodes = daemon.request("GET", "/v1/nodes", key=daemon.admin_key)[2]["data"]
+        compute = next(n["compute"] for n in nodes if n["role"] == "leader")
+        if compute > 0 or time.monotonic() > deadline:
+            return compute
+        time.sleep(0.5)
+
+
+# Four slots, so that two lanes keep two each; 290 MiB on the leader: not the whole model
+# (about 310 MiB alone), but room for most of its layers, so compute rather than memory decides.
+COMPUTE_CONFIG = CONFIG.replace("slots = 2", "slots = 4").replace("memory_limit_mb = 250", "memory_limit_mb = 290")
+
+
+def test_a_layer_split_follows_measured_compute_and_gets_a_lane_per_node(tmp_path):
+    daemon = Daemon(str(tmp_path / "data"), COMPUTE_CONFIG,
+                    env={"STACKD_TESTING_LOOPBACK_PEERS": "fast=400@3,even=400@1", "STACKD_TESTING_COMPUTE": "1"})
+    try:
+        leader = daemon.request("GET", "/v1/topology", key=daemon.admin_key)[2]["leader"]
+        assert own_compute(daemon) == 1.0                         # the test's figure, not a measurement
+        # SmolLM2's output matrix is 8 layers' worth (its weights over a layer's), all on the last
+        # node: with equal compute the leader takes (30 + 8) / 2 = 19 layers; with a follower three
+        # times as fast, (30 + 8) / 4 = 9.5 (the remainder going to the follower's 28.5 - 8).
+        status, _, body = load(daemon, nodes=[leader, "even"])
+        assert status == 200, body
+        assert [(n["id"], n["layers"]) for n in body["placement"]["nodes"]] == [(leader, 19), ("even", 11)]
+        assert body["placement"]["lanes"] == 2                   # balanced by compute: a lane per node
+        status, _, body = load(daemon, nodes=[leader, "fast"])
+        assert status == 200, body
+        assert [(n["id"], n["layers"]) for n in body["placement"]["nodes"]] == [(leader, 9), ("fast", 21)]
+        status, _, answer = ask(daemon)
+        assert status == 200 and answer["choices"][0]["message"]["content"]
+        status, _, body = load(daemon, nodes=[leader, "fast"], layers=[15, 15], lanes=1)   # still overrides
+        assert status == 200, body
+        assert [n["layers"] for n in body["placement"]["nodes"]] == [15, 15] and "lanes" not in body["placement"]
+    finally:
+        daemon.stop()
 
 
 def test_the_cluster_too_small_is_507(cluster):

@@ -88,8 +88,8 @@ def test_describe_has_the_spec_fields():
 
 def test_lanes_are_for_a_layer_split_over_several_nodes():
     offers = nodes(L=319, F1=319)
-    assert place(NEED, offers, "L", "layer", lanes=2).describe()["lanes"] == 2
-    assert "lanes" not in place(NEED, offers, "L", "layer").describe()                   # one by default
+    assert place(NEED, offers, "L", "layer", lanes=2, slots=16).describe()["lanes"] == 2
+    assert "lanes" not in place(NEED, offers, "L", "layer", slots=16).describe()         # unmeasured: one
     assert place(NEED, nodes(L=4000), "L", "layer", lanes=2).lanes == 1                 # one node
     assert place(NEED, offers, "L", "tensor", lanes=2).lanes == 1                       # every node each step
 

@@ -129,6 +129,9 @@ CLUSTER_STATUS["properties"]["view_age_ms"] = _AGE
 NODE = _obj({
     "id": _STR, "role": _ROLE, "status": _STATUS, "address": _STR, "last_seen_ago_ms": _INT,
     "hostname": _STR, "ram_gb": _INT, "cpu_cores": {"type": ["integer", "null"]}, "threads": _INT,
+    "compute": {"type": "number", "minimum": 0,
+                "description": "its measured compute in GFLOP/s (a decode-shaped matmul on its engine "
+                               "threads), what a layer split's counts follow; 0: not measured yet"},
     "load_average": {"type": ["array", "null"], "items": _NUM},
     "memory_total_bytes": _INT, "memory_available_bytes": _INT, "model_memory_bytes": _INT,
     "disk_free_bytes": _INT, "temperature_c": {"type": ["number", "null"]}, "uptime_seconds": _INT,
