@@ -237,6 +237,7 @@ def attach_cluster(registry, membership: Membership, settings: config.Settings) 
     placing_over.on_fenced(registry.replica_host.stop_all)      # the leader's replicas here
     if membership.is_leader and placing_over is membership:
         membership.on_change(registry.grow_replicas)             # a follower joins or comes back
+        membership.on_offer_grown(registry.grow_replicas)        # or gains room or the model file
     membership.provide_rpc_state(rpc.listing)                    # its heartbeats carry them
     membership.provide_placements(lambda node_id: supervisor.placements.on(node_id)
                                   + registry.replica_ids_on(node_id))   # a leader's answers list them

@@ -34,6 +34,7 @@ log = logging.getLogger("stackd.cluster")
 DOWN_AFTER = 3.0                    # seconds of silence: the leader marks a follower down,
                                     # a follower without its leader fences itself
 MAX_ADDRESS = 256
+OFFER_GROWTH = 64 << 20             # bytes: a follower's offer to models grown this much is news
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class Member:
     last_seen: float                # the leader's monotonic clock at its last heartbeat
     status: str = "up"
     timer: object = None            # loop.call_later handle: marks it down
+    memory_mark: int = 0            # its lowest offer to models since it joined or its offer grew
 
 
 @dataclass
@@ -133,6 +135,7 @@ class Membership(NodeEvents):
         self.rpc_state = None       # () -> JSON-able: the RPC children, carried by heartbeats
         self.placements_on = None   # (node_id) -> placement ids a leader holds RPC servers for there
         self._listed_callbacks: list = []
+        self._grown_callbacks: list = []
         self._change_callbacks: list = []
 
     @classmethod
@@ -181,6 +184,12 @@ class Membership(NodeEvents):
     def on_change(self, callback) -> None:
         """callback(), on the loop, when a node joins, leaves, goes down or comes back."""
         self._change_callbacks.append(callback)
+
+    def on_offer_grown(self, callback) -> None:
+        """callback(), on the loop, when a follower that stays up can take more than before: a
+        model file arrived in its store, or its offer to models rose OFFER_GROWTH (a model
+        unloaded there). A leader's replica sets grow on it, as on a join."""
+        self._grown_callbacks.append(callback)
 
     def report_local(self, local: LocalState) -> None:
         """What this node runs (its models, its power share), once the daemon has built them:
@@ -291,11 +300,17 @@ class Membership(NodeEvents):
             log.info("cluster: node %s joined from %s", sender, entry["address"])
         elif joined:
             log.info("cluster: node %s is up again", sender)
+        grew = not joined and _offer_grew(member, entry)
+        if joined:
+            member.memory_mark = entry["model_memory_bytes"]
         member.address, member.entry, member.last_seen, member.status = (
             entry["address"], entry, time.monotonic(), "up")
         self._arm_down_timer(member)
         if joined:
             self._changed()
+        elif grew:
+            for callback in list(self._grown_callbacks):
+                _run(callback)
         return {**self._answer(sender), "rejoined": joined}
 
     def _answer(self, sender: str) -> dict:
@@ -451,6 +466,22 @@ def _checked_entry(sender: str, body: dict, leader_id: str) -> dict:
                                              for k in ("idle_mw", "max_mw"))):
         raise invalid("'entry.power_budget' must hold idle_mw and max_mw", "entry.power_budget")
     return entry
+
+
+def _offer_grew(member: Member, entry: dict) -> bool:
+    """Whether a follower's new entry offers more than it did: a chat model its store lacked,
+    or OFFER_GROWTH more memory than its low mark (which follows the offer down, so that
+    growth in small steps counts too, and is reset by each growth it reports)."""
+    def stored(e: dict) -> set:
+        offer = e.get("replicas")
+        store = offer.get("store") if isinstance(offer, dict) else None
+        return {d for d in store if isinstance(d, str)} if isinstance(store, list) else set()
+    memory = entry["model_memory_bytes"]
+    member.memory_mark = min(member.memory_mark, memory)
+    if stored(entry) - stored(member.entry) or memory >= member.memory_mark + OFFER_GROWTH:
+        member.memory_mark = memory
+        return True
+    return False
 
 
 def _is_http_url(text: str) -> bool:

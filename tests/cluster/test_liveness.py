@@ -134,3 +134,32 @@ def test_a_heartbeat_carries_the_followers_compute(pair):
     leader.receive_heartbeat(follower.self_id, body)
     assert [n.compute for n in leader.nodes() if n.id == follower.self_id] == [7.25]
 
+
+def test_a_followers_offer_grown_is_news_to_the_leader(pair):
+    """A model file arriving in a follower's store, or its offer to models rising by
+    OFFER_GROWTH (a model unloaded there), calls on_offer_grown; noise below it does not."""
+    leader, follower = pair
+    grown, changes = [], []
+    leader.on_offer_grown(lambda: grown.append(True))
+    leader.on_change(lambda: changes.append(True))
+    step = membership_module.OFFER_GROWTH
+
+    def beat(memory: int, store: list[str]) -> None:
+        body = _heartbeat(follower)
+        body["entry"] = {**body["entry"], "model_memory_bytes": memory, "replicas": {"store": store, "running": []}}
+        leader.receive_heartbeat(follower.self_id, body)
+
+    beat(10 * step, ["a"])                          # joins: a change, not growth
+    assert changes == [True] and grown == []
+    beat(10 * step + step - 1, ["a"])               # just under the step: noise
+    assert grown == []
+    beat(8 * step, ["a"])                           # the low mark follows the offer down
+    beat(9 * step, ["a"])                           # a step above the low mark
+    assert grown == [True]
+    beat(9 * step + step // 2, ["a"])               # the mark was reset by that growth
+    assert grown == [True]
+    beat(9 * step, ["a", "b"])                      # a model file arrived
+    assert grown == [True, True]
+    beat(9 * step, ["a", "b"])
+    beat(9 * step, [{"not": "a digest"}])           # a malformed store is no news and no error
+    assert grown == [True, True] and changes == [True]

@@ -10,6 +10,8 @@ import signal
 import orjson
 import pytest
 
+from stackd.store import defaults
+from stackd.store.store import ModelStore
 from stackd.testing.cluster_nodes import eventually, statuses
 from stackd.testing.daemon import CLIENT_TIMEOUT, free_port
 from stackd.testing.processes import gone
@@ -194,6 +196,31 @@ def test_a_model_loaded_as_replicas_grows_onto_a_joining_follower(tmp_path):
             answers = list(pool.map(lambda _: p.answer(), range(2)))
         assert answers[0] == answers[1]
         assert routed(p)[follower.node_id] >= 1
+
+
+def test_a_follower_that_gains_the_model_file_gets_a_replica(tmp_path):
+    """Growth without a join: the follower is up from the start but its store lacks the model;
+    once the file arrives there, the leader adds a replica at the model's next idle moment."""
+    with daemons(tmp_path) as start_node:
+        leader = start_node("leader", env=node_env(ROOMY_MB, free_port()))
+        follower = start_node("follower", role="follower", leader=leader.cluster_url, host=FOLLOWER_HOST,
+                              reach=FOLLOWER_HOST, env=node_env(ROOMY_MB, free_port(FOLLOWER_HOST)))
+        p = Pair(leader, follower)
+        store = ModelStore(follower.data_dir)
+        digest = store.remove(MODEL).sha256
+
+        def follower_store() -> list[str]:
+            nodes = leader.request("GET", "/v1/nodes")[2]["data"]
+            entry = next(n for n in nodes if n["id"] == follower.node_id)
+            return (entry.get("replicas") or {}).get("store") or []
+
+        eventually(lambda: digest not in follower_store())
+        status, _, body = p.load(split_mode="replica")
+        assert status == 200, body
+        assert [r["node"] for r in body["replicas"]] == [leader.node_id]     # nothing to run it there
+        store.import_file(MODEL, defaults.smollm2_path(), source="default")
+        eventually(lambda: [r["node"] for r in p.described()["replicas"]] == [leader.node_id, follower.node_id])
+        assert p.answer()
 
 
 def test_the_replica_stream_refuses_a_client_without_the_secret(replicas):
