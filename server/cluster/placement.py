@@ -168,7 +168,7 @@ def _place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str,
         leader = next((n for n in candidates if n.id == leader_id), None)
         if pinned is None and leader is not None and need.alone <= leader.memory_bytes:
             return Placement("layer", (Share(leader_id, need.alone, layers=need.n_layer),))
-        return _layer_split(need, candidates)
+        return _layer_split(need, candidates, every_node=pinned is not None)
     return _tensor_split(need, candidates)
 
 
@@ -220,11 +220,17 @@ def _mib(n: int) -> int:
     return n >> 20
 
 
-def _layer_split(need: Need, nodes: list[NodeOffer]) -> Placement:
+def _layer_split(need: Need, nodes: list[NodeOffer], every_node: bool = False) -> Placement:
+    """`every_node` (the nodes were pinned): each takes at least a layer, even one whose measured
+    compute would leave it none (a slow last node, its share all output layer)."""
     capacity = [max(0, (n.memory_bytes - need.buffers) // need.per_layer) for n in nodes]
     if sum(capacity) < need.n_layer:
         raise _insufficient(need, nodes, "the model")
-    layers = _proportional(need.n_layer, _layer_weights(need, nodes), capacity)
+    weights = _layer_weights(need, nodes)
+    layers = _proportional(need.n_layer, weights, capacity)
+    if every_node and 0 in layers and all(capacity) and need.n_layer >= len(nodes):
+        rest = _proportional(need.n_layer - len(nodes), weights, [c - 1 for c in capacity])
+        layers = [k + 1 for k in rest]
     shares = tuple(Share(n.id, need.of_layers(k), layers=k)
                    for n, k in zip(nodes, layers) if k > 0)
     return Placement("layer", shares)

@@ -88,3 +88,9 @@ def test_one_node_has_no_lanes():
     nodes = [NodeOffer("a", 1000 * MIB, compute=1.0), NodeOffer("b", 1000 * MIB, compute=1.0)]
     placement = place(NEED, nodes, "a", slots=16)        # fits the leader alone
     assert len(placement.shares) == 1 and placement.lanes == 1
+
+
+def test_pinned_nodes_each_take_a_layer_even_when_compute_would_leave_one_none():
+    slow_last = [NodeOffer("a", 1000 * MIB, compute=4.0), NodeOffer("b", 1000 * MIB, compute=4.0),
+                 NodeOffer("c", 1000 * MIB, compute=1.0)]             # c's share: 38/9 - 8 < 0
+    assert counts(slow_last) == [("a", 15), ("b", 14), ("c", 1)]
