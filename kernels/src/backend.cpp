@@ -21,6 +21,7 @@
 #include "get_rows.h"
 #include "layout.h"
 #include "matmul.h"
+#include "repack.h"
 
 namespace stackd {
 
@@ -73,12 +74,8 @@ void buffer_set_tensor(ggml_backend_buffer_t, ggml_tensor *t, const void *data, 
     }
     // Repacking needs whole rows of eight; llama.cpp loads a weight in one piece.
     GGML_ASSERT(offset == 0 && size == ggml_nbytes(t) && "stackd: weights load whole");
-    if (t->type == GGML_TYPE_Q8_0) {
-        // A tied embedding table is ours too (get_rows.h): nothing reads these bytes again.
-        repack_q8_0(data, t->ne[1], t->ne[0], static_cast<Q8x8Block *>(t->data));
-    } else {
-        repack_q4_1(data, t->ne[1], t->ne[0], static_cast<Q4x8Block *>(t->data));
-    }
+    // An embedding table is ours too (get_rows.h): nothing reads these bytes again.
+    repack_weight(t->type, data, t->ne[1], t->ne[0], t->data);
     release_source_pages(data, size);
 }
 
@@ -89,11 +86,7 @@ void buffer_get_tensor(ggml_backend_buffer_t, const ggml_tensor *t, void *data, 
         return;
     }
     GGML_ASSERT(offset == 0 && size == ggml_nbytes(t) && "stackd: weights read whole");
-    if (t->type == GGML_TYPE_Q8_0) {
-        unpack_q8_0(static_cast<const Q8x8Block *>(t->data), t->ne[1], t->ne[0], data);
-    } else {
-        unpack_q4_1(static_cast<const Q4x8Block *>(t->data), t->ne[1], t->ne[0], data);
-    }
+    unpack_weight(t->type, t->data, t->ne[1], t->ne[0], data);
 }
 
 void buffer_memset_tensor(ggml_backend_buffer_t, ggml_tensor *t, uint8_t value, size_t offset,
@@ -133,7 +126,7 @@ size_t buft_alignment(ggml_backend_buffer_type_t) { return kAlignment; }
 
 size_t buft_alloc_size(ggml_backend_buffer_type_t, const ggml_tensor *t) {
     if (!is_repacked(t)) return ggml_nbytes(t);
-    return t->type == GGML_TYPE_Q8_0 ? repacked_size_q8_0(t->ne[1], t->ne[0]) : repacked_size(t->ne[1], t->ne[0]);
+    return repacked_bytes(t->type, t->ne[1], t->ne[0]);
 }
 
 // Not host memory in ggml's sense: the bytes are not in ggml's layout, so no other backend
@@ -183,11 +176,7 @@ std::map<uintptr_t, Repacked>::iterator overlapping(ServedAllocation *alloc, uin
 void unpack_in_place(std::map<uintptr_t, Repacked>::iterator it) {
     const Repacked &r = it->second;
     std::vector<uint8_t> plain(r.end - it->first);
-    if (r.type == GGML_TYPE_Q8_0) {
-        unpack_q8_0(reinterpret_cast<const Q8x8Block *>(it->first), r.ne1, r.ne0, plain.data());
-    } else {
-        unpack_q4_1(reinterpret_cast<const Q4x8Block *>(it->first), r.ne1, r.ne0, plain.data());
-    }
+    unpack_weight(r.type, reinterpret_cast<const void *>(it->first), r.ne1, r.ne0, plain.data());
     std::memcpy(reinterpret_cast<void *>(it->first), plain.data(), plain.size());
 }
 
@@ -217,7 +206,8 @@ bool served_weight(const ggml_tensor *t) {
 
 bool repacks_in_place(const ggml_tensor *t) {
     return is_repacked_type(t->type) && t->view_src == nullptr && t->ne[2] == 1 && t->ne[3] == 1 &&
-           t->ne[0] % kQK == 0 && t->ne[1] % kRowsPerGroup == 0 && ggml_is_contiguous(t);
+           t->ne[0] % block_length(t->type) == 0 && t->ne[1] % kRowsPerGroup == 0 && ggml_is_contiguous(t) &&
+           repacked_bytes(t->type, t->ne[1], t->ne[0]) == ggml_nbytes(t);
 }
 
 void served_free(ggml_backend_buffer_t buffer) {
@@ -236,11 +226,7 @@ void served_set_tensor(ggml_backend_buffer_t buffer, ggml_tensor *t, const void 
     if (offset == 0 && size == ggml_nbytes(t) && repacks_in_place(t)) {
         alloc->repacked.erase(alloc->repacked.lower_bound(begin), alloc->repacked.lower_bound(begin + size));
         make_plain(alloc, begin, begin + size);   // a range that straddles the start
-        if (t->type == GGML_TYPE_Q8_0) {
-            repack_q8_0(data, t->ne[1], t->ne[0], static_cast<Q8x8Block *>(t->data));
-        } else {
-            repack_q4_1(data, t->ne[1], t->ne[0], static_cast<Q4x8Block *>(t->data));
-        }
+        repack_weight(t->type, data, t->ne[1], t->ne[0], t->data);
         alloc->repacked[begin] = {begin + size, t->type, t->ne[0], t->ne[1]};
         return;
     }
@@ -376,7 +362,6 @@ bool ours(const BackendContext *ctx, const ggml_tensor *node) {
 
 // Ours become custom ops (op and op_params kept to put back); the scratch is sized first.
 void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph) {
-    size_t need = 0;
     ctx->swapped.clear();
     for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
         ggml_tensor *node = ggml_graph_node(graph, i);
@@ -385,7 +370,7 @@ void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph) {
         std::memcpy(ctx->swapped.back().params.data(), node->op_params, sizeof(node->op_params));
         ggml_custom_op_params task = {get_rows_task, GGML_N_TASKS_MAX, ctx};
         if (node->op == GGML_OP_MUL_MAT) {
-            need = std::max(need, activation_blocks(node));
+            reserve_activations(ctx->act, node);
             task.fun = mul_mat_task;
         } else {
             g_get_rows_nodes.fetch_add(1, std::memory_order_relaxed);
@@ -393,7 +378,6 @@ void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph) {
         node->op = GGML_OP_CUSTOM;
         std::memcpy(node->op_params, &task, sizeof(task));
     }
-    if (ctx->act.blocks.size() < need) ctx->act.blocks.resize(need);
 }
 
 void swap_back(BackendContext *ctx) {

@@ -18,6 +18,7 @@
 #include "ggml-backend.h"
 #include "kernels.h"
 #include "layout.h"
+#include "layout_qk.h"
 #include "matmul.h"
 
 #include "ggml_q4_1.h"
@@ -105,14 +106,55 @@ double block_magnitude(const block_q8_0 &wb, const ActBlock &a) {
     return std::fabs((double)ggml_fp16_to_fp32(wb.d) * a.d) * dot;
 }
 
+// Q4_K: per sub-block |d_w d_a| sc_s sum|q_w q_a| and |dmin_w d_a| m_s |bsum32_s| (ggml's
+// get_scale_min_k4 decodes the 6-bit values).
+double block_magnitude(const block_q4_K &wb, const ActKBlock &a) {
+    const uint8_t *q = wb.scales;
+    const double d = std::fabs((double)ggml_fp16_to_fp32(wb.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.d) * a.d);
+    const double dmin = std::fabs((double)ggml_fp16_to_fp32(wb.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.dmin) * a.d);
+    double sum = 0;
+    for (int s = 0; s < 8; s++) {
+        const int sc = s < 4 ? q[s] & 63 : (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
+        const int m = s < 4 ? q[s + 4] & 63 : (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+        int64_t dot = 0;
+        for (int l = 0; l < 32; l++) {
+            const int p = 64 * (s / 2) + 32 * (s % 2) + l;
+            dot += ((wb.qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0xF) * std::abs((int)a.q[p]);
+        }
+        sum += d * sc * dot + dmin * m * std::abs((int)a.bsum32[s]);
+    }
+    return sum;
+}
+
+// Q6_K: per 16-weight sub-block |d_w d_a| |sc_s| sum|(q_w - 32) q_a|.
+double block_magnitude(const block_q6_K &wb, const ActKBlock &a) {
+    const double d = std::fabs((double)ggml_fp16_to_fp32(wb.d) * a.d);
+    double sum = 0;
+    for (int n = 0; n < 2; n++) {
+        const uint8_t *ql = wb.ql + 64 * n, *qh = wb.qh + 32 * n;
+        for (int l = 0; l < 32; l++) {
+            const int q[4] = {(ql[l] & 0xF) | ((qh[l] >> 0) & 3) << 4, (ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4,
+                              (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4, (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4};
+            for (int e = 0; e < 4; e++) {
+                const int p = 128 * n + 32 * e + l;
+                sum += d * std::abs((int)wb.scales[p / 16]) * std::abs(q[e] - 32) * std::abs((int)a.q[p]);
+            }
+        }
+    }
+    return sum;
+}
+
+void quantize_any(const float *x, int64_t k, ActBlock *out) { quantize_row(x, k, out); }
+void quantize_any(const float *x, int64_t k, ActKBlock *out) { quantize_row_k(x, k, out); }
+
 // Sum over blocks of block_magnitude: the size of the terms both sides add up, the
 // yardstick for rounding error (any order of summing has error <= n u * this).
-template <class Block>
+template <class Block, class Act = ActBlock>
 std::vector<double> magnitudes(const Problem &p) {
-    const int64_t nb = p.k / kQK;
+    const int64_t nb = p.k / (int64_t)sizeof(Act::q);
     const auto *w = reinterpret_cast<const Block *>(p.w.data());
-    std::vector<ActBlock> act(p.tokens * nb);
-    for (int64_t t = 0; t < p.tokens; t++) quantize_row(p.x.data() + t * p.k, p.k, act.data() + t * nb);
+    std::vector<Act> act(p.tokens * nb);
+    for (int64_t t = 0; t < p.tokens; t++) quantize_any(p.x.data() + t * p.k, p.k, act.data() + t * nb);
     std::vector<double> mag(p.tokens * p.rows);
     for (int64_t t = 0; t < p.tokens; t++) {
         for (int64_t r = 0; r < p.rows; r++) {
@@ -151,7 +193,10 @@ STACKD_API int stackd_kernels_check(int type, int64_t k, int64_t rows, int64_t t
 
     const auto ref = run(p, 0, tokens, cpu, ggml_backend_cpu_buffer_type(), 1, nullptr);
     const auto got = run(p, 0, tokens, ours, repack_buffer_type(), 1, nullptr);
-    const auto mag = p.type == GGML_TYPE_Q8_0 ? magnitudes<block_q8_0>(p) : magnitudes<block_q4_1>(p);
+    const auto mag = p.type == GGML_TYPE_Q8_0   ? magnitudes<block_q8_0>(p)
+                     : p.type == GGML_TYPE_Q4_K ? magnitudes<block_q4_K, ActKBlock>(p)
+                     : p.type == GGML_TYPE_Q6_K ? magnitudes<block_q6_K, ActKBlock>(p)
+                                                : magnitudes<block_q4_1>(p);
     double worst = 0, worst_abs = 0, ref_max = 0;
     for (size_t i = 0; i < ref.size(); i++) {
         const double err = std::fabs((double)got[i] - ref[i]);
@@ -219,11 +264,12 @@ std::vector<float> run_get_rows(const Problem &p, const std::vector<int32_t> &id
 
 }  // namespace
 
-// GET_ROWS on a repacked Q8_0 table (get_rows.h) against ggml's CPU backend: `n_ids` row ids
-// (the first and last row, a repeat, the rest random). Returns 1 when every float is ggml's
-// bit for bit, else 0.
-STACKD_API int stackd_kernels_check_get_rows(int64_t k, int64_t rows, int64_t n_ids, uint32_t seed, int n_threads) {
-    const Problem p = make_problem(GGML_TYPE_Q8_0, k, rows, 1, seed);
+// GET_ROWS on a repacked table of `type` (Q8_0, Q4_K, Q6_K: get_rows.h) against ggml's CPU
+// backend: `n_ids` row ids (the first and last row, a repeat, the rest random). Returns 1 when
+// every float is ggml's bit for bit, else 0.
+STACKD_API int stackd_kernels_check_get_rows(int type, int64_t k, int64_t rows, int64_t n_ids, uint32_t seed,
+                                             int n_threads) {
+    const Problem p = make_problem((ggml_type)type, k, rows, 1, seed);
     std::mt19937 rng(seed);
     std::vector<int32_t> ids(n_ids);
     for (auto &id : ids) id = (int32_t)(rng() % rows);

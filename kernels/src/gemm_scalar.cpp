@@ -57,12 +57,9 @@ struct Reference {
 Kernels scalar_kernels() { return {tiles::run<Reference<Q4x8Block>>, tiles::run<Reference<Q8x8Block>>}; }
 
 Kernels kernels_for(Path path) {
-    switch (path) {
-        case Path::Avx512: return avx512_kernels();
-        case Path::Avx2: return avx2_kernels();
-        case Path::Scalar: break;
-    }
-    return scalar_kernels();
+    Kernels kernels = path == Path::Avx512 ? avx512_kernels() : path == Path::Avx2 ? avx2_kernels() : scalar_kernels();
+    kernels.kquants = kquant_kernels_for(path);
+    return kernels;
 }
 
 }  // namespace stackd

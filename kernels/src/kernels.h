@@ -24,6 +24,7 @@
 #include <cstring>
 
 #include "cpu_features.h"
+#include "kernels_qk.h"
 #include "layout.h"
 
 namespace stackd {
@@ -41,6 +42,7 @@ using GemmFn = void (*)(const Block *w, int64_t nb, int64_t rows, int64_t g_begi
 struct Kernels {
     GemmFn<Q4x8Block> q4_1;
     GemmFn<Q8x8Block> q8_0;
+    KQuantKernels kquants{};   // Q4_K, Q6_K (kernels_qk.h): filled by kernels_for
 };
 
 // Each path's kernels (gemm_scalar.cpp, gemm_avx2.cpp, gemm_avx512.cpp), and the one for a path.

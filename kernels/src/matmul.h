@@ -12,8 +12,14 @@
 
 namespace stackd {
 
-// The weight types our buffer repacks (Q4_1, and Q8_0 for tied vocabulary projections).
-inline bool is_repacked_type(ggml_type type) { return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0; }
+// The weight types our buffer repacks (Q4_1, Q8_0 for tied vocabulary projections, and the
+// K-quants Q4_K and Q6_K: kernels_qk.h).
+inline bool is_repacked_type(ggml_type type) {
+    return type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+}
+
+// Weights per block of a type we repack along K (32, or 256 for the K-quants).
+inline int64_t block_length(ggml_type type) { return (int64_t)ggml_blck_size(type); }
 
 // [begin, end) of n items (activation blocks, row groups, rows) for thread ith among nth, as
 // even as integers allow. Where an item lands never changes its arithmetic: each row's result
@@ -25,15 +31,23 @@ bool can_serve(const ggml_tensor *op);
 
 // What a backend's scratch holds: the quantized activations of one tensor, as of one graph
 // computation (a reused graph brings the same tensors back with new contents).
+// K-quant weights read Q8_K super-blocks (kblocks), the others Q8_1 blocks (blocks), each
+// with its own record of what it holds.
 struct Activations {
     std::vector<ActBlock> blocks;
     const ggml_tensor *held = nullptr;
     uint64_t held_epoch = 0;
+    std::vector<ActKBlock> kblocks;
+    const ggml_tensor *held_k = nullptr;
+    uint64_t held_k_epoch = 0;
 };
 
-// ActBlocks the node needs (all its planes' tokens); the scratch is sized before the threads
-// start, never inside the parallel region.
+// Activation blocks the node needs (all its planes' tokens), of its weight's kind.
 size_t activation_blocks(const ggml_tensor *dst);
+
+// Grows the scratch for the node; called before the threads start, never inside the
+// parallel region.
+void reserve_activations(Activations &act, const ggml_tensor *dst);
 
 // Thread ith of nth's part of dst = mul_mat(src[0] (repacked Q4_1 or Q8_0), src[1]). Consecutive
 // nodes reading the same activations in one computation (q, k, v; gate, up) quantize them

@@ -11,7 +11,8 @@
 // the files include before their pragma: one baseline definition for all.
 //
 // A body (struct Body) has:
-//   using Block                the repacked weight block (Q4x8Block, Q8x8Block)
+//   using Block                the repacked weight block (Q4x8Block, Q8x8Block, Q4Kx8Block, ...)
+//   using Act (optional)       the activation block (ActBlock unless given: ActKBlock for K-quants)
 //   kTile                      tokens per tile at most (then 4, 2 and 1 for the rest)
 //   kPairsFrom                 from this many tokens a tile takes two row groups side by side
 //                              (NG = 2, 16 rows), else one (NG = 1); 0: always one
@@ -36,6 +37,11 @@
 namespace stackd {
 namespace tiles {
 
+// A body's activation block: Body::Act, or ActBlock for the bodies that name none.
+template <class Body, class = void> struct ActOf { using type = ActBlock; };
+template <class Body> struct ActOf<Body, std::void_t<typename Body::Act>> { using type = typename Body::Act; };
+template <class Body> using Act = typename ActOf<Body>::type;
+
 // Calls body(std::integral_constant<int, TT>, first_token) over n tokens in tiles of kTile,
 // then of 4, 2 and 1 (those not above kTile): a token's arithmetic is the same in any tile
 // (kernels.h).
@@ -57,7 +63,7 @@ inline void for_tiles(int64_t n, Body body) {
 // NG row groups from wg (contiguous, nb blocks each) against TT tokens from t, over all K-blocks:
 // out receives TT x 8 NG floats, token by token.
 template <int TT, int NG, class Body>
-inline void tile(const Body &body, const typename Body::Block *wg, int64_t nb, const ActBlock *act,
+inline void tile(const Body &body, const typename Body::Block *wg, int64_t nb, const Act<Body> *act,
                  int64_t t, float *out) {
     typename Body::template Acc<TT, NG> acc{};
     for (int64_t b = 0; b < nb; b++) {
@@ -71,7 +77,7 @@ inline void tile(const Body &body, const typename Body::Block *wg, int64_t nb, c
 // Row groups g .. g+NG-1 against all n_tokens tokens, tile by tile, into their rows of dst.
 template <int NG, class Body>
 inline void group_tiles(const Body &body, const typename Body::Block *w, int64_t nb, int64_t rows,
-                        int64_t g, const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+                        int64_t g, const Act<Body> *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
     for_tiles<Body::kTile>(n_tokens, [&](auto size, int64_t t) {
         constexpr int TT = decltype(size)::value;
         alignas(64) float out[TT * NG * kRowsPerGroup];
@@ -87,7 +93,7 @@ inline void group_tiles(const Body &body, const typename Body::Block *w, int64_t
 // time from Body::kPairsFrom tokens (an odd last one alone), else one at a time.
 template <class Body>
 inline void gemm(const Body &body, const typename Body::Block *w, int64_t nb, int64_t rows,
-                 int64_t g_begin, int64_t g_end, const ActBlock *act, int64_t n_tokens, float *dst,
+                 int64_t g_begin, int64_t g_end, const Act<Body> *act, int64_t n_tokens, float *dst,
                  int64_t dst_stride) {
     int64_t g = g_begin;
     if constexpr (Body::kPairsFrom > 0) {
@@ -100,7 +106,7 @@ inline void gemm(const Body &body, const typename Body::Block *w, int64_t nb, in
 // A path's kernel (kernels.h's GemmFn) for a body that needs nothing from the call.
 template <class Body>
 void run(const typename Body::Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-         const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+         const Act<Body> *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
     gemm(Body{}, w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
 }
 

@@ -15,7 +15,7 @@ from ..engine import accel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIBRARY = os.path.join(ROOT, "build", "kernels", "libstackd_kernels_check.so")
-GGML_TYPE = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 8}
+GGML_TYPE = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 8, "q4_K": 12, "q5_K": 13, "q6_K": 14}
 OPS = {"mul_mat": 0, "mul_mat_id": 1, "get_rows": 2}  # stackd_kernels_accepts' op numbers
 
 _lib: ctypes.CDLL | None = None
@@ -31,7 +31,7 @@ def library() -> ctypes.CDLL:
             ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         lib.stackd_kernels_time.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
             ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
-        lib.stackd_kernels_check_get_rows.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_uint32, ctypes.c_int]
+        lib.stackd_kernels_check_get_rows.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_uint32, ctypes.c_int]
         lib.stackd_kernels_accepts.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_int]
         lib.stackd_kernels_get_rows_nodes.restype = ctypes.c_uint64
         _lib = lib
@@ -58,9 +58,10 @@ def time_mul_mat(type_name: str, k: int, rows: int, tokens: int, path: str, n_th
     return None if rc != 0 else (times[0], times[1])
 
 
-def get_rows_equals_ggml(k: int, rows: int, n_ids: int, seed: int, n_threads: int) -> bool:
-    """GET_ROWS on a repacked Q8_0 table equals ggml's, float for float."""
-    return library().stackd_kernels_check_get_rows(k, rows, n_ids, seed, n_threads) == 1
+def get_rows_equals_ggml(k: int, rows: int, n_ids: int, seed: int, n_threads: int,
+                        type_name: str = "q8_0") -> bool:
+    """GET_ROWS on a repacked table (Q8_0, Q4_K, Q6_K) equals ggml's, float for float."""
+    return library().stackd_kernels_check_get_rows(GGML_TYPE[type_name], k, rows, n_ids, seed, n_threads) == 1
 
 
 def accepts(type_name: str, shape: tuple[int, int, int], op: str) -> bool:
