@@ -9,6 +9,12 @@ time from there to the last one; llama-batched-bench reports the same split (S_P
 
     .venv/bin/python bench/kernels_engine.py [--threads 2] [--streams 1,16,32]
     .venv/bin/python bench/kernels_engine.py --rounds 5    # kernels on vs the peer, alternating
+    .venv/bin/python bench/kernels_engine.py --rounds 5 --model "$(.venv/bin/python -m stackd.testing.quantized_model)"
+    .venv/bin/python bench/kernels_engine.py --rounds 5 --kernels avx2   # force a path (engine.kernels)
+
+--model runs another GGUF on both sides (a Q4_K_M file: the K-quant kernels); --kernels forces
+one of our code paths (avx2 on an AVX-512 machine measures what an AVX2-only CPU would run,
+at this machine's clocks and caches). The CPU's name heads the output.
 
 One stream decodes 127 tokens in about a second, and this machine's speed drifts by tens of
 percent from one second to the next: one run can land stackd and the peer in different
@@ -58,33 +64,47 @@ def run_streams(engine, n: int, first_id: int) -> dict:
             "decode": n * (GEN_TOKENS - 1) / (last - all_first)}
 
 
-def child(mode: str, streams: list[int], threads: int) -> None:
+def model_path(model: str | None) -> str:
+    from stackd.store import defaults
+    return model or defaults.smollm2_path()
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def child(mode: str, streams: list[int], threads: int, model: str | None) -> None:
     from stackd.engine import accel
     path = accel.register(mode)
     from stackd.engine.core import Engine
-    from stackd.store import defaults
-    engine = Engine(defaults.smollm2_path(), slots=max(streams), context_length=256, batch=512,
+    engine = Engine(model_path(model), slots=max(streams), context_length=256, batch=512,
                     threads=threads, flash_attn=1)
     run_streams(engine, 2, 1)  # warm up
-    out = {"path": path}
+    out = {"path": path, "tensors": accel.tensors()}
     for i, n in enumerate(streams):
         out[n] = run_streams(engine, n, 1000 * (i + 1))
     engine.close()
     print(json.dumps(out))
 
 
-def stackd(mode: str, streams: list[int], threads: int) -> dict:
+def stackd(mode: str, streams: list[int], threads: int, model: str | None = None) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", mode, "--threads", str(threads),
-                          "--streams", ",".join(map(str, streams))],
+                          "--streams", ",".join(map(str, streams))] + (["--model", model] if model else []),
                          check=True, capture_output=True, text=True, cwd=ROOT).stdout
     return {int(k) if k.isdigit() else k: v for k, v in json.loads(out.splitlines()[-1]).items()}
 
 
-def batched_bench(streams: list[int], threads: int) -> dict:
+def batched_bench(streams: list[int], threads: int, model: str | None = None) -> dict:
     import peers
-    from stackd.store import defaults
     ctx = max(streams) * (PROMPT_TOKENS + GEN_TOKENS) + 64
-    out = subprocess.run([peers.llama_batched_bench(), "-m", defaults.smollm2_path(), "-c", str(ctx),
+    out = subprocess.run([peers.llama_batched_bench(), "-m", model_path(model), "-c", str(ctx),
                           "-b", "512", "-ub", "512", "-npp", str(PROMPT_TOKENS), "-ntg",
                           str(GEN_TOKENS), "-npl", ",".join(map(str, streams)), "-t", str(threads),
                           "-fa", "on"], check=True, capture_output=True, text=True).stdout
@@ -102,15 +122,17 @@ def median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def alternate(rounds: int, streams: list[int], threads: int) -> None:
+def alternate(rounds: int, streams: list[int], threads: int, model: str | None, mode: str) -> None:
     """Kernels on against llama-batched-bench, one after the other, `rounds` times."""
     pre = streams[1] if len(streams) > 1 else streams[0]
     ratios: dict[str, list[float]] = {**{f"decode ({n})": [] for n in streams}, f"prefill ({pre})": []}
     for r in range(rounds):
-        ours, peer = stackd("auto", streams, threads), batched_bench(streams, threads)
+        ours, peer = stackd(mode, streams, threads, model), batched_bench(streams, threads, model)
         for n in streams:
             ratios[f"decode ({n})"].append(ours[n]["decode"] / peer[n]["decode"])
         ratios[f"prefill ({pre})"].append(ours[pre]["prefill"] / peer[pre]["prefill"])
+        if r == 0:
+            print(f"{cpu_name()}; {os.path.basename(model_path(model))}; weights on our kernels: {ours['tensors']}")
         print(f"round {r + 1} ({ours['path']}): " + ", ".join(
             f"{n} streams {ours[n]['decode']:.1f} / {peer[n]['decode']:.1f} tok/s" for n in streams), flush=True)
     print(f"{threads} threads, {PROMPT_TOKENS}-token prompts, {GEN_TOKENS} generated, flash attention on; "
@@ -126,20 +148,25 @@ def main() -> None:
     parser.add_argument("--streams", default="1,16,32")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--no-peer", action="store_true", help="skip llama-batched-bench")
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the default chat model)")
+    parser.add_argument("--kernels", default="auto", help="engine.kernels for the kernels-on runs (auto, avx2, ...)")
     parser.add_argument("--rounds", type=int, default=0,
                         help="kernels on against the peer, alternating N times (medians of the ratios)")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     if args.child:
-        return child(args.child, streams, args.threads)
+        return child(args.child, streams, args.threads, args.model)
     if args.rounds:
-        return alternate(args.rounds, streams, args.threads)
-    runs = {"stackd, kernels off": stackd("off", streams, args.threads)}
-    on = stackd("auto", streams, args.threads)
+        return alternate(args.rounds, streams, args.threads, args.model, args.kernels)
+    runs = {"stackd, kernels off": stackd("off", streams, args.threads, args.model)}
+    on = stackd(args.kernels, streams, args.threads, args.model)
+    tensors = on.pop("tensors")
     runs[f"stackd, kernels on ({on.pop('path')})"] = on
     runs["stackd, kernels off"].pop("path")
+    runs["stackd, kernels off"].pop("tensors")
     if not args.no_peer:
-        runs["llama-batched-bench"] = batched_bench(streams, args.threads)
+        runs["llama-batched-bench"] = batched_bench(streams, args.threads, args.model)
+    print(f"{cpu_name()}; {os.path.basename(model_path(args.model))}; weights on our kernels: {tensors}")
     print(f"{args.threads} threads, {PROMPT_TOKENS}-token prompts, {GEN_TOKENS} generated, flash attention on")
     print("| run | " + " | ".join(f"decode tok/s ({n})" for n in streams) +
           f" | prefill tok/s ({streams[-1] if len(streams) < 2 else streams[1]}) |")

@@ -6,6 +6,8 @@
 * llama-batched-bench: llama.cpp's batched decode benchmark (no HTTP, no sampling), built
   the same way from the same source, beside llama-server.
 * rpc-server: ggml's RPC server, for llama-server --rpc in the cluster benchmark.
+* llama-quantize: llama.cpp's quantizer, built the same way but on its own into build/ (the
+  tests make a Q4_K_M file with it: stackd.testing.quantized_model).
 * llama-cpp-python's server: the same wheel we run, plus its [server] extras, in a
   separate virtual environment (.wheelhouse/bench-venv) so they stay out of ours.
 
@@ -89,6 +91,27 @@ def _source() -> str:
         with tarfile.open(_sdist(tmp)) as archive:
             archive.extractall(unpacked, filter="data")
     return glob.glob(os.path.join(unpacked, "llama_cpp_python-*", "vendor", "llama.cpp"))[0]
+
+
+def llama_quantize() -> str:
+    """llama.cpp's llama-quantize from the same source and CPU flags, cached in the checkout's
+    build/tools/ (project-local: the tests build it, and need nothing else of llama.cpp)."""
+    args = [a for a in llama_wheel.cmake_args() if not a.startswith(("-DLLAMA_BUILD_", "-DGGML_RPC"))]
+    digest = os.path.basename(llama_wheel.wheel_dir(args)).removeprefix("llama-cpp-python-")
+    binary = os.path.join(ROOT, "build", "tools", f"llama-quantize-{digest}")
+    if os.path.exists(binary):
+        return binary
+    build_dir = os.path.join(ROOT, "build", "quantize")
+    subprocess.run(["cmake", "-S", _source(), "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
+                    "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", *args],
+                   check=True, stdout=sys.stderr)
+    subprocess.run(["cmake", "--build", build_dir, "--target", "llama-quantize", "--parallel",
+                    str(os.cpu_count() or 2)], check=True, stdout=sys.stderr)
+    os.makedirs(os.path.dirname(binary), exist_ok=True)
+    shutil.copy2(os.path.join(build_dir, "bin", "llama-quantize"), binary + ".part")
+    os.replace(binary + ".part", binary)
+    return binary
 
 
 def rpc_server() -> str:

@@ -31,3 +31,7 @@ STACKD_API void *stackd_kernels_rpc_device() {
     static const bool ok = stackd::cpu_backend_uses_openmp();
     return ok ? (void *)stackd::served_device_handle() : nullptr;
 }
+
+// How many weights of ggml type `type` the models loaded in this process hold in our buffers
+// (each runs on our kernels); accel.py reports them per type in a loaded model's description.
+STACKD_API int64_t stackd_kernels_tensors(int type) { return stackd::repacked_tensors((ggml_type)type); }

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,12 +33,22 @@ std::atomic<int> g_path{(int)Path::Scalar};
 
 // ---- buffer: weights only, repacked on the way in, unpacked on the way out ----
 
+// A weight buffer, with how many weights of each type it repacked: what a loaded model's
+// description reports (which tensors run on our kernels, per type; repacked_tensors).
 struct Allocation {
     void *data;
+    std::array<std::atomic<int64_t>, GGML_TYPE_COUNT> repacked{};
 };
+
+std::mutex g_allocations_mutex;
+std::set<const Allocation *> g_allocations;   // the live weight buffers
 
 void buffer_free(ggml_backend_buffer_t buffer) {
     auto *alloc = static_cast<Allocation *>(buffer->context);
+    {
+        std::lock_guard<std::mutex> lock(g_allocations_mutex);
+        g_allocations.erase(alloc);
+    }
     std::free(alloc->data);
     delete alloc;
 }
@@ -66,7 +78,7 @@ void release_source_pages(const void *data, size_t size) {
     }
 }
 
-void buffer_set_tensor(ggml_backend_buffer_t, ggml_tensor *t, const void *data, size_t offset,
+void buffer_set_tensor(ggml_backend_buffer_t buffer, ggml_tensor *t, const void *data, size_t offset,
                        size_t size) {
     if (!is_repacked(t)) {
         std::memcpy(static_cast<char *>(t->data) + offset, data, size);
@@ -76,6 +88,7 @@ void buffer_set_tensor(ggml_backend_buffer_t, ggml_tensor *t, const void *data, 
     GGML_ASSERT(offset == 0 && size == ggml_nbytes(t) && "stackd: weights load whole");
     // An embedding table is ours too (get_rows.h): nothing reads these bytes again.
     repack_weight(t->type, data, t->ne[1], t->ne[0], t->data);
+    static_cast<Allocation *>(buffer->context)->repacked[t->type].fetch_add(1, std::memory_order_relaxed);
     release_source_pages(data, size);
 }
 
@@ -119,7 +132,12 @@ const char *buft_name(ggml_backend_buffer_type_t) { return "STACKD_x8"; }
 ggml_backend_buffer_t buft_alloc(ggml_backend_buffer_type_t buft, size_t size) {
     void *data = std::aligned_alloc(kAlignment, (size + kAlignment - 1) / kAlignment * kAlignment);
     if (data == nullptr) return nullptr;
-    return ggml_backend_buffer_init(buft, kBufferInterface, new Allocation{data}, size);
+    auto *alloc = new Allocation{data};
+    {
+        std::lock_guard<std::mutex> lock(g_allocations_mutex);
+        g_allocations.insert(alloc);
+    }
+    return ggml_backend_buffer_init(buft, kBufferInterface, alloc, size);
 }
 
 size_t buft_alignment(ggml_backend_buffer_type_t) { return kAlignment; }
@@ -452,7 +470,7 @@ const char *dev_name(ggml_backend_dev_t) { return "STACKD"; }
 
 const char *dev_description(ggml_backend_dev_t) {
     static std::string text;
-    text = std::string("stackd repacked Q4_1/Q8_0 matmul (") + path_name(current_path()) + ")";
+    text = std::string("stackd repacked Q4_1/Q8_0/Q4_K/Q6_K matmul (") + path_name(current_path()) + ")";
     return text.c_str();
 }
 
@@ -573,6 +591,14 @@ void *reg_proc_address(ggml_backend_reg_t, const char *name) {
 }
 
 }  // namespace
+
+int64_t repacked_tensors(ggml_type type) {
+    if (type < 0 || type >= GGML_TYPE_COUNT) return 0;
+    std::lock_guard<std::mutex> lock(g_allocations_mutex);
+    int64_t n = 0;
+    for (const Allocation *alloc : g_allocations) n += alloc->repacked[type].load(std::memory_order_relaxed);
+    return n;
+}
 
 ggml_backend_reg_t backend_reg() {
     static ggml_backend_reg reg = {

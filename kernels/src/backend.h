@@ -24,6 +24,8 @@ void set_path(Path path);
 // Whether the process's ggml CPU backend runs graphs on an OpenMP team (ours need it).
 bool cpu_backend_uses_openmp();
 Path current_path();
+// Weights of `type` in the registered device's live buffers (repacked, so on our kernels).
+int64_t repacked_tensors(ggml_type type);
 
 // What the registry's get_proc_address gives for this name: a uint64_t (*)() counting the
 // GET_ROWS nodes the registered device's backends have computed in this process (tables of

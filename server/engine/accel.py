@@ -20,6 +20,8 @@ import os
 LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "libstackd_kernels.so")
 PATHS = ("scalar", "avx2", "avx512-vnni")  # the library's path numbers, in order
+# The weight types the kernels repack, by ggml's type numbers (ggml.h's enum ggml_type).
+TYPES = {"q4_1": 3, "q8_0": 8, "q4_K": 12, "q6_K": 14}
 
 _lib: ctypes.CDLL | None = None
 _registered: str | None = None
@@ -33,6 +35,8 @@ def library() -> ctypes.CDLL:
         lib.stackd_kernels_register.argtypes = [ctypes.c_int]
         lib.stackd_kernels_cpu_supports.argtypes = [ctypes.c_int]
         lib.stackd_kernels_rpc_device.restype = ctypes.c_void_p
+        lib.stackd_kernels_tensors.argtypes = [ctypes.c_int]
+        lib.stackd_kernels_tensors.restype = ctypes.c_int64
         _lib = lib
     return _lib
 
@@ -78,3 +82,18 @@ def rpc_device() -> int:
 def registered() -> str | None:
     """The path registered in this process, or None."""
     return _registered
+
+
+def tensors() -> dict[str, int]:
+    """Weights on our kernels in this process's loaded models, per type (those with none left
+    out): which tensors run on which kernels. Every other weight runs on ggml's."""
+    if _registered is None:
+        return {}
+    counts = {name: library().stackd_kernels_tensors(number) for name, number in TYPES.items()}
+    return {name: n for name, n in counts.items() if n}
+
+
+def report() -> dict:
+    """What a loaded model's description says of the kernels: the path, and the weights on
+    ours per type (tensors()); {"path": None, "tensors": {}} when they are off."""
+    return {"path": _registered, "tensors": tensors()}

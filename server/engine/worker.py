@@ -204,7 +204,8 @@ def main(fd: int, parent: int) -> int:
         return 2
     sock.sendall(frame({"op": "ready", "facts": {
         "n_vocab": engine.n_vocab, "n_embd": engine.n_embd, "n_ctx_train": engine.n_ctx_train,
-        "n_slots": engine.n_slots, "n_ctx_seq": engine.n_ctx_seq, "pid": os.getpid()}}))
+        "n_slots": engine.n_slots, "n_ctx_seq": engine.n_ctx_seq, "pid": os.getpid(),
+        "kernels": accel.report()}}))
     from ..system.memory import release_free_heap
     release_free_heap()                            # what loading freed, once the model serves
     sock.setblocking(False)

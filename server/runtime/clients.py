@@ -21,6 +21,7 @@ from typing import Awaitable, Iterator
 
 from .. import PACKAGE
 from ..engine.errors import EndedEvent, EngineError, ErrorCode
+from ..engine import accel
 from ..engine.core import (SAMPLING_FIELDS, STATUS_ERROR, SUBMIT_ACCEPTED, Engine, SamplingParams, Vocab)
 from ..engine.submit import submit_all
 from ..engine.wire import FrameReader, WireError, chunks_of, decode_events, decode_trace, frame
@@ -43,6 +44,8 @@ class InlineEngine:
 
     def __init__(self, engine: Engine):
         self.engine = engine
+        # Counted in this process, where each inline model's weights add up (a worker: its own).
+        self.kernels = accel.report()
 
     def __getattr__(self, name):                  # the model's facts, fileno, take_events, ...
         return getattr(self.engine, name)
@@ -78,6 +81,7 @@ class WorkerEngine:
         self.vocab = vocab
         self.n_vocab, self.n_embd = facts["n_vocab"], facts["n_embd"]
         self.n_ctx_train, self.n_slots, self.n_ctx_seq = facts["n_ctx_train"], facts["n_slots"], facts["n_ctx_seq"]
+        self.kernels = facts.get("kernels", {"path": None, "tensors": {}})
         self.reader = FrameReader()
         self.outbox = bytearray()
         self.in_flight: set[int] = set()          # requests whose last event has not come

@@ -137,6 +137,7 @@ class ModelRegistry:
         if model is not None:       # a replica set's: the leader's own copy
             engine = model.runner.engine
             out["isolation"], out["pid"], out["restarts"] = engine.isolation, engine.pid, model.restarts
+            out["kernels"] = getattr(engine, "kernels", None)   # path, and weights on ours per type
         if manifest.id in self.last_exits:
             out["last_exit"] = self.last_exits[manifest.id]
         return out

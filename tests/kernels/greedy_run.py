@@ -2,7 +2,9 @@
 
     python -m tests.kernels.greedy_run MODE N_PROMPTS MAX_TOKENS [FLASH_ATTN]
     python -m tests.kernels.greedy_run score MODE < sequences.json
-MODE is engine.kernels (auto | off) or a path name. Prints JSON: the path in use; for each
+MODE is engine.kernels (auto | off) or a path name; GREEDY_RUN_MODEL names another GGUF than
+the default chat model (test_model_k_quants.py's Q4_K_M file). Prints JSON: the path in use;
+the weights on our kernels per type; for each
 prompt, generated alone (one stream) and with 16 streams sharing each step, every token as
 [id, logprob, [[id, logprob] of the top alternatives]]; and whether the token embedding table
 was read on our device (kernels/src/get_rows.h).
@@ -14,6 +16,7 @@ each prompt and each position j the top alternatives after the prompt and its fi
 from __future__ import annotations
 
 import json
+import os
 import select
 import sys
 
@@ -61,7 +64,8 @@ def open_engine(mode: str, flash_attn: int = -1):
     # One thread: the comparison is of our matmul with ggml's, which no thread count changes
     # (test_ops.py runs both on two threads); one thread keeps 2,560 single-stream steps
     # from waiting on thread barriers when the machine is busy.
-    return path, Engine(defaults.smollm2_path(), slots=STREAMS, context_length=512, batch=256,
+    model = os.environ.get("GREEDY_RUN_MODEL") or defaults.smollm2_path()
+    return path, Engine(model, slots=STREAMS, context_length=512, batch=256,
                         threads=1, flash_attn=flash_attn)
 
 
@@ -83,9 +87,11 @@ def main(mode: str, n_prompts: int, max_tokens: int, flash_attn: int = -1) -> No
     together = []
     for start in range(0, len(batch), STREAMS):
         together += generate(engine, batch[start:start + STREAMS], max_tokens, 1000 + start)
+    tensors = accel.tensors()
     engine.close()
     table_ours = bool(path) and kernels_check.get_rows_nodes() > 0
-    print(json.dumps({"path": path, "alone": alone, "together": together, "table_ours": table_ours}))
+    print(json.dumps({"path": path, "alone": alone, "together": together, "table_ours": table_ours,
+                      "tensors": tensors}))
 
 
 if __name__ == "__main__":

@@ -166,3 +166,21 @@ def test_a_worker_that_dies_or_freezes_mid_trace_is_named_not_waited_for(tmp_pat
         assert status == 200 and body["otherData"]["models"] == [EMBED], body
     finally:
         daemon.stop()
+
+
+def test_the_description_says_which_weights_run_on_our_kernels(worker_client):
+    """engine.kernels = auto (the default): the chat model's Q4_1 projections and its tied
+    Q8_0 table run on our kernels, counted per type in the worker; the embedding model's
+    F16/F32 weights stay with ggml (kernels/README.md)."""
+    from stackd.engine import accel
+    described = {}
+    for model in (CHAT, EMBED):
+        status, _, described[model] = worker_client.daemon.request("GET", f"/v1/models/{model}", port="inference",
+                                                                   key=worker_client.key)
+        assert status == 200, described[model]
+    if not accel.cpu_supports("avx2"):
+        assert described[CHAT]["kernels"] == {"path": None, "tensors": {}}
+        return
+    assert described[CHAT]["kernels"]["path"] in ("avx2", "avx512-vnni")
+    assert described[CHAT]["kernels"]["tensors"] == {"q4_1": 30 * 7, "q8_0": 1}   # 7 projections a layer
+    assert described[EMBED]["kernels"]["tensors"] == {}

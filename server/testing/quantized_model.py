@@ -1,0 +1,42 @@
+"""A Q4_K_M file for the K-quant kernels' tests and benchmarks, made from the default chat
+model with llama.cpp's own llama-quantize (--allow-requantize: the default is Q4_1, so the
+quality of the result is not the point; the kernels on it are). llama-quantize is built from
+the vendored llama.cpp source by bench/peers.py and cached under build/tools/; the file is
+cached under build/models/.
+
+    python -m stackd.testing.quantized_model     # prints the file's path, making it if needed
+
+SmolLM2-135M's rows are 576 wide, not a multiple of the 256 weights of a K-quant super-block,
+so llama-quantize gives most matrices its fallbacks (Q5_0 for Q4_K, Q8_0 for Q6_K): its
+ffn_down (1536 wide) is the part that becomes Q4_K and Q6_K.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import subprocess
+import sys
+
+from ..store import defaults
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PATH = os.path.join(ROOT, "build", "models", "SmolLM2-135M-Instruct.Q4_K_M.gguf")
+
+
+def llama_quantize() -> str:
+    return runpy.run_path(os.path.join(ROOT, "bench", "peers.py"))["llama_quantize"]()
+
+
+def q4_k_m() -> str:
+    """The Q4_K_M file's path (made once)."""
+    if os.path.exists(PATH):
+        return PATH
+    os.makedirs(os.path.dirname(PATH), exist_ok=True)
+    subprocess.run([llama_quantize(), "--allow-requantize", defaults.smollm2_path(), PATH + ".part", "Q4_K_M"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=sys.stderr)
+    os.replace(PATH + ".part", PATH)
+    return PATH
+
+
+if __name__ == "__main__":
+    print(q4_k_m())

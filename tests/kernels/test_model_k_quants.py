@@ -1,0 +1,80 @@
+"""Greedy generations on a Q4_K_M file (Q4_K and Q6_K weights: kernels/src/kernels_qk.h), with
+our kernels against ggml's, alone and with 16 streams per step, as test_model.py does for the
+default Q4_1 model.
+
+The file is made from the default chat model by llama.cpp's own llama-quantize
+(stackd.testing.quantized_model). SmolLM2's 576-wide matrices cannot be K-quants (a super-block
+is 256 weights), so llama-quantize gives them its fallbacks; the ffn_down matrices (1536 wide)
+are Q4_K and Q6_K, and those run on our K-quant kernels (the run reports how many of each).
+ggml computes the Q5_0 fallbacks: a type we do not repack stays with ggml, silently.
+
+Our K-quant arithmetic is within float rounding of ggml's (test_ops.py); across 30 layers such
+differences move logprobs a little and a greedy text parts only at a near tie, so the on/off
+comparison is test_model.py's. Forcing the AVX2 path gives the AVX-512 path's texts and
+logprobs exactly, and 16 streams per step give each prompt's text alone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from stackd.engine import accel
+from stackd.testing import quantized_model
+
+from .test_model import ROOT, assert_close, ids
+
+PROMPTS, TOKENS = 8, 64
+
+
+def greedy_run(model: str, mode: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "tests.kernels.greedy_run", mode, str(PROMPTS), str(TOKENS)],
+                         cwd=ROOT, check=True, capture_output=True, text=True,
+                         env={**os.environ, "GREEDY_RUN_MODEL": model})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return quantized_model.q4_k_m()
+
+
+@pytest.fixture(scope="module")
+def runs(model):
+    if not accel.cpu_supports("avx2"):
+        pytest.skip("this CPU lacks AVX2: engine.kernels=auto leaves every matmul to ggml")
+    modes = ["off", "auto"] + (["avx2"] if accel.cpu_supports("avx512-vnni") else [])
+    return {mode: greedy_run(model, mode) for mode in modes}
+
+
+def test_k_quant_weights_run_on_our_kernels(runs):
+    """Per type, the weights in our buffers: both K-quants of the file are there, alongside
+    the tied Q8_0 vocabulary table (llama-quantize's fallback for Q6_K at 576 wide)."""
+    tensors = runs["auto"]["tensors"]
+    assert tensors.get("q4_K", 0) > 0 and tensors.get("q6_K", 0) > 0, tensors
+    assert tensors.get("q4_K", 0) + tensors.get("q6_K", 0) == 30, tensors   # one ffn_down a layer
+    assert runs["off"]["tensors"] == {}
+
+
+def test_every_generation_runs_to_length(runs):
+    for mode in runs.values():
+        assert all(len(tokens) == TOKENS for tokens in mode["alone"] + mode["together"])
+
+
+def test_sixteen_streams_equal_alone_with_kernels_on(runs):
+    assert [ids(g) for g in runs["auto"]["together"]] == [ids(g) for g in runs["auto"]["alone"]]
+
+
+def test_the_avx2_path_gives_the_avx512_path_s_bits(runs):
+    if "avx2" not in runs:
+        pytest.skip("this CPU has no AVX-512 VNNI path to compare the AVX2 one with")
+    assert runs["avx2"]["alone"] == runs["auto"]["alone"]
+
+
+@pytest.mark.parametrize("batching", ["alone", "together"])
+def test_kernels_on_and_off_agree_up_to_near_ties(runs, batching):
+    for ours, ggml in zip(runs["auto"][batching], runs["off"][batching]):
+        assert_close(ours, ggml)
