@@ -17,8 +17,8 @@ def chat_prompt(vocab, text: str) -> list[int]:
     return vocab.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n", False, True)
 
 
-def engine_params(**placement) -> dict:
-    return dict(model_path=defaults.smollm2_path(), slots=4, context_length=256, batch=64,
+def engine_params(model_path: str | None = None, **placement) -> dict:
+    return dict(model_path=model_path or defaults.smollm2_path(), slots=4, context_length=256, batch=64,
                 threads=1, **placement)
 
 

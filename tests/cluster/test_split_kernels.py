@@ -93,3 +93,23 @@ def test_a_follower_with_kernels_off_serves_ggml_s_cpu(loop, tmp_path):
         finally:
             p.servers.stop_all()
     run(loop, main())
+
+
+def test_a_q4_k_m_split_with_a_follower_on_avx2_gives_one_node_s_text(loop, peers):
+    """The served device repacks Q4_K and Q6_K weights in place too (the same bytes as ggml's
+    blocks): a Q4_K_M file (stackd.testing.quantized_model) split over two nodes, the follower
+    forced to AVX2 with the last 20 layers, gives the leader's text alone."""
+    if not accel.cpu_supports("avx2"):
+        pytest.skip("engine.kernels = auto needs AVX2")
+    from stackd.testing import quantized_model
+    model = quantized_model.q4_k_m()
+
+    async def main():
+        prompts = PROMPTS[:2]
+        alone = await outputs(loop, engine_params(model_path=model), prompts=prompts, max_tokens=16)
+        assert all(o["text"] and o["error"] is None for o in alone)
+        follower = await peers.start(kernels="avx2")
+        split = await outputs(loop, engine_params(model_path=model, **layer_split(20)), peers.rpc([follower]),
+                              prompts=prompts, max_tokens=16)
+        assert split == alone
+    run(loop, main())
