@@ -205,6 +205,7 @@ py::dict plan_to_python(const batch_plan & plan) {
     out["items"] = items;
     out["released"] = plan.released;
     out["released_waiting"] = plan.released_waiting;
+    out["preempted"] = plan.preempted;
     out["n_tokens"] = plan.n_tokens;
     return out;
 }

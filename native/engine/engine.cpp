@@ -81,7 +81,7 @@ bool any_ends_a_request(const std::vector<engine_event> & events) {
 
 engine::engine(const engine_params & params)
     : params_(with_lanes_resolved(params)),
-      n_max_queued_per_owner_(share_of(params.key_share, params.max_queue)),
+      n_max_owned_(share_of(params.key_share, params.max_queue + params.slots)),
       obs_(params.slots, params.context_length, params.embeddings, params_.n_lanes) {
     if (params_.quiet) {
         quiet_llama_log();
@@ -205,13 +205,16 @@ void engine::close() {
 
 // ---- the caller's side ---------------------------------------------------------------------
 
+// An owner's requests count against its share from submit to their end, queued or running: a
+// count of the queued ones alone would give a key new room each time the engine admitted some
+// of its requests, so how many it held would depend on how fast the engine took them.
 submit_result engine::enter_queue(int64_t id_owner) {
     std::lock_guard<std::mutex> lock(mu_tasks_);
     if (n_queued_ >= params_.max_queue) {
         return SUBMIT_QUEUE_FULL;
     }
-    int32_t & mine = n_queued_of_[id_owner];
-    if (mine >= n_max_queued_per_owner_) {
+    int32_t & mine = n_owned_of_[id_owner];
+    if (mine >= n_max_owned_) {
         return SUBMIT_OVER_SHARE;
     }
     mine += 1;
@@ -219,13 +222,22 @@ submit_result engine::enter_queue(int64_t id_owner) {
     return SUBMIT_ACCEPTED;
 }
 
-void engine::leave_queue(int64_t id_owner) {
+void engine::leave_queue() {
     std::lock_guard<std::mutex> lock(mu_tasks_);
     n_queued_ -= 1;
-    auto it = n_queued_of_.find(id_owner);
-    if (it != n_queued_of_.end() && --it->second <= 0) {
-        n_queued_of_.erase(it);
+}
+
+void engine::leave_engine(int64_t id_owner) {
+    std::lock_guard<std::mutex> lock(mu_tasks_);
+    auto it = n_owned_of_.find(id_owner);
+    if (it != n_owned_of_.end() && --it->second <= 0) {
+        n_owned_of_.erase(it);
     }
+}
+
+void engine::leave_queue_and_engine(int64_t id_owner) {
+    leave_queue();
+    leave_engine(id_owner);
 }
 
 submit_result engine::submit(generation_request req) {
@@ -240,7 +252,7 @@ submit_result engine::submit(generation_request req) {
     try {
         t.sampler = std::make_unique<request_sampler>(req.sampling, vocab_);   // may throw: bad grammar
     } catch (...) {
-        leave_queue(req.id_owner);
+        leave_queue_and_engine(req.id_owner);
         throw;
     }
     t.request = std::make_unique<generation_request>(std::move(req));
@@ -432,7 +444,7 @@ void engine::take_tasks(lane & ln, std::vector<task> & incoming) {
                           (int32_t) req->prompt.size()};
         const int64_t id = t.id_request;
         if (!ln.sched.enqueue(std::move(req))) {
-            leave_queue(t.id_owner);
+            leave_queue_and_engine(t.id_owner);
             release_held(ln, t.id_owner);
             engine_event ev;
             ev.id_request = id;
@@ -455,7 +467,7 @@ void engine::take_tasks(lane & ln, std::vector<task> & incoming) {
 void engine::cancel_embedding(int64_t id_request, std::vector<engine_event> & events) {
     for (auto it = embed_jobs_.begin(); it != embed_jobs_.end(); ++it) {
         if (it->id_request == id_request) {
-            leave_queue(it->id_owner);
+            leave_queue_and_engine(it->id_owner);
             engine_event ev;
             ev.id_request = id_request;
             ev.status = REQUEST_STATUS_FINISHED_ABORTED;
@@ -474,12 +486,16 @@ void engine::step_generate(lane & ln) {
     std::vector<engine_event> events;
 
     for (const plan_admission & adm : plan.admissions) {
-        leave_queue(ln.live.at(adm.id_request).request->id_owner);
-        obs_.admitted(adm);
+        if (!ln.sched.find(adm.id_request)->preempted) {   // a resumed one was counted already
+            leave_queue();
+            obs_.admitted(adm);
+        }
         llama_memory_seq_rm(llama_get_memory(ln.ctx), adm.id_slot, adm.n_keep, -1);
     }
     for (int64_t id : plan.released_waiting) {
-        leave_queue(ln.live.at(id).request->id_owner);
+        if (!ln.sched.find(id)->preempted) {
+            leave_queue();
+        }
     }
     for (int64_t id : plan.released) {                 // cancelled: a last event, then forget
         engine_event ev;
@@ -688,6 +704,7 @@ void engine::finish_events(lane & ln, const std::vector<int64_t> & finished, std
 void engine::forget(lane & ln, int64_t id_request) {
     auto it = ln.live.find(id_request);
     if (it != ln.live.end()) {
+        leave_engine(it->second.request->id_owner);
         release_held(ln, it->second.request->id_owner);
         ln.live.erase(it);
     }
@@ -744,13 +761,14 @@ void engine::fail_everything(lane & ln, const std::string & error) {
     std::vector<engine_event> events;
     for (auto & [id, live] : ln.live) {
         const sched_request * req = ln.sched.find(id);
-        if (req != nullptr && req->status == REQUEST_STATUS_WAITING) {
-            leave_queue(live.request->id_owner);
+        if (req != nullptr && req->status == REQUEST_STATUS_WAITING && !req->preempted) {
+            leave_queue();
         }
+        leave_engine(live.request->id_owner);
         events.push_back(failed_event(id, error));
     }
     for (const embed_job & job : embed_jobs_) {   // lane 0's, and only an embedding model's
-        leave_queue(job.id_owner);
+        leave_queue_and_engine(job.id_owner);
         events.push_back(failed_event(job.id_request, error));
     }
     for (const auto & [id, live] : ln.live) {
@@ -814,7 +832,7 @@ void engine::step_embed(lane & ln) {
     if (placed_inputs.empty()) {                // an input longer than a batch: refuse its job
         events.push_back(failed_event(embed_jobs_.front().id_request,
                                       "input is longer than the model's context"));
-        leave_queue(embed_jobs_.front().id_owner);
+        leave_queue_and_engine(embed_jobs_.front().id_owner);
         embed_jobs_.erase(embed_jobs_.begin());
         publish(ln, events);
         return;
@@ -868,7 +886,7 @@ void engine::step_embed(lane & ln) {
         }
         ev.timings = obs_.finished(ev.id_request, ev.status);
         events.push_back(std::move(ev));
-        leave_queue(it->id_owner);
+        leave_queue_and_engine(it->id_owner);
         it = embed_jobs_.erase(it);
     }
     publish(ln, events);

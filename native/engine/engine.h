@@ -211,7 +211,9 @@ private:
 
     // The queue's bookkeeping, per model and per owner (under mu_tasks_).
     submit_result enter_queue(int64_t id_owner);
-    void leave_queue(int64_t id_owner);
+    void leave_queue();                            // admitted (or gone while queued)
+    void leave_engine(int64_t id_owner);           // over: its owner's share has room again
+    void leave_queue_and_engine(int64_t id_owner);
 
     engine_params  params_;
     llama_model *  model_ = nullptr;
@@ -227,8 +229,8 @@ private:
     std::unordered_map<int64_t, int32_t> n_held_of_;   // several lanes: owner -> requests lanes hold
     bool stop_ = false;
     int32_t n_queued_ = 0;
-    std::unordered_map<int64_t, int32_t> n_queued_of_;   // owner -> requests in the queue
-    int32_t n_max_queued_per_owner_ = 0;
+    std::unordered_map<int64_t, int32_t> n_owned_of_;    // owner -> requests queued or running
+    int32_t n_max_owned_ = 0;             // key_share of the queue and the slots together
     std::atomic<int32_t> n_fail_decodes_{0};
     std::atomic<float> compute_scale_{1.0f};
     int32_t n_threads_full_ = 1;

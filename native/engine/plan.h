@@ -31,6 +31,7 @@ struct batch_plan {
     std::vector<plan_item>      items;
     std::vector<int64_t>        released;  // cancelled requests, now finished ABORTED
     std::vector<int64_t>        released_waiting;  // those of them that had not left the queue
+    std::vector<int64_t>        preempted; // gave their slot back, waiting again (scheduler::preempt)
     int32_t n_tokens = 0;
 
     bool empty() const { return items.empty(); }

@@ -1,6 +1,7 @@
 #include "scheduler.h"
 
 #include <algorithm>
+#include <cstdint>
 
 scheduler::scheduler(scheduler_params params) : params_(params), slots_(params.n_slots) {}
 
@@ -120,6 +121,80 @@ bool scheduler::may_admit(const sched_request & req, bool respect_share) const {
     return held == n_running_of_.end() || held->second < cap;
 }
 
+// A request of an owner under its share waits and no slot is free (an owner over its share took
+// them while nobody else waited): the owner holding the most slots over its share gives one
+// back, so a bystander never waits for a flood's longest generation. The preempted request
+// keeps its place at the head of the queue and is recomputed when admitted again (vLLM's
+// preemption by recomputation): its slot's tokens and its last sample become its prompt, and
+// prefix reuse keeps what the slot still holds. Owners at or under their share are never
+// preempted, so two owners cannot take a slot back and forth.
+void scheduler::preempt(batch_plan & plan) {
+    const int32_t cap = params_.n_max_slots_per_owner;
+    if (cap <= 0 || waiting_.empty()) {
+        return;
+    }
+    int32_t n_free = 0;
+    for (const slot_info & s : slots_) {
+        n_free += s.id_request < 0 ? 1 : 0;
+    }
+    if (n_active_slots_ > 0) {
+        n_free = std::min(n_free, n_active_slots_ - (int32_t) running_.size());
+    }
+    std::unordered_map<int64_t, int32_t> held = n_running_of_;    // as admit(respect_share) will leave it
+    const std::deque<int64_t> waiting = waiting_;
+    for (int64_t id : waiting) {
+        const sched_request & req = *requests_[id];
+        if (held[req.id_owner] >= cap) {
+            continue;                   // admitted, if at all, only into a slot nobody wants
+        }
+        held[req.id_owner] += 1;
+        if (n_free > 0) {
+            --n_free;
+            continue;
+        }
+        int64_t over = -1;              // the owner furthest over its share (the lowest id of equals)
+        for (const auto & [owner, n] : held) {
+            if (n > cap && (over < 0 || n > held[over] || (n == held[over] && owner < over))) {
+                over = owner;
+            }
+        }
+        if (over < 0) {
+            return;                     // nobody is over its share: wait for a slot to end
+        }
+        held[over] -= 1;
+        suspend(*requests_[victim_of(over)], plan);
+    }
+}
+
+// The owner's running request that loses least by starting over: the fewest tokens computed,
+// the latest admitted among equals.
+int64_t scheduler::victim_of(int64_t id_owner) const {
+    int64_t victim = -1;
+    size_t fewest = SIZE_MAX;
+    for (int64_t id : running_) {
+        const sched_request & req = *requests_.at(id);
+        const size_t n = slots_[req.id_slot].cache.size();
+        if (req.id_owner == id_owner && n <= fewest) {
+            victim = id;
+            fewest = n;
+        }
+    }
+    return victim;
+}
+
+void scheduler::suspend(sched_request & req, batch_plan & plan) {
+    const std::vector<token_t> & cache = slots_[req.id_slot].cache;
+    if (req.n_prompt_done == (int32_t) req.prompt.size() && req.n_generated > 0) {
+        req.prompt = cache;             // prompt and output but the last sample, then that one
+        req.prompt.push_back(req.last_token);
+    }
+    finish(req, REQUEST_STATUS_WAITING);
+    req.n_prompt_done = 0;
+    req.preempted = true;
+    waiting_.push_front(req.id_request);
+    plan.preempted.push_back(req.id_request);
+}
+
 void scheduler::admit(batch_plan & plan, bool respect_share) {
     for (auto it = waiting_.begin(); it != waiting_.end();) {
         sched_request & req = *requests_[*it];
@@ -145,7 +220,9 @@ void scheduler::admit(batch_plan & plan, bool respect_share) {
         s.t_last_used = n_steps_;
         req.status = REQUEST_STATUS_RUNNING;
         req.id_slot = id_slot;
-        req.n_cached = n_keep;
+        if (!req.preempted) {
+            req.n_cached = n_keep;      // a resumed request reports the reuse of its first admission
+        }
         req.n_prompt_done = n_keep;
         running_.push_back(req.id_request);
         plan.admissions.push_back({req.id_request, id_slot, n_keep});
@@ -169,6 +246,7 @@ batch_plan scheduler::schedule() {
     batch_plan plan;
     ++n_steps_;
     release_finished(plan);
+    preempt(plan);
     admit(plan, true);
     admit(plan, false);
 

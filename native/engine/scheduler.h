@@ -30,6 +30,7 @@ struct sched_request {
     bool                 cancel_requested = false;
     uint64_t             n_step_last  = 0;  // the last step it took part in
     int64_t              cost_us      = 0;  // what one of its decode steps cost lately
+    bool                 preempted    = false;  // gave its slot back once: a re-admission resumes it
 };
 
 struct slot_info {
@@ -83,6 +84,9 @@ public:
     const scheduler_params & params() const { return params_; }
 
 private:
+    void    preempt(batch_plan & plan);
+    int64_t victim_of(int64_t id_owner) const;
+    void    suspend(sched_request & req, batch_plan & plan);
     void    admit(batch_plan & plan, bool respect_share);
     std::vector<bool> stepping();
     bool    may_admit(const sched_request & req, bool respect_share) const;

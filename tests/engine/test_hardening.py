@@ -4,7 +4,7 @@ import select
 
 import pytest
 
-from stackd.engine.core import (STATUS_ABORTED, STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE, Engine, SamplingParams)
+from stackd.engine.core import (STATUS_ABORTED, STATUS_ERROR, STATUS_LENGTH, STATUS_RUNNING, STATUS_STOPPED, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE, Engine, SamplingParams)
 from stackd.chat.grammar import json_schema_grammar
 from stackd.store import defaults
 
@@ -84,6 +84,58 @@ def test_one_owner_holds_at_most_its_share_of_the_queue():
         assert engine.submit(200, prompt, 4, [], p, 2) == SUBMIT_ACCEPTED   # another key is served
         for rid in (busy, 100, 101, 200):
             engine.cancel(rid)
+    finally:
+        engine.close()
+
+
+def test_a_key_share_counts_running_requests_too():
+    """How much of the engine one key holds must not depend on how fast its requests left the
+    queue: key_share 0.5 of 4 slots + 8 queued is 6 requests, running or waiting."""
+    engine = Engine(defaults.smollm2_path(), slots=4, context_length=256, max_queue=8, key_share=0.5)
+    driver = Driver(engine)
+    try:
+        prompt = chat_prompt(engine, "Tell me a long story.")
+        running = [driver.submit(prompt, max_tokens=200, ignore_eos=True, owner=1) for _ in range(4)]
+        for rid in running:
+            assert _first_event(driver, rid).status == STATUS_RUNNING    # out of the queue
+        p = SamplingParams()
+        verdicts = [engine.submit(100 + i, prompt, 4, [], p, 1) for i in range(4)]
+        assert verdicts == [SUBMIT_ACCEPTED, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE, SUBMIT_OVER_SHARE]
+        for rid in running + [100, 101]:
+            engine.cancel(rid)
+        driver.wait(running + [100, 101])
+        # cancelled, they give their share back
+        assert [engine.submit(200 + i, prompt, 4, [], p, 1) for i in range(6)] == [SUBMIT_ACCEPTED] * 6
+        for i in range(6):
+            engine.cancel(200 + i)
+        driver.wait([200 + i for i in range(6)])
+    finally:
+        engine.close()
+
+
+def test_a_bystander_is_not_stuck_behind_a_key_that_took_every_slot():
+    """One key alone takes every slot (free slots are never left idle); another key's request
+    then takes one back (the flood's request resumes later, recomputed) instead of waiting for
+    the flood's longest generation, and the flood's requests still make all their tokens."""
+    engine = Engine(defaults.smollm2_path(), slots=4, context_length=512, key_share=0.5)
+    driver = Driver(engine)
+    try:
+        prompt = chat_prompt(engine, "Tell me a long story.")
+        flood = [driver.submit(prompt, max_tokens=150, ignore_eos=True, owner=1) for _ in range(4)]
+        for rid in flood:
+            assert _first_event(driver, rid).status == STATUS_RUNNING
+        bystander = driver.submit(chat_prompt(engine, "Say hi."), max_tokens=2, owner=2)
+        order, generated = [], {}
+        while len(order) < 5:
+            ready, _, _ = select.select([engine.fileno()], [], [], 300)
+            assert ready, f"no events; finished so far {order}"
+            for event in engine.take_events():
+                generated[event.id_request] = event.n_generated
+                if event.status != STATUS_RUNNING:
+                    order.append((event.id_request, event.status))
+        assert order[0] == (bystander, STATUS_LENGTH), order
+        assert {status for _, status in order} == {STATUS_LENGTH}
+        assert [generated[rid] for rid in flood] == [150] * 4
     finally:
         engine.close()
 

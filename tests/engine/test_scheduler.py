@@ -237,6 +237,51 @@ def test_owners_over_share_do_not_leave_slots_idle(Scheduler):
     assert len(sched.schedule()["admissions"]) == 4
 
 
+def test_an_owner_under_its_share_takes_a_slot_back_from_an_owner_over_it(Scheduler):
+    sched = Scheduler(n_slots=4, n_batch=64, n_ctx_seq=128, n_max_slots_per_owner=2)
+    decoder = FakeDecoder(sched)
+    for rid in range(1, 5):                          # owner 1 alone: every slot, work-conserving
+        sched.enqueue(rid, [1, 2, 3], 10, owner=1)
+    for _ in range(3):
+        decoder.step()
+    assert sched.n_running == 4
+    sched.enqueue(5, [4, 5], 3, owner=2)
+    plan = decoder.step()
+    # the latest of owner 1's equals gives its slot back and waits at the head of the queue
+    assert plan["preempted"] == [4] and [a[0] for a in plan["admissions"]] == [5]
+    assert sched.request(4)["status"] == 0 and sched.n_waiting == 1
+    decoder.run()
+    assert decoder.finished[5] == STATUS_STOPPED or decoder.finished[5] == STATUS_LENGTH
+    # resumed by recomputation: the same tokens as if it had never stopped (the fake decoder's
+    # token is its position), and max_tokens counts what it made before too
+    assert decoder.produced[4] == decoder.produced[1] == [1002 + k for k in range(10)]
+    assert decoder.finished[4] == STATUS_LENGTH
+
+
+def test_owners_at_or_under_their_share_are_never_preempted(Scheduler):
+    sched = Scheduler(n_slots=2, n_batch=64, n_ctx_seq=128, n_max_slots_per_owner=1)
+    decoder = FakeDecoder(sched)
+    sched.enqueue(1, [1, 2], 50, owner=1)
+    sched.enqueue(2, [3, 4], 50, owner=2)
+    decoder.step()
+    sched.enqueue(3, [5, 6], 50, owner=3)
+    assert all(not decoder.step()["preempted"] for _ in range(5))
+    assert sched.request(3)["status"] == 0           # waits for a slot to end
+
+
+def test_preemption_leaves_the_preempting_owner_no_more_than_its_share(Scheduler):
+    sched = Scheduler(n_slots=4, n_batch=64, n_ctx_seq=128, n_max_slots_per_owner=2)
+    decoder = FakeDecoder(sched)
+    for rid in range(1, 5):
+        sched.enqueue(rid, [1, 2, 3], 50, owner=1)
+    decoder.step()
+    for rid in range(5, 9):                          # owner 2 asks for four: gets its two
+        sched.enqueue(rid, [4, 5], 50, owner=2)
+    plan = decoder.step()
+    assert len(plan["preempted"]) == 2 and [a[0] for a in plan["admissions"]] == [5, 6]
+    assert all(not decoder.step()["preempted"] for _ in range(5))   # no back and forth
+
+
 def test_a_failed_request_forgets_its_slot_cache(Scheduler):
     sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=128)
     decoder = FakeDecoder(sched, stop_after={1: 2})

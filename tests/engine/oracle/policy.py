@@ -30,6 +30,7 @@ class _Request:
     cancel_requested: bool = False
     step_last: int = 0          # the last step it took part in
     cost_us: int = 0            # what one of its decode steps cost lately
+    preempted: bool = False     # gave its slot back once: a re-admission resumes it
 
 
 @dataclass
@@ -75,9 +76,11 @@ class Scheduler:
         return True
 
     def schedule(self) -> dict:
-        plan = {"admissions": [], "items": [], "released": [], "released_waiting": [], "n_tokens": 0}
+        plan = {"admissions": [], "items": [], "released": [], "released_waiting": [], "preempted": [],
+                "n_tokens": 0}
         self._steps += 1
         self._release_cancelled(plan)
+        self._preempt(plan)
         self._admit(plan, respect_share=True)
         self._admit(plan, respect_share=False)
         steps = self._stepping()
@@ -219,6 +222,47 @@ class Scheduler:
         cap = self.n_max_slots_per_owner
         return not respect_share or cap <= 0 or self._held.get(req.owner, 0) < cap
 
+    def _preempt(self, plan: dict) -> None:
+        cap = self.n_max_slots_per_owner
+        if cap <= 0 or not self._waiting:
+            return
+        n_free = sum(1 for s in self._slots if s.request < 0)
+        if self._active_slots > 0:
+            n_free = min(n_free, self._active_slots - len(self._running))
+        held = dict(self._held)
+        for rid in list(self._waiting):
+            owner = self._requests[rid].owner
+            if held.get(owner, 0) >= cap:
+                continue
+            held[owner] = held.get(owner, 0) + 1
+            if n_free > 0:
+                n_free -= 1
+                continue
+            over = [o for o, n in held.items() if n > cap]
+            if not over:
+                return
+            victim_owner = min(over, key=lambda o: (-held[o], o))
+            held[victim_owner] -= 1
+            self._suspend(self._requests[self._victim_of(victim_owner)], plan)
+
+    def _victim_of(self, owner: int) -> int:
+        victim, fewest = -1, None
+        for rid in self._running:
+            req = self._requests[rid]
+            n = len(self._slots[req.slot].cache)
+            if req.owner == owner and (fewest is None or n <= fewest):
+                victim, fewest = rid, n
+        return victim
+
+    def _suspend(self, req: _Request, plan: dict) -> None:
+        if req.n_prompt_done == len(req.prompt) and req.n_generated > 0:
+            req.prompt = self._slots[req.slot].cache + [req.last_token]
+        self._finish(req, STATUS_WAITING)
+        req.n_prompt_done = 0
+        req.preempted = True
+        self._waiting.appendleft(req.id)
+        plan["preempted"].append(req.id)
+
     def _admit(self, plan: dict, respect_share: bool) -> None:
         for rid in list(self._waiting):
             req = self._requests[rid]
@@ -235,6 +279,8 @@ class Scheduler:
             s = self._slots[slot]
             del s.cache[n_keep:]
             s.request, s.last_used = req.id, self._steps
-            req.status, req.slot, req.n_cached, req.n_prompt_done = STATUS_RUNNING, slot, n_keep, n_keep
+            req.status, req.slot, req.n_prompt_done = STATUS_RUNNING, slot, n_keep
+            if not req.preempted:                         # a resumed one keeps its first admission's reuse
+                req.n_cached = n_keep
             self._running.append(req.id)
             plan["admissions"].append((req.id, slot, n_keep))
