@@ -3,7 +3,15 @@ unloaded and while each attack of the hostile-request review runs beside it (goa
 2x of unloaded). Also the worst /v1/health latency seen on the other port during each attack.
 
     .venv/bin/python bench/hostile.py [--seconds 10] [--sampler-only] [--rate-limits default|off]
-                                      [--attacker-nice 19]
+                                      [--attacker-nice 19] [--flood-rounds 3]
+
+`--flood-rounds N` measures instead a bystander's time to first token behind a single-key flood
+(issue 24; target <= 2 s), on a daemon with the default engine settings (16 slots, a queue of
+256): the attacker's ordinary key sends 17 streaming completions with n 16, max_tokens 2000 and
+ignore_eos (8 fit its key_share, 9 get 429), then a second key's two-token chat (time to its whole answer). Each
+round runs after other hostile traffic on the same daemon (streams hung up mid-way, requests
+cancelled while queued, n > 1 requests, a prompt past the context), the state that once let a
+ninth request in.
 
 First, without a daemon: what one sampled token costs the engine thread under a grammar that
 keeps rejecting the model's picks, with the walk by logit (what the engine does) and with the
@@ -162,6 +170,80 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def stream_head(port: int, key: str, path: str, body: dict, read: int = 0):
+    """A streaming POST: its status and the open connection (None if refused), after reading
+    `read` bytes of the body (0: only the head)."""
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", path, orjson.dumps(body), {"Authorization": f"Bearer {key}",
+                                                    "Content-Type": "application/json"})
+    response = conn.getresponse()
+    if response.status != 200:
+        response.read()
+        conn.close()
+        return response.status, None
+    if read:
+        response.read(read)
+    threading.Thread(target=lambda: _drain(response), daemon=True).start()
+    return 200, conn
+
+
+def _drain(response) -> None:
+    try:
+        while response.read(65536):
+            pass
+    except Exception:
+        pass
+
+
+def other_hostile_traffic(port: int, key: str) -> None:
+    """What ran before the flood in the run that let a ninth request in: streams hung up after
+    their first bytes, queued requests cancelled, n > 1 requests, a prompt past the context."""
+    long = {"model": CHAT, "prompt": "Tell me a story.", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        opened = list(pool.map(lambda _: stream_head(port, key, "/v1/completions", {**long, "n": 4}, 64),
+                               range(8)))
+    for _, conn in opened:
+        if conn is not None:
+            conn.close()                          # hung up mid-stream; queued choices cancelled
+    post(port, "/v1/completions", key, {"model": CHAT, "prompt": "Hi", "n": 8, "max_tokens": 8})
+    post(port, "/v1/completions", key, {"model": CHAT, "prompt": "word " * 5000, "max_tokens": 8})
+
+
+def flood_ttft(rounds: int) -> None:
+    body = {"model": CHAT, "prompt": "Write a long story.", "n": 16, "max_tokens": 2000,
+            "ignore_eos": True, "stream": True}
+    chat_body = {"model": CHAT, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    with tempfile.TemporaryDirectory(prefix="stackd-flood-") as tmp:
+        data_dir = os.path.join(tmp, "data")
+        os.makedirs(data_dir, mode=0o700)
+        node = Daemon(data_dir, models=True)
+        try:
+            attacker = create_key(data_dir, "attacker", "inference")
+            bystander = create_key(data_dir, "bystander", "inference")
+            time.sleep(1.5)
+            print(f"{'round':>5s} {'admitted':>8s} {'429':>4s} {'bystander answer':>17s}")
+            for n in range(rounds):
+                other_hostile_traffic(node.inference_port, attacker)
+                with concurrent.futures.ThreadPoolExecutor(17) as pool:
+                    floods = list(pool.map(lambda _: stream_head(node.inference_port, attacker,
+                                                                 "/v1/completions", body), range(17)))
+                time.sleep(0.5)
+                started = time.perf_counter()          # its whole answer: first token and one more
+                status = post(node.inference_port, "/v1/chat/completions", bystander, chat_body)
+                ttft = time.perf_counter() - started
+                statuses = [s for s, _ in floods]
+                print(f"{n + 1:5d} {statuses.count(200):8d} {statuses.count(429):4d} "
+                      f"{ttft:16.2f}s {'' if status == 200 else status}", flush=True)
+                for _, c in floods:
+                    if c is not None:
+                        c.close()
+                time.sleep(2.0)                   # the flood's cancellations land
+            assert node.proc.poll() is None, "the daemon died"
+        finally:
+            node.stop()
+
+
 def measure(node: Daemon, key: str, seconds: float, attack=None, attacker_nice: int = 0) -> dict:
     """The bystander's inter-token time (p50, p95, ms), the worst health latency (ms), and the
     CPU share (% of one core) of the daemon's process and of this one while it streamed."""
@@ -214,7 +296,13 @@ def main() -> None:
     parser.add_argument("--attacker-nice", type=int, default=0,
                         help="niceness of the attacking client's threads (19: close to an attacker "
                              "on another machine, whose client takes no CPU from the daemon's cores)")
+    parser.add_argument("--flood-rounds", type=int, default=0,
+                        help="only the bystander's time to first token behind a single-key flood, "
+                             "this many rounds")
     args = parser.parse_args()
+    if args.flood_rounds:
+        flood_ttft(args.flood_rounds)
+        return
     if not args.only:
         sampler_costs()
     if args.sampler_only:
