@@ -99,10 +99,11 @@ def spawn_stackd(config: str, prefix: str = "stackd-bench-", env: dict | None = 
     return server
 
 
-def start_stackd(slots: int, context: int, threads: int, isolation: str = "worker") -> Server:
+def start_stackd(slots: int, context: int, threads: int, isolation: str = "worker", engine: str = "") -> Server:
+    """`engine`: more lines of the [engine] section."""
     return spawn_stackd(f"[http]\naccess_log = false\n[rate_limits]\ninference = 0\n"
                         f"[engine]\nslots = {slots}\ncontext_length = {context}\nthreads = {threads}\n"
-                        f"isolation = \"{isolation}\"\n"
+                        f"isolation = \"{isolation}\"\n{engine}"
                         f"[models]\npreload = [\"{defaults.CHAT_MODEL}\"]\n")
 
 

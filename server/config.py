@@ -59,6 +59,7 @@ DEFAULTS: dict = {
         # and the event loop (README, "Engine threads").
         "omp_wait_policy": "auto",   # auto: chat workers libgomp's default, embedding workers passive
         "embedding_nice": 5,      # embedding workers' niceness (0-19): chat streams and the loop first
+        "restart_hold": 10.0,     # seconds a request waits for its model's restarting worker; 0: 503 at once
     },
     "inference": {
         "limits": InferenceLimits.defaults(),
@@ -221,6 +222,8 @@ def _check(values: dict) -> None:
         raise ConfigError("setting engine.isolation: must be worker or inline")
     if engine["omp_wait_policy"] not in ("auto", "passive", "active", "inherit"):
         raise ConfigError("setting engine.omp_wait_policy: must be auto, passive, active or inherit")
+    if engine["restart_hold"] < 0:
+        raise ConfigError("setting engine.restart_hold: must be 0 (503 at once) or more")
     if not 0 <= engine["embedding_nice"] <= 19:
         raise ConfigError("setting engine.embedding_nice: must be from 0 to 19")
     for name, value in values["inference"]["limits"].items():

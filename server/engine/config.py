@@ -25,6 +25,7 @@ class EngineConfig:
     kernels: str = "auto"           # our matmuls (kernels/, engine/accel.py): auto | off
     omp_wait_policy: str = "auto"   # workers' OpenMP barrier waits: auto | passive | active | inherit
     embedding_nice: int = 0         # embedding workers' niceness
+    restart_hold: float = 10.0      # seconds a request waits for its model's restarting worker
 
     @classmethod
     def from_settings(cls, engine: dict, key_share: float) -> "EngineConfig":

@@ -26,6 +26,7 @@ from .planner import MIB, Planner, PlacementOptions
 from .remote_replica import RemoteReplica
 from .replica_host import ReplicaHost
 from .replicas import LocalReplica, ReplicaSet
+from .restart_hold import RestartHold
 from .runner import ModelRunner
 from .supervisor import Supervisor
 from ..cluster.rpc_devices import NodeUnreachable
@@ -93,6 +94,7 @@ class ModelRegistry:
                                model_path=store.model_path)
         self.supervisor = Supervisor(loop, store, config, faults)
         self.supervisor.registry = self
+        self.hold = RestartHold(loop, config.restart_hold, config.max_queue, self.state)
         self.replica_host = ReplicaHost(self)     # replicas this node runs for its leader
         self._growing: set[str] = set()           # models whose replicas are being added
         self._claimed: dict[str, str] = {}        # replica id -> node, while it starts there
@@ -203,8 +205,13 @@ class ModelRegistry:
 
     # ---- use -----------------------------------------------------------------------------------
 
-    async def get(self, model_id: str, kind: str) -> LoadedModel:
+    async def get(self, model_id: str, kind: str, held_until: float | None = None) -> LoadedModel:
+        """The model, loading it if need be (autoload); while its worker restarts, held until it
+        is back (restart_hold.py), until `held_until` if given (a request held once already)."""
         state = self.state(model_id)
+        if state == "restarting":
+            await self.hold.wait(model_id, self.hold.deadline() if held_until is None else held_until)
+            state = self.state(model_id)
         if state == "restarting":
             raise EngineError(ErrorCode.RESTARTING, f"the worker of '{model_id}' died and is being "
                               "restarted; retry shortly")
@@ -342,8 +349,23 @@ class ModelRegistry:
         also makes it the most recent (the active chat model)."""
         self.transitions.pop(model_id, None)
         self.loaded[model_id] = model
+        self._hold_over_restarts(model)
         if most_recent:
             self.order = [m for m in self.order if m != model_id] + [model_id]
+
+    def _hold_over_restarts(self, model: LoadedModel) -> None:
+        """Requests its worker's death catches before their first event are submitted again on
+        the restarted worker (runner.Held) or, for a set of replicas, on another replica or the
+        restarted local one (ReplicaSet.retry)."""
+        if model.kind != "chat":
+            return
+        model_id = model.id
+
+        async def restarted():
+            if self.state(model_id) not in ("restarting", "loaded"):     # unloaded, failed: no retry
+                raise EngineError(ErrorCode.UNLOADED, f"'{model_id}' is no longer loaded")
+            return (await self.get(model_id, "chat")).runner
+        model.runner.restarted = restarted
 
     def fail(self, model_id: str, why: str) -> None:
         """The model is left `failed`, with why, until it is loaded again."""

@@ -28,16 +28,14 @@ import contextlib
 
 from ..engine.core import STATUS_ERROR, STATUS_RUNNING, SamplingParams
 from ..engine.errors import EndedEvent, EngineError, ErrorCode
-from .runner import Generation, ModelRunner
+from .runner import LOST, Generation, ModelRunner, Resubmitted
 
 AFFINITY_BLOCK = 64            # tokens a prefix block holds (hashed for affinity)
 AFFINITY_BLOCKS = 16           # blocks of a prompt considered (a prefix of up to 1,024 tokens)
 AFFINITY_MEMORY = 4096         # prefix blocks remembered per model (least recently used go)
 AFFINITY_SLACK = 0.25          # requests per slot beyond the least busy replica that void affinity
-# Errors of a replica that is gone, not of the request: retried on another replica before the
-# first token. The refusals of one replica's engine (queue, share) pass to the next one at submit.
-LOST = frozenset({ErrorCode.WORKER_LOST, ErrorCode.PEER_UNREACHABLE, ErrorCode.UNLOADED,
-                  ErrorCode.RESTARTING})
+# Errors of a replica that is gone (runner.LOST) are retried on another replica before the first
+# token. The refusals of one replica's engine (queue, share) pass to the next one at submit.
 REFUSED = frozenset({ErrorCode.QUEUE_FULL, ErrorCode.OVER_SHARE})
 
 
@@ -71,43 +69,22 @@ class LocalReplica:
                 "in_flight": self.in_flight}
 
 
-class Routed(Generation):
+class Routed(Resubmitted):
     """One API request's events over the replica set: the events of the replica it runs on,
     submitted again on another replica if the first is lost before any event came."""
 
-    __slots__ = ("replicas", "jobs", "stop", "owner", "replica", "inner", "started", "tried", "done")
+    __slots__ = ("replicas", "replica", "tried")
 
     def __init__(self, replicas: "ReplicaSet", jobs, stop, owner):
-        super().__init__(replicas.loop)
+        super().__init__(replicas.loop, jobs, stop, owner)
         self.replicas = replicas
-        self.jobs, self.stop, self.owner = jobs, stop, owner
         self.replica = None
-        self.inner: Generation | None = None
-        self.started = False            # an event has gone to the client: no retry from here
         self.tried: set = set()
-        self.done = False
 
-    @property
-    def finished(self) -> bool:
-        return self.done
-
-    async def __anext__(self):
-        while True:
-            if self.done:
-                raise StopAsyncIteration
-            try:
-                event = await self.inner.__anext__()
-            except StopAsyncIteration:
-                self._end()
-                raise
-            if (not self.started and self.replica is not None and event.status != STATUS_RUNNING
-                    and isinstance(getattr(event, "error", None), EngineError) and event.error.code in LOST):
-                if await self.replicas.retry(self, event.error):
-                    continue
-            self.started = True
-            if self.inner.finished:
-                self._end()
-            return event
+    async def resubmit(self, error: EngineError) -> bool:
+        if self.replica is None:
+            return False
+        return await self.replicas.retry(self, error)
 
     def _end(self) -> None:
         if not self.done:
@@ -130,6 +107,7 @@ class ReplicaSet:
         self.closing = False
         self.lost_nodes: dict[str, str] = {}   # node -> why its replica went (degraded until back)
         self.routed = collections.Counter()    # node id -> requests routed there (observability)
+        self.restarted = None                  # waits out a restart of the model (registry.py)
         self._idle_callbacks: list = []
 
     # ---- the runner's surface ------------------------------------------------------------------
@@ -262,12 +240,22 @@ class ReplicaSet:
         old.cancel(inner)
         routed.replica = None
         try:
-            replica = self.pick(routed.jobs[0][0], exclude=routed.tried)
-            await self._submit(routed, replica)
+            await self._submit(routed, await self._next_replica(routed))
         except EngineError:                # no replica left: the error it had stands
             routed.replica = None
             routed.inner = _ended(self.loop, inner, error)
         return True
+
+    async def _next_replica(self, routed: Routed):
+        """Another live replica; with none left, the leader's own once its worker has restarted
+        (held for engine.restart_hold, restart_hold.py)."""
+        try:
+            return self.pick(routed.jobs[0][0], exclude=routed.tried)
+        except EngineError:
+            if self.restarted is None:
+                raise
+        await self.restarted()
+        return self.pick(routed.jobs[0][0], exclude=routed.tried)
 
     def finished(self, routed: Routed) -> None:
         if routed in self.open:

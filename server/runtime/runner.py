@@ -58,6 +58,109 @@ class Generation:
         return event
 
 
+# Errors of an engine that is gone, not of the request: a request that has had no event yet is
+# submitted again (Resubmitted). Refusals (queue, share) are the request's own answer.
+LOST = frozenset({ErrorCode.WORKER_LOST, ErrorCode.PEER_UNREACHABLE, ErrorCode.UNLOADED,
+                  ErrorCode.RESTARTING})
+
+
+def lost_before_start(event) -> bool:
+    error = getattr(event, "error", None)
+    return event.status != STATUS_RUNNING and isinstance(error, EngineError) and error.code in LOST
+
+
+class Resubmitted(Generation):
+    """One API request's events from an engine that may be lost before the request's first
+    event: then `resubmit()` submits its jobs again elsewhere (Routed: another replica; Held: the
+    model's restarted worker) and the client sees nothing. Once an event has gone to the client
+    the request stays where it is, and a loss ends it with the error event."""
+
+    __slots__ = ("jobs", "stop", "owner", "inner", "started", "done")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, jobs, stop, owner):
+        super().__init__(loop)
+        self.jobs, self.stop, self.owner = jobs, stop, owner
+        self.inner: Generation | None = None
+        self.started = False            # an event has gone to the client: no resubmitting from here
+        self.done = False
+
+    @property
+    def finished(self) -> bool:
+        return self.done
+
+    async def __anext__(self):
+        while True:
+            if self.done:
+                raise StopAsyncIteration
+            try:
+                event = await self.inner.__anext__()
+            except StopAsyncIteration:
+                self._end()
+                raise
+            if not self.started and lost_before_start(event) and await self.resubmit(event.error):
+                continue
+            self.started = True
+            if self.inner.finished:
+                self._end()
+            return event
+
+    async def resubmit(self, error: EngineError) -> bool:
+        """Submit the jobs again; True when `inner` is a new generation to read from."""
+        raise NotImplementedError
+
+    def _end(self) -> None:
+        self.done = True
+
+
+class Held(Resubmitted):
+    """A request on a model's own worker (no replicas). Lost before its first event (the worker
+    died while it waited for a slot, or before its submit was answered), it waits for the
+    restarted worker, at most engine.restart_hold (registry.get's hold), and is submitted there,
+    once."""
+
+    __slots__ = ("runner", "retried")
+
+    def __init__(self, runner: "ModelRunner", jobs, stop, owner):
+        super().__init__(runner.loop, jobs, stop, owner)
+        self.runner = runner
+        self.retried = False
+
+    async def start(self) -> None:
+        try:
+            self._use(await self.runner.submit(self.jobs, self.stop, self.owner))
+        except EngineError as exc:
+            if exc.code not in LOST or self.runner.restarted is None:
+                raise
+            await self._again()
+
+    async def resubmit(self, error: EngineError) -> bool:
+        if self.retried or self.runner.restarted is None:
+            return False
+        self.runner.cancel(self.inner)
+        try:
+            await self._again()
+        except EngineError:
+            return False                 # the restart did not come in time, or failed: the loss stands
+        return True
+
+    async def _again(self) -> None:
+        """The jobs on the restarted worker; raises what the restart came to (503 past the hold,
+        the model failed or unloaded)."""
+        self.retried = True
+        fresh = await self.runner.restarted()
+        self.runner = fresh
+        self._use(await fresh.submit(self.jobs, self.stop, self.owner))
+
+    def _use(self, inner: Generation) -> None:
+        self.inner = inner
+        self.choice = inner.choice
+
+    def cancel(self) -> None:
+        if self.inner is not None:
+            self.runner.cancel(self.inner)
+        self.done = True
+
+
 def finish_reason(status: int) -> str | None:
     return FINISH_REASONS[status]
 
@@ -73,6 +176,9 @@ class ModelRunner:
         self.closing = False          # set on the loop thread before the engine is freed elsewhere
         self._leases = 0              # threads using the engine's vocabulary right now
         self._lease_lock = threading.Condition()
+        # A model's own runner (not a replica's): how to reach the runner of its restarted worker
+        # (registry.py sets it), for requests its worker's death caught before their first event.
+        self.restarted = None
         loop.add_reader(engine.fileno(), self._on_events)
 
     @contextlib.contextmanager
@@ -93,7 +199,17 @@ class ModelRunner:
                        stop: list[str], owner: int = 0) -> Generation:
         """Submit one engine request per (prompt, max_tokens, sampling) job; job i is choice i.
         `owner` (the API key) is the unit of the fair share of slots and queue. All choices are
-        taken or none."""
+        taken or none. A model's own runner holds the request over a restart of its worker
+        (Held)."""
+        if self.restarted is None:
+            return await self.submit(jobs, stop, owner)
+        held = Held(self, jobs, stop, owner)
+        await held.start()
+        return held
+
+    async def submit(self, jobs: list[tuple[list[int], int, SamplingParams]],
+                     stop: list[str], owner: int = 0) -> Generation:
+        """generate() on this runner's engine alone."""
         self.check_open()
         stream = Generation(self.loop)
         submitted = []
@@ -136,6 +252,9 @@ class ModelRunner:
 
     def cancel(self, stream: Generation) -> None:
         """The client went away (or the request failed): free the slots at the next step."""
+        if isinstance(stream, Held):
+            stream.cancel()              # on the runner it runs on now
+            return
         for rid in stream.choice:
             if self._streams.pop(rid, None) is not None:
                 self.engine.cancel(rid)

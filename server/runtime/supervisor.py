@@ -150,16 +150,18 @@ class Supervisor:
                 # of one is `restarting` (from now on, as below)
                 if all(r is model.replicas.local for r in model.replicas.live()):
                     registry.transitions[model.id] = "restarting"
-                self.loop.create_task(self._restart_local_replica(model, client.exit_status))
+                registry.hold.restarting(model.id, self.loop.create_task(
+                    self._restart_local_replica(model, client.exit_status)))
                 return
             if model.runner.engine is client and not self.closing:
                 # restarting from now on, not after a hop of the task: its requests have their
                 # error events already, and a client that asks at once must not see "loaded"
                 registry.transitions[model.id] = "restarting"
                 if model.placement is not None:
-                    self.loop.create_task(self._replace(model, client.exit_status))
+                    restart = self._replace(model, client.exit_status)
                 else:
-                    self.loop.create_task(self._restart(model, client.exit_status))
+                    restart = self._restart(model, client.exit_status)
+                registry.hold.restarting(model.id, self.loop.create_task(restart))
                 return
 
     def record_crash(self, model_id: str, status) -> int:

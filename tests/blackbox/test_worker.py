@@ -108,31 +108,66 @@ def test_nodes_and_metrics_show_each_workers_memory(node):
     assert f'stackd_model_restarts_total{{model="{CHAT}"}} 0' in metrics
 
 
-def test_a_killed_worker_ends_its_requests_and_comes_back(node):
+def chat_status(node, text, max_tokens=8):
+    return node.request("POST", "/v1/chat/completions", port="inference", key=node.admin_key,
+                        body={"model": CHAT, "max_tokens": max_tokens, "temperature": 0,
+                              "messages": [{"role": "user", "content": text}]})[0]
+
+
+def test_a_killed_worker_costs_only_the_streams_that_had_sent_tokens(node):
+    """kill -9 under load: the streams that had sent tokens end with the 503 error event; the
+    requests still waiting for a slot (streams and not) are submitted again on the restarted
+    worker, and those that arrive during the restart are held for it (engine.restart_hold):
+    all of them are answered."""
     before = greedy(node)
     pid = describe(node, CHAT)["pid"]
-    with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        streams = [pool.submit(stream, node, f"Tell story number {i}.") for i in range(12)]
-        time.sleep(2.0)
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        streams = [pool.submit(stream, node, f"Tell story number {i}.") for i in range(12)]   # 8 slots
+        time.sleep(1.0)
+        waiting = [pool.submit(chat_status, node, f"Queued question {i}.") for i in range(4)]
+        time.sleep(1.0)
         os.kill(pid, signal.SIGKILL)
+        arriving = [pool.submit(chat_status, node, f"Question {i} during the restart.") for i in range(4)]
         health = node.request("GET", "/v1/health", key=node.admin_key)[0]
         embedding = node.request("POST", "/v1/embeddings", port="inference", key=node.admin_key,
                                  body={"model": EMBED, "input": "still here"})[0]
         results = [s.result() for s in streams]
+        answers = [f.result() for f in waiting + arriving]
     assert health == 200 and embedding == 200            # the rest of the daemon served on
+    assert answers == [200] * 8
+    ended = 0
     for status, events, done in results:
-        if status == 200:                                # a stream: ends with an error event
-            assert not done
+        assert status == 200
+        if not done:                                     # it had sent tokens: the error event
             error = json.loads(events[-1])["error"]
             assert error["code"] == 503 and error["type"] == "service_unavailable_error"
-        else:                                            # a waiting response: 503
-            assert status == 503
+            assert any('"content"' in e for e in events[:-1]), events
+            ended += 1
+    assert ended < 12                                    # the queued ones went on after the restart
     wait_until(lambda: describe(node, CHAT)["state"] == "loaded", what="the restart")
     model = describe(node, CHAT)
     assert model["restarts"] == 1 and model["pid"] != pid
     assert model["last_exit"]["signal"] == "SIGKILL"
     assert greedy(node) == before                        # the same model, the same answers
     assert node.proc.poll() is None
+
+
+def test_past_restart_hold_a_request_gets_503_with_retry_after(tmp_path):
+    crash = tmp_path / "crash"
+    node = Daemon(str(tmp_path / "data"), CONFIG + "restart_hold = 0.5\n", models=True,
+                  env={"STACKD_TESTING_WORKER_CRASH_FILE": str(crash)})
+    try:
+        crash.write_text("")                             # the restart cannot succeed
+        os.kill(describe(node, CHAT)["pid"], signal.SIGKILL)
+        wait_until(lambda: describe(node, CHAT)["state"] == "restarting", what="the restart")
+        status, headers, reply = node.request("POST", "/v1/chat/completions", port="inference",
+                                              key=node.admin_key, body={
+                                                  "model": CHAT, "messages": [{"role": "user", "content": "hi"}]})
+        assert status == 503 and headers["retry-after"], reply
+        assert reply["error"]["type"] == "service_unavailable_error"
+    finally:
+        crash.unlink(missing_ok=True)
+        node.stop()
 
 
 def test_a_worker_that_dies_on_every_start_ends_failed(tmp_path):

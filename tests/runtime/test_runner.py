@@ -1,4 +1,5 @@
 """The runner between the loop and an engine client, with a fake client: no model."""
+import asyncio
 import os
 
 import pytest
@@ -98,3 +99,84 @@ def test_a_refused_submission_leaves_nothing_behind(loop, verdict, code, status)
     engine.emit(event(engine.submitted[0], b"late"))  # an event for a refused choice is dropped
     loop.run_until_complete(__import__("asyncio").sleep(0.01))
     assert runner._streams == {}
+
+
+# ---- a worker that dies: requests without an event yet go to the restarted one (Held) ----------
+
+def lost_event(rid):
+    from stackd.engine.errors import EndedEvent
+    return EndedEvent(rid, STATUS_ERROR, EngineError(ErrorCode.WORKER_LOST, "the worker died"))
+
+
+def restartable(loop, fresh_runner=None, error=None):
+    """A model's own runner whose restarted() gives `fresh_runner` (or raises `error`)."""
+    runner = ModelRunner(loop, FakeClient())
+    calls = []
+
+    async def restarted():
+        calls.append(1)
+        if error is not None:
+            raise error
+        return fresh_runner
+    runner.restarted = restarted
+    return runner, calls
+
+
+def test_a_request_lost_before_its_first_event_runs_on_the_restarted_worker(loop):
+    fresh = ModelRunner(loop, FakeClient())
+    runner, calls = restartable(loop, fresh)
+    stream = loop.run_until_complete(runner.generate([([1], 4, SamplingParams())], []))
+    (rid,) = runner.engine.submitted
+    runner.engine.emit(lost_event(rid))
+
+    async def drain():
+        return [(stream.choice[e.id_request], e.text, e.status) async for e in stream]
+
+    async def answer_when_resubmitted():
+        while not fresh.engine.submitted:
+            await asyncio.sleep(0.01)
+        fresh.engine.emit(event(fresh.engine.submitted[0], b"hi", STATUS_STOPPED))
+
+    out, _ = loop.run_until_complete(asyncio.gather(drain(), answer_when_resubmitted()))
+    assert out == [(0, b"hi", STATUS_STOPPED)] and calls == [1]
+    runner.cancel(stream)                             # the client's cancel reaches the fresh engine
+    assert fresh.engine.cancelled == [] and runner.engine.cancelled == []
+
+
+def test_a_request_that_had_an_event_is_not_resubmitted(loop):
+    fresh = ModelRunner(loop, FakeClient())
+    runner, calls = restartable(loop, fresh)
+    stream = loop.run_until_complete(runner.generate([([1], 4, SamplingParams())], []))
+    (rid,) = runner.engine.submitted
+    runner.engine.emit(event(rid, b"a"), lost_event(rid))
+
+    async def drain():
+        return [e.status async for e in stream]
+
+    assert loop.run_until_complete(drain()) == [STATUS_RUNNING, STATUS_ERROR]
+    assert calls == [] and fresh.engine.submitted == []
+
+
+def test_a_restart_that_does_not_come_leaves_the_loss_standing(loop):
+    runner, calls = restartable(loop, error=EngineError(ErrorCode.RESTARTING, "still restarting"))
+    stream = loop.run_until_complete(runner.generate([([1], 4, SamplingParams())], []))
+    (rid,) = runner.engine.submitted
+    runner.engine.emit(lost_event(rid))
+
+    async def drain():
+        return [e async for e in stream]
+
+    (last,) = loop.run_until_complete(drain())
+    assert last.status == STATUS_ERROR and last.error.code is ErrorCode.WORKER_LOST and calls == [1]
+
+
+def test_a_submit_to_a_lost_worker_waits_for_the_restarted_one(loop):
+    fresh = ModelRunner(loop, FakeClient())
+    runner, calls = restartable(loop, fresh)
+    runner.engine.lost = True
+
+    async def refused(*_):
+        raise EngineError(ErrorCode.WORKER_LOST, "not running")
+    runner.engine.submit_jobs = refused
+    stream = loop.run_until_complete(runner.generate([([1], 4, SamplingParams())], []))
+    assert calls == [1] and list(stream.choice) == fresh.engine.submitted
