@@ -205,11 +205,14 @@ async def prepare(ctx, body: dict) -> Prepared:
 
 async def start(ctx, request, body: dict) -> ChatRun:
     """Prepare a chat body and submit it. Every 400 is raised here, before anything is sent."""
-    p = await prepare(ctx, body)
-    generate.check_fits(len(p.prompt), p.model.context_length, "messages")
-    stream = await p.model.runner.generate(
-        generate.jobs_for([p.prompt], p.gen, p.model.context_length), p.gen.stop,
-        generate.owner_of(request))
+    async def submit():
+        p = await prepare(ctx, body)
+        generate.check_fits(len(p.prompt), p.model.context_length, "messages")
+        return p, await p.model.runner.generate(
+            generate.jobs_for([p.prompt], p.gen, p.model.context_length), p.gen.stop,
+            generate.owner_of(request))
+
+    p, stream = await generate.across_a_restart(ctx, params.MODEL.read(body), submit)
     head = responses.envelope("chat.completion", responses.new_id("chatcmpl"), p.model.id)
     return ChatRun(p.model, p.gen, stream, head, p.parse)
 

@@ -45,14 +45,20 @@ def prompts_of(body: dict, engine) -> list[list[int]]:
 
 async def completions(ctx, request) -> Response | StreamingResponse:
     body = request.json()
-    model = await ctx.models.get(params.MODEL.read(body), "chat")
-    gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=False)
+    model_id = params.MODEL.read(body)
     echo = ECHO.read(body)
-    prompts = await generate.tokenized(model, prompts_of, body, request)
-    for prompt in prompts:
-        generate.check_fits(len(prompt), model.context_length)
-    stream = await model.runner.generate(generate.jobs_for(prompts, gen, model.context_length), gen.stop,
-                                   generate.owner_of(request))
+
+    async def submit():
+        model = await ctx.models.get(model_id, "chat")
+        gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=False)
+        prompts = await generate.tokenized(model, prompts_of, body, request)
+        for prompt in prompts:
+            generate.check_fits(len(prompt), model.context_length)
+        stream = await model.runner.generate(generate.jobs_for(prompts, gen, model.context_length),
+                                             gen.stop, generate.owner_of(request))
+        return model, gen, prompts, stream
+
+    model, gen, prompts, stream = await generate.across_a_restart(ctx, model_id, submit)
     head = responses.envelope("text_completion", responses.new_id("cmpl"), model.id)
     n_choices = len(prompts) * gen.n
     if gen.stream:

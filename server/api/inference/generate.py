@@ -2,7 +2,8 @@
 and the context-length rules."""
 from __future__ import annotations
 
-from ...runtime.runner import Generation
+from ...engine.errors import EngineError
+from ...runtime.runner import LOST, Generation
 from ...system import offload
 from ...http.errors import ApiError, ErrorKind, invalid
 from . import params as gen_params
@@ -25,6 +26,19 @@ async def tokenized(model, parse, body: dict, request):
             return parse(body, engine)
 
     return await offload.run(run)
+
+
+async def across_a_restart(ctx, model_id: str, submit):
+    """`submit()` (from the model's lookup to its jobs' submit) once more if the model's worker
+    died under it: looked up just before, the model's engine went away while the request was
+    rendered. The second lookup waits for the restarted worker (engine.restart_hold); a model
+    unloaded meanwhile is not loaded again for it."""
+    try:
+        return await submit()
+    except EngineError as exc:
+        if exc.code not in LOST or ctx.models.state(model_id) not in ("restarting", "loaded"):
+            raise
+    return await submit()
 
 
 def owner_of(request) -> int:
