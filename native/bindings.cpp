@@ -325,15 +325,18 @@ PYBIND11_MODULE(_engine, m) {
 
     // A finished request's durations on the engine's clock (microseconds).
     py::class_<request_timings>(m, "Timings")
-        .def(py::init([](int64_t queue, int64_t prompt, int64_t first_token, int64_t predicted) {
-                 return request_timings{true, queue, prompt, first_token, predicted};
+        .def(py::init([](int64_t queue, int64_t prompt, int64_t first_token, int64_t predicted,
+                         int64_t drafted, int64_t draft_accepted) {
+                 return request_timings{true, queue, prompt, first_token, predicted, drafted, draft_accepted};
              }),
              py::kw_only(), py::arg("t_queue_us"), py::arg("t_prompt_us"), py::arg("t_first_token_us"),
-             py::arg("t_predicted_us"))
+             py::arg("t_predicted_us"), py::arg("n_drafted") = 0, py::arg("n_draft_accepted") = 0)
         .def_readonly("t_queue_us", &request_timings::t_queue_us)
         .def_readonly("t_prompt_us", &request_timings::t_prompt_us)
         .def_readonly("t_first_token_us", &request_timings::t_first_token_us)
-        .def_readonly("t_predicted_us", &request_timings::t_predicted_us);
+        .def_readonly("t_predicted_us", &request_timings::t_predicted_us)
+        .def_readonly("n_drafted", &request_timings::n_drafted)
+        .def_readonly("n_draft_accepted", &request_timings::n_draft_accepted);
 
     // What the engine reports about a request after a step; the finishing event has a
     // finished status (and `error` when that status is FINISHED_ERROR).
@@ -403,13 +406,15 @@ PYBIND11_MODULE(_engine, m) {
                          int32_t flash_attn, float key_share, bool quiet,
                          std::vector<std::string> rpc_endpoints, int32_t split_mode,
                          std::vector<float> tensor_split, int32_t n_gpu_layers, int32_t n_ubatch,
-                         int32_t n_lanes) {
+                         int32_t n_lanes, int32_t speculative_draft_max, int32_t speculative_step_tokens) {
                  // Named fields, in engine_params' order (GCC checks both).
                  const engine_params p{
                      .model_path = model_path, .embeddings = embeddings, .slots = slots,
                      .context_length = context_length, .batch = batch, .n_ubatch = n_ubatch,
                      .threads = threads, .max_queue = max_queue, .flash_attn = flash_attn,
-                     .key_share = key_share, .n_lanes = n_lanes, .quiet = quiet,
+                     .key_share = key_share, .n_lanes = n_lanes,
+                     .speculative_draft_max = speculative_draft_max,
+                     .speculative_step_tokens = speculative_step_tokens, .quiet = quiet,
                      .placement = {std::move(rpc_endpoints), split_mode, std::move(tensor_split), n_gpu_layers}};
                  py::gil_scoped_release release;
                  return std::make_unique<engine>(p);
@@ -420,7 +425,8 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("quiet") = true, py::arg("rpc_endpoints") = std::vector<std::string>{},
              py::arg("split_mode") = (int32_t) LLAMA_SPLIT_MODE_LAYER,
              py::arg("tensor_split") = std::vector<float>{}, py::arg("n_gpu_layers") = 0,
-             py::arg("n_ubatch") = 0, py::arg("n_lanes") = 1)
+             py::arg("n_ubatch") = 0, py::arg("n_lanes") = 1, py::arg("speculative_draft_max") = 8,
+             py::arg("speculative_step_tokens") = 16)
         .def("submit",
              [](engine & e, int64_t id, std::vector<int32_t> prompt, int32_t max_tokens,
                 std::vector<std::string> stop, const sampling_params & sampling, int64_t owner) {

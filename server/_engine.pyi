@@ -31,6 +31,8 @@ class EngineStats(TypedDict):
     n_prefix_cache_hit_tokens: int
     n_finished_stop: int
     n_finished_length: int
+    n_draft_tokens: int
+    n_draft_accepted_tokens: int
     n_cancelled: int
     n_errors: int
 
@@ -63,8 +65,10 @@ class Timings:
     t_prompt_us: int             # slot -> first token
     t_first_token_us: int        # submitted -> first token
     t_predicted_us: int          # first token -> last token
+    n_drafted: int               # drafted tokens verified (speculative decoding)
+    n_draft_accepted: int        # of them, accepted
     def __init__(self, *, t_queue_us: int, t_prompt_us: int, t_first_token_us: int,
-                 t_predicted_us: int) -> None: ...
+                 t_predicted_us: int, n_drafted: int = 0, n_draft_accepted: int = 0) -> None: ...
 
 # A logprobs entry: (token, logprob, piece, [(token, logprob, piece) of the top alternatives])
 LogprobEntry = tuple[int, float, bytes, list[tuple[int, float, bytes]]]
@@ -111,6 +115,7 @@ class SamplingParams:
     n_top_logprobs: int
     min_tokens: int
     ignore_eos: bool
+    speculative: bool            # false: this request is never drafted for
     def __init__(self) -> None: ...
 
 class TraceRecords:                       # a stopped recording
@@ -133,7 +138,8 @@ class Engine(_ModelFacts):
                  max_queue: int = 256, flash_attn: int = -1, key_share: float = 1.0,
                  quiet: bool = True, rpc_endpoints: list[str] = ..., split_mode: int = ...,
                  tensor_split: list[float] = ..., n_gpu_layers: int = 0, n_ubatch: int = 0,
-                 n_lanes: int = 1) -> None: ...   # n_lanes: contexts stepping in turn (engine.h)
+                 n_lanes: int = 1, speculative_draft_max: int = 8,
+                 speculative_step_tokens: int = 16) -> None: ...   # n_lanes: contexts stepping in turn (engine.h)
     def submit(self, id: int, prompt: list[int], max_tokens: int, stop: list[str],
                sampling: SamplingParams, owner: int = 0) -> int: ...   # a SUBMIT_* code
     def submit_embedding(self, id: int, inputs: list[list[int]], owner: int = 0) -> int: ...

@@ -21,6 +21,10 @@
       "Prompt tokens reused from the KV cache instead of computed.")                                \
     X(n_finished_stop, "request_success_total", "finished_reason=\"stop\"", "Requests finished, by finish reason.") \
     X(n_finished_length, "request_success_total", "finished_reason=\"length\"", "Requests finished, by finish reason.") \
+    X(n_draft_tokens, "spec_decode_num_draft_tokens_total", "",                                     \
+      "Drafted tokens verified (draftless speculative decoding: prompt lookup).")                  \
+    X(n_draft_accepted_tokens, "spec_decode_num_accepted_tokens_total", "",                         \
+      "Drafted tokens accepted (sampled as drafted).")                                              \
     X(n_cancelled, "requests_cancelled_total", "", "Requests cancelled before they finished.")      \
     X(n_errors, "engine_errors_total", "", "Requests the engine failed (a decode error or a refused queue entry).")
 

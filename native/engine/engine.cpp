@@ -59,6 +59,8 @@ scheduler_params scheduler_params_of(const engine_params & p, int32_t index) {
     sp.n_max_waiting = p.max_queue;
     sp.n_max_slots_per_owner = share_of(p.key_share, n_slots);
     sp.share_time = p.key_share < 1.0f;
+    sp.n_draft_max = p.speculative_draft_max;
+    sp.n_draft_step_tokens = p.speculative_step_tokens;
     return sp;
 }
 
@@ -439,6 +441,7 @@ void engine::take_tasks(lane & ln, std::vector<task> & incoming) {
         req->id_owner = t.id_owner;
         req->prompt = t.request->prompt;
         req->limits.n_max_tokens = t.request->max_tokens;
+        req->may_draft = t.request->sampling.speculative;
         text_stream stream(t.request->stop);
         live_request live{std::move(t.request), std::move(t.sampler), std::move(stream),
                           (int32_t) req->prompt.size()};
@@ -541,7 +544,10 @@ void engine::step_generate(lane & ln) {
             continue;
         }
         engine_event ev;
-        outcomes.push_back(sample_guarded(ln, item.id_request, logit_index[i], ev));
+        outcomes.push_back(item.n_draft > 0 ? sample_drafted(ln, item, logit_index[i], ev)
+                                            : sample_guarded(ln, item.id_request, logit_index[i], ev));
+        delta.n_draft_tokens += item.n_draft;
+        delta.n_draft_accepted_tokens += outcomes.back().n_accepted;
         events.push_back(std::move(ev));
         const uint64_t t_sampled = now_us();
         sample_us[i] = (int64_t) (t_sampled - t_item);
@@ -558,7 +564,7 @@ void engine::step_generate(lane & ln) {
     delta.t_emit_us = t5 - t4;
     delta.n_steps = 1;
     delta.n_tokens_decoded = plan.n_tokens;
-    delta.n_tokens_sampled = outcomes.size();
+    delta.n_tokens_sampled = outcomes.size() + delta.n_draft_accepted_tokens;
     obs_.step(plan, t0, delta);
     std::lock_guard<std::mutex> lock(mu_stats_);
     stats_ += delta;
@@ -609,22 +615,27 @@ void engine::decode_plan(lane & ln, const batch_plan & plan, std::vector<int32_t
     for (size_t i = 0; i < plan.items.size(); ++i) {
         const plan_item & item = plan.items[i];
         const sched_request * req = ln.sched.find(item.id_request);
+        // a drafted item samples at every position: its rows start at its first token
+        const int32_t first_sampled = item.n_draft > 0 ? batch.n_tokens : batch.n_tokens + item.n_tokens - 1;
         for (int32_t k = 0; k < item.n_tokens; ++k) {
-            const int32_t token = item.is_prompt ? req->prompt[item.pos0 + k] : req->last_token;
+            const int32_t token = item.is_prompt ? req->prompt[item.pos0 + k]
+                                : k == 0         ? req->last_token
+                                                 : req->draft[k - 1];
             const bool last = k == item.n_tokens - 1;
-            batch_add(batch, token, item.pos0 + k, item.id_slot, item.want_logits && last);
+            batch_add(batch, token, item.pos0 + k, item.id_slot, item.want_logits && (last || item.n_draft > 0));
         }
         if (item.want_logits) {
-            logit_index[i] = batch.n_tokens - 1;
+            logit_index[i] = first_sampled;
         }
     }
 }
 
 // One request's failure in sampling (a grammar that throws, a bad state in llama.cpp) ends
 // that request with an error event; the others in the batch go on.
-step_outcome engine::sample_guarded(lane & ln, int64_t id_request, int32_t index, engine_event & ev) {
+step_outcome engine::sample_guarded(lane & ln, int64_t id_request, int32_t index, engine_event & ev,
+                                    int32_t n_before) {
     try {
-        return sample(ln, id_request, index, ev);
+        return sample(ln, id_request, index, ev, n_before);
     } catch (const std::exception & e) {
         ev.error = std::string("sampling failed: ") + e.what();
     } catch (...) {
@@ -636,8 +647,45 @@ step_outcome engine::sample_guarded(lane & ln, int64_t id_request, int32_t index
     return {id_request, -1, REQUEST_STATUS_FINISHED_ERROR};
 }
 
-// Sample the next token of one request from output row `index`, and describe it in `ev`.
-step_outcome engine::sample(lane & ln, int64_t id_request, int32_t index, engine_event & ev) {
+// Verifies a draft: samples position after position, each exactly as without the draft (the
+// same sampler, RNG draws, grammar, penalties, stop strings and limits, in the same order),
+// while the sample is the drafted token. For greedy that is "accept while the argmax is the
+// draft". For temperature > 0 it is the speculative-sampling rule with a point-mass draft: the
+// draft x is kept with probability p(x), and otherwise the token drawn is distributed as p with
+// x removed and renormalised, so every token is distributed as without drafting. The KV cells
+// of the drafted tokens after the last accepted one are removed; the samples go out as one event.
+step_outcome engine::sample_drafted(lane & ln, const plan_item & item, int32_t index, engine_event & ev) {
+    const std::vector<token_t> & draft = ln.sched.find(item.id_request)->draft;
+    step_outcome out{};
+    for (int32_t j = 0; j <= item.n_draft; ++j) {
+        engine_event one;
+        out = sample_guarded(ln, item.id_request, index + j, one, j);
+        out.n_accepted = j;
+        if (j == 0) {
+            ev = std::move(one);
+        } else {
+            ev.text += one.text;
+            ev.n_tokens += one.n_tokens;
+            ev.n_generated = one.n_generated;
+            ev.error = one.error;
+            for (auto & entry : one.logprobs) {
+                ev.logprobs.push_back(std::move(entry));
+            }
+        }
+        if (request_status_is_finished(out.status) || j == item.n_draft || out.token != draft[j]) {
+            break;
+        }
+    }
+    if (out.n_accepted < item.n_draft) {
+        llama_memory_seq_rm(llama_get_memory(ln.ctx), item.id_slot, item.pos0 + 1 + out.n_accepted, -1);
+    }
+    obs_.drafted(item.id_request, item.n_draft, out.n_accepted);
+    return out;
+}
+
+// Sample the next token of one request from output row `index`, and describe it in `ev`;
+// `n_before` tokens of the request were sampled earlier in this step (a draft's verification).
+step_outcome engine::sample(lane & ln, int64_t id_request, int32_t index, engine_event & ev, int32_t n_before) {
     live_request & live = ln.live.at(id_request);
     const sched_request & req = *ln.sched.find(id_request);
     const sampling_params & sp = live.request->sampling;
@@ -648,7 +696,8 @@ step_outcome engine::sample(lane & ln, int64_t id_request, int32_t index, engine
     if (sp.logprobs) {
         stats = logit_stats_of(logits, n_vocab, sp.n_top_logprobs);
     }
-    const bool suppress_eog = sp.ignore_eos || req.n_generated < sp.min_tokens;
+    const int32_t n_generated = req.n_generated + n_before;
+    const bool suppress_eog = sp.ignore_eos || n_generated < sp.min_tokens;
     const int32_t token = live.sampler->sample(logits, n_vocab, suppress_eog, eog_tokens_);
     obs_.token(id_request);
 
@@ -656,10 +705,10 @@ step_outcome engine::sample(lane & ln, int64_t id_request, int32_t index, engine
     ev.n_tokens = 1;
     ev.n_prompt = live.n_prompt;
     ev.n_cached = req.n_cached;
-    ev.n_generated = req.n_generated + 1;
+    ev.n_generated = n_generated + 1;
     if (token == LLAMA_TOKEN_NULL) {
         ev.n_tokens = 0;
-        ev.n_generated = req.n_generated;
+        ev.n_generated = n_generated;
         ev.error = "the response format's grammar allows no further token";
         return {id_request, -1, REQUEST_STATUS_FINISHED_ERROR};
     }

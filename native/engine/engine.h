@@ -52,6 +52,9 @@ struct engine_params {
     float       key_share      = 1.0f;   // most of the slots and of the queue one owner may hold
     int32_t     n_lanes        = 1;      // contexts stepping in turn (slots shared out among them):
                                          // for a layer split over several nodes
+    int32_t     speculative_draft_max = 8;     // drafted tokens per sequence and step (0: no
+                                               // drafting; engine.speculative off)
+    int32_t     speculative_step_tokens = 16;  // a step's tokens that drafts may fill up to
     bool        quiet          = true;   // silence llama.cpp's own logging
     placement_params placement;          // empty: every layer on this CPU
 };
@@ -195,8 +198,10 @@ private:
     void step_embed(lane & ln);
     int32_t decode(lane & ln);
     void decode_plan(lane & ln, const batch_plan & plan, std::vector<int32_t> & logit_index);
-    step_outcome sample(lane & ln, int64_t id_request, int32_t index, engine_event & event);
-    step_outcome sample_guarded(lane & ln, int64_t id_request, int32_t index, engine_event & event);
+    step_outcome sample(lane & ln, int64_t id_request, int32_t index, engine_event & event, int32_t n_before);
+    step_outcome sample_guarded(lane & ln, int64_t id_request, int32_t index, engine_event & event,
+                                int32_t n_before = 0);
+    step_outcome sample_drafted(lane & ln, const plan_item & item, int32_t index, engine_event & event);
     void finish_events(lane & ln, const std::vector<int64_t> & finished, std::vector<engine_event> & events);
     void forget(lane & ln, int64_t id_request);
     void release_held(lane & ln, int64_t id_owner);

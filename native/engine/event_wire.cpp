@@ -90,6 +90,8 @@ void encode_events(const std::vector<engine_event> & events, std::string & out) 
             put<int64_t>(out, ev.timings.t_prompt_us);
             put<int64_t>(out, ev.timings.t_first_token_us);
             put<int64_t>(out, ev.timings.t_predicted_us);
+            put<int64_t>(out, ev.timings.n_drafted);
+            put<int64_t>(out, ev.timings.n_draft_accepted);
         }
         put<uint32_t>(out, (uint32_t) ev.logprobs.size());
         for (const logprob_entry & e : ev.logprobs) {
@@ -141,6 +143,8 @@ std::vector<engine_event> decode_events(const char * data, size_t size) {
             ev.timings.t_prompt_us = in.get<int64_t>();
             ev.timings.t_first_token_us = in.get<int64_t>();
             ev.timings.t_predicted_us = in.get<int64_t>();
+            ev.timings.n_drafted = in.get<int64_t>();
+            ev.timings.n_draft_accepted = in.get<int64_t>();
         }
         const uint32_t n_logprobs = in.get_count(k_alt_min + 4);
         ev.logprobs.reserve(n_logprobs);

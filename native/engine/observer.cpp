@@ -45,6 +45,15 @@ void engine_observer::token(int64_t id_request) {
     pending_.n_generation_tokens += 1;
 }
 
+void engine_observer::drafted(int64_t id_request, int32_t n_drafted, int32_t n_accepted) {
+    std::lock_guard<std::mutex> hooks(mu_hooks_);
+    auto it = clocks_.find(id_request);
+    if (it != clocks_.end()) {
+        it->second.n_drafted += n_drafted;
+        it->second.n_draft_accepted += n_accepted;
+    }
+}
+
 request_timings engine_observer::finished(int64_t id_request, request_status status) {
     std::lock_guard<std::mutex> hooks(mu_hooks_);
     switch (status) {

@@ -25,6 +25,7 @@ public:
     void queued(int64_t id_request, uint64_t t_submit_us, int32_t n_prompt);
     void admitted(const plan_admission & admission);
     void token(int64_t id_request);
+    void drafted(int64_t id_request, int32_t n_drafted, int32_t n_accepted);
     // The request's last event is being built: count it, and return its timings.
     request_timings finished(int64_t id_request, request_status status);
     void step(const batch_plan & plan, uint64_t t_begin_us, const engine_stats & delta);

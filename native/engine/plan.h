@@ -9,7 +9,8 @@
 using token_t = int32_t;
 
 // One sequence's share of a decode step: `n_tokens` consecutive tokens at positions
-// [pos0, pos0 + n_tokens), read from the request's prompt or its last sampled token.
+// [pos0, pos0 + n_tokens), read from the request's prompt, or its last sampled token followed
+// by `n_draft` drafted ones (its sched_request's draft, ngram_draft.h), every one with logits.
 struct plan_item {
     int64_t id_request;
     int32_t id_slot;
@@ -17,6 +18,7 @@ struct plan_item {
     int32_t n_tokens;
     bool    is_prompt;     // tokens come from the prompt (prefill) rather than the last sample
     bool    want_logits;   // the last token's logits are sampled this step
+    int32_t n_draft = 0;   // drafted tokens after the last sample, verified this step
 };
 
 // A slot handed to a request this step; the KV cells of the slot from `n_keep` on are stale.
@@ -38,8 +40,11 @@ struct batch_plan {
 };
 
 // What the engine reports back for an item that wanted logits.
+// A drafted item samples at each position in turn: the first `n_accepted` drafted tokens were
+// sampled as drafted, `token` is the sample after them (the one that differed, or the next).
 struct step_outcome {
     int64_t        id_request;
     token_t        token;
     request_status status;   // RUNNING to go on, or a finished kind
+    int32_t        n_accepted = 0;
 };

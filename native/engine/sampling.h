@@ -39,7 +39,8 @@ using logit_bias_list = std::vector<std::pair<int32_t, float>>;
     X(bool,            logprobs,          false)                                         \
     X(int32_t,         n_top_logprobs,    0)                                             \
     X(int32_t,         min_tokens,        0)            /* end of generation waits */    \
-    X(bool,            ignore_eos,        false)
+    X(bool,            ignore_eos,        false)                                         \
+    X(bool,            speculative,       true)         /* false: no drafting (opt-out) */
 
 struct sampling_params {
 #define STACKD_SAMPLING_MEMBER(type, name, init) type name = init;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "ngram_draft.h"
+
 scheduler::scheduler(scheduler_params params) : params_(params), slots_(params.n_slots) {}
 
 bool scheduler::enqueue(std::unique_ptr<sched_request> req) {
@@ -274,7 +276,33 @@ batch_plan scheduler::schedule() {
         }
     }
     plan.n_tokens = params_.n_batch - budget;
+    add_drafts(plan);
     return plan;
+}
+
+// Drafts never take a request past its max_tokens or its context: verified in full, a draft
+// gives its tokens and one more sample.
+void scheduler::add_drafts(batch_plan & plan) {
+    int32_t room = std::min(params_.n_draft_step_tokens, params_.n_batch) - plan.n_tokens;
+    for (plan_item & item : plan.items) {
+        if (params_.n_draft_max <= 0 || room <= 0) {
+            return;
+        }
+        sched_request & req = *requests_[item.id_request];
+        req.draft.clear();
+        if (item.is_prompt || !req.may_draft) {
+            continue;
+        }
+        const std::vector<token_t> & cache = slots_[item.id_slot].cache;
+        const int32_t n_max = std::min({params_.n_draft_max, room,
+                                        req.limits.n_max_tokens - req.n_generated - 1,
+                                        params_.n_ctx_seq - (int32_t) cache.size() - 2});
+        req.draft = ngram_draft(cache, req.last_token, n_max);
+        item.n_draft = (int32_t) req.draft.size();
+        item.n_tokens += item.n_draft;
+        plan.n_tokens += item.n_draft;
+        room -= item.n_draft;
+    }
 }
 
 void scheduler::charge(const batch_plan & plan, int64_t decode_us, const std::vector<int64_t> & sample_us) {
@@ -314,8 +342,15 @@ std::vector<int64_t> scheduler::apply(const batch_plan & plan, const std::vector
         if (req == nullptr || request_status_is_finished(req->status)) {
             continue;
         }
+        if (out.n_accepted > 0) {             // drafted tokens sampled as drafted: now in the KV
+            std::vector<token_t> & cache = slots_[req->id_slot].cache;
+            cache.insert(cache.end(), req->draft.begin(), req->draft.begin() + out.n_accepted);
+        }
+        req->n_drafted += (int32_t) req->draft.size();
+        req->n_draft_accepted += out.n_accepted;
+        req->draft.clear();
         req->last_token = out.token;
-        req->n_generated += 1;
+        req->n_generated += 1 + out.n_accepted;
         request_status status = out.status;
         if (!request_status_is_finished(status)) {
             const int32_t n_cached = (int32_t) slots_[req->id_slot].cache.size();

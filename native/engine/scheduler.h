@@ -31,6 +31,10 @@ struct sched_request {
     uint64_t             n_step_last  = 0;  // the last step it took part in
     int64_t              cost_us      = 0;  // what one of its decode steps cost lately
     bool                 preempted    = false;  // gave its slot back once: a re-admission resumes it
+    bool                 may_draft    = true;  // the request did not opt out of drafting
+    std::vector<token_t> draft;             // this step's drafted tokens (plan_item::n_draft)
+    int32_t              n_drafted    = 0;  // drafted tokens verified, over the request's life
+    int32_t              n_draft_accepted = 0;
 };
 
 struct slot_info {
@@ -49,6 +53,13 @@ struct scheduler_params {
     int32_t n_max_slots_per_owner = 0;
     // While several owners run, share the engine's time equally between them (time_share.h).
     bool share_time = false;
+    // Draftless speculative decoding (ngram_draft.h): drafted tokens per sequence and step at
+    // most (0: off), and the step's token count (samples, prompt chunks and drafts) that drafts
+    // may fill up to. On a CPU a step's cost grows with its tokens, so a step that already has
+    // many is where verification costs more than it saves: drafts go to sequences in admission
+    // order while the step stays within the bound, and not at all past it.
+    int32_t n_draft_max = 0;
+    int32_t n_draft_step_tokens = 16;
 };
 
 class scheduler {
@@ -88,6 +99,7 @@ private:
     int64_t victim_of(int64_t id_owner) const;
     void    suspend(sched_request & req, batch_plan & plan);
     void    admit(batch_plan & plan, bool respect_share);
+    void    add_drafts(batch_plan & plan);
     std::vector<bool> stepping();
     bool    may_admit(const sched_request & req, bool respect_share) const;
     void    release_finished(batch_plan & plan);

@@ -24,6 +24,8 @@ struct request_clock {
     int32_t  n_prompt    = 0;
     int32_t  n_cached    = 0;
     int32_t  n_generated = 0;
+    int32_t  n_drafted   = 0;       // drafted tokens verified (speculative decoding)
+    int32_t  n_draft_accepted = 0;  // of them, accepted
 };
 
 // What the finishing event tells the caller: durations in microseconds (llama-server's
@@ -34,6 +36,8 @@ struct request_timings {
     int64_t t_prompt_us      = 0;   // slot -> first token: prefill of the uncached prompt
     int64_t t_first_token_us = 0;   // submitted -> first token
     int64_t t_predicted_us   = 0;   // first token -> last token
+    int64_t n_drafted        = 0;   // drafted tokens verified (llama-server's draft_n)
+    int64_t n_draft_accepted = 0;   // of them, accepted (draft_n_accepted)
 };
 
 inline request_timings timings_of(const request_clock & c) {
@@ -46,6 +50,8 @@ inline request_timings timings_of(const request_clock & c) {
         t.t_first_token_us = (int64_t) (c.t_first_us - c.t_submit_us);
         t.t_predicted_us = (int64_t) (c.t_last_us - c.t_first_us);
     }
+    t.n_drafted = c.n_drafted;
+    t.n_draft_accepted = c.n_draft_accepted;
     return t;
 }
 
