@@ -53,6 +53,11 @@ DEFAULTS: dict = {
         "max_queue": 256,         # waiting requests per model beyond which 503
         "flash_attn": "auto",     # auto, on, off
         "kernels": "auto",        # our repacked Q4_1 matmul (kernels/): auto (when the CPU has AVX2), off
+        # draftless speculative decoding: ngram (prompt lookup, docs/engine.md) or off; drafted
+        # tokens per sequence and step at most; the step's tokens drafts may fill up to
+        "speculative": "ngram",
+        "speculative_draft_max": 8,
+        "speculative_step_tokens": 16,
         "isolation": "worker",    # worker: each model's engine in a supervised process; inline
         # workers' OpenMP threads at a barrier: passive (sleep), active (spin), inherit (the
         # daemon's environment). Spinning teams of two workers on the same cores starve each other
@@ -218,6 +223,12 @@ def _check(values: dict) -> None:
         raise ConfigError("setting engine.flash_attn: must be auto, on or off")
     if engine["kernels"] not in ("auto", "off"):
         raise ConfigError("setting engine.kernels: must be auto or off")
+    if engine["speculative"] not in ("ngram", "off"):
+        raise ConfigError("setting engine.speculative: must be ngram or off")
+    if not 1 <= engine["speculative_draft_max"] <= 64:
+        raise ConfigError("setting engine.speculative_draft_max: must be from 1 to 64")
+    if not 2 <= engine["speculative_step_tokens"] <= 512:
+        raise ConfigError("setting engine.speculative_step_tokens: must be from 2 to 512")
     if engine["isolation"] not in ("worker", "inline"):
         raise ConfigError("setting engine.isolation: must be worker or inline")
     if engine["omp_wait_policy"] not in ("auto", "passive", "active", "inherit"):

@@ -21,6 +21,9 @@ class EngineConfig:
     max_queue: int = 256            # waiting requests beyond which submit refuses
     flash_attn: str = "auto"        # auto | on | off
     key_share: float = 1.0          # most of the slots and queue one API key may hold
+    speculative: str = "ngram"      # draftless speculative decoding: ngram | off
+    speculative_draft_max: int = 8  # drafted tokens per sequence and step at most
+    speculative_step_tokens: int = 16   # a step's tokens that drafts may fill up to
     isolation: str = "worker"       # worker: each model's engine in a supervised process; inline
     kernels: str = "auto"           # our matmuls (kernels/, engine/accel.py): auto | off
     omp_wait_policy: str = "auto"   # workers' OpenMP barrier waits: auto | passive | active | inherit
@@ -39,7 +42,10 @@ class EngineConfig:
         return dict(model_path=model_path, embeddings=embeddings, slots=self.slots,
                     context_length=context_length, batch=self.batch, threads=self.threads,
                     max_queue=self.max_queue, flash_attn=FLASH_ATTN[self.flash_attn],
-                    key_share=self.key_share)
+                    key_share=self.key_share,
+                    # engine_params: a draft length of 0 is drafting off
+                    speculative_draft_max=self.speculative_draft_max if self.speculative == "ngram" else 0,
+                    speculative_step_tokens=self.speculative_step_tokens)
 
     def omp_wait_policy_for(self, embeddings: bool) -> str:
         """`auto`: a generation worker keeps libgomp's default (spin a little, then sleep: what

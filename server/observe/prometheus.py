@@ -59,6 +59,16 @@ def _gauges(out: list[str], metrics: dict[str, dict]) -> None:
                 for model, m in metrics.items()]
 
 
+def _acceptance(out: list[str], stats: dict[str, dict]) -> None:
+    """Derived from two counters, for a dashboard without PromQL: over the engine's life."""
+    _header(out, "spec_decode_acceptance_ratio", "gauge",
+            "Drafted tokens accepted over drafted tokens verified, since the engine started (0: none drafted).")
+    for model, s in stats.items():
+        drafted = s.get("n_draft_tokens", 0)
+        ratio = s.get("n_draft_accepted_tokens", 0) / drafted if drafted else 0.0
+        out.append(f'{PREFIX}spec_decode_acceptance_ratio{{model="{model}"}} {_number(ratio)}')
+
+
 def render(engines: dict) -> bytes:
     """engines: model id -> engine (inline, or a worker's client, whose figures are those of its
     last push, once a second). Every series is there for every model, even at zero, once the
@@ -72,6 +82,7 @@ def render(engines: dict) -> bytes:
             metrics[label] = reported
     out: list[str] = []
     _counters(out, stats)
+    _acceptance(out, stats)
     _histograms(out, metrics)
     _gauges(out, metrics)
     return ("\n".join(out) + "\n").encode()

@@ -33,4 +33,7 @@ def timings(choices: list, prompts_counted: list[int]) -> dict | None:
         "predicted_ms": predicted_ms,
         "predicted_per_second": _per_second(max(predicted_n - len(known), 0), predicted_ms),
         "first_token_ms": min(t.t_first_token_us for t in known) / 1000.0,
+        # draftless speculative decoding (llama-server's names): drafted tokens and accepted ones
+        "draft_n": sum(t.n_drafted for t in known),
+        "draft_n_accepted": sum(t.n_draft_accepted for t in known),
     }

@@ -141,6 +141,10 @@ COMMON = [
     LOGIT_BIAS,
     V.Integer("min_tokens", lo=0, hi=_MAX_TOKENS, default=0),
     V.Boolean("ignore_eos"),
+    V.Boolean("speculative", default=True,
+              doc="Draftless speculative decoding (prompt lookup) for this request when the "
+                  "server has it on (engine.speculative); false opts out. The output is the same "
+                  "either way: greedy byte for byte, sampling in distribution."),
     RESPONSE_FORMAT,
     STOP,
     V.Integer("n", lo=1, hi=MAX_N, default=1, doc="Choices to generate."),
@@ -212,6 +216,7 @@ def parse(body: dict, *, n_vocab: int, chat: bool) -> GenerationParams:
     s.logit_bias = _in_vocabulary(v["logit_bias"] or [], n_vocab)
     s.min_tokens = v["min_tokens"]
     s.ignore_eos = v["ignore_eos"]
+    s.speculative = v["speculative"]
     s.logprobs = logprobs
     s.n_top_logprobs = top_logprobs
     s.grammar = _grammar(body)
