@@ -91,7 +91,7 @@ class ModelRegistry:
         self._locks: dict[str, asyncio.Lock] = {}
         self.config = config
         self.planner = Planner(config, memory_reserve, memory_limit, self.placed_on, replicas,
-                               model_path=store.model_path)
+                               model_path=store.model_path if store is not None else None)
         self.supervisor = Supervisor(loop, store, config, faults)
         self.supervisor.registry = self
         self.hold = RestartHold(loop, config.restart_hold, config.max_queue, self.state)
