@@ -134,3 +134,29 @@ def test_timings_in_every_response_and_the_last_chunk_of_a_stream(client):
         with_usage = client.stream(path, {**body, "stream_options": {"include_usage": True}})
         assert with_usage[-1]["choices"] == [] and "timings" in with_usage[-1]
         assert with_usage[-1]["timings"]["predicted_n"] == with_usage[-1]["usage"]["completion_tokens"]
+
+
+COPY = ("Repeat exactly: The board approved a dividend of 0.15 euros per share, payable on 14 March "
+        "to holders of record on 1 March, and headcount grew from 212 to 240.\n\nRepeat exactly: "
+        "The board approved a dividend of 0.15 euros per share, payable on 14 March")
+
+
+def test_drafted_and_accepted_tokens_in_timings_and_metrics(client):
+    before = client.settled()
+    drafted = client.complete(prompt=COPY, max_tokens=40, temperature=0)
+    after = client.settled()
+    t = drafted["timings"]
+    assert 0 < t["draft_n_accepted"] <= t["draft_n"]
+    assert delta(before, after, series("stackd_spec_decode_num_draft_tokens_total")) == t["draft_n"]
+    assert delta(before, after, series("stackd_spec_decode_num_accepted_tokens_total")) == t["draft_n_accepted"]
+    assert 0 < after[series("stackd_spec_decode_acceptance_ratio")] <= 1
+    opted_out = client.complete(prompt=COPY, max_tokens=40, temperature=0, speculative=False)
+    assert opted_out["timings"]["draft_n"] == 0 and opted_out["timings"]["draft_n_accepted"] == 0
+    assert opted_out["choices"][0]["text"] == drafted["choices"][0]["text"]
+    assert delta(after, client.settled(), series("stackd_spec_decode_num_draft_tokens_total")) == 0
+
+
+def test_the_opt_out_must_be_a_boolean(client):
+    status, answer = client.post("/v1/completions", {"model": CHAT, "prompt": "hi", "max_tokens": 2,
+                                                     "speculative": "no"})
+    assert status == 400 and "speculative" in answer["error"]["message"]
