@@ -65,7 +65,7 @@ def first_answer(port: int, model: str, key: str | None, proc, started: float) -
         time.sleep(0.01)
 
 
-def run_stackd(args) -> tuple[float, int, int]:
+def run_stackd(args) -> tuple[float, int, int, int]:
     data = tempfile.mkdtemp(prefix="stackd-startup-")
     key = "sk-startup-bench-key"
     try:
@@ -87,22 +87,24 @@ def run_stackd(args) -> tuple[float, int, int]:
         shutil.rmtree(data, ignore_errors=True)
 
 
-def spawn_and_measure(cmd: list[str], port: int, model: str, key: str | None) -> tuple[float, int, int]:
+def spawn_and_measure(cmd: list[str], port: int, model: str, key: str | None) -> tuple[float, int, int, int]:
     """Seconds from spawn to the first answer, and the process tree's PSS and anonymous PSS
-    once it serves."""
+    once it serves, and the PSS of the spawned process alone (stackd's daemon without its
+    workers)."""
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         seconds = first_answer(port, model, key, proc, started)
         time.sleep(0.5)
         readings = [rollup(p) for p in process_tree(proc.pid)]
-        return seconds, sum(pss for pss, _ in readings), sum(anon for _, anon in readings)
+        return (seconds, sum(pss for pss, _ in readings), sum(anon for _, anon in readings),
+                rollup(proc.pid)[0])
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
 
 
-def run_llama_server(args, binary: str) -> tuple[float, int, int]:
+def run_llama_server(args, binary: str) -> tuple[float, int, int, int]:
     port = free_port()
     return spawn_and_measure([binary, "-m", defaults.smollm2_path(), "--host", "127.0.0.1", "--port",
                               str(port), "-np", str(args.slots), "-c", str(args.slots * args.context),
@@ -123,11 +125,13 @@ def main() -> None:
     for _ in range(args.runs):
         results["stackd"].append(run_stackd(args))
         results["llama-server"].append(run_llama_server(args, binary))
-    medians = {name: tuple(statistics.median(r[i] for r in runs) for i in range(3))
+    medians = {name: tuple(statistics.median(r[i] for r in runs) for i in range(4))
                for name, runs in results.items()}
-    for name, (seconds, memory, anonymous) in medians.items():
+    for name, (seconds, memory, anonymous, _) in medians.items():
         print(f"  {name:14s} first answer {seconds:6.2f} s   process tree PSS {memory / 1e6:7.1f} MB"
               f"   (anonymous {anonymous / 1e6:7.1f} MB)")
+    daemon = medians["stackd"][3]
+    print(f"  stackd's daemon alone {daemon / 1e6:.1f} MB, its workers {(medians['stackd'][1] - daemon) / 1e6:.1f} MB")
     ours, peer = medians["stackd"], medians["llama-server"]
     print(f"  first answer: {ours[0] / peer[0]:.2f}x llama-server's (target <= 1.0x); "
           f"PSS: {(ours[1] - peer[1]) / 1e6:+.1f} MB (target <= +25 MB)   "
