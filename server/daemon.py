@@ -14,16 +14,11 @@ import resource
 import signal
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import uvloop
 
 from . import __version__, compiled, config
-from .api import models as model_routes
-from .api.cluster import gate, internal
-from .api.cluster import routes as cluster_routes
-from .api.contexts import ClusterContext, InferenceContext, ModelsContext
-from .api.errors import to_api_error
-from .api.inference import routes as inference_routes
 from .auth.access import NodeAccess
 from .auth.guard import KeyGuard
 from .auth.keys import KeyStore, bootstrap_admin_key
@@ -34,9 +29,7 @@ from .cluster import identity
 from .cluster.membership import Membership
 from .cluster.compute_speed import ComputeSpeed
 from .cluster.node_facts import NodeFacts
-from .http import openapi
 from .http.access_log import AccessLog
-from .http.routing import App
 from .http.server import HttpServer
 from .observe.metrics import Metrics
 from .system import logs
@@ -44,6 +37,20 @@ from .system.memory import release_free_heap
 from .system.sd_notify import Notifier
 
 log = logging.getLogger("stackd")
+
+if TYPE_CHECKING:
+    from .api.contexts import ClusterContext, InferenceContext, ModelsContext
+    from .http.routing import App
+
+
+def import_api() -> None:
+    """The route modules of both ports (most of what the daemon imports, and the internal routes
+    they register), imported while the preloaded models load: on the way to a first answer
+    after boot, the two overlap instead of adding up (serve)."""
+    from .api import contexts, errors, models  # noqa: F401
+    from .api.cluster import gate, internal, routes  # noqa: F401
+    from .api.inference import routes as inference_routes  # noqa: F401
+    from .http import openapi, routing  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,14 @@ def node_compute(settings: config.Settings) -> ComputeSpeed:
 
 def build_apps(max_body: int, guard, membership: Membership | None, contexts: Contexts) -> tuple[App, App]:
     """The inference port's app and the cluster port's; a follower's refuse what the leader serves."""
+    from .api import models as model_routes
+    from .api.cluster import gate, internal
+    from .api.cluster import routes as cluster_routes
+    from .api.errors import to_api_error
+    from .api.inference import routes as inference_routes
+    from .http import openapi
+    from .http.routing import App
+
     inference_tables = [(inference_routes.ROUTES, contexts.inference), (model_routes.ROUTES, contexts.models)]
     cluster_tables = [(cluster_routes.ROUTES, contexts.cluster), (model_routes.ROUTES, contexts.models)]
     if membership is not None and not membership.is_leader:      # the leader serves these
@@ -127,8 +142,14 @@ async def serve(settings: config.Settings) -> int:
     http = HttpServer(loop, settings.limits(), metrics, access_log)
     http.tick_hooks.append(access.reload_keys)
 
+    loading = asyncio.ensure_future(load_models(loop, settings, membership))
     try:
-        registry = await load_models(loop, settings, membership)
+        await loop.run_in_executor(None, import_api)
+    except BaseException:
+        loading.cancel()
+        raise
+    try:
+        registry = await loading
     except Exception as exc:        # a model that will not load is fatal at start, and said plainly
         print(f"stackd: cannot load the models: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -145,6 +166,7 @@ async def serve(settings: config.Settings) -> int:
         return 0
 
     # Built once the models are: loading registers their modules' internal routes.
+    from .api.contexts import ClusterContext, InferenceContext, ModelsContext
     contexts = Contexts(InferenceContext(registry), ModelsContext(registry, pulls, imports),
                         ClusterContext(facts, membership, power, registry, metrics, registry.supervisor.rpc,
                                        settings["debug.trace_reply_timeout"]))

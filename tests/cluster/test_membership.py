@@ -8,8 +8,8 @@ import time
 import orjson
 import pytest
 
-import stackd.daemon  # noqa: F401  (imports every module that registers internal routes)
 from stackd.api.cluster import internal
+from stackd.daemon import import_api
 from stackd.system import readings
 
 from stackd.testing.cluster_nodes import SECRET, Node, eventually, statuses
@@ -86,6 +86,7 @@ def test_a_follower_sends_inference_and_model_management_to_the_leader(cluster):
 
 
 def _internal_routes():
+    import_api()                        # every module that registers internal routes, as serve does
     return sorted(internal.ROUTES)
 
 
