@@ -406,12 +406,13 @@ PYBIND11_MODULE(_engine, m) {
                          int32_t flash_attn, float key_share, bool quiet,
                          std::vector<std::string> rpc_endpoints, int32_t split_mode,
                          std::vector<float> tensor_split, int32_t n_gpu_layers, int32_t n_ubatch,
-                         int32_t n_lanes, int32_t speculative_draft_max, int32_t speculative_step_tokens) {
+                         int32_t n_lanes, int32_t speculative_draft_max, int32_t speculative_step_tokens,
+                         int32_t kv_type) {
                  // Named fields, in engine_params' order (GCC checks both).
                  const engine_params p{
                      .model_path = model_path, .embeddings = embeddings, .slots = slots,
                      .context_length = context_length, .batch = batch, .n_ubatch = n_ubatch,
-                     .threads = threads, .max_queue = max_queue, .flash_attn = flash_attn,
+                     .threads = threads, .max_queue = max_queue, .flash_attn = flash_attn, .kv_type = kv_type,
                      .key_share = key_share, .n_lanes = n_lanes,
                      .speculative_draft_max = speculative_draft_max,
                      .speculative_step_tokens = speculative_step_tokens, .quiet = quiet,
@@ -426,7 +427,8 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("split_mode") = (int32_t) LLAMA_SPLIT_MODE_LAYER,
              py::arg("tensor_split") = std::vector<float>{}, py::arg("n_gpu_layers") = 0,
              py::arg("n_ubatch") = 0, py::arg("n_lanes") = 1, py::arg("speculative_draft_max") = 8,
-             py::arg("speculative_step_tokens") = 16)
+             py::arg("speculative_step_tokens") = 16,
+             py::arg("kv_type") = (int32_t) GGML_TYPE_F16)
         .def("submit",
              [](engine & e, int64_t id, std::vector<int32_t> prompt, int32_t max_tokens,
                 std::vector<std::string> stop, const sampling_params & sampling, int64_t owner) {

@@ -139,7 +139,8 @@ class Engine(_ModelFacts):
                  quiet: bool = True, rpc_endpoints: list[str] = ..., split_mode: int = ...,
                  tensor_split: list[float] = ..., n_gpu_layers: int = 0, n_ubatch: int = 0,
                  n_lanes: int = 1, speculative_draft_max: int = 8,
-                 speculative_step_tokens: int = 16) -> None: ...   # n_lanes: contexts stepping in turn (engine.h)
+                 speculative_step_tokens: int = 16, kv_type: int = 1) -> None: ...   # n_lanes: contexts stepping in turn (engine.h)
+    # kv_type: the KV cache's ggml_type (1 F16, 8 Q8_0); Q8_0 turns flash attention on
     def submit(self, id: int, prompt: list[int], max_tokens: int, stop: list[str],
                sampling: SamplingParams, owner: int = 0) -> int: ...   # a SUBMIT_* code
     def submit_embedding(self, id: int, inputs: list[list[int]], owner: int = 0) -> int: ...

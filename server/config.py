@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from .http.limits import Limits
 from .chat.limits import InferenceLimits, ReasoningBudget
+from .engine.config import KV_TYPES
 
 MAX_REPLICAS = 64                              # cluster.replicas and options.replicas at most
 RATE_LIMIT_GROUPS = ("inference", "cluster")   # the [rate_limits] settings that are groups
@@ -52,6 +53,7 @@ DEFAULTS: dict = {
         "threads": 0,             # 0: every core
         "max_queue": 256,         # waiting requests per model beyond which 503
         "flash_attn": "auto",     # auto, on, off
+        "kv_type": "f16",         # KV cache: f16, q8_0 (about half the bytes; flash attention on)
         "kernels": "auto",        # our repacked Q4_1 matmul (kernels/): auto (when the CPU has AVX2), off
         # draftless speculative decoding: ngram (prompt lookup, docs/engine.md) or off; drafted
         # tokens per sequence and step at most; the step's tokens drafts may fill up to
@@ -221,6 +223,8 @@ def _check(values: dict) -> None:
         raise ConfigError("setting engine.threads: must be 0 (every core) or more")
     if engine["flash_attn"] not in ("auto", "on", "off"):
         raise ConfigError("setting engine.flash_attn: must be auto, on or off")
+    if engine["kv_type"] not in KV_TYPES:
+        raise ConfigError("setting engine.kv_type: must be " + " or ".join(KV_TYPES))
     if engine["kernels"] not in ("auto", "off"):
         raise ConfigError("setting engine.kernels: must be auto or off")
     if engine["speculative"] not in ("ngram", "off"):

@@ -46,6 +46,7 @@ def test_config_toml_in_data_dir_is_found(tmp_path):
     ("[engine]\nomp_wait_policy = 'spin'\n", "auto, passive, active or inherit"),
     ("[engine]\nembedding_nice = 20\n", "from 0 to 19"),
     ("[engine]\nembedding_nice = -1\n", "from 0 to 19"),
+    ("[engine]\nkv_type = 'q4_0'\n", "engine.kv_type: must be f16 or q8_0"),
 ])
 def test_bad_files_are_refused_with_a_reason(tmp_path, text, needle):
     with pytest.raises(config.ConfigError, match=needle):
@@ -63,3 +64,10 @@ def test_engine_thread_settings_at_their_edges(tmp_path):
     assert settings["engine.omp_wait_policy"] == "inherit" and settings["engine.embedding_nice"] == 19
     defaults = config.load({"data_dir": str(tmp_path / "d")}, environ={})
     assert defaults["engine.omp_wait_policy"] == "auto" and defaults["engine.embedding_nice"] == 5
+
+
+def test_the_kv_type_setting_defaults_to_f16_and_takes_q8_0(tmp_path):
+    assert config.load({"data_dir": str(tmp_path / "d")}, environ={})["engine.kv_type"] == "f16"
+    settings = config.load({"config": write(tmp_path, "[engine]\nkv_type = 'q8_0'\n"),
+                            "data_dir": str(tmp_path)}, environ={})
+    assert settings["engine.kv_type"] == "q8_0"

@@ -30,6 +30,12 @@ int32_t resolved_flash_attn(int32_t requested) {
     return requested;
 }
 
+// ggml computes attention over a quantized V only in its flash-attention kernel (llama.cpp
+// refuses such a context otherwise), so a quantized KV cache turns it on whatever was asked.
+int32_t flash_attn_for(int32_t requested, int32_t kv_type) {
+    return kv_type == GGML_TYPE_F16 ? resolved_flash_attn(requested) : LLAMA_FLASH_ATTN_TYPE_ENABLED;
+}
+
 void batch_add(llama_batch & batch, int32_t token, int32_t pos, int32_t seq, bool logits) {
     const int32_t i = batch.n_tokens++;
     batch.token[i] = token;
@@ -105,7 +111,8 @@ engine::engine(const engine_params & params)
     llama_context_params cp = llama_context_default_params();
     cp.n_threads = cp.n_threads_batch = n_threads;
     cp.no_perf = true;
-    cp.flash_attn_type = (llama_flash_attn_type) resolved_flash_attn(params_.flash_attn);
+    cp.flash_attn_type = (llama_flash_attn_type) flash_attn_for(params_.flash_attn, params_.kv_type);
+    cp.type_k = cp.type_v = (ggml_type) params_.kv_type;
     if (params_.embeddings) {
         // Whole sequences must fit one micro-batch: encoder models attend both ways.
         const int32_t n = std::max(params_.batch, llama_model_n_ctx_train(model_));

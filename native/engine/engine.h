@@ -36,7 +36,7 @@
 #include "text_stream.h"
 
 // The daemon's settings keep their names here, from the config through Engine(...) to C++:
-// slots, context_length, batch, threads, max_queue and flash_attn are engine.<name>, key_share
+// slots, context_length, batch, threads, max_queue, flash_attn and kv_type are engine.<name>, key_share
 // is inference.limits.key_share. The rest are the model's or its placement's, not settings.
 struct engine_params {
     std::string model_path;
@@ -49,6 +49,8 @@ struct engine_params {
     int32_t     threads        = 0;      // 0: all cores
     int32_t     max_queue      = 256;    // queued requests beyond which submit() refuses
     int32_t     flash_attn     = -1;     // llama_flash_attn_type: -1 auto, 0 off, 1 on
+    int32_t     kv_type        = GGML_TYPE_F16;  // ggml_type of the KV cache's K and V (kv_type):
+                                         // F16 or Q8_0; a quantized V needs flash attention
     float       key_share      = 1.0f;   // most of the slots and of the queue one owner may hold
     int32_t     n_lanes        = 1;      // contexts stepping in turn (slots shared out among them):
                                          // for a layer split over several nodes

@@ -17,6 +17,7 @@ from ..http.openapi import json_answer
 from ..http.response import Response, StreamingResponse, json_response
 from ..http.routing import Endpoint
 from ..config import MAX_REPLICAS
+from ..engine.config import KV_TYPES
 from ..store.defaults import CHAT_MODEL
 
 CLUSTER = "cluster"
@@ -51,7 +52,11 @@ REPLICAS = validate.OneOf("replicas", validate.String(choices=("all",)), validat
                           doc="Replicas of a model that fits one node, the leader's own included: 'all' (every "
                               "node that is up and can hold it) or a number; the default is cluster.replicas.",
                           message=f"'options.replicas' must be 'all' or a number from 1 to {MAX_REPLICAS}")
-OPTIONS = validate.Object("options", CONTEXT_LENGTH, SPLIT_MODE, NODES, PIPELINE, LAYERS, LANES, REPLICAS)
+KV_TYPE = validate.String("kv_type", choices=tuple(KV_TYPES),
+                          doc="The KV cache's element type: f16, or q8_0 (about half the bytes, so more "
+                              "context or slots fit; flash attention on; greedy output close to f16's, "
+                              "docs/engine.md); the default is engine.kv_type.")
+OPTIONS = validate.Object("options", CONTEXT_LENGTH, SPLIT_MODE, NODES, PIPELINE, LAYERS, LANES, REPLICAS, KV_TYPE)
 PULL_MODEL = validate.String("model", required=True, max_len=256,
                              doc="A registry reference: name, name:tag or namespace/name:tag.")
 STREAM = validate.Boolean("stream", doc="Report progress as NDJSON lines.")
@@ -136,6 +141,10 @@ MODEL_SCHEMA = {"type": "object", "required": [
     "architecture": _STR, "quantization": _STR, "parameter_count": _INT, "size": _INT,
     "sha256": _STR, "file": _STR, "source": _STR,
     "error": {"type": "string", "description": "Why the last load failed."},
+    "kv_cache": {"type": "object", "required": ["type", "bytes"],
+                 "description": "A loaded chat model's KV cache: its element type (engine.kv_type or the load's "
+                                "options.kv_type) and its size, as memory admission counts it.",
+                 "properties": {"type": {"type": "string", "enum": list(KV_TYPES)}, "bytes": _INT}},
     "replicas": {"type": "array", "description": "split_mode replica: each full copy of the model, its node, "
                                                  "state and engine process", "items": {
         "type": "object", "required": ["node", "state", "pid"], "properties": {
@@ -169,8 +178,8 @@ ROUTES = {
     ("POST", "/v1/models/load"): Endpoint(load, perm.MODELS_MANAGE, CLUSTER, body=LOAD_BODY, responses={
         200: json_answer(MODEL_SCHEMA, "The model, loaded."),
         **MODEL_ERRORS,
-        400: "The model id is not valid, options.context_length is outside the model's range, or "
-             "options.nodes names a node that is not up.",
+        400: "The model id is not valid, options.context_length is outside the model's range, "
+             "options.kv_type is not f16 or q8_0, or options.nodes names a node that is not up.",
         503: "The model is being unloaded, or a node it was to be placed on does not answer; retry.",
         507: "The model with this context does not fit in the cluster's memory; nothing was changed."}),
     ("POST", "/v1/models/unload"): Endpoint(unload, perm.MODELS_MANAGE, CLUSTER, body=UNLOAD_BODY,

@@ -10,6 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}      # llama_flash_attn_type
+# The KV cache's element types (engine.kv_type, a load's options.kv_type): their ggml_type.
+KV_TYPES = {"f16": 1, "q8_0": 8}
+
+
+def kv_bytes(n_values: int, kv_type: str) -> int:
+    """Bytes of a row of `n_values` K or V values stored as `kv_type`: f16 2 bytes a value,
+    q8_0 blocks of 32 int8 and one f16 scale, 34 bytes (llama.cpp refuses a quantized cache for
+    a head size that is not a multiple of 32)."""
+    return 2 * n_values if kv_type == "f16" else -(-n_values // 32) * 34
 
 
 @dataclass(frozen=True)
@@ -20,6 +29,7 @@ class EngineConfig:
     threads: int = 0                # 0: every core
     max_queue: int = 256            # waiting requests beyond which submit refuses
     flash_attn: str = "auto"        # auto | on | off
+    kv_type: str = "f16"            # f16 | q8_0: the KV cache's default type; a load may ask for another
     key_share: float = 1.0          # most of the slots and queue one API key may hold
     speculative: str = "ngram"      # draftless speculative decoding: ngram | off
     speculative_draft_max: int = 8  # drafted tokens per sequence and step at most
@@ -37,15 +47,19 @@ class EngineConfig:
         return cls(key_share=key_share, **{name: engine[name] for name in cls.__dataclass_fields__
                                           if name != "key_share"})
 
-    def params(self, model_path: str, embeddings: bool, context_length: int) -> dict:
-        """The C++ engine's keyword arguments for one model (engine_params, same names)."""
+    def params(self, model_path: str, embeddings: bool, context_length: int,
+               kv_type: str | None = None) -> dict:
+        """The C++ engine's keyword arguments for one model (engine_params, same names);
+        `kv_type`: the load's (options.kv_type), else the setting; an embedding model keeps
+        f16 (an encoder has no KV cache, and a pooled batch is not decoded token by token)."""
+        kv_type = "f16" if embeddings else (kv_type or self.kv_type)
         return dict(model_path=model_path, embeddings=embeddings, slots=self.slots,
                     context_length=context_length, batch=self.batch, threads=self.threads,
                     max_queue=self.max_queue, flash_attn=FLASH_ATTN[self.flash_attn],
                     key_share=self.key_share,
                     # engine_params: a draft length of 0 is drafting off
                     speculative_draft_max=self.speculative_draft_max if self.speculative == "ngram" else 0,
-                    speculative_step_tokens=self.speculative_step_tokens)
+                    speculative_step_tokens=self.speculative_step_tokens, kv_type=KV_TYPES[kv_type])
 
     def omp_wait_policy_for(self, embeddings: bool) -> str:
         """`auto`: a generation worker keeps libgomp's default (spin a little, then sleep: what

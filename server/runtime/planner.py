@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from ..cluster.placement import NodeOffer, Need, Placement, PlacementError, Share, place
-from ..engine.config import EngineConfig
+from ..engine.config import EngineConfig, kv_bytes
 from ..errors import Code, DomainError, invalid
 from ..store.gguf_check import GGUFError, check_gguf
 from ..store.store import Manifest, StoreError
@@ -22,12 +22,13 @@ MIN_CONTEXT = 32
 BUFFER_OVERHEAD = 192 * MIB     # compute graph, output logits and scratch, beyond weights and KV
 
 
-def kv_bytes_per_token(m: Manifest) -> int:
-    """K and V, f16, for every layer: 2 * n_layer * n_embd_kv * 2 bytes."""
+def kv_bytes_per_token(m: Manifest, kv_type: str = "f16") -> int:
+    """K and V for every layer: 2 * n_layer rows of n_embd_kv values of `kv_type` (f16: 2
+    bytes a value; q8_0: 34 bytes a block of 32, 1.0625)."""
     if not (m.n_layer and m.n_embd):
         return 0
     n_embd_kv = m.n_embd * (m.n_head_kv or m.n_head or 1) // (m.n_head or 1)
-    return 2 * m.n_layer * n_embd_kv * 2
+    return 2 * m.n_layer * kv_bytes(n_embd_kv, kv_type)
 
 
 @dataclass(frozen=True)
@@ -101,15 +102,21 @@ class Planner:
                           f"context, {trained}; got {requested}", "options.context_length")
         return requested
 
-    def estimate(self, manifest: Manifest, context_length: int) -> dict[str, int]:
+    def kv_type_for(self, requested: str | None) -> str:
+        """The load's options.kv_type (validated by api/models.py), else engine.kv_type."""
+        return requested or self.config.kv_type
+
+    def estimate(self, manifest: Manifest, context_length: int, kv_type: str | None = None) -> dict[str, int]:
         slots = self.config.slots if manifest.kind == "chat" else 0
+        kv_type = self.kv_type_for(kv_type)
         return {"weights": manifest.size,
-                "kv_cache": slots * context_length * kv_bytes_per_token(manifest),
+                "kv_cache": slots * context_length * kv_bytes_per_token(manifest, kv_type),
                 "buffers": BUFFER_OVERHEAD}
 
-    def admit(self, manifest: Manifest, context_length: int) -> None:
+    def admit(self, manifest: Manifest, context_length: int, kv_type: str | None = None) -> None:
         """On this node alone: 507 unless the whole estimate fits what it offers."""
-        parts = self.estimate(manifest, context_length)
+        kv_type = self.kv_type_for(kv_type)
+        parts = self.estimate(manifest, context_length, kv_type)
         needed = sum(parts.values())
         free = self.own_offer()
         if needed > free:
@@ -118,7 +125,7 @@ class Planner:
             raise DomainError(Code.INSUFFICIENT_MEMORY,
                               f"loading '{manifest.id}' with a context of {context_length} needs about "
                               f"{needed // MIB} MiB (weights {parts['weights'] // MIB}, KV cache "
-                              f"{parts['kv_cache'] // MIB}, buffers {parts['buffers'] // MIB}) but only "
+                              f"{parts['kv_cache'] // MIB} as {kv_type}, buffers {parts['buffers'] // MIB}) but only "
                               f"{max(free, 0) // MIB} MiB are free after a reserve of "
                               f"{self.memory_reserve // MIB} MiB{limit}; nothing was changed")
 
@@ -148,30 +155,30 @@ class Planner:
         me = next((n for n in self.membership.nodes_up() if n.id == self.self_id), None)
         return me.compute if me is not None else 0.0
 
-    def on_this_cpu(self, manifest: Manifest, context_length: int) -> Placement:
+    def on_this_cpu(self, manifest: Manifest, context_length: int, kv_type: str | None = None) -> Placement:
         """The placement of a model that runs on this node's CPU alone."""
-        parts = self.estimate(manifest, context_length)
+        parts = self.estimate(manifest, context_length, kv_type)
         return Placement("layer", (Share(self.self_id, sum(parts.values()), layers=manifest.n_layer or 0),))
 
     def plan(self, manifest: Manifest, context_length: int, options: PlacementOptions,
-             excluded: set[str] = frozenset()) -> Placement | None:
+             excluded: set[str] = frozenset(), kv_type: str | None = None) -> Placement | None:
         """Where the model goes (None: this node's CPU alone); 507 when the cluster cannot
         hold it, 400 for options that cannot be honoured."""
         others = [] if self.membership is None else [
             n for n in self.membership.nodes_up() if n.id != self.self_id and n.id not in excluded]
         if options.split_mode == "replica":
-            self.admit(manifest, context_length)           # the leader holds a replica too
+            self.admit(manifest, context_length, kv_type)  # the leader holds a replica too
             return None
         if options.split_mode is None and options.nodes is None and options.layers is None:
             try:
-                self.admit(manifest, context_length)
+                self.admit(manifest, context_length, kv_type)
                 return None
             except DomainError:
                 if not others or manifest.kind != "chat":
                     raise
         if manifest.kind != "chat" or not manifest.n_layer:
             raise invalid("only chat models with a known layer count are placed across nodes", "options")
-        parts = self.estimate(manifest, context_length)
+        parts = self.estimate(manifest, context_length, kv_type)
         need = Need(parts["weights"], parts["kv_cache"], parts["buffers"], manifest.n_layer,
                     self.output_layers(manifest))
         offers = [NodeOffer(self.self_id, self.own_offer(), self.own_compute())] + [
@@ -208,7 +215,7 @@ class Planner:
                 and not (options.nodes is not None and options.split_mode is None))
 
     def replica_nodes(self, manifest: Manifest, context_length: int, options: PlacementOptions,
-                      have: set[str] = frozenset()) -> list[str]:
+                      have: set[str] = frozenset(), kv_type: str | None = None) -> list[str]:
         """The followers that get a replica of a model the leader holds alone (beside the leader's
         own): every follower that is up, has the very model file in its store and offers room for
         the whole estimate, or as many as `replicas` (options.replicas, else cluster.replicas)
@@ -216,7 +223,7 @@ class Planner:
         if self.membership is None or not self._replicable(manifest, options):
             return []
         wanted = options.replicas if options.replicas is not None else self.replicas
-        need = sum(self.estimate(manifest, context_length).values())
+        need = sum(self.estimate(manifest, context_length, kv_type).values())
         pinned = set(options.nodes) if options.nodes is not None else None
         if pinned is not None:
             up = {n.id for n in self.membership.nodes_up()}

@@ -40,6 +40,7 @@ class LoadedModel:
     runner: ModelRunner | ReplicaSet   # a set of replicas has the runner's surface
     context_length: int
     created: int
+    kv_type: str = "f16"      # its KV cache's type (engine.kv_type, or the load's options.kv_type)
     template: object = None   # chat models: the chat template (inference.sandbox.ChatTemplate)
     max_input: int = 0        # embeddings: tokens one input may have
     restarts: int = 0         # times its worker was restarted after dying
@@ -136,6 +137,9 @@ class ModelRegistry:
             out["replicas"] = model.replicas.describe()
         elif model is not None:
             out["placement"] = self.placement_of(model).describe()
+        if model is not None and manifest.kind == "chat":
+            out["kv_cache"] = {"type": model.kv_type, "bytes": self.planner.estimate(
+                manifest, model.context_length, model.kv_type)["kv_cache"]}
         if model is not None:       # a replica set's: the leader's own copy
             engine = model.runner.engine
             out["isolation"], out["pid"], out["restarts"] = engine.isolation, engine.pid, model.restarts
@@ -179,7 +183,7 @@ class ModelRegistry:
     def placement_of(self, model: LoadedModel) -> Placement:
         if model.placement is not None:
             return model.placement
-        return self.planner.on_this_cpu(model.manifest, model.context_length)
+        return self.planner.on_this_cpu(model.manifest, model.context_length, model.kv_type)
 
     def placed_on(self, node_id: str) -> int:
         """Bytes the loaded models hold on a node (models.memory_limit_mb counts them): their
@@ -196,7 +200,7 @@ class ModelRegistry:
         return placed
 
     def _replica_bytes(self, model: LoadedModel) -> int:
-        return sum(self.planner.estimate(model.manifest, model.context_length).values())
+        return sum(self.planner.estimate(model.manifest, model.context_length, model.kv_type).values())
 
     def replica_placement(self, model: LoadedModel) -> dict:
         memory = self._replica_bytes(model)
@@ -253,21 +257,23 @@ class ModelRegistry:
             raise DomainError(Code.INVALID, f"the model '{model_id}' cannot be loaded: {exc}",
                               param="model") from None
         context = self.planner.context_for(manifest, context_length)
+        kv_type = self.planner.kv_type_for((options or {}).get("kv_type"))
         async with self.lock(model_id):
             current = self.loaded.get(model_id)
             if current is not None:
                 same_context = context_length is None or current.context_length == context
-                if same_context and (placement_options.default or placement_options == current.options):
+                same_kv = (options or {}).get("kv_type") is None or current.kv_type == kv_type
+                if same_context and same_kv and (placement_options.default or placement_options == current.options):
                     return current                       # same options: nothing to do
                 await self._unload_locked(current)       # different options: reload
-            placement = self.planner.plan(manifest, context, placement_options)
+            placement = self.planner.plan(manifest, context, placement_options, kv_type=kv_type)
             replica_nodes = [] if placement is not None else \
-                self.planner.replica_nodes(manifest, context, placement_options)
+                self.planner.replica_nodes(manifest, context, placement_options, kv_type=kv_type)
             self.transitions[model_id] = "loading"
             self.errors.pop(model_id, None)
             self.supervisor.crashes.pop(model_id, None)
             try:
-                model = await self.supervisor.start(manifest, context, placement)
+                model = await self.supervisor.start(manifest, context, placement, kv_type)
                 model.options = placement_options
                 if placement is None and (replica_nodes or self.planner.replicated(manifest, placement_options)):
                     model.runner = ReplicaSet(self.loop, LocalReplica(self.planner.self_id, model.runner),
@@ -296,7 +302,7 @@ class ModelRegistry:
         for replica in fresh:       # claimed from before its start: heartbeats list it (fencing)
             self._claimed[replica.replica_id] = replica.node_id
         try:
-            results = await asyncio.gather(*(r.start(model.manifest, model.context_length) for r in fresh),
+            results = await asyncio.gather(*(r.start(model.manifest, model.context_length, model.kv_type) for r in fresh),
                                            return_exceptions=True)
         finally:
             for replica in fresh:
@@ -327,7 +333,8 @@ class ModelRegistry:
                 continue
             have = {r.node_id for r in replicas.replicas}
             try:
-                nodes = self.planner.replica_nodes(model.manifest, model.context_length, model.options, have)
+                nodes = self.planner.replica_nodes(model.manifest, model.context_length, model.options, have,
+                                                   kv_type=model.kv_type)
             except DomainError:
                 continue
             if not nodes:

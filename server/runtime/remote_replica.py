@@ -57,10 +57,10 @@ class RemoteReplica:
 
     # ---- start, stop ---------------------------------------------------------------------------
 
-    async def start(self, manifest, context_length: int) -> None:
+    async def start(self, manifest, context_length: int, kv_type: str = "f16") -> None:
         answer = await self.membership.call(self.node_id, "POST", "/internal/v1/replica/start", {
             "replica_id": self.replica_id, "model": manifest.id, "sha256": manifest.sha256,
-            "context_length": context_length}, timeout=START_TIMEOUT)
+            "context_length": context_length, "kv_type": kv_type}, timeout=START_TIMEOUT)
         self.pid, self.n_slots = answer.get("pid"), int(answer.get("n_slots") or 1)
 
     async def stop(self) -> None:

@@ -45,7 +45,8 @@ class ReplicaHost:
     def placed_here(self) -> int:
         return sum(h.memory_bytes for h in self.replicas.values())
 
-    async def start(self, replica_id: str, model_id: str, sha256: str, context_length: int) -> Hosted:
+    async def start(self, replica_id: str, model_id: str, sha256: str, context_length: int,
+                    kv_type: str | None = None) -> Hosted:
         """Idempotent: the same replica id answers the replica that runs or is starting."""
         if replica_id in self.replicas:
             return self.replicas[replica_id]
@@ -54,7 +55,7 @@ class ReplicaHost:
             if len(self.replicas) + len(self._starting) >= MAX_REPLICAS:
                 raise DomainError(Code.UNAVAILABLE, f"this node runs {MAX_REPLICAS} replicas already")
             task = self._starting[replica_id] = asyncio.ensure_future(
-                self._start(replica_id, model_id, sha256, context_length, time.monotonic()))
+                self._start(replica_id, model_id, sha256, context_length, kv_type, time.monotonic()))
         try:
             return await asyncio.shield(task)
         finally:
@@ -62,7 +63,7 @@ class ReplicaHost:
                 self._starting.pop(replica_id, None)
 
     async def _start(self, replica_id: str, model_id: str, sha256: str, context_length: int,
-                     asked_at: float) -> Hosted:
+                     kv_type: str | None, asked_at: float) -> Hosted:
         registry = self.registry
         manifest = registry.manifest(model_id)
         if manifest.sha256 != sha256:
@@ -70,15 +71,15 @@ class ReplicaHost:
         if manifest.kind != "chat":
             raise invalid("only chat models run as replicas", "model")
         context = registry.planner.context_for(manifest, context_length)
-        registry.planner.admit(manifest, context)            # 507 when it does not fit here
-        model = await registry.supervisor.start(manifest, context)
+        registry.planner.admit(manifest, context, kv_type)   # 507 when it does not fit here
+        model = await registry.supervisor.start(manifest, context, kv_type=kv_type)
         model.runner.engine.on_lost = lambda client: self._lost(replica_id, client)
         try:
             await warm(model.runner)
         except BaseException:
             await model.runner.close(0)
             raise
-        memory = sum(registry.planner.estimate(manifest, context).values())
+        memory = sum(registry.planner.estimate(manifest, context, kv_type).values())
         hosted = Hosted(replica_id, model_id, model.runner, memory, context, asked_at)
         self.replicas[replica_id] = hosted
         return hosted

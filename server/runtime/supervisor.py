@@ -60,14 +60,16 @@ class Supervisor:
 
     # ---- starting ------------------------------------------------------------------------------
 
-    async def start(self, manifest: Manifest, context: int, placement: Placement | None = None):
+    async def start(self, manifest: Manifest, context: int, placement: Placement | None = None,
+                    kv_type: str | None = None):
         """A running engine for the model: (LoadedModel fields) runner, template, placement id,
-        max input."""
+        max input, KV cache type (`kv_type`, else engine.kv_type)."""
         from .registry import LoadedModel
         config = self.config
         path = self.store.model_path(manifest)
         embeddings = manifest.kind == "embedding"
-        params = config.params(path, embeddings, context)
+        kv_type = "f16" if embeddings else (kv_type or config.kv_type)     # as params() has it
+        params = config.params(path, embeddings, context, kv_type)
 
         def chat_template(facts):
             if embeddings:
@@ -115,7 +117,7 @@ class Supervisor:
         if self.compute_scale < 1.0:
             client.set_compute_scale(self.compute_scale)
         model = LoadedModel(manifest, ModelRunner(self.loop, client), context, int(time.time()),
-                            template=template, placement=placement, placement_id=placement_id)
+                            kv_type=kv_type, template=template, placement=placement, placement_id=placement_id)
         if embeddings:
             model.max_input = min(client.n_ctx_train, context) if context else client.n_ctx_train
         return model
@@ -226,7 +228,7 @@ class Supervisor:
                 if registry.loaded.get(model_id) is not model or self.closing or not wanted():
                     return 0                              # unloaded or reloaded meanwhile
                 try:
-                    fresh = await self.start(model.manifest, model.context_length)
+                    fresh = await self.start(model.manifest, model.context_length, kv_type=model.kv_type)
                 except Exception as exc:
                     n_crashes = self.record_crash(model_id, None)
                     registry.last_exits[model_id]["reason"] = f"failed to start: {exc}"
@@ -286,11 +288,12 @@ class Supervisor:
         for _ in range(REPLACE_ATTEMPTS):
             try:
                 placement = self.registry.planner.plan(model.manifest, model.context_length,
-                                                       model.options, excluded)
+                                                       model.options, excluded, kv_type=model.kv_type)
             except DomainError as exc:                    # the nodes left cannot hold it
                 return None, exc.message, excluded
             try:
-                return await self.start(model.manifest, model.context_length, placement), "", excluded
+                return (await self.start(model.manifest, model.context_length, placement, model.kv_type),
+                        "", excluded)
             except Exception as exc:                      # a node that does not answer (yet)
                 failure = str(exc)
                 if isinstance(exc, NodeUnreachable):

@@ -101,7 +101,7 @@ def test_the_507_itemises_the_estimate_in_mib(loop, monkeypatch):
     needed = 100 * MIB + kv + BUFFER_OVERHEAD
     assert refused.value.message == (
         f"loading 'm' with a context of 1024 needs about {needed // MIB} MiB (weights 100, KV cache "
-        f"{kv // MIB}, buffers {BUFFER_OVERHEAD // MIB}) but only 10 MiB are free after a reserve "
+        f"{kv // MIB} as f16, buffers {BUFFER_OVERHEAD // MIB}) but only 10 MiB are free after a reserve "
         "of 300 MiB; nothing was changed")
 
 

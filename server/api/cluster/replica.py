@@ -2,7 +2,7 @@
 port, signed with the cluster secret by the internal route group; runtime/replica_host.py does
 the work, runtime/remote_replica.py is the leader's side):
 
-    POST /internal/v1/replica/start    {"replica_id", "model", "sha256", "context_length"} -> {"pid", "n_slots"}
+    POST /internal/v1/replica/start    {"replica_id", "model", "sha256", "context_length", "kv_type"} -> {"pid", "n_slots"}
     POST /internal/v1/replica/stop     {"replica_id"}                                       -> {"stopped"}
     GET  /internal/v1/replica                                                               -> {"replicas": [...]}
     POST /internal/v1/replica/generate {"replica_id", "owner", "stop", "jobs"} -> engine wire frames
@@ -12,6 +12,7 @@ connection the signed request opened); a client without the secret gets 401 befo
 """
 from __future__ import annotations
 
+from ...engine.config import KV_TYPES
 from ...engine.core import SAMPLING_FIELDS, SamplingParams, encode_events_wire
 from ...engine.errors import EndedEvent, EngineError
 from ...engine.wire import frame
@@ -29,7 +30,8 @@ REPLICA_ID = validate.String("replica_id", required=True, max_len=128, doc="The 
 MODEL = validate.String("model", required=True, max_len=256, doc="The model's id in this node's store.")
 SHA256 = validate.String("sha256", required=True, max_len=64, doc="The model file's digest, as the leader has it.")
 CONTEXT = validate.Integer("context_length", required=True, lo=1, hi=1 << 24, doc="Tokens per sequence.")
-START_BODY = validate.Body(REPLICA_ID, MODEL, SHA256, CONTEXT)
+KV_TYPE = validate.String("kv_type", choices=tuple(KV_TYPES), doc="The KV cache's type (default engine.kv_type).")
+START_BODY = validate.Body(REPLICA_ID, MODEL, SHA256, CONTEXT, KV_TYPE)
 STOP_BODY = validate.Body(REPLICA_ID)
 
 
@@ -37,7 +39,7 @@ async def start(ctx, request) -> Response:
     """Load a replica of a model from this node's store into a worker of its own."""
     body = request.json()
     hosted = await ctx.models.replica_host.start(REPLICA_ID.read(body), MODEL.read(body), SHA256.read(body),
-                                                 CONTEXT.read(body))
+                                                 CONTEXT.read(body), KV_TYPE.read(body))
     return json_response({"pid": hosted.runner.engine.pid, "n_slots": hosted.runner.engine.n_slots})
 
 
