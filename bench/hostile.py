@@ -170,9 +170,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def stream_head(port: int, key: str, path: str, body: dict, read: int = 0):
-    """A streaming POST: its status and the open connection (None if refused), after reading
-    `read` bytes of the body (0: only the head)."""
+def stream_head(port: int, key: str, path: str, body: dict):
+    """A streaming POST: its status and the open connection (None if refused); a thread reads
+    the body."""
     import http.client
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     conn.request("POST", path, orjson.dumps(body), {"Authorization": f"Bearer {key}",
@@ -182,8 +182,6 @@ def stream_head(port: int, key: str, path: str, body: dict, read: int = 0):
         response.read()
         conn.close()
         return response.status, None
-    if read:
-        response.read(read)
     threading.Thread(target=lambda: _drain(response), daemon=True).start()
     return 200, conn
 
@@ -201,8 +199,9 @@ def other_hostile_traffic(port: int, key: str) -> None:
     their first bytes, queued requests cancelled, n > 1 requests, a prompt past the context."""
     long = {"model": CHAT, "prompt": "Tell me a story.", "max_tokens": 400, "ignore_eos": True, "stream": True}
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        opened = list(pool.map(lambda _: stream_head(port, key, "/v1/completions", {**long, "n": 4}, 64),
+        opened = list(pool.map(lambda _: stream_head(port, key, "/v1/completions", {**long, "n": 4}),
                                range(8)))
+    time.sleep(2.0)                               # some stream, others still wait for a slot
     for _, conn in opened:
         if conn is not None:
             conn.close()                          # hung up mid-stream; queued choices cancelled
@@ -222,6 +221,9 @@ def flood_ttft(rounds: int) -> None:
             attacker = create_key(data_dir, "attacker", "inference")
             bystander = create_key(data_dir, "bystander", "inference")
             time.sleep(1.5)
+            started = time.perf_counter()          # the same answer with nothing else running
+            post(node.inference_port, "/v1/chat/completions", bystander, chat_body)
+            print(f"bystander answer alone: {time.perf_counter() - started:.2f}s")
             print(f"{'round':>5s} {'admitted':>8s} {'429':>4s} {'bystander answer':>17s}")
             for n in range(rounds):
                 other_hostile_traffic(node.inference_port, attacker)
