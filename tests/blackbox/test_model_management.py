@@ -147,3 +147,48 @@ def test_unload_ends_in_flight_requests_cleanly(idle):
     status, _, body = result["reply"]
     assert status == 503 and "unloaded" in body["error"]["message"]
     assert idle.request("GET", "/v1/health", key=idle.admin_key)[0] == 200
+
+
+# SmolLM2-135M: 30 layers, 192 K (and V) values a token each: f16 384 bytes a row, q8_0 204.
+def kv_cache_bytes(slots: int, context: int, kv_type: str) -> int:
+    return slots * context * 2 * 30 * {"f16": 384, "q8_0": 204}[kv_type]
+
+
+def test_kv_type_through_load_noop_reload_and_unload(idle):
+    status, _, body = manage(idle, "load", {"model": CHAT, "options": {"context_length": 1024, "kv_type": "q8_0"}})
+    assert status == 200 and body["kv_cache"] == {"type": "q8_0", "bytes": kv_cache_bytes(16, 1024, "q8_0")}
+    status, _, answer = idle.request("POST", "/v1/completions", port="inference", key=idle.admin_key,
+                                     body={"model": CHAT, "prompt": "The capital of France is", "max_tokens": 8})
+    assert status == 200 and answer["usage"]["completion_tokens"] > 0
+    pid = body["pid"]
+    _, _, again = manage(idle, "load", {"model": CHAT, "options": {"context_length": 1024}})
+    assert again["pid"] == pid and again["kv_cache"]["type"] == "q8_0"     # not asked: kept
+    _, _, f16 = manage(idle, "load", {"model": CHAT, "options": {"context_length": 1024, "kv_type": "f16"}})
+    assert f16["pid"] != pid and f16["kv_cache"] == {"type": "f16", "bytes": kv_cache_bytes(16, 1024, "f16")}
+    assert states(idle)[CHAT]["kv_cache"]["type"] == "f16"
+    _, _, unloaded = manage(idle, "unload", {"model": CHAT})
+    assert unloaded["state"] == "available" and "kv_cache" not in unloaded
+
+
+@pytest.mark.parametrize("kv_type", ["q4_0", "F16", 8, ""])
+def test_a_kv_type_other_than_f16_or_q8_0_is_refused(idle, kv_type):
+    status, _, body = manage(idle, "load", {"model": CHAT, "options": {"kv_type": kv_type}})
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    assert "kv_type" in body["error"]["message"] and body["error"]["param"] == "options.kv_type"
+    assert states(idle)[CHAT]["state"] == "available"
+
+
+def test_a_context_that_fits_with_q8_0_and_not_with_f16(start_daemon):
+    """models.memory_limit_mb halfway between the two estimates at the trained context."""
+    from stackd.runtime.planner import BUFFER_OVERHEAD
+    from stackd.store import defaults
+    base = os.path.getsize(defaults.smollm2_path()) + BUFFER_OVERHEAD
+    q8, f16 = (base + kv_cache_bytes(2, 8192, t) for t in ("q8_0", "f16"))
+    limit_mb = (q8 + f16) // 2 >> 20
+    daemon = start_daemon(f"[engine]\nslots = 2\n[models]\npreload = []\nmemory_limit_mb = {limit_mb}\n",
+                          models=True)
+    status, _, body = manage(daemon, "load", {"model": CHAT, "options": {"context_length": 8192}})
+    assert status == 507 and "as f16" in body["error"]["message"]
+    assert states(daemon)[CHAT]["state"] == "available"
+    status, _, body = manage(daemon, "load", {"model": CHAT, "options": {"context_length": 8192, "kv_type": "q8_0"}})
+    assert status == 200 and body["kv_cache"] == {"type": "q8_0", "bytes": kv_cache_bytes(2, 8192, "q8_0")}
