@@ -94,11 +94,12 @@ def _source() -> str:
 
 
 def llama_quantize() -> str:
-    """llama.cpp's llama-quantize from the same source and CPU flags, cached in the checkout's
-    build/tools/ (project-local: the tests build it, and need nothing else of llama.cpp)."""
+    """llama.cpp's llama-quantize from the same source and CPU flags, cached in the wheelhouse
+    beside the wheel (project-local, kept across clean checkouts as the wheel is: the tests
+    build it, and need nothing else of llama.cpp)."""
     args = [a for a in llama_wheel.cmake_args() if not a.startswith(("-DLLAMA_BUILD_", "-DGGML_RPC"))]
     digest = os.path.basename(llama_wheel.wheel_dir(args)).removeprefix("llama-cpp-python-")
-    binary = os.path.join(ROOT, "build", "tools", f"llama-quantize-{digest}")
+    binary = os.path.join(llama_wheel.WHEELHOUSE, "tools", f"llama-quantize-{digest}")
     if os.path.exists(binary):
         return binary
     build_dir = os.path.join(ROOT, "build", "quantize")

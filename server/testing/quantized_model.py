@@ -1,7 +1,7 @@
 """A Q4_K_M file for the K-quant kernels' tests and benchmarks, made from the default chat
 model with llama.cpp's own llama-quantize (--allow-requantize: the default is Q4_1, so the
 quality of the result is not the point; the kernels on it are). llama-quantize is built from
-the vendored llama.cpp source by bench/peers.py and cached under build/tools/; the file is
+the vendored llama.cpp source by bench/peers.py and cached in the wheelhouse (tools/); the file is
 cached under build/models/.
 
     python -m stackd.testing.quantized_model     # prints the file's path, making it if needed
