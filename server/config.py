@@ -55,6 +55,9 @@ DEFAULTS: dict = {
         "flash_attn": "auto",     # auto, on, off
         "kv_type": "f16",         # KV cache: f16, q8_0 (about half the bytes; flash attention on)
         "kernels": "auto",        # our repacked Q4_1 matmul (kernels/): auto (when the CPU has AVX2), off
+        # every step's rows on ggml's per-row arithmetic: greedy answers independent of what
+        # shares a step, long prompts prefilled ~2.4x slower (docs/engine.md); needs kernels
+        "batch_invariant": False,
         # draftless speculative decoding: ngram (prompt lookup, docs/engine.md) or off; drafted
         # tokens per sequence and step at most; the step's tokens drafts may fill up to
         "speculative": "ngram",
@@ -227,6 +230,9 @@ def _check(values: dict) -> None:
         raise ConfigError("setting engine.kv_type: must be " + " or ".join(KV_TYPES))
     if engine["kernels"] not in ("auto", "off"):
         raise ConfigError("setting engine.kernels: must be auto or off")
+    if engine["batch_invariant"] and engine["kernels"] == "off":
+        raise ConfigError("setting engine.batch_invariant: needs engine.kernels = auto "
+                          "(the per-row switch is on the kernels' backend)")
     if engine["speculative"] not in ("ngram", "off"):
         raise ConfigError("setting engine.speculative: must be ngram or off")
     if not 1 <= engine["speculative_draft_max"] <= 64:

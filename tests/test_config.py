@@ -47,6 +47,8 @@ def test_config_toml_in_data_dir_is_found(tmp_path):
     ("[engine]\nembedding_nice = 20\n", "from 0 to 19"),
     ("[engine]\nembedding_nice = -1\n", "from 0 to 19"),
     ("[engine]\nkv_type = 'q4_0'\n", "engine.kv_type: must be f16 or q8_0"),
+    ("[engine]\nbatch_invariant = 'yes'\n", "engine.batch_invariant: expected bool"),
+    ("[engine]\nbatch_invariant = true\nkernels = 'off'\n", "engine.batch_invariant: needs engine.kernels"),
 ])
 def test_bad_files_are_refused_with_a_reason(tmp_path, text, needle):
     with pytest.raises(config.ConfigError, match=needle):
@@ -64,6 +66,13 @@ def test_engine_thread_settings_at_their_edges(tmp_path):
     assert settings["engine.omp_wait_policy"] == "inherit" and settings["engine.embedding_nice"] == 19
     defaults = config.load({"data_dir": str(tmp_path / "d")}, environ={})
     assert defaults["engine.omp_wait_policy"] == "auto" and defaults["engine.embedding_nice"] == 5
+
+
+def test_batch_invariance_is_off_unless_asked_for(tmp_path):
+    assert config.load({"data_dir": str(tmp_path / "d")}, environ={})["engine.batch_invariant"] is False
+    settings = config.load({"config": write(tmp_path, "[engine]\nbatch_invariant = true\n"),
+                            "data_dir": str(tmp_path / "d")}, environ={})
+    assert settings["engine.batch_invariant"] is True
 
 
 def test_the_kv_type_setting_defaults_to_f16_and_takes_q8_0(tmp_path):

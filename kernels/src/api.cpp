@@ -25,6 +25,11 @@ STACKD_API int stackd_kernels_register(int path) {
     return path;
 }
 
+// Whether this process's backends (each model's, each served one's) keep every row's
+// arithmetic independent of its batch from the next graph on (engine.batch_invariant;
+// backend.cpp, "One arithmetic per row").
+STACKD_API void stackd_kernels_batch_invariant(int on) { stackd::set_batch_invariant(on != 0); }
+
 // The device a ggml RPC server child serves (backend.cpp, "the served buffer"), computing with
 // the path stackd_kernels_register set; null before a successful register.
 STACKD_API void *stackd_kernels_rpc_device() {

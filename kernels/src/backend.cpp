@@ -406,11 +406,33 @@ void swap_back(BackendContext *ctx) {
     ctx->swapped.clear();
 }
 
+// ---- One arithmetic per row (engine.batch_invariant) ----
+// Our kernels give a row the same numbers in any batch; ggml's CPU ops around them do not
+// quite. Its flash attention takes a tiled path for 64 query rows or more (a prompt's prefill,
+// or a decoding row in a step with one) and a KV-split path for a step of one token of one
+// sequence over 512 cells; its tiled K-quant matmul starts at 8 rows. Each adds in another
+// order than the per-row loops, so a greedy answer can depend on what shared its steps
+// (measured: long prompts prefilled beside another sequence part from the same prompt alone).
+// ggml's reference switch (use_ref) keeps every step on the per-row paths (and turns off op
+// fusion, which computes the same numbers), at a cost in long prefills (kernels/README.md).
+// Read at every graph, so a process can measure both (bench/batch_invariance.py).
+std::atomic<bool> g_batch_invariant{false};
+
+ggml_backend_dev_t cpu_device();
+
+void follow_batch_invariance(ggml_backend_t cpu) {
+    using SetUseRef = void (*)(ggml_backend_t, bool);
+    static const auto set_use_ref = (SetUseRef)ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(cpu_device()), "ggml_backend_cpu_set_use_ref");
+    if (set_use_ref != nullptr) set_use_ref(cpu, g_batch_invariant.load());
+}
+
 ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     auto *ctx = static_cast<BackendContext *>(backend->context);
     ctx->epoch++;  // what the scratch held belongs to the last computation
     if (ctx->served) unpack_what_ggml_reads(graph);
     swap_in_tasks(ctx, graph);
+    follow_batch_invariance(ctx->cpu);
     const ggml_status status = ggml_backend_graph_compute(ctx->cpu, graph);
     swap_back(ctx);
     return status;
@@ -662,6 +684,7 @@ ggml_backend_t backend_new(Path path) { return new_backend(path, &compute_device
 ggml_backend_t served_backend_new() { return new_backend((Path)-1, &served_device(), true); }
 
 void set_path(Path path) { g_path.store((int)path); }
+void set_batch_invariant(bool on) { g_batch_invariant.store(on); }
 Path current_path() { return (Path)g_path.load(); }
 
 }  // namespace stackd

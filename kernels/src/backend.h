@@ -24,6 +24,9 @@ void set_path(Path path);
 // Whether the process's ggml CPU backend runs graphs on an OpenMP team (ours need it).
 bool cpu_backend_uses_openmp();
 Path current_path();
+// Whether the backends run ggml's CPU ops on one arithmetic per row from the next graph on,
+// however many rows a step has (ggml's use_ref: backend.cpp, "One arithmetic per row").
+void set_batch_invariant(bool on);
 // Weights of `type` in the registered device's live buffers (repacked, so on our kernels).
 int64_t repacked_tensors(ggml_type type);
 

@@ -85,6 +85,7 @@ def child_main(argv: list[str]) -> int:
     args.add_argument("--parent", type=int, default=0)
     args.add_argument("--direct", action="store_true")
     args.add_argument("--kernels", default="off")
+    args.add_argument("--batch-invariant", action="store_true")
     opts = args.parse_args(argv)
     if opts.parent:
         from ..system.process import die_with_parent
@@ -113,7 +114,7 @@ def child_main(argv: list[str]) -> int:
     from ..engine import accel
 
     try:
-        accel.register(opts.kernels)          # after _engine: one ggml (accel.py)
+        accel.register(opts.kernels, opts.batch_invariant)   # after _engine: one ggml (accel.py)
     except ValueError as exc:
         report.write(f"failed: {exc}\n")
         report.flush()
@@ -174,9 +175,10 @@ class RpcServers:
     """This node's RPC server children, by placement id."""
 
     def __init__(self, loop, data_dir: str, host: str, first_port: int, secret: bytes | None,
-                 kernels: str = "off"):
+                 kernels: str = "off", batch_invariant: bool = False):
         self.loop = loop
         self.kernels = kernels               # engine.kernels: the children compute as the engine does
+        self.batch_invariant = batch_invariant   # engine.batch_invariant, likewise
         self.data_dir = data_dir
         self.host = host
         self.first_port = first_port
@@ -221,6 +223,8 @@ class RpcServers:
                "--placement-id", placement_id, "--parent", str(os.getpid()), "--kernels", self.kernels]
         if direct:
             cmd.append("--direct")
+        if self.batch_invariant:
+            cmd.append("--batch-invariant")
         env = {**os.environ, "GGML_NO_BACKTRACE": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,

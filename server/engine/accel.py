@@ -35,6 +35,7 @@ def library() -> ctypes.CDLL:
         lib.stackd_kernels_register.argtypes = [ctypes.c_int]
         lib.stackd_kernels_cpu_supports.argtypes = [ctypes.c_int]
         lib.stackd_kernels_rpc_device.restype = ctypes.c_void_p
+        lib.stackd_kernels_batch_invariant.argtypes = [ctypes.c_int]
         lib.stackd_kernels_tensors.argtypes = [ctypes.c_int]
         lib.stackd_kernels_tensors.restype = ctypes.c_int64
         _lib = lib
@@ -45,10 +46,13 @@ def cpu_supports(path: str) -> bool:
     return bool(library().stackd_kernels_cpu_supports(PATHS.index(path)))
 
 
-def register(mode: str = "auto") -> str | None:
+def register(mode: str = "auto", batch_invariant: bool = False) -> str | None:
     """Register the kernels per `mode` (engine.kernels: auto | off, or a path name to force
     one). Returns the code path in use, or None when off or the CPU lacks AVX2. Idempotent;
-    once registered, a later call can change the path but not unregister."""
+    once registered, a later call can change the path but not unregister. `batch_invariant`
+    (engine.batch_invariant): ggml's ops around ours on their per-row paths in every step
+    (kernels/src/backend.cpp, "One arithmetic per row"), so that what shares a step never
+    changes a row's numbers; slower prefill of long prompts."""
     global _registered
     if mode == "off":
         return _registered
@@ -62,6 +66,7 @@ def register(mode: str = "auto") -> str | None:
         path = PATHS.index(mode)
     else:
         raise ValueError(f"engine.kernels: must be auto or off, got {mode!r}")
+    library().stackd_kernels_batch_invariant(int(batch_invariant))
     chosen = library().stackd_kernels_register(path)
     if chosen < 0:                  # a ggml without OpenMP (backend.cpp): ggml's kernels only
         return _registered

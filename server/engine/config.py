@@ -36,6 +36,7 @@ class EngineConfig:
     speculative_step_tokens: int = 16   # a step's tokens that drafts may fill up to
     isolation: str = "worker"       # worker: each model's engine in a supervised process; inline
     kernels: str = "auto"           # our matmuls (kernels/, engine/accel.py): auto | off
+    batch_invariant: bool = False   # every step on ggml's per-row paths (accel.register)
     omp_wait_policy: str = "auto"   # workers' OpenMP barrier waits: auto | passive | active | inherit
     embedding_nice: int = 0         # embedding workers' niceness
     restart_hold: float = 10.0      # seconds a request waits for its model's restarting worker

@@ -189,7 +189,7 @@ def main(fd: int, parent: int) -> int:
     # processes share its code pages: the wheel ships libllama.so and .so.0 as two copies.
     from .core import Engine
     from . import accel
-    accel.register(config.get("kernels", "off"))   # engine.kernels: before the model loads
+    accel.register(config.get("kernels", "off"), config.get("batch_invariant", False))  # before the model loads
 
     try:
         params = dict(config["engine"], rpc_endpoints=connect_devices(config.get("rpc")))

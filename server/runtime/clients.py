@@ -98,7 +98,7 @@ class WorkerEngine:
 
     @classmethod
     async def start(cls, loop, params: dict, vocab: "Vocab | Awaitable[Vocab]", kernels: str = "off",
-                    omp_wait_policy: str = "inherit", nice: int = 0,
+                    batch_invariant: bool = False, omp_wait_policy: str = "inherit", nice: int = 0,
                     rpc: dict | None = None, faults: dict | None = None) -> "WorkerEngine":
         """Spawn a worker for `params` (Engine's keyword arguments) and wait until it serves.
         Spawned from the loop's thread: PR_SET_PDEATHSIG follows the spawning thread.
@@ -122,6 +122,7 @@ class WorkerEngine:
         ours.setblocking(False)
         try:
             await loop.sock_sendall(ours, frame({"op": "start", "engine": params, "kernels": kernels,
+                                                 "batch_invariant": batch_invariant,
                                                  "nice": nice, "rpc": rpc, "faults": faults or {}}))
             reader = FrameReader()
             while True:

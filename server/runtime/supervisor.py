@@ -84,7 +84,7 @@ class Supervisor:
         placement_id = None
         if config.isolation == "inline" and placement is None:
             def construct():
-                accel.register(config.kernels)             # this process runs the engine
+                accel.register(config.kernels, config.batch_invariant)   # this process runs the engine
                 engine = Engine(**params)
                 return InlineEngine(engine), chat_template(engine)
             client, template = await self.loop.run_in_executor(None, construct)
@@ -102,6 +102,7 @@ class Supervisor:
             vocab = asyncio.ensure_future(vocab_loaded())
             try:
                 client = await WorkerEngine.start(self.loop, params, vocab, kernels=config.kernels,
+                                                  batch_invariant=config.batch_invariant,
                                                   omp_wait_policy=config.omp_wait_policy_for(embeddings),
                                                   nice=config.embedding_nice if embeddings else 0, rpc=rpc,
                                                   faults=self.faults.for_worker())

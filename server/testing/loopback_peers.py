@@ -115,7 +115,8 @@ def membership(facts, settings, loop, spec: str) -> "LoopbackPeers | None":
             servers[node_id] = RpcServers(loop, os.path.join(settings.data_dir, "test-peers", node_id),
                                           "127.0.0.1",
                                           settings["cluster.rpc_port"] + 100 * (len(servers) + 1),
-                                          membership.secret, kernels=settings["engine.kernels"])
+                                          membership.secret, kernels=settings["engine.kernels"],
+                                          batch_invariant=settings["engine.batch_invariant"])
         return servers[node_id]
 
     membership = LoopbackPeers(facts.node_id, offers, servers_for, threads or 1,

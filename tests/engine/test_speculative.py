@@ -28,9 +28,9 @@ FREE = ["Write a haiku about the sea.", "What is 17 times 23?", "Name three colo
 
 # 256 cells a sequence: ggml's CPU flash attention takes another path (the KV split over the
 # threads, another summation order) for a lone sequence's one-token step once its KV view reaches
-# 512 cells, which a verification step (several rows) never takes. Past 256 tokens greedy texts
-# can then part at near ties, with drafting as under load (docs/engine.md); these tests are
-# about drafting alone. Long answers also meet the context limit inside a draft.
+# 512 cells, which a verification step (several rows) never takes, so past 256 tokens nothing
+# but engine.batch_invariant rules out a part at a near tie (docs/engine.md;
+# test_batch_invariance.py). Short contexts also meet the context limit inside a draft.
 def make_engine(draft_max: int, batch: int = 256, **kw) -> Engine:
     return Engine(defaults.smollm2_path(), slots=4, context_length=256, batch=batch,
                   speculative_draft_max=draft_max, **kw)
