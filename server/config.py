@@ -55,8 +55,8 @@ DEFAULTS: dict = {
         "flash_attn": "auto",     # auto, on, off
         "kv_type": "f16",         # KV cache: f16, q8_0 (about half the bytes; flash attention on)
         "kernels": "auto",        # our repacked Q4_1 matmul (kernels/): auto (when the CPU has AVX2), off
-        # every step's rows on ggml's per-row arithmetic: greedy answers independent of what
-        # shares a step, long prompts prefilled ~2.4x slower (docs/engine.md); needs kernels
+        # prefills too on ggml's per-row arithmetic (decode steps always are): greedy answers
+        # independent of what shares a step, long prompts prefilled ~2.2x slower; needs kernels
         "batch_invariant": False,
         # draftless speculative decoding: ngram (prompt lookup, docs/engine.md) or off; drafted
         # tokens per sequence and step at most; the step's tokens drafts may fill up to

@@ -1,6 +1,8 @@
 // What libstackd_kernels.so exports: the two calls server/engine/accel.py makes to plug the
 // kernels into this process's ggml. The op self-check, the timer and the other questions the
 // tests and bench/ ask live in the test-only libstackd_kernels_check.so (check.cpp).
+#include <algorithm>
+
 #include "backend.h"
 
 namespace {
@@ -25,10 +27,13 @@ STACKD_API int stackd_kernels_register(int path) {
     return path;
 }
 
-// Whether this process's backends (each model's, each served one's) keep every row's
-// arithmetic independent of its batch from the next graph on (engine.batch_invariant;
+// Which steps of this process's backends (each model's, each served one's) keep every row's
+// arithmetic independent of its batch, from the next graph on: 0 none (ggml's own paths),
+// 1 decode and verification steps (the default), 2 every step (engine.batch_invariant;
 // backend.cpp, "One arithmetic per row").
-STACKD_API void stackd_kernels_batch_invariant(int on) { stackd::set_batch_invariant(on != 0); }
+STACKD_API void stackd_kernels_batch_invariant(int steps) {
+    stackd::set_invariance((stackd::Invariance)std::clamp(steps, 0, 2));
+}
 
 // The device a ggml RPC server child serves (backend.cpp, "the served buffer"), computing with
 // the path stackd_kernels_register set; null before a successful register.

@@ -406,25 +406,41 @@ void swap_back(BackendContext *ctx) {
     ctx->swapped.clear();
 }
 
-// ---- One arithmetic per row (engine.batch_invariant) ----
+// ---- One arithmetic per row ----
 // Our kernels give a row the same numbers in any batch; ggml's CPU ops around them do not
 // quite. Its flash attention takes a tiled path for 64 query rows or more (a prompt's prefill,
 // or a decoding row in a step with one) and a KV-split path for a step of one token of one
 // sequence over 512 cells; its tiled K-quant matmul starts at 8 rows. Each adds in another
-// order than the per-row loops, so a greedy answer can depend on what shared its steps
-// (measured: long prompts prefilled beside another sequence part from the same prompt alone).
-// ggml's reference switch (use_ref) keeps every step on the per-row paths (and turns off op
-// fusion, which computes the same numbers), at a cost in long prefills (kernels/README.md).
-// Read at every graph, so a process can measure both (bench/batch_invariance.py).
-std::atomic<bool> g_batch_invariant{false};
+// order than the per-row loops, so a greedy answer can depend on what shared its steps.
+// ggml's reference switch (use_ref) keeps a step on the per-row paths (and turns off op
+// fusion, which computes the same numbers). By default it is on for the steps without tiled
+// attention, which are every decode and verification step: a drafted sequence's verification
+// then gives the numbers its one-token steps would, and speculative decoding never changes a
+// greedy answer. engine.batch_invariant turns it on for prefills too, at a cost in long
+// prompts (kernels/README.md). Read at every graph, so a process can measure each
+// (bench/batch_invariance.py).
+std::atomic<int> g_invariance{(int)Invariance::kDecodeSteps};
+
+constexpr int64_t kTiledAttentionRows = 64;  // ggml-cpu's GGML_FA_TILE_Q
 
 ggml_backend_dev_t cpu_device();
 
-void follow_batch_invariance(ggml_backend_t cpu) {
+bool has_tiled_attention(ggml_cgraph *graph) {
+    for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {
+        const ggml_tensor *node = ggml_graph_node(graph, i);
+        if (node->op == GGML_OP_FLASH_ATTN_EXT && node->src[0]->ne[1] >= kTiledAttentionRows) return true;
+    }
+    return false;
+}
+
+void follow_invariance(ggml_backend_t cpu, ggml_cgraph *graph) {
     using SetUseRef = void (*)(ggml_backend_t, bool);
     static const auto set_use_ref = (SetUseRef)ggml_backend_reg_get_proc_address(
         ggml_backend_dev_backend_reg(cpu_device()), "ggml_backend_cpu_set_use_ref");
-    if (set_use_ref != nullptr) set_use_ref(cpu, g_batch_invariant.load());
+    if (set_use_ref == nullptr) return;
+    const auto invariance = (Invariance)g_invariance.load();
+    set_use_ref(cpu, invariance == Invariance::kAllSteps ||
+                         (invariance == Invariance::kDecodeSteps && !has_tiled_attention(graph)));
 }
 
 ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
@@ -432,7 +448,7 @@ ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     ctx->epoch++;  // what the scratch held belongs to the last computation
     if (ctx->served) unpack_what_ggml_reads(graph);
     swap_in_tasks(ctx, graph);
-    follow_batch_invariance(ctx->cpu);
+    follow_invariance(ctx->cpu, graph);
     const ggml_status status = ggml_backend_graph_compute(ctx->cpu, graph);
     swap_back(ctx);
     return status;
@@ -684,7 +700,7 @@ ggml_backend_t backend_new(Path path) { return new_backend(path, &compute_device
 ggml_backend_t served_backend_new() { return new_backend((Path)-1, &served_device(), true); }
 
 void set_path(Path path) { g_path.store((int)path); }
-void set_batch_invariant(bool on) { g_batch_invariant.store(on); }
+void set_invariance(Invariance invariance) { g_invariance.store((int)invariance); }
 Path current_path() { return (Path)g_path.load(); }
 
 }  // namespace stackd

@@ -24,9 +24,10 @@ void set_path(Path path);
 // Whether the process's ggml CPU backend runs graphs on an OpenMP team (ours need it).
 bool cpu_backend_uses_openmp();
 Path current_path();
-// Whether the backends run ggml's CPU ops on one arithmetic per row from the next graph on,
-// however many rows a step has (ggml's use_ref: backend.cpp, "One arithmetic per row").
-void set_batch_invariant(bool on);
+// Which steps run ggml's CPU ops on one arithmetic per row, however many rows they have
+// (ggml's use_ref: backend.cpp, "One arithmetic per row"), from the next graph on.
+enum class Invariance { kNone = 0, kDecodeSteps = 1, kAllSteps = 2 };
+void set_invariance(Invariance invariance);
 // Weights of `type` in the registered device's live buffers (repacked, so on our kernels).
 int64_t repacked_tensors(ggml_type type);
 

@@ -22,6 +22,9 @@ LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PATHS = ("scalar", "avx2", "avx512-vnni")  # the library's path numbers, in order
 # The weight types the kernels repack, by ggml's type numbers (ggml.h's enum ggml_type).
 TYPES = {"q4_1": 3, "q8_0": 8, "q4_K": 12, "q6_K": 14}
+# The steps on ggml's per-row paths (stackd_kernels_batch_invariant): decode and verification
+# steps, or every step (engine.batch_invariant).
+NO_STEPS, DECODE_STEPS, ALL_STEPS = 0, 1, 2
 
 _lib: ctypes.CDLL | None = None
 _registered: str | None = None
@@ -49,10 +52,11 @@ def cpu_supports(path: str) -> bool:
 def register(mode: str = "auto", batch_invariant: bool = False) -> str | None:
     """Register the kernels per `mode` (engine.kernels: auto | off, or a path name to force
     one). Returns the code path in use, or None when off or the CPU lacks AVX2. Idempotent;
-    once registered, a later call can change the path but not unregister. `batch_invariant`
-    (engine.batch_invariant): ggml's ops around ours on their per-row paths in every step
-    (kernels/src/backend.cpp, "One arithmetic per row"), so that what shares a step never
-    changes a row's numbers; slower prefill of long prompts."""
+    once registered, a later call can change the path but not unregister. ggml's ops around
+    ours run their per-row paths in decode and verification steps (kernels/src/backend.cpp,
+    "One arithmetic per row"), so drafting never changes a greedy answer; `batch_invariant`
+    (engine.batch_invariant) has prefills do so too, so that what shares a step never changes
+    a row's numbers, at a cost in long prompts."""
     global _registered
     if mode == "off":
         return _registered
@@ -66,7 +70,7 @@ def register(mode: str = "auto", batch_invariant: bool = False) -> str | None:
         path = PATHS.index(mode)
     else:
         raise ValueError(f"engine.kernels: must be auto or off, got {mode!r}")
-    library().stackd_kernels_batch_invariant(int(batch_invariant))
+    library().stackd_kernels_batch_invariant(ALL_STEPS if batch_invariant else DECODE_STEPS)
     chosen = library().stackd_kernels_register(path)
     if chosen < 0:                  # a ggml without OpenMP (backend.cpp): ggml's kernels only
         return _registered

@@ -28,7 +28,7 @@ def engines():
     yield Driver(plain), Driver(drafting)
     plain.close()
     drafting.close()
-    accel.library().stackd_kernels_batch_invariant(0)     # the process's other tests: the default
+    accel.library().stackd_kernels_batch_invariant(accel.DECODE_STEPS)   # back to the default
 
 
 def answers(driver: Driver, prompts: list[list[int]]) -> list[bytes]:
