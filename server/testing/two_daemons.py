@@ -132,15 +132,26 @@ def rpc_children(node: Node) -> list[int]:
 # ---- a stream cut short ----------------------------------------------------------------------------
 
 def open_stream(node: Node, max_tokens: int = 200) -> tuple[http.client.HTTPConnection, object]:
-    """A greedy chat stream that runs long, with its first chunk read: the model is decoding."""
+    """A greedy chat stream that runs long, read up to its first token: the model is decoding,
+    and a loss from here on ends the stream with an error (a request that had sent no token is
+    submitted again instead: engine.restart_hold). Drafting off: the answer repeats itself, and
+    accepted drafts would end it before a kill."""
     conn = http.client.HTTPConnection(node.reach, node.inference_port, timeout=CLIENT_TIMEOUT)
     conn.request("POST", "/v1/chat/completions", body=orjson.dumps({
         "model": MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": max_tokens, "ignore_eos": True,
-        "stream": True}), headers={"Authorization": f"Bearer {node.admin_key}", "Content-Type": "application/json"})
+        "speculative": False, "stream": True}), headers={"Authorization": f"Bearer {node.admin_key}", "Content-Type": "application/json"})
     response = conn.getresponse()
     assert response.status == 200
-    assert response.readline().startswith(b"data: ")
+    read_until_a_token(response)
     return conn, response
+
+
+def read_until_a_token(response) -> None:
+    """Reads an SSE chat stream up to its first chunk with content (the role chunk has none)."""
+    for line in iter(response.readline, b""):
+        if line.startswith(b"data: {") and orjson.loads(line[6:])["choices"][0]["delta"].get("content"):
+            return
+    raise AssertionError("the stream ended before its first token")
 
 
 def stream_error(conn, response) -> dict:
