@@ -2,6 +2,8 @@
 and the context-length rules."""
 from __future__ import annotations
 
+import asyncio
+
 from ...engine.errors import EngineError
 from ...runtime.runner import LOST, Generation
 from ...system import offload
@@ -14,6 +16,8 @@ from .responses import Choice
 # Bodies up to this size are tokenized on the loop (microseconds); larger ones on an offload
 # thread (offload.py), so a 1 MiB prompt or 2,048 embedding inputs never stall the other clients.
 OFF_LOOP_BYTES = 16 * 1024
+# Between two lookups of a model whose worker was lost under a request (across_a_restart).
+LOOKUP_PAUSE = 0.05
 
 
 async def tokenized(model, parse, body: dict, request):
@@ -29,16 +33,21 @@ async def tokenized(model, parse, body: dict, request):
 
 
 async def across_a_restart(ctx, model_id: str, submit):
-    """`submit()` (from the model's lookup to its jobs' submit) once more if the model's worker
-    died under it: looked up just before, the model's engine went away while the request was
-    rendered. The second lookup waits for the restarted worker (engine.restart_hold); a model
-    unloaded meanwhile is not loaded again for it."""
-    try:
-        return await submit()
-    except EngineError as exc:
-        if exc.code not in LOST or ctx.models.state(model_id) not in ("restarting", "loaded"):
-            raise
-    return await submit()
+    """`submit()` (from the model's lookup to its jobs' submit) again if the model's worker died
+    under it: looked up just before, the model's engine went away while the request was
+    rendered. A later lookup waits for the restarted worker (engine.restart_hold). The worker's
+    loss can reach the request (its engine closed) a loop turn before the registry says
+    `restarting`, so a lookup may still find the dead engine: tried again after a pause, until
+    the hold's bound. A model unloaded meanwhile is not loaded again for it."""
+    until = ctx.models.hold.deadline()
+    while True:
+        try:
+            return await submit()
+        except EngineError as exc:
+            if (exc.code not in LOST or ctx.models.state(model_id) not in ("restarting", "loaded")
+                    or asyncio.get_running_loop().time() >= until):
+                raise
+        await asyncio.sleep(LOOKUP_PAUSE)
 
 
 def owner_of(request) -> int:
