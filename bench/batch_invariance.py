@@ -47,14 +47,15 @@ def long_prompt_alone(engine, tokens: int, generate: int = 64) -> tuple[float, f
                 return tokens / (first - start), (generate - 1) / (now - first)
 
 
-MODES = {"ggml's paths": "none", "default (decode steps)": "decode", "batch_invariant": "all"}
+# The steps on ggml's per-row paths, as stackd_kernels_batch_invariant numbers them
+# (accel.NO_STEPS, DECODE_STEPS, ALL_STEPS), by the column each heads.
+MODES = {"ggml's paths": 0, "default (decode steps)": 1, "batch_invariant": 2}
 
 
-def child(mode: str, threads: int, model: str | None) -> None:
+def child(steps: int, threads: int, model: str | None) -> None:
     from stackd.engine import accel
     accel.register("auto")
-    accel.library().stackd_kernels_batch_invariant(
-        {"none": accel.NO_STEPS, "decode": accel.DECODE_STEPS, "all": accel.ALL_STEPS}[mode])
+    accel.library().stackd_kernels_batch_invariant(steps)
     from stackd.engine.core import Engine
     engine = Engine(model_path(model), slots=max(STREAMS), context_length=LONG_PROMPT_TOKENS + 128,
                     batch=512, threads=threads, flash_attn=1)
@@ -67,8 +68,8 @@ def child(mode: str, threads: int, model: str | None) -> None:
     print(json.dumps(out))
 
 
-def measure(mode: str, threads: int, model: str | None) -> dict:
-    cmd = [sys.executable, __file__, "--child", mode, "--threads", str(threads)]
+def measure(steps: int, threads: int, model: str | None) -> dict:
+    cmd = [sys.executable, __file__, "--child", str(steps), "--threads", str(threads)]
     out = subprocess.run(cmd + (["--model", model] if model else []), check=True,
                          capture_output=True, text=True, cwd=ROOT).stdout
     return json.loads(out.splitlines()[-1])
@@ -79,9 +80,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--model", default=None)
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
+    if args.child is not None:
         return child(args.child, args.threads, args.model)
     rows = {f"prefill, {LONG_PROMPT_TOKENS}-token prompt alone": lambda r: r["prefill_long"],
             "decode, 1 stream after it": lambda r: r["decode_long"],
@@ -91,7 +92,7 @@ def main() -> None:
     ratios = {(name, label): [] for name in rows for label, _ in modes[1:]}
     print(f"{cpu_name()}; {os.path.basename(model_path(args.model))}; {args.threads} threads", flush=True)
     for r in range(args.rounds):
-        runs = {label: measure(mode, args.threads, args.model) for label, mode in modes}
+        runs = {label: measure(steps, args.threads, args.model) for label, steps in modes}
         base = runs[modes[0][0]]
         for name, get in rows.items():
             for label, _ in modes[1:]:

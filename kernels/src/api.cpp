@@ -1,5 +1,5 @@
-// What libstackd_kernels.so exports: the two calls server/engine/accel.py makes to plug the
-// kernels into this process's ggml. The op self-check, the timer and the other questions the
+// What libstackd_kernels.so exports: the calls server/engine/accel.py makes to plug the
+// kernels into this process's ggml and set how they compute. The op self-check, the timer and the other questions the
 // tests and bench/ ask live in the test-only libstackd_kernels_check.so (check.cpp).
 #include <algorithm>
 

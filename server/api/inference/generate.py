@@ -37,8 +37,10 @@ async def across_a_restart(ctx, model_id: str, submit):
     under it: looked up just before, the model's engine went away while the request was
     rendered. A later lookup waits for the restarted worker (engine.restart_hold). The worker's
     loss can reach the request (its engine closed) a loop turn before the registry says
-    `restarting`, so a lookup may still find the dead engine: tried again after a pause, until
-    the hold's bound. A model unloaded meanwhile is not loaded again for it."""
+    `restarting`, so a lookup may still find the dead engine: tried again after a pause while
+    the hold's bound has not passed (a lookup begun before it may itself hold for the restart,
+    so a request waits at most about twice engine.restart_hold). A model unloaded meanwhile is
+    not loaded again for it."""
     until = ctx.models.hold.deadline()
     while True:
         try:
