@@ -85,7 +85,7 @@ async def measure(loop, params, rpcs=(None,), followers=()) -> tuple[float, floa
     try:
         sampling = SamplingParams()
         sampling.temperature, sampling.ignore_eos = 0.0, True
-        prompt = chat_prompt(runners[0].engine.vocab, "Tell me a story.")
+        prompt = await chat_prompt(runners[0], "Tell me a story.")
 
         async def one(runner) -> int:
             stream = await runner.generate([(prompt, TOKENS, sampling)], [])

@@ -137,7 +137,7 @@ async def tap(mode: str, follower_layers: int, tokens: int = 32) -> None:
     try:
         sampling = SamplingParams()
         sampling.temperature, sampling.ignore_eos = 0.0, True
-        prompt = chat_prompt(runner.engine.vocab, "Tell me a story.")
+        prompt = await chat_prompt(runner, "Tell me a story.")
 
         async def one(n):
             stream = await runner.generate([(prompt, n, sampling)], [])

@@ -492,7 +492,8 @@ PYBIND11_MODULE(_engine, m) {
         .def("tokenize", &engine::tokenize, py::call_guard<py::gil_scoped_release>(),
              py::arg("text"), py::arg("add_special") = true,
              py::arg("parse_special") = false)
-        .def("piece", [](const engine & e, int32_t token) { return py::bytes(e.piece(token)); })
+        .def("piece", [](const engine & e, int32_t token, bool special) { return py::bytes(e.piece(token, special)); },
+             py::arg("token"), py::arg("special") = false)
         .def("meta", &engine::meta)
         .def_property_readonly("chat_template", &engine::chat_template)
         .def_property_readonly("n_ctx_train", &engine::n_ctx_train)
@@ -522,9 +523,9 @@ PYBIND11_MODULE(_engine, m) {
              },
              py::call_guard<py::gil_scoped_release>(), py::arg("text"), py::arg("add_special") = true,
              py::arg("parse_special") = false)
-        .def("piece", [](const model_vocab & v, int32_t token) {
-                 return py::bytes(token_piece(v.vocab(), token));
-             })
+        .def("piece", [](const model_vocab & v, int32_t token, bool special) {
+                 return py::bytes(token_piece(v.vocab(), token, special));
+             }, py::arg("token"), py::arg("special") = false)
         .def("meta", [](const model_vocab & v, const std::string & key) { return model_meta(v.model(), key); })
         .def_property_readonly("chat_template", [](const model_vocab & v) { return model_chat_template(v.model()); })
         .def_property_readonly("description", [](const model_vocab & v) { return model_description(v.model()); })

@@ -41,6 +41,7 @@ log = logging.getLogger("stackd")
 if TYPE_CHECKING:
     from .api.contexts import ClusterContext, InferenceContext, ModelsContext
     from .http.routing import App
+    from .runtime.worker_process import SpareWorker
 
 
 def import_api() -> None:
@@ -123,7 +124,7 @@ def _raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
-async def serve(settings: config.Settings) -> int:
+async def serve(settings: config.Settings, spare: SpareWorker | None = None) -> int:
     loop = asyncio.get_running_loop()
     # Signals are ours from the first moment: a SIGTERM while models load still exits 0.
     stop = asyncio.Event()
@@ -142,7 +143,7 @@ async def serve(settings: config.Settings) -> int:
     http = HttpServer(loop, settings.limits(), metrics, access_log)
     http.tick_hooks.append(access.reload_keys)
 
-    loading = asyncio.ensure_future(load_models(loop, settings, membership))
+    loading = asyncio.ensure_future(load_models(loop, settings, membership, spare))
     try:
         await loop.run_in_executor(None, import_api)
     except BaseException:
@@ -270,7 +271,8 @@ def attach_cluster(registry, membership: Membership, settings: config.Settings) 
     replica_routes.register()
 
 
-async def load_models(loop, settings: config.Settings, membership: Membership):
+async def load_models(loop, settings: config.Settings, membership: Membership,
+                      spare: SpareWorker | None = None):
     from .engine.config import EngineConfig
     from .faults import Faults
     from .runtime.planner import MIB
@@ -290,7 +292,7 @@ async def load_models(loop, settings: config.Settings, membership: Membership):
                              memory_limit=settings["models.memory_limit_mb"] * MIB,
                              autoload=settings["models.autoload"],
                              faults=Faults.from_settings(settings["testing"]),
-                             replicas=settings["cluster.replicas"])
+                             replicas=settings["cluster.replicas"], spare=spare)
     attach_cluster(registry, membership, settings)
     preload = settings["models.preload"] if settings["cluster.role"] == "leader" else []  # the leader's job
     for model_id in preload:
@@ -302,6 +304,8 @@ async def load_models(loop, settings: config.Settings, membership: Membership):
         model = await registry.load(model_id)
         print(f"stackd: loaded {model.kind} model {model.id} "
               f"(context {model.context_length}, {model.engine.n_slots} slots)", flush=True)
+    if spare is not None:
+        spare.stop()                    # none of the preloads took it
     return registry
 
 
@@ -322,8 +326,13 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def run(settings: config.Settings) -> int:
-    compiled.require_compiled()
-    logs.configure(settings["log_level"])
-    _raise_fd_limit()
-    return uvloop.run(serve(settings))
+def run(settings: config.Settings, spare: SpareWorker | None = None) -> int:
+    """`spare`: a worker `stackd serve` spawned before importing this (worker_process.py)."""
+    try:
+        compiled.require_compiled()
+        logs.configure(settings["log_level"])
+        _raise_fd_limit()
+        return uvloop.run(serve(settings, spare))
+    finally:
+        if spare is not None:
+            spare.stop()                # not taken: a preload failed, or none wanted it

@@ -130,7 +130,7 @@ public:
 
     // The model, for callers (thread-safe: read-only after load).
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
-    std::string          piece(int32_t token) const { return token_piece(vocab_, token); }
+    std::string          piece(int32_t token, bool special = false) const { return token_piece(vocab_, token, special); }
     std::string          meta(const std::string & key) const;
     std::string          chat_template() const;
     int32_t              n_ctx_train() const { return llama_model_n_ctx_train(model_); }

@@ -468,13 +468,13 @@ logit_stats logit_stats_of(const float * logits, int32_t n_vocab, int32_t n_top)
     return stats;
 }
 
-std::string token_piece(const llama_vocab * vocab, int32_t token) {
+std::string token_piece(const llama_vocab * vocab, int32_t token, bool special) {
     char buf[256];
-    int32_t n = llama_token_to_piece(vocab, token, buf, sizeof(buf), 0, false);
+    int32_t n = llama_token_to_piece(vocab, token, buf, sizeof(buf), 0, special);
     if (n >= 0) {
         return std::string(buf, n);
     }
     std::string big(-n, '\0');
-    n = llama_token_to_piece(vocab, token, big.data(), (int32_t) big.size(), 0, false);
+    n = llama_token_to_piece(vocab, token, big.data(), (int32_t) big.size(), 0, special);
     return n >= 0 ? big.substr(0, n) : std::string();
 }

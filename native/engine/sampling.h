@@ -165,4 +165,5 @@ struct logit_stats {
 };
 logit_stats logit_stats_of(const float * logits, int32_t n_vocab, int32_t n_top);
 
-std::string token_piece(const llama_vocab * vocab, int32_t token);
+// A token's text; a control token (BOS, EOS, <|im_end|>) is empty unless `special`.
+std::string token_piece(const llama_vocab * vocab, int32_t token, bool special = false);

@@ -1,9 +1,9 @@
 """Chat prompts from the GGUF's own chat template, rendered off the event loop in a sandbox.
 
 The template is compiled once per model (sandbox.ChatTemplate: bounded time, operations and
-memory). Each chat request renders it, and tokenizes the result, on a small pool of render
-threads: a template is code from a model file running on client data, and a large prompt takes
-milliseconds to tokenize, so neither may run on the loop that serves every other client.
+memory). Each chat request renders it on a small pool of render threads (a template is code
+from a model file running on client data: never on the loop that serves every other client),
+and the runner tokenizes the result (in the model's worker, which holds the vocabulary).
 Whatever goes wrong in a template is a 400 that says so, never a 500.
 """
 from __future__ import annotations
@@ -40,28 +40,34 @@ _pool = ThreadPoolExecutor(max_workers=RENDER_THREADS, thread_name_prefix="stack
                            initializer=_lower_priority)
 
 
-def template_for(engine) -> ChatTemplate:
-    eos = engine.piece(engine.token_eos).decode("utf-8", "replace") if engine.token_eos >= 0 else ""
-    bos = engine.piece(engine.token_bos).decode("utf-8", "replace") if engine.token_bos >= 0 else ""
-    return ChatTemplate(engine.chat_template or CHATML, bos_token=bos, eos_token=eos)
+def template_for(facts: dict) -> ChatTemplate:
+    """The model's template (engine.core.template_facts), compiled; ChatML when it has none."""
+    return ChatTemplate(facts["chat_template"] or CHATML, bos_token=facts["bos_text"],
+                        eos_token=facts["eos_text"])
 
 
-def _render_and_tokenize(template: ChatTemplate, messages: list[dict], runner, limit,
-                         extra: dict | None) -> list[int]:
-    text = template.render(messages, limit, extra)
-    with runner.lease():
-        return runner.engine.tokenize(text, False, True)
+def warm(template: ChatTemplate) -> None:
+    """Render a short conversation once on the render pool, while the model loads: the pool's
+    threads start and the template's first render (its caches) happen before a first request."""
+    _pool.submit(_warm_render, template, limits.current)
+
+
+def _warm_render(template: ChatTemplate, limit) -> None:
+    try:
+        template.render([{"role": "user", "content": "Hi"}], limit, None)
+    except TemplateFailure:
+        pass                       # a template that fails says so to the first real request
 
 
 async def prompt_tokens(model, messages: list[dict], extra: dict | None = None) -> list[int]:
-    """The tokens of the rendered conversation, computed on a render thread. `extra`: more
-    variables for the template (tools, enable_thinking)."""
+    """The tokens of the rendered conversation: rendered on a render thread, tokenized by the
+    model's runner. `extra`: more variables for the template (tools, enable_thinking)."""
     runner = model.runner
     runner.check_open()
     loop = asyncio.get_running_loop()
     try:
-        return await loop.run_in_executor(_pool, _render_and_tokenize, model.template, messages,
-                                          runner, limits.current, extra)
+        text = await loop.run_in_executor(_pool, model.template.render, messages, limits.current, extra)
     except TemplateFailure as exc:
         raise invalid(f"the model's chat template failed for these messages: {exc}",
                       "messages") from None
+    return (await runner.tokenize([text], False, True))[0]

@@ -101,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stackd: {exc}", file=sys.stderr)
         return 2
     if args.command == "serve":
+        from ..runtime.worker_process import spare_for_boot
+        spare = spare_for_boot(settings)   # first: its start overlaps the daemon's imports
         from ..daemon import run
-        return run(settings)
+        return run(settings, spare)
     if args.command == "models":
         from .models import main as models_main
         return models_main(args, settings)

@@ -8,14 +8,13 @@ CMakeLists.txt). The package itself is not imported: it would bring numpy and it
 binding, ~28 MB the daemon does not use.
 """
 import ctypes
-import importlib.util
 import os
+
+from .llama_library import library_dir
 
 
 def _load_llama_library() -> None:
-    lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH") or os.path.join(
-        importlib.util.find_spec("llama_cpp").submodule_search_locations[0], "lib")
-    ctypes.CDLL(os.path.join(lib_dir, "libllama.so"), mode=ctypes.RTLD_GLOBAL)
+    ctypes.CDLL(os.path.join(library_dir(), "libllama.so"), mode=ctypes.RTLD_GLOBAL)
 
 
 _load_llama_library()
@@ -25,7 +24,21 @@ from .._engine import (COUNTERS, FINISH_REASONS, GAUGES, HISTOGRAMS, STATUS_ABOR
 # The sampling parameters' names, as the native module binds them (its one list, in sampling.h).
 SAMPLING_FIELDS = tuple(name for name in dir(SamplingParams) if not name.startswith("_"))
 
-__all__ = ["SAMPLING_FIELDS", "Engine", "Event", "COUNTERS", "HISTOGRAMS", "GAUGES", "Timings", "Sampler", "SamplingParams",
+
+
+def template_facts(model) -> dict:
+    """What the daemon's chat template needs of a model (an Engine or a Vocab): its template
+    text and the text of its BOS and EOS tokens (empty when it has none). A template that
+    writes `{{ bos_token }}` (Llama 3's, Gemma's, Mistral's) gets the token's own text, as
+    llama.cpp's server renders it, and tokenizing with special tokens turns it back into it."""
+    def text(token: int) -> str:
+        return model.piece(token, True).decode("utf-8", "replace") if token >= 0 else ""
+
+    return {"chat_template": model.chat_template, "bos_text": text(model.token_bos),
+            "eos_text": text(model.token_eos)}
+
+
+__all__ = ["SAMPLING_FIELDS", "template_facts", "Engine", "Event", "COUNTERS", "HISTOGRAMS", "GAUGES", "Timings", "Sampler", "SamplingParams",
            "Scheduler", "TextStream", "FINISH_REASONS", "STATUS_RUNNING", "STATUS_STOPPED", "STATUS_LENGTH",
            "STATUS_ABORTED", "STATUS_ERROR", "SUBMIT_ACCEPTED", "SUBMIT_QUEUE_FULL", "SUBMIT_OVER_SHARE", "Vocab",
            "decode_events_wire", "encode_events_wire"]

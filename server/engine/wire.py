@@ -14,13 +14,11 @@ import math
 import struct
 from collections.abc import Iterator
 
-from ..system.imports import lazy_import
-
-# The JSON of headers and trace chunks: orjson, loaded on first use, except in an engine worker,
-# which switches to the standard library's json (use_standard_json): importing orjson imports
-# dataclasses, inspect, uuid, datetime and more, ~1.3 MiB of a worker's memory (measured), for one
-# small frame a decode step. Both write the same documents, and read each other's.
-orjson = lazy_import("orjson")
+# The JSON of headers and trace chunks: orjson, imported on first use, except in an engine
+# worker, which switches to the standard library's json (use_standard_json) and never imports it:
+# importing orjson imports dataclasses, inspect, uuid, datetime and more, ~1.3 MiB of a worker's
+# memory (measured), for one small frame a decode step; and a worker runs without site-packages
+# on its path (worker_boot.py). Both write the same documents, and read each other's.
 
 HEADER = struct.Struct("<II")
 MAX_FRAME = 256 << 20              # a 2,048-input embedding result is ~3 MiB; a prompt ~1 MiB
@@ -30,15 +28,23 @@ class WireError(ValueError):
     """A frame that breaks the format: the other side is not speaking it (or is broken)."""
 
 
-def _orjson_dumps(value) -> bytes:
-    return orjson.dumps(value)
+def _use_orjson() -> None:
+    global _dumps, _loads
+    import orjson
+    _dumps, _loads = orjson.dumps, orjson.loads
 
 
-def _orjson_loads(data):
-    return orjson.loads(data)
+def _first_dumps(value) -> bytes:
+    _use_orjson()
+    return _dumps(value)
 
 
-_dumps, _loads = _orjson_dumps, _orjson_loads
+def _first_loads(data):
+    _use_orjson()
+    return _loads(data)
+
+
+_dumps, _loads = _first_dumps, _first_loads
 
 
 def standard_dumps(value) -> bytes:

@@ -1,6 +1,6 @@
 """The engine worker: one model's llama.cpp engine in a process of its own.
 
-    python -m stackd.engine.worker FD PARENT_PID
+    python -I -S .../stackd/engine/worker_boot.py stackd FD PARENT_PID   (worker_boot.py says why)
 
 FD is this end of a socketpair with the daemon. The first frame is the engine's parameters;
 the worker loads the model, answers `ready` with the model's facts, then serves frames
@@ -18,6 +18,7 @@ standard library's json, wire.use_standard_json).
 from __future__ import annotations
 
 import _socket
+from array import array
 import os
 import select
 import signal
@@ -72,7 +73,7 @@ class Worker:
 
     # ---- messages from the daemon --------------------------------------------------------------
 
-    def handle(self, message: dict) -> None:
+    def handle(self, message: dict, tail: bytes = b"") -> None:
         op = message.get("op")
         if op == "submit":
             self.submit(message)
@@ -89,6 +90,33 @@ class Worker:
             self.send({"op": "trace_started", "seq": message["seq"], "started": self.engine.trace_start()})
         elif op == "trace_stop":
             self.send_trace(message["seq"])
+        elif op == "tokenize":
+            self.tokenize(message, tail)
+        elif op == "detokenize":
+            self.detokenize(message, tail)
+
+    # ---- the vocabulary: the daemon keeps none, it asks here --------------------------------------
+
+    def tokenize(self, message: dict, tail: bytes) -> None:
+        ids, counts, at = array("i"), [], 0
+        try:
+            for size in message["sizes"]:
+                tokens = self.engine.tokenize(tail[at:at + size].decode("utf-8", "replace"),
+                                              message["add_special"], message["parse_special"])
+                at += size
+                counts.append(len(tokens))
+                ids.extend(tokens)
+        except Exception as exc:                # never the worker's end: the request's error
+            self.send({"op": "tokens", "seq": message["seq"], "error": str(exc)})
+            return
+        self.send({"op": "tokens", "seq": message["seq"], "counts": counts}, ids.tobytes())
+
+    def detokenize(self, message: dict, tail: bytes) -> None:
+        ids = array("i")
+        ids.frombytes(tail)
+        n_vocab = self.engine.n_vocab
+        text = b"".join(self.engine.piece(t) for t in ids if 0 <= t < n_vocab)
+        self.send({"op": "text", "seq": message["seq"]}, text)
 
     def submit(self, message: dict) -> None:
         from .core import SamplingParams
@@ -160,8 +188,8 @@ class Worker:
             return False
         if not data:
             return False
-        for message, _ in self.reader.feed(data):
-            self.handle(message)
+        for message, tail in self.reader.feed(data):
+            self.handle(message, tail)
         return True
 
 
@@ -173,6 +201,12 @@ def main(fd: int, parent: int) -> int:
     # The C socket type that socket.socket wraps: the socket module turns hundreds of constants
     # into enums at import (~0.3 MB of a worker's memory, measured), and nothing here needs them.
     sock = _socket.socket(fileno=fd)
+    # llama.cpp from the very file the daemon maps (server/engine/native.py), so the two
+    # processes share its code pages: the wheel ships libllama.so and .so.0 as two copies.
+    # Loaded before the start message: a spare worker (runtime/worker_process.py) has it
+    # loaded by the time its model is chosen.
+    from .core import Engine, template_facts
+    from . import accel
     reader = FrameReader()
     frames = []
     while not frames:
@@ -185,10 +219,6 @@ def main(fd: int, parent: int) -> int:
         os.abort()                                 # a test configuration's crash loop
 
     os.nice(config.get("nice", 0))                 # engine.embedding_nice: this worker's threads too
-    # llama.cpp from the very file the daemon maps (server/engine/native.py), so the two
-    # processes share its code pages: the wheel ships libllama.so and .so.0 as two copies.
-    from .core import Engine
-    from . import accel
     accel.register(config.get("kernels", "off"), config.get("batch_invariant", False))  # before the model loads
 
     try:
@@ -205,14 +235,14 @@ def main(fd: int, parent: int) -> int:
     sock.sendall(frame({"op": "ready", "facts": {
         "n_vocab": engine.n_vocab, "n_embd": engine.n_embd, "n_ctx_train": engine.n_ctx_train,
         "n_slots": engine.n_slots, "n_ctx_seq": engine.n_ctx_seq, "pid": os.getpid(),
-        "kernels": accel.report()}}))
+        "kernels": accel.report(), **template_facts(engine)}}))
     from ..system.memory import release_free_heap
     release_free_heap()                            # what loading freed, once the model serves
     sock.setblocking(False)
     worker = Worker(sock, engine)
     worker.reader = reader
-    for message, _ in frames[1:]:
-        worker.handle(message)
+    for message, tail in frames[1:]:
+        worker.handle(message, tail)
     try:
         worker.serve()
     finally:

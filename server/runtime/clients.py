@@ -3,32 +3,29 @@
 Both give the runner the same surface: `submit_jobs` / `submit_embedding` (coroutines that
 answer with a SUBMIT_* verdict), `cancel`, `fileno` + `take_events` (the loop watches the fd
 and drains events in batches), `stats`, `aclose`, and the model's facts (`n_vocab`, `tokenize`,
-`piece`, ...). With a worker the facts come from a vocab-only load kept in the daemon, so
-rendering, tokenizing and validating a request never wait on the worker.
+`template_facts`, ...), and `tokenize` / `detokenize` for the runner. A worker's facts come
+in its ready message, and its own vocabulary tokenizes: the daemon keeps no second copy (for
+SmolLM2 ~17 MB of the daemon's memory, as much as the rest of its Python).
 """
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
-from typing import Awaitable, Iterator
+from array import array
+from typing import Iterator
 
-from .. import PACKAGE
 from ..engine.errors import EndedEvent, EngineError, ErrorCode
 from ..engine import accel
-from ..engine.core import (SAMPLING_FIELDS, STATUS_ERROR, SUBMIT_ACCEPTED, Engine, SamplingParams, Vocab)
+from ..engine.core import (SAMPLING_FIELDS, STATUS_ERROR, SUBMIT_ACCEPTED, Engine, SamplingParams, template_facts)
 from ..engine.submit import submit_all
 from ..engine.wire import FrameReader, WireError, chunks_of, decode_events, decode_trace, frame
+from .worker_process import spawn
 
-VOCAB_FACTS = frozenset({"tokenize", "piece", "chat_template", "token_bos", "token_eos"})
 RECV_SIZE = 1 << 20                # a short read drained the socket; more wakes the loop again
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def sampling_fields(params: SamplingParams) -> dict:
@@ -49,6 +46,10 @@ class InlineEngine:
 
     def __getattr__(self, name):                  # the model's facts, fileno, take_events, ...
         return getattr(self.engine, name)
+
+    @property
+    def template_facts(self) -> dict:
+        return template_facts(self.engine)
 
     async def submit_jobs(self, jobs, stop: list[str], owner: int) -> tuple[int, str | None]:
         return submit_all(self.engine, jobs, stop, owner)
@@ -73,12 +74,12 @@ class WorkerEngine:
 
     isolation = "worker"
 
-    def __init__(self, loop, proc: subprocess.Popen, sock: socket.socket, vocab: Vocab, facts: dict):
+    def __init__(self, loop, proc: subprocess.Popen, sock: socket.socket, facts: dict):
         self.loop = loop
         self.proc = proc
         self.pid = proc.pid
         self.sock = sock
-        self.vocab = vocab
+        self.template_facts = {name: facts.get(name) for name in ("chat_template", "bos_text", "eos_text")}
         self.n_vocab, self.n_embd = facts["n_vocab"], facts["n_embd"]
         self.n_ctx_train, self.n_slots, self.n_ctx_seq = facts["n_ctx_train"], facts["n_slots"], facts["n_ctx_seq"]
         self.kernels = facts.get("kernels", {"path": None, "tensors": {}})
@@ -97,29 +98,18 @@ class WorkerEngine:
     # ---- starting ------------------------------------------------------------------------------
 
     @classmethod
-    async def start(cls, loop, params: dict, vocab: "Vocab | Awaitable[Vocab]", kernels: str = "off",
+    async def start(cls, loop, params: dict, kernels: str = "off",
                     batch_invariant: bool = False, omp_wait_policy: str = "inherit", nice: int = 0,
-                    rpc: dict | None = None, faults: dict | None = None) -> "WorkerEngine":
-        """Spawn a worker for `params` (Engine's keyword arguments) and wait until it serves.
-        Spawned from the loop's thread: PR_SET_PDEATHSIG follows the spawning thread.
-        `omp_wait_policy` (engine.omp_wait_policy) is for libgomp, which reads it when it loads;
-        `nice` is added to the worker's niceness before it loads the model. `rpc` places layers
-        on ggml RPC servers: {"secret": hex, "peers": [{"host", "port", "relay",
-        "placement_id"}]}, in the order of params' tensor_split. `vocab` may be an awaitable,
-        awaited once the worker is ready (the caller loads it meanwhile). `faults`: the test
+                    rpc: dict | None = None, faults: dict | None = None,
+                    process: tuple[subprocess.Popen, socket.socket] | None = None) -> "WorkerEngine":
+        """Start a worker for `params` (Engine's keyword arguments) and wait until it serves:
+        `process`, one spawned ahead with this `omp_wait_policy` (worker_process.SpareWorker),
+        or a new one. `omp_wait_policy` (engine.omp_wait_policy) is for libgomp, which reads it
+        when it loads; `nice` is added to the worker's niceness before it loads the model.
+        `rpc` places layers on ggml RPC servers: {"secret": hex, "peers": [{"host", "port",
+        "relay", "placement_id"}]}, in the order of params' tensor_split. `faults`: the test
         configuration's part for workers (server/faults.py), empty otherwise."""
-        ours, theirs = socket.socketpair()
-        env = {**os.environ, "GGML_NO_BACKTRACE": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
-        if omp_wait_policy != "inherit":
-            env["OMP_WAIT_POLICY"] = omp_wait_policy
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", f"{PACKAGE}.engine.worker", str(theirs.fileno()), str(os.getpid())],
-                pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
-        finally:
-            theirs.close()
-        ours.setblocking(False)
+        proc, ours = process or spawn(omp_wait_policy)
         try:
             await loop.sock_sendall(ours, frame({"op": "start", "engine": params, "kernels": kernels,
                                                  "batch_invariant": batch_invariant,
@@ -144,24 +134,33 @@ class WorkerEngine:
             if message.get("code") == ErrorCode.PEER_UNREACHABLE.value:
                 raise EngineError(ErrorCode.PEER_UNREACHABLE, message["error"])
             raise RuntimeError(message.get("error") or "the worker could not load the model")
-        if inspect.isawaitable(vocab):
-            try:
-                vocab = await vocab
-            except BaseException:
-                ours.close()
-                _reap(proc)
-                raise
-        engine = cls(loop, proc, ours, vocab, message["facts"])
+        engine = cls(loop, proc, ours, message["facts"])
         engine.reader = reader
         return engine
 
-    # ---- the model's facts, from the vocabulary kept here ------------------------------------------
+    # ---- the vocabulary, the worker's ----------------------------------------------------------
 
-    def __getattr__(self, name):
-        """tokenize, piece, chat_template, token_bos, token_eos: the daemon's vocabulary answers."""
-        if name in VOCAB_FACTS:
-            return getattr(self.vocab, name)
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+    async def tokenize(self, texts: list[str], add_special: bool, parse_special: bool) -> list[list[int]]:
+        """Each text's token ids, from the worker's vocabulary: the texts go as one frame's
+        tail, the ids come back as another's (int32)."""
+        encoded = [text.encode("utf-8", "replace") for text in texts]
+        reply, tail = await self._call({"op": "tokenize", "sizes": [len(e) for e in encoded],
+                                        "add_special": add_special, "parse_special": parse_special},
+                                       b"".join(encoded))
+        if "error" in reply:
+            raise EngineError(ErrorCode.DECODE_FAILED, f"the model's vocabulary could not tokenize: {reply['error']}")
+        ids = array("i")
+        ids.frombytes(tail)
+        out, at = [], 0
+        for n in reply["counts"]:
+            out.append(ids[at:at + n].tolist())
+            at += n
+        return out
+
+    async def detokenize(self, tokens: list[int]) -> bytes:
+        """The tokens' pieces, joined, from the worker's vocabulary."""
+        _, tail = await self._call({"op": "detokenize"}, array("i", tokens).tobytes())
+        return tail
 
     # ---- work ---------------------------------------------------------------------------------------
 
@@ -204,15 +203,15 @@ class WorkerEngine:
         reply, tail = await self._call({"op": "trace_stop"})
         return decode_trace(reply.get("chunks"), tail), reply.get("n_dropped", 0)
 
-    async def _call(self, message: dict) -> tuple[dict, bytes]:
+    async def _call(self, message: dict, tail: bytes = b"") -> tuple[dict, bytes]:
         """Send a request, await the worker's answer (its header and tail), matched by seq.
-        The worker's death fails it with WORKER_LOST (_lose)."""
+        The worker's death fails it with WORKER_LOST (_lose), closing with UNLOADED (aclose)."""
         if self.lost:
             how = "" if self.exit_status is None else f" ({describe_exit(self.exit_status)})"
             raise EngineError(ErrorCode.WORKER_LOST, f"the model's worker process is not running{how}")
         seq = message["seq"] = next(self.seq)
         future = self.verdicts[seq] = self.loop.create_future()
-        self._send(frame(message))
+        self._send(frame(message, tail))
         try:
             return await future
         finally:
@@ -304,7 +303,7 @@ class WorkerEngine:
             return events
         if op == "verdict":
             self._answer(message, message)
-        elif op in ("trace_started", "trace"):
+        elif op in ("trace_started", "trace", "tokens", "text"):
             self._answer(message, (message, tail))
         elif op == "stats":
             self._stats = message.get("stats") or {}
@@ -343,6 +342,10 @@ class WorkerEngine:
         if not self.lost:
             self.lost = True
             self.loop.remove_reader(self.sock.fileno())
+            unloaded = EngineError(ErrorCode.UNLOADED, "the model was unloaded")
+            for future in self.verdicts.values():    # nothing answers them now
+                if not future.done():
+                    future.set_exception(unloaded)
             try:
                 self.sock.setblocking(True)
                 self.sock.sendall(self.outbox + frame({"op": "close"}))

@@ -29,6 +29,7 @@ from .replicas import LocalReplica, ReplicaSet
 from .restart_hold import RestartHold
 from .runner import ModelRunner
 from .supervisor import Supervisor
+from .worker_process import SpareWorker
 from ..cluster.rpc_devices import NodeUnreachable
 
 log = logging.getLogger("stackd.models")
@@ -80,7 +81,7 @@ class ModelRegistry:
     def __init__(self, loop: asyncio.AbstractEventLoop, store: ModelStore,
                  config: EngineConfig = EngineConfig(), *, memory_reserve: int = 512 * MIB,
                  memory_limit: int = 0, autoload: bool = True, faults: Faults = NO_FAULTS,
-                 replicas: int | str = "all"):
+                 replicas: int | str = "all", spare: SpareWorker | None = None):
         self.loop = loop
         self.store = store
         self.autoload = autoload
@@ -93,7 +94,7 @@ class ModelRegistry:
         self.config = config
         self.planner = Planner(config, memory_reserve, memory_limit, self.placed_on, replicas,
                                model_path=store.model_path if store is not None else None)
-        self.supervisor = Supervisor(loop, store, config, faults)
+        self.supervisor = Supervisor(loop, store, config, faults, spare)
         self.supervisor.registry = self
         self.hold = RestartHold(loop, config.restart_hold, config.max_queue, self.state)
         self.replica_host = ReplicaHost(self)     # replicas this node runs for its leader

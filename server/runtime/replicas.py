@@ -120,6 +120,12 @@ class ReplicaSet:
     def lease(self):
         return self.local.runner.lease()
 
+    async def tokenize(self, texts: list[str], add_special: bool, parse_special: bool) -> list[list[int]]:
+        return await self.local.runner.tokenize(texts, add_special, parse_special)
+
+    async def detokenize(self, tokens: list[int]) -> bytes:
+        return await self.local.runner.detokenize(tokens)
+
     def check_open(self) -> None:
         if self.closing:
             raise EngineError(ErrorCode.UNLOADED, "the model was unloaded")

@@ -15,6 +15,11 @@ import threading
 
 from ..engine.errors import EndedEvent, EngineError, ErrorCode
 from ..engine.core import (FINISH_REASONS, STATUS_ERROR, STATUS_RUNNING, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE, SUBMIT_QUEUE_FULL, SamplingParams)
+from ..system import offload
+
+# An inline engine tokenizes texts up to this size on the loop (microseconds); longer ones (a
+# 1 MiB prompt, 2,048 embedding inputs) on an offload thread, so other clients never wait.
+ON_LOOP_CHARS = 16 * 1024
 
 
 class Generation:
@@ -180,6 +185,37 @@ class ModelRunner:
         # (registry.py sets it), for requests its worker's death caught before their first event.
         self.restarted = None
         loop.add_reader(engine.fileno(), self._on_events)
+
+    # ---- the vocabulary ------------------------------------------------------------------------
+
+    async def tokenize(self, texts: list[str], add_special: bool, parse_special: bool) -> list[list[int]]:
+        """Each text's token ids. A worker's own vocabulary answers (the daemon keeps none); an
+        engine in this process answers on the loop, or off it when the texts are long."""
+        self.check_open()
+        if not texts:
+            return []
+        if self.engine.isolation == "worker":
+            return await self.engine.tokenize(texts, add_special, parse_special)
+        return await self._off_loop_if_long(sum(map(len, texts)), lambda engine: [
+            engine.tokenize(text, add_special, parse_special) for text in texts])
+
+    async def detokenize(self, tokens: list[int]) -> bytes:
+        """The tokens' pieces, joined (ids checked against the vocabulary by the caller)."""
+        self.check_open()
+        if self.engine.isolation == "worker":
+            return await self.engine.detokenize(tokens)
+        return await self._off_loop_if_long(len(tokens) * 4, lambda engine: b"".join(
+            engine.piece(t) for t in tokens))
+
+    async def _off_loop_if_long(self, size: int, work):
+        if size <= ON_LOOP_CHARS:
+            return work(self.engine)
+
+        def leased():
+            with self.lease() as engine:
+                return work(engine)
+
+        return await offload.run(leased)
 
     @contextlib.contextmanager
     def lease(self):

@@ -18,12 +18,13 @@ from ..cluster.placement import Placement
 from ..cluster.rpc_devices import NodeUnreachable, PlacementLedger, RpcDevices
 from ..engine import accel
 from ..engine.config import EngineConfig
-from ..engine.core import Engine, Vocab
+from ..engine.core import Engine
 from ..engine.errors import EngineError, ErrorCode
 from ..errors import DomainError
 from ..faults import NONE as NO_FAULTS, Faults
 from ..store.store import Manifest, ModelStore
 from .clients import InlineEngine, WorkerEngine, describe_exit, exit_record
+from .worker_process import SpareWorker
 from .runner import ModelRunner
 
 if TYPE_CHECKING:
@@ -45,11 +46,12 @@ def restart_delay(n_crashes: int) -> float:
 
 class Supervisor:
     def __init__(self, loop: asyncio.AbstractEventLoop, store: ModelStore, config: EngineConfig,
-                 faults: Faults = NO_FAULTS):
+                 faults: Faults = NO_FAULTS, spare: SpareWorker | None = None):
         self.loop = loop
         self.store = store
         self.config = config
         self.faults = faults            # a test configuration's fault injection (server/faults.py)
+        self.spare = spare              # a worker spawned at boot, for the first local load
         self.registry: ModelRegistry | None = None   # the registry that owns it sets itself here
         self.membership = None          # the cluster; None: this node alone
         self.rpc = None                 # this node's RPC server children (cluster.rpc_server.RpcServers)
@@ -71,49 +73,43 @@ class Supervisor:
         kv_type = "f16" if embeddings else (kv_type or config.kv_type)     # as params() has it
         params = config.params(path, embeddings, context, kv_type)
 
-        def chat_template(facts):
+        def chat_template(facts: dict):
             if embeddings:
                 return None
-            from ..chat.templates import template_for
-            return template_for(facts)                    # compiling a template takes time too
-
-        def vocabulary():
-            vocab = Vocab(path)
-            return vocab, chat_template(vocab)
+            from ..chat.templates import template_for, warm
+            template = template_for(facts)
+            warm(template)                                # its first render, before a request's
+            return template
 
         placement_id = None
         if config.isolation == "inline" and placement is None:
             def construct():
                 accel.register(config.kernels, config.batch_invariant)   # this process runs the engine
-                engine = Engine(**params)
-                return InlineEngine(engine), chat_template(engine)
+                engine = InlineEngine(Engine(**params))
+                return engine, chat_template(engine.template_facts)
             client, template = await self.loop.run_in_executor(None, construct)
         else:                                              # over RPC always a worker: a lost peer aborts
             rpc = None
             if placement is not None:
                 placement_id, rpc, split = await self._devices().start(placement, manifest.n_layer)
                 params.update(split)
-            # The daemon's copy of the vocabulary loads while the worker loads the model: on
-            # the way to a first answer after boot, the two overlap instead of adding up.
-            vocab_job = self.loop.run_in_executor(None, vocabulary)
-
-            async def vocab_loaded() -> Vocab:
-                return (await vocab_job)[0]
-            vocab = asyncio.ensure_future(vocab_loaded())
             try:
-                client = await WorkerEngine.start(self.loop, params, vocab, kernels=config.kernels,
+                policy = config.omp_wait_policy_for(embeddings)
+                client = await WorkerEngine.start(self.loop, params, kernels=config.kernels,
                                                   batch_invariant=config.batch_invariant,
-                                                  omp_wait_policy=config.omp_wait_policy_for(embeddings),
+                                                  omp_wait_policy=policy,
                                                   nice=config.embedding_nice if embeddings else 0, rpc=rpc,
-                                                  faults=self.faults.for_worker())
+                                                  faults=self.faults.for_worker(),
+                                                  process=self.spare and self.spare.take(policy))
             except BaseException:
                 if placement is not None:
                     await self.stop_rpc(placement, placement_id)
-                await asyncio.wait([vocab])                # not left running, its outcome read
-                if not vocab.cancelled():
-                    vocab.exception()
                 raise
-            template = (await vocab_job)[1]
+            try:             # compiling a template takes milliseconds: off the loop
+                template = await self.loop.run_in_executor(None, chat_template, client.template_facts)
+            except BaseException:
+                await client.aclose()
+                raise
             client.on_lost = self._worker_lost
         if self.compute_scale < 1.0:
             client.set_compute_scale(self.compute_scale)

@@ -3,7 +3,7 @@ engine workers placed over them: shared by tests/placement and bench/cluster_pip
 from __future__ import annotations
 
 from ..cluster.rpc_server import RpcServers
-from ..engine.core import SamplingParams, Vocab
+from ..engine.core import SamplingParams
 from ..runtime.clients import WorkerEngine
 from ..runtime.runner import ModelRunner
 from ..store import defaults
@@ -13,8 +13,10 @@ SECRET = bytes(range(32))
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Count from one to ten."]
 
 
-def chat_prompt(vocab, text: str) -> list[int]:
-    return vocab.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n", False, True)
+async def chat_prompt(runner: ModelRunner, text: str) -> list[int]:
+    """`text` as SmolLM2's chat template renders one user turn, tokenized by the runner."""
+    rendered = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+    return (await runner.tokenize([rendered], False, True))[0]
 
 
 def engine_params(model_path: str | None = None, **placement) -> dict:
@@ -23,9 +25,7 @@ def engine_params(model_path: str | None = None, **placement) -> dict:
 
 
 async def start_worker(loop, params: dict, rpc: dict | None = None, kernels: str = "off") -> ModelRunner:
-    path = params["model_path"]
-    vocab = await loop.run_in_executor(None, Vocab, path)
-    client = await WorkerEngine.start(loop, params, vocab, kernels=kernels, rpc=rpc)
+    client = await WorkerEngine.start(loop, params, kernels=kernels, rpc=rpc)
     return ModelRunner(loop, client)
 
 
@@ -35,7 +35,7 @@ async def generate(runner: ModelRunner, text: str, max_tokens: int = 24, n_top: 
     if n_top:
         sampling.logprobs = True
         sampling.n_top_logprobs = n_top
-    stream = await runner.generate([(chat_prompt(runner.engine.vocab, text), max_tokens, sampling)], [])
+    stream = await runner.generate([(await chat_prompt(runner, text), max_tokens, sampling)], [])
     out = {"text": b"", "logprobs": [], "error": None}
     async for event in stream:
         out["text"] += event.text

@@ -80,28 +80,39 @@ def test_loops_over_messages_and_loop_variables_work():
     assert render(source).startswith("1:system=Be brief.;2:user=hi;[{")
 
 
-def test_prompts_are_rendered_and_tokenized_off_the_loop_thread():
+def test_prompts_are_rendered_off_the_loop_thread_and_tokenized_by_the_runner():
     seen = {}
 
-    class Engine:
-        def tokenize(self, text, add_special, parse_special):
+    class Template(ChatTemplate):
+        def render(self, messages, limits, extra=None):
             seen["thread"] = threading.current_thread().name
-            return [1, 2, 3]
+            return super().render(messages, limits, extra)
 
     class Runner:
-        engine = Engine()
-
         def check_open(self):
             pass
 
-        def lease(self):
-            import contextlib
-            return contextlib.nullcontext(self.engine)
+        async def tokenize(self, texts, add_special, parse_special):
+            seen["texts"], seen["flags"] = texts, (add_special, parse_special)
+            return [[1, 2, 3]]
 
     class Model:
         runner = Runner()
-        template = ChatTemplate(templates.CHATML, "<s>", "</s>")
+        template = Template(templates.CHATML, "<s>", "</s>")
 
     tokens = asyncio.run(templates.prompt_tokens(Model(), MESSAGES))
     assert tokens == [1, 2, 3]
     assert seen["thread"].startswith("stackd-render") and seen["thread"] != threading.main_thread().name
+    # the rendered text, whole, as special tokens (the template wrote them), without a BOS added
+    assert seen["texts"] == [Model.template.render(MESSAGES, templates.limits.current)]
+    assert seen["flags"] == (False, True)
+
+
+def test_a_template_writes_the_models_bos_and_eos_text_and_chatml_stands_in_for_none():
+    facts = {"chat_template": "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}",
+             "bos_text": "<|begin_of_text|>", "eos_text": "<|eot_id|>"}
+    rendered = templates.template_for(facts).render(MESSAGES, templates.limits.current)
+    assert rendered.startswith("<|begin_of_text|>") and rendered.endswith("<|eot_id|>")
+    none = templates.template_for({"chat_template": "", "bos_text": "", "eos_text": ""})
+    assert none.render(MESSAGES, templates.limits.current) == ChatTemplate(templates.CHATML, "", "").render(
+        MESSAGES, templates.limits.current)

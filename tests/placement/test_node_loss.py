@@ -67,7 +67,7 @@ async def generate(model, max_tokens=200):
     sampling = SamplingParams()
     sampling.temperature = 0.0
     sampling.ignore_eos = True
-    prompt = model.runner.engine.tokenize("Tell me a long story.")
+    prompt = (await model.runner.tokenize(["Tell me a long story."], True, False))[0]
     stream = await model.runner.generate([(prompt, max_tokens, sampling)], [])
     return [event async for event in stream]
 

@@ -229,7 +229,7 @@ async def _family_format(model, messages, tool_request, gen, effort):
     analysis = await chat_formats.analyze(model.template, tool_request if active else None, thinking,
                                           "tools" if active else "messages")
     if analysis.supports_thinking and analysis.thinking_start and analysis.thinking_ends:
-        _thinking_budget(model, gen, analysis, effort)
+        await _thinking_budget(model, gen, analysis, effort)
     extra = {"enable_thinking": thinking}
     if active:
         extra["tools"] = [t.as_openai() for t in tool_request.offered()]
@@ -239,15 +239,15 @@ async def _family_format(model, messages, tool_request, gen, effort):
             gen.sampling.grammar_lazy = analysis.grammar_lazy
             gen.sampling.grammar_triggers = analysis.triggers
             if not analysis.grammar_lazy:       # it starts at the generation prompt, as in llama.cpp
-                gen.sampling.grammar_prefill = model.engine.tokenize(
-                    analysis.generation_prompt.decode("utf-8", "replace"), False, True)
+                gen.sampling.grammar_prefill = (await model.runner.tokenize(
+                    [analysis.generation_prompt.decode("utf-8", "replace")], False, True))[0]
         gen.stop = gen.stop + [s for s in analysis.stops if s not in gen.stop]
     reasoning = analysis.supports_thinking
     parse = analysis.parse_function(active, reasoning) if active or reasoning else None
     return chat_formats.render_messages(messages, analysis.caps), extra, parse
 
 
-def _thinking_budget(model, gen, analysis, effort) -> None:
+async def _thinking_budget(model, gen, analysis, effort) -> None:
     """The engine counts the thinking (between the template's tags) and, past the budget of the
     request's reasoning_effort (inference.reasoning_budget.*), forces the end tag; a lazy tool
     grammar sleeps through the thinking."""
@@ -255,7 +255,7 @@ def _thinking_budget(model, gen, analysis, effort) -> None:
     s.reasoning_budget = chat_limits.reasoning_budget.of(effort)
     s.reasoning_start = analysis.thinking_start
     s.reasoning_end = analysis.thinking_ends[0]
-    s.reasoning_forced = model.engine.tokenize(analysis.thinking_ends[0], False, True)
+    s.reasoning_forced = (await model.runner.tokenize([analysis.thinking_ends[0]], False, True))[0]
     prompt_end = analysis.generation_prompt.decode("utf-8", "replace").rstrip()
     s.reasoning_open = prompt_end.endswith(analysis.thinking_start)
 

@@ -26,21 +26,10 @@ PROMPT = validate.OneOf(
 ECHO = validate.Boolean("echo", doc="Put the prompt before the completion.")
 
 
-def prompts_of(body: dict, engine) -> list[list[int]]:
-    """A string, a list of strings, a token array, or a list of token arrays (PROMPT)."""
+def prompts_of(body: dict) -> list:
+    """A string, a list of strings, a token array, or a list of token arrays (PROMPT), as a list."""
     prompt = PROMPT.read(body)
-    if isinstance(prompt, str) or validate.is_tokens(prompt):
-        prompt = [prompt]
-    out = []
-    n_vocab = engine.n_vocab
-    for item in prompt:
-        if isinstance(item, str):
-            out.append(engine.tokenize(item, True, True))
-        elif all(t < n_vocab for t in item):
-            out.append(list(item))
-        else:
-            raise invalid(_PROMPT_ENTRY, "prompt")
-    return out
+    return [prompt] if isinstance(prompt, str) or validate.is_tokens(prompt) else prompt
 
 
 async def completions(ctx, request) -> Response | StreamingResponse:
@@ -51,7 +40,8 @@ async def completions(ctx, request) -> Response | StreamingResponse:
     async def submit():
         model = await ctx.models.get(model_id, "chat")
         gen = params.parse(body, n_vocab=model.engine.n_vocab, chat=False)
-        prompts = await generate.tokenized(model, prompts_of, body, request)
+        prompts = await generate.tokenized(model, prompts_of(body), request, True, True,
+                                           lambda i: invalid(_PROMPT_ENTRY, "prompt"))
         for prompt in prompts:
             generate.check_fits(len(prompt), model.context_length)
         stream = await model.runner.generate(generate.jobs_for(prompts, gen, model.context_length),
@@ -66,7 +56,7 @@ async def completions(ctx, request) -> Response | StreamingResponse:
                                  b"text/event-stream")
 
     choices = await generate.collect(model.runner, stream, n_choices)
-    prefixes = [_echo_text(model.engine, prompts[i // gen.n]) if echo else "" for i in range(n_choices)]
+    prefixes = await _echo_texts(model.runner, prompts, gen.n) if echo else [""] * n_choices
     head["choices"] = [{
         "text": prefixes[i] + c.joined(),
         "index": i,
@@ -78,8 +68,10 @@ async def completions(ctx, request) -> Response | StreamingResponse:
     return json_response(head)
 
 
-def _echo_text(engine, prompt: list[int]) -> str:
-    return b"".join(engine.piece(t) for t in prompt).decode("utf-8", "replace")
+async def _echo_texts(runner, prompts: list[list[int]], n: int) -> list[str]:
+    """Each choice's prompt as text (`n` choices a prompt), for echo."""
+    texts = [(await runner.detokenize(prompt)).decode("utf-8", "replace") for prompt in prompts]
+    return [text for text in texts for _ in range(n)]
 
 
 async def _chunks(runner, stream, gen: params.GenerationParams, head: dict, n_choices: int):

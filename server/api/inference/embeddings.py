@@ -33,26 +33,20 @@ DIMENSIONS = validate.Integer("dimensions", lo=1, hi=1 << 16,
 FIELDS = [params.MODEL, INPUT, ENCODING_FORMAT, DIMENSIONS, params.USER]
 
 
-def inputs_of(body: dict, model, engine) -> list[list[int]]:
+async def inputs_of(body: dict, model, request) -> list[list[int]]:
     """A string, a list of strings, a token array, or a list of token arrays (INPUT), tokenized
-    by `engine` (the one generate.tokenized leased: kept alive while this runs off the loop)."""
+    by the model's runner, each within the model's input size."""
     raw = INPUT.read(body)
     if isinstance(raw, str) or validate.is_tokens(raw):
         raw = [raw]
-    out = []
-    for i, item in enumerate(raw):
-        if isinstance(item, str):
-            tokens = engine.tokenize(item, True, False)
-        elif all(t < engine.n_vocab for t in item):
-            tokens = list(item)
-        else:
-            raise invalid(f"'input[{i}]' has token ids outside the vocabulary", "input")
+    inputs = await generate.tokenized(model, raw, request, True, False, lambda i: invalid(
+        f"'input[{i}]' has token ids outside the vocabulary", "input"))
+    for i, tokens in enumerate(inputs):
         if len(tokens) > model.max_input:
             raise ApiError(ErrorKind.CONTEXT_LENGTH_EXCEEDED,
                            f"'input[{i}]' has {len(tokens)} tokens; this model takes at most "
                            f"{model.max_input}", param="input")
-        out.append(tokens)
-    return out
+    return inputs
 
 
 async def embeddings(ctx, request) -> Response:
@@ -64,7 +58,7 @@ async def embeddings(ctx, request) -> Response:
         raise invalid(f"this model's embeddings have {model.engine.n_embd} dimensions; "
                       "other sizes are not supported", "dimensions")
     params.USER.read(body)
-    inputs = await generate.tokenized(model, lambda b, engine: inputs_of(b, model, engine), body, request)
+    inputs = await inputs_of(body, model, request)
 
     stream = await model.runner.embed(inputs, generate.owner_of(request))
     try:

@@ -13,23 +13,33 @@ from ..errors import of_event
 from .responses import Choice
 
 
-# Bodies up to this size are tokenized on the loop (microseconds); larger ones on an offload
-# thread (offload.py), so a 1 MiB prompt or 2,048 embedding inputs never stall the other clients.
+# Token arrays in bodies up to this size are checked on the loop (microseconds); larger ones on
+# an offload thread (offload.py), so 2,048 embedding inputs never stall the other clients. The
+# texts go to the model's runner, whose worker tokenizes them (runner.tokenize).
 OFF_LOOP_BYTES = 16 * 1024
 # Between two lookups of a model whose worker was lost under a request (across_a_restart).
 LOOKUP_PAUSE = 0.05
 
 
-async def tokenized(model, parse, body: dict, request):
-    """`parse(body, engine)`: the request's inputs as token lists, off the loop when large."""
+async def tokenized(model, items: list, request, add_special: bool, parse_special: bool,
+                    outside_vocabulary) -> list[list[int]]:
+    """`items` (strings and token arrays) as token lists: the strings tokenized in one call,
+    the arrays checked against the vocabulary first (`outside_vocabulary(i)`: the error for
+    item i)."""
+    n_vocab = model.engine.n_vocab
+
+    def check() -> None:
+        for i, item in enumerate(items):
+            if not isinstance(item, str) and not all(t < n_vocab for t in item):
+                raise outside_vocabulary(i)
+
     if len(request.body) <= OFF_LOOP_BYTES:
-        return parse(body, model.engine)
-
-    def run():
-        with model.runner.lease() as engine:
-            return parse(body, engine)
-
-    return await offload.run(run)
+        check()
+    else:
+        await offload.run(check)
+    texts = [item for item in items if isinstance(item, str)]
+    tokens = iter(await model.runner.tokenize(texts, add_special, parse_special))
+    return [next(tokens) if isinstance(item, str) else list(item) for item in items]
 
 
 async def across_a_restart(ctx, model_id: str, submit):
