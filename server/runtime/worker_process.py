@@ -9,6 +9,7 @@ as one spawned for it.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -79,7 +80,8 @@ def spare_for_boot(settings) -> SpareWorker | None:
     preload, engines isolated in workers), else None."""
     engine = settings["engine"]
     if (engine["isolation"] != "worker" or settings["cluster.role"] != "leader"
-            or not settings["models.preload"]):
+            or not settings["models.preload"]
+            or importlib.util.find_spec(f"{PACKAGE}._engine") is None):   # not built: the daemon says so
         return None
     from ..engine.config import EngineConfig
     policy = EngineConfig.from_settings(engine, 1.0).omp_wait_policy_for(False)   # the chat model's

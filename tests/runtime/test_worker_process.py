@@ -5,11 +5,12 @@ import asyncio
 
 import pytest
 
+from stackd import config
 from stackd.engine.core import Vocab, template_facts
 from stackd.engine.errors import EngineError, ErrorCode
 from stackd.runtime.clients import WorkerEngine
 from stackd.runtime.runner import ModelRunner
-from stackd.runtime.worker_process import SpareWorker
+from stackd.runtime.worker_process import SpareWorker, spare_for_boot
 from stackd.store import defaults
 
 TEXTS = ["Hello, world!", "<|im_start|>user\nhi<|im_end|>\n", "naïve café, 東京 🚀", "", "a" * 5000]
@@ -95,3 +96,19 @@ def test_a_spare_worker_that_died_is_not_handed_out():
     proc.kill()
     proc.wait()
     assert spare.take("inherit") is None
+
+
+@pytest.mark.parametrize("toml, wanted", [
+    ("", True),                                              # a leader preloading its defaults
+    ("[engine]\nisolation = \"inline\"\n", False),           # no worker to start
+    ("[models]\npreload = []\n", False),                     # nothing to load at start
+])
+def test_a_boot_spawns_a_spare_only_when_a_preload_will_take_it(tmp_path, toml, wanted):
+    (tmp_path / "config.toml").write_text(toml)
+    settings = config.load({"data_dir": str(tmp_path), "config": str(tmp_path / "config.toml")})
+    spare = spare_for_boot(settings)
+    try:
+        assert (spare is not None) == wanted
+    finally:
+        if spare is not None:
+            spare.stop()
