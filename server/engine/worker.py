@@ -18,6 +18,7 @@ standard library's json, wire.use_standard_json).
 from __future__ import annotations
 
 import _socket
+import collections
 from array import array
 import os
 import select
@@ -28,6 +29,9 @@ import time
 from ..faults import Faults
 from ..system.process import die_with_parent
 from .wire import FrameReader, encode_trace, frame, use_standard_json
+
+# Texts up to this size are tokenized on the worker's loop (microseconds); longer ones beside it.
+ON_LOOP_BYTES = 16 * 1024
 
 STATS_INTERVAL = 1.0
 EXIT_RPC_PEER_LOST = 75                # a node holding some of the model's layers went away
@@ -69,6 +73,11 @@ class Worker:
         self.engine = engine
         self.reader = FrameReader()
         self.running = True
+        # Long texts are tokenized on a thread (tokenize_beside); their answers come back here
+        # through `answers`, and a byte on the pipe wakes this loop to send them.
+        self.beside = None
+        self.answers: collections.deque = collections.deque()
+        self.wake_read, self.wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         engine.attach_sink(self.sock_fd)       # every frame from here on goes through the engine
 
     # ---- messages from the daemon --------------------------------------------------------------
@@ -91,13 +100,17 @@ class Worker:
         elif op == "trace_stop":
             self.send_trace(message["seq"])
         elif op == "tokenize":
-            self.tokenize(message, tail)
+            if len(tail) <= ON_LOOP_BYTES:
+                self.send(*self.tokens_of(message, tail))
+            else:
+                self.tokenize_beside(message, tail)
         elif op == "detokenize":
             self.detokenize(message, tail)
 
     # ---- the vocabulary: the daemon keeps none, it asks here --------------------------------------
 
-    def tokenize(self, message: dict, tail: bytes) -> None:
+    def tokens_of(self, message: dict, tail: bytes) -> tuple[dict, bytes]:
+        """The `tokens` answer to a `tokenize` message (its header and tail)."""
         ids, counts, at = array("i"), [], 0
         try:
             for size in message["sizes"]:
@@ -107,9 +120,34 @@ class Worker:
                 counts.append(len(tokens))
                 ids.extend(tokens)
         except Exception as exc:                # never the worker's end: the request's error
-            self.send({"op": "tokens", "seq": message["seq"], "error": str(exc)})
-            return
-        self.send({"op": "tokens", "seq": message["seq"], "counts": counts}, ids.tobytes())
+            return {"op": "tokens", "seq": message["seq"], "error": str(exc)}, b""
+        return {"op": "tokens", "seq": message["seq"], "counts": counts}, ids.tobytes()
+
+    def tokenize_beside(self, message: dict, tail: bytes) -> None:
+        """A long text on a thread (tokenizing releases the GIL): a 1 MiB prompt takes ~0.3 s,
+        which other requests' submits, cancels and ends would otherwise wait through here."""
+        if self.beside is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self.beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stackd-tokenize")
+
+        def work() -> None:
+            self.answers.append(self.tokens_of(message, tail))
+            os.write(self.wake_write, b"\0")
+
+        self.beside.submit(work)
+
+    def send_answers(self) -> None:
+        try:
+            os.read(self.wake_read, 4096)
+        except BlockingIOError:
+            pass
+        while self.answers:
+            self.send(*self.answers.popleft())
+
+    def close_beside(self) -> None:
+        """Before the engine closes: the thread reads its vocabulary."""
+        if self.beside is not None:
+            self.beside.shutdown(wait=True, cancel_futures=True)
 
     def detokenize(self, message: dict, tail: bytes) -> None:
         ids = array("i")
@@ -161,6 +199,7 @@ class Worker:
         poller = select.poll()
         sock_fd, events_fd = self.sock_fd, self.engine.fileno()
         poller.register(events_fd, select.POLLIN)
+        poller.register(self.wake_read, select.POLLIN)
         next_stats = time.monotonic()
         watching = None
         while self.running:
@@ -175,6 +214,8 @@ class Worker:
             for fd, _ in poller.poll(STATS_INTERVAL * 1000):
                 if fd == events_fd:
                     self.forward_events()
+                elif fd == self.wake_read:
+                    self.send_answers()
                 elif not self.receive():
                     return                     # the daemon closed its end: nothing to serve
             self.flush()
@@ -246,6 +287,7 @@ def main(fd: int, parent: int) -> int:
     try:
         worker.serve()
     finally:
+        worker.close_beside()
         engine.close()
         worker.forward_events()
         worker.send({"op": "closed"})

@@ -112,3 +112,30 @@ def test_a_boot_spawns_a_spare_only_when_a_preload_will_take_it(tmp_path, toml, 
     finally:
         if spare is not None:
             spare.stop()
+
+
+def test_a_long_text_is_tokenized_beside_the_workers_loop_which_answers_short_ones_meanwhile(vocab):
+    long_text = "tokenize this sentence, word by word. " * 60000        # ~2.3 MB: ~0.5 s of work
+
+    async def scenario():
+        client = await started()
+        runner = ModelRunner(asyncio.get_running_loop(), client)
+        order = []
+
+        async def tokenize(name, text):
+            tokens = await runner.tokenize([text], False, False)
+            order.append(name)
+            return tokens[0]
+
+        try:
+            long_task = asyncio.ensure_future(tokenize("long", long_text))
+            await asyncio.sleep(0)                                  # sent first
+            short = await tokenize("short", "Hello")
+            return order[:], short, await long_task
+        finally:
+            await runner.close()
+
+    order, short, long_tokens = run(scenario())
+    assert order == ["short"]                       # answered while the long text was still going
+    assert short == vocab.tokenize("Hello", False, False)
+    assert long_tokens == vocab.tokenize(long_text, False, False)
