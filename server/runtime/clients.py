@@ -2,10 +2,11 @@
 
 Both give the runner the same surface: `submit_jobs` / `submit_embedding` (coroutines that
 answer with a SUBMIT_* verdict), `cancel`, `fileno` + `take_events` (the loop watches the fd
-and drains events in batches), `stats`, `aclose`, and the model's facts (`n_vocab`, `tokenize`,
-`template_facts`, ...), and `tokenize` / `detokenize` for the runner. A worker's facts come
-in its ready message, and its own vocabulary tokenizes: the daemon keeps no second copy (for
-SmolLM2 ~17 MB of the daemon's memory, as much as the rest of its Python).
+and drains events in batches), `stats`, `aclose`, and the model's facts (`n_vocab`,
+`template_facts`, ...). Tokenizing differs (ModelRunner.tokenize takes either): an inline
+engine's `tokenize` and `piece` answer in this process; a worker's facts come in its ready
+message and its own vocabulary answers (`tokens_of`, `text_of`): the daemon keeps no second
+copy (for SmolLM2 ~17 MB of the daemon's memory, half of the rest of its Python).
 """
 from __future__ import annotations
 
@@ -140,7 +141,7 @@ class WorkerEngine:
 
     # ---- the vocabulary, the worker's ----------------------------------------------------------
 
-    async def tokenize(self, texts: list[str], add_special: bool, parse_special: bool) -> list[list[int]]:
+    async def tokens_of(self, texts: list[str], add_special: bool, parse_special: bool) -> list[list[int]]:
         """Each text's token ids, from the worker's vocabulary: the texts go as one frame's
         tail, the ids come back as another's (int32)."""
         encoded = [text.encode("utf-8", "replace") for text in texts]
@@ -157,7 +158,7 @@ class WorkerEngine:
             at += n
         return out
 
-    async def detokenize(self, tokens: list[int]) -> bytes:
+    async def text_of(self, tokens: list[int]) -> bytes:
         """The tokens' pieces, joined, from the worker's vocabulary."""
         _, tail = await self._call({"op": "detokenize"}, array("i", tokens).tobytes())
         return tail

@@ -195,7 +195,7 @@ class ModelRunner:
         if not texts:
             return []
         if self.engine.isolation == "worker":
-            return await self.engine.tokenize(texts, add_special, parse_special)
+            return await self.engine.tokens_of(texts, add_special, parse_special)
         return await self._off_loop_if_long(sum(map(len, texts)), lambda engine: [
             engine.tokenize(text, add_special, parse_special) for text in texts])
 
@@ -203,7 +203,7 @@ class ModelRunner:
         """The tokens' pieces, joined (ids checked against the vocabulary by the caller)."""
         self.check_open()
         if self.engine.isolation == "worker":
-            return await self.engine.detokenize(tokens)
+            return await self.engine.text_of(tokens)
         return await self._off_loop_if_long(len(tokens) * 4, lambda engine: b"".join(
             engine.piece(t) for t in tokens))
 

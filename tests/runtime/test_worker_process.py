@@ -55,7 +55,7 @@ def test_the_workers_vocabulary_tokenizes_as_the_model_file_does(vocab):
 def test_a_tokenize_in_flight_when_the_model_unloads_fails_rather_than_waits():
     async def scenario():
         client = await started()
-        pending = asyncio.ensure_future(client.tokenize(["a long text " * 1000], True, False))
+        pending = asyncio.ensure_future(client.tokens_of(["a long text " * 1000], True, False))
         await asyncio.sleep(0)                  # sent, its answer not read yet
         await client.aclose()
         with pytest.raises(EngineError) as caught:
