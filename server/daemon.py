@@ -304,8 +304,8 @@ async def load_models(loop, settings: config.Settings, membership: Membership,
         model = await registry.load(model_id)
         print(f"stackd: loaded {model.kind} model {model.id} "
               f"(context {model.context_length}, {model.engine.n_slots} slots)", flush=True)
-    if spare is not None:
-        spare.stop()                    # none of the preloads took it
+    if spare is not None:               # none of the preloads took it (stop waits for its exit)
+        await loop.run_in_executor(None, spare.stop)
     return registry
 
 

@@ -30,7 +30,8 @@ from ..faults import Faults
 from ..system.process import die_with_parent
 from .wire import FrameReader, encode_trace, frame, use_standard_json
 
-# Texts up to this size are tokenized on the worker's loop (microseconds); longer ones beside it.
+# Texts (or token lists) up to this size are tokenized (or joined) on the worker's loop
+# (microseconds); longer ones beside it (Worker.answer).
 ON_LOOP_BYTES = 16 * 1024
 
 STATS_INTERVAL = 1.0
@@ -73,7 +74,7 @@ class Worker:
         self.engine = engine
         self.reader = FrameReader()
         self.running = True
-        # Long texts are tokenized on a thread (tokenize_beside); their answers come back here
+        # Long texts are tokenized on a thread (answer); their answers come back here
         # through `answers`, and a byte on the pipe wakes this loop to send them.
         self.beside = None
         self.answers: collections.deque = collections.deque()
@@ -100,14 +101,28 @@ class Worker:
         elif op == "trace_stop":
             self.send_trace(message["seq"])
         elif op == "tokenize":
-            if len(tail) <= ON_LOOP_BYTES:
-                self.send(*self.tokens_of(message, tail))
-            else:
-                self.tokenize_beside(message, tail)
+            self.answer(self.tokens_of, message, tail)
         elif op == "detokenize":
-            self.detokenize(message, tail)
+            self.answer(self.text_of, message, tail)
 
     # ---- the vocabulary: the daemon keeps none, it asks here --------------------------------------
+
+    def answer(self, produce, message: dict, tail: bytes) -> None:
+        """`produce(message, tail)`'s answer: at once for a short tail, else from a thread
+        beside this loop (tokenizing releases the GIL): a 1 MiB prompt takes ~0.3 s, which
+        other requests' submits, cancels and ends would otherwise wait through here."""
+        if len(tail) <= ON_LOOP_BYTES:
+            self.send(*produce(message, tail))
+            return
+        if self.beside is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self.beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stackd-tokenize")
+
+        def work() -> None:
+            self.answers.append(produce(message, tail))
+            os.write(self.wake_write, b"\0")
+
+        self.beside.submit(work)
 
     def tokens_of(self, message: dict, tail: bytes) -> tuple[dict, bytes]:
         """The `tokens` answer to a `tokenize` message (its header and tail)."""
@@ -123,19 +138,6 @@ class Worker:
             return {"op": "tokens", "seq": message["seq"], "error": str(exc)}, b""
         return {"op": "tokens", "seq": message["seq"], "counts": counts}, ids.tobytes()
 
-    def tokenize_beside(self, message: dict, tail: bytes) -> None:
-        """A long text on a thread (tokenizing releases the GIL): a 1 MiB prompt takes ~0.3 s,
-        which other requests' submits, cancels and ends would otherwise wait through here."""
-        if self.beside is None:
-            from concurrent.futures import ThreadPoolExecutor
-            self.beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stackd-tokenize")
-
-        def work() -> None:
-            self.answers.append(self.tokens_of(message, tail))
-            os.write(self.wake_write, b"\0")
-
-        self.beside.submit(work)
-
     def send_answers(self) -> None:
         try:
             os.read(self.wake_read, 4096)
@@ -149,12 +151,13 @@ class Worker:
         if self.beside is not None:
             self.beside.shutdown(wait=True, cancel_futures=True)
 
-    def detokenize(self, message: dict, tail: bytes) -> None:
+    def text_of(self, message: dict, tail: bytes) -> tuple[dict, bytes]:
+        """The `text` answer to a `detokenize` message: the tokens' pieces, joined."""
         ids = array("i")
         ids.frombytes(tail)
         n_vocab = self.engine.n_vocab
-        text = b"".join(self.engine.piece(t) for t in ids if 0 <= t < n_vocab)
-        self.send({"op": "text", "seq": message["seq"]}, text)
+        return {"op": "text", "seq": message["seq"]}, b"".join(
+            self.engine.piece(t) for t in ids if 0 <= t < n_vocab)
 
     def submit(self, message: dict) -> None:
         from .core import SamplingParams

@@ -131,11 +131,14 @@ def test_a_long_text_is_tokenized_beside_the_workers_loop_which_answers_short_on
             long_task = asyncio.ensure_future(tokenize("long", long_text))
             await asyncio.sleep(0)                                  # sent first
             short = await tokenize("short", "Hello")
-            return order[:], short, await long_task
+            seen = order[:]
+            long_tokens = await long_task
+            return seen, short, long_tokens, await runner.detokenize(long_tokens)   # joined beside too
         finally:
             await runner.close()
 
-    order, short, long_tokens = run(scenario())
+    order, short, long_tokens, text = run(scenario())
     assert order == ["short"]                       # answered while the long text was still going
     assert short == vocab.tokenize("Hello", False, False)
     assert long_tokens == vocab.tokenize(long_text, False, False)
+    assert text == long_text.encode()
