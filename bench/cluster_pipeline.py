@@ -41,7 +41,7 @@ from stackd.testing.rpc_workers import Peers, chat_prompt, engine_params, start_
 CLIENTS, TOKENS = 16, 64
 LEADER_CPU, FOLLOWER_CPU = {0}, {1}
 pin = ""          # --pin: "", "all" or "compute"
-kernels = "off"   # --kernels: the leader's (the follower's RPC server runs ggml's)
+kernels = "off"   # --kernels: every node's, the leader's worker and the followers' RPC servers
 
 
 def pin_to(pid: int, cpus: set[int], warm: bool = False, n_compute: int = 1) -> None:
@@ -113,7 +113,7 @@ async def measure(loop, params, rpcs=(None,), followers=()) -> tuple[float, floa
 
 async def main(rounds: int, follower_layers: int, ubatches: list[int], lanes: list[int]) -> None:
     loop = asyncio.get_running_loop()
-    peers = Peers(loop, tempfile.mkdtemp(prefix="stackd-pipeline-"))
+    peers = Peers(loop, tempfile.mkdtemp(prefix="stackd-pipeline-"), kernels=kernels)
     split = dict(split_mode=1, tensor_split=[float(follower_layers + 1)], n_gpu_layers=follower_layers + 1)
 
     async def one_node():
