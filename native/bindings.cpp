@@ -171,14 +171,15 @@ struct stopped_trace {
 // crossed from a worker process, a test's fake.
 engine_event make_event(int64_t id_request, int status, const std::string & text, int32_t n_tokens,
                         int32_t n_prompt, int32_t n_cached, int32_t n_generated, const std::string & error,
-                        const py::object & logprobs, const py::object & embedding, const py::object & timings) {
+                        const py::object & logprobs, const py::object & embedding, const py::object & timings,
+                        const std::string & stop) {
     if (status < REQUEST_STATUS_WAITING || status > REQUEST_STATUS_FINISHED_ERROR) {
         throw std::invalid_argument("unknown request status");
     }
     engine_event ev{.id_request = id_request, .text = text, .n_tokens = n_tokens,
                     .status = (request_status) status, .n_prompt = n_prompt, .n_cached = n_cached,
                     .n_generated = n_generated, .logprobs = logprobs_from_python(logprobs),
-                    .embedding = {}, .error = error, .timings = {}};
+                    .embedding = {}, .error = error, .stop = stop, .timings = {}};
     if (!embedding.is_none()) {
         const auto array = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(embedding);
         if (!array) {
@@ -345,7 +346,7 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("status") = (int) REQUEST_STATUS_RUNNING, py::arg("text") = std::string(),
              py::arg("n_tokens") = 0, py::arg("n_prompt") = 0, py::arg("n_cached") = 0,
              py::arg("n_generated") = 0, py::arg("error") = std::string(), py::arg("logprobs") = py::none(),
-             py::arg("embedding") = py::none(), py::arg("timings") = py::none())
+             py::arg("embedding") = py::none(), py::arg("timings") = py::none(), py::arg("stop") = std::string())
         .def_readonly("id_request", &engine_event::id_request)
         .def_property_readonly("text", [](const engine_event & e) { return py::bytes(e.text); })
         .def_readonly("n_tokens", &engine_event::n_tokens)
@@ -359,6 +360,13 @@ PYBIND11_MODULE(_engine, m) {
             return e.error.empty() ? py::object(py::none()) : py::object(py::str(e.error));
         })
         .def_property_readonly("timings", [](const engine_event & e) { return timings_to_python(e.timings); })
+        // the finishing event's stop string that ended the text, or None
+        .def_property_readonly("stop", [](const engine_event & e) {
+            // bytes from a worker's wire: decoded leniently, as the text is
+            return e.stop.empty() ? py::object(py::none())
+                                  : py::object(py::reinterpret_steal<py::str>(
+                                        PyUnicode_DecodeUTF8(e.stop.data(), (Py_ssize_t) e.stop.size(), "replace")));
+        })
         .def("__repr__", [](const engine_event & e) {
             return "<Event request " + std::to_string(e.id_request) + " status " +
                    std::to_string((int) e.status) + " tokens " + std::to_string(e.n_generated) + ">";
@@ -590,5 +598,8 @@ PYBIND11_MODULE(_engine, m) {
         .def(py::init<std::vector<std::string>>(), py::arg("stops") = std::vector<std::string>{})
         .def("push", [](text_stream & s, const py::bytes & piece) { return py::bytes(s.push(piece)); })
         .def("flush", [](text_stream & s) { return py::bytes(s.flush()); })
-        .def_property_readonly("stopped", &text_stream::stopped);
+        .def_property_readonly("stopped", &text_stream::stopped)
+        .def_property_readonly("matched", [](const text_stream & s) {
+            return s.matched().empty() ? py::object(py::none()) : py::object(py::str(s.matched()));
+        });
 }

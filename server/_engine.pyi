@@ -86,10 +86,11 @@ class Event:
     embedding: np.ndarray | None       # embedding requests: n_inputs * n_embd floats
     error: str | None
     timings: Timings | None            # the finishing event only
+    stop: str | None                   # the finishing event: the stop string that ended the text
     def __init__(self, *, id_request: int, status: int = ..., text: bytes = b"", n_tokens: int = 0,
                  n_prompt: int = 0, n_cached: int = 0, n_generated: int = 0, error: str = "",
                  logprobs: list[LogprobEntry] | None = None, embedding: np.ndarray | None = None,
-                 timings: Timings | None = None) -> None: ...
+                 timings: Timings | None = None, stop: str = "") -> None: ...
 
 class SamplingParams:
     temperature: float
@@ -192,6 +193,7 @@ class TextStream:
     def push(self, piece: bytes) -> bytes: ...
     def flush(self) -> bytes: ...
     stopped: bool
+    matched: str | None                # the stop string that ended the text
 
 class Vocab(_ModelFacts):
     def __init__(self, model_path: str) -> None: ...

@@ -750,6 +750,7 @@ void engine::finish_events(lane & ln, const std::vector<int64_t> & finished, std
                 it->status = req->status;
                 it->timings = obs_.finished(id, req->status);
                 it->text += live.stream.flush();
+                it->stop = live.stream.matched();
                 break;
             }
         }

@@ -81,6 +81,7 @@ struct engine_event {
     std::vector<logprob_entry> logprobs;
     std::vector<float>         embedding;         // embedding requests: n_inputs * n_embd
     std::string                error;
+    std::string                stop;              // the finishing event: the stop string that ended it
     request_timings            timings;           // the finishing event: where the time went
 };
 

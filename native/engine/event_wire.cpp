@@ -84,6 +84,7 @@ void encode_events(const std::vector<engine_event> & events, std::string & out) 
         put<int32_t>(out, ev.n_generated);
         put_str(out, ev.text);
         put_str(out, ev.error);
+        put_str(out, ev.stop);
         put<uint8_t>(out, ev.timings.known ? 1 : 0);
         if (ev.timings.known) {
             put<int64_t>(out, ev.timings.t_queue_us);
@@ -133,6 +134,7 @@ std::vector<engine_event> decode_events(const char * data, size_t size) {
         ev.n_generated = in.get<int32_t>();
         ev.text = in.get_str();
         ev.error = in.get_str();
+        ev.stop = in.get_str();
         const uint8_t has_timings = in.get<uint8_t>();
         if (has_timings > 1) {
             throw std::invalid_argument("event wire: bad timings flag");

@@ -35,16 +35,19 @@ std::string text_stream::push(const std::string & piece) {
     const size_t complete = utf8_complete_prefix(pending_);
 
     size_t stop_at = std::string::npos;
+    const std::string * first = nullptr;     // the earliest in the text; the first listed on a tie
     for (const std::string & stop : stops_) {
         const size_t pos = pending_.find(stop);
-        if (pos != std::string::npos && pos + stop.size() <= complete) {
-            stop_at = std::min(stop_at, pos);
+        if (pos != std::string::npos && pos + stop.size() <= complete && pos < stop_at) {
+            stop_at = pos;
+            first = &stop;
         }
     }
-    if (stop_at != std::string::npos) {
+    if (first != nullptr) {
         std::string out = pending_.substr(0, stop_at);
         pending_.clear();
         stopped_ = true;
+        matched_ = *first;
         return out;
     }
 

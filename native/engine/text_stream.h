@@ -19,11 +19,15 @@ public:
     std::string flush();
 
     bool stopped() const { return stopped_; }
+    // The stop string that ended the text ("" while none has): a client is told which one
+    // (Anthropic's stop_sequence, vLLM's stop_reason).
+    const std::string & matched() const { return matched_; }
 
 private:
     std::vector<std::string> stops_;
     std::string pending_;
     bool stopped_ = false;
+    std::string matched_;
 };
 
 // Length of the longest prefix of `s` that does not end inside a UTF-8 character.

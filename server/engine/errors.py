@@ -35,7 +35,7 @@ class EndedEvent:
     __slots__ = ("id_request", "status", "error")
     text = b""
     n_tokens = n_prompt = n_cached = n_generated = 0
-    logprobs = embedding = timings = None
+    logprobs = embedding = timings = stop = None
 
     def __init__(self, id_request: int, status: int, error: EngineError):
         self.id_request, self.status, self.error = id_request, status, error

@@ -37,6 +37,7 @@ class FakeRun:
     def __init__(self, answer=None, deltas=(), fail_after=None):
         self._answer, self._deltas, self.fail_after = answer, list(deltas), fail_after
         self.closed = False
+        self.finish_choice = None     # a last choice's fields to send after the deltas
 
     async def answer(self):
         return self._answer
@@ -53,6 +54,9 @@ class FakeRun:
                 else:
                     yield {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                                 "finish_reason": None}], "usage": None}
+            if self.finish_choice is not None:
+                yield {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, **self.finish_choice}],
+                       "usage": None}
             yield {**head, "choices": [], "usage": USAGE}
         finally:
             self.closed = True

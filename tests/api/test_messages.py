@@ -124,6 +124,23 @@ def test_stop_reasons(finish, reason):
     assert Message.model_validate(am.message_of(answer("hi", finish=finish))).stop_reason == reason
 
 
+def test_a_stop_string_is_the_stop_sequence_in_the_message_and_its_events():
+    finished = answer("The end", finish="stop")
+    finished["choices"][0]["stop_reason"] = "###"
+    message = Message.model_validate(am.message_of(finished))
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == "###"
+    plain = Message.model_validate(am.message_of(answer("The end", finish="stop")))
+    assert plain.stop_reason == "end_turn" and plain.stop_sequence is None
+
+    chunks = deltas(text=["The", " end"], finish="stop")
+    run = FakeRun(deltas=chunks[:-1])
+    run.finish_choice = {"finish_reason": "stop", "stop_reason": "###"}
+    events = asyncio.run(gather(am.events(run, "m")))
+    delta = events[-2][1]
+    assert EVENT.validate_python(delta).type == "message_delta"
+    assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "###"}
+
+
 def test_arguments_that_are_not_an_object_are_kept():
     message = am.message_of(answer(calls=[("c", "f", "not json")], finish="tool_calls"))
     assert message["content"][0]["input"] == {"arguments": "not json"}

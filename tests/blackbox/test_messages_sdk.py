@@ -63,6 +63,32 @@ def test_streamed_events_build_the_same_kind_of_message(client):
     assert final.stop_reason in ("end_turn", "max_tokens") and final.usage.output_tokens > 0
 
 
+# Letters some English answer has: the earliest in the text ends it.
+STOPS = ["e", "a", "o"]
+STORY = [{"role": "user", "content": "Tell me about the sea."}]
+
+
+def test_a_stop_sequence_ends_the_message_and_is_named(client):
+    message = client.messages.create(model=CHAT, max_tokens=48, messages=STORY, stop_sequences=STOPS,
+                                     extra_body={"temperature": 0})
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence in STOPS
+    text = "".join(block.text for block in message.content)
+    assert not any(stop in text for stop in STOPS)       # the text before it, without it
+
+
+def test_a_streamed_stop_sequence_is_named_in_the_message_delta(client):
+    with client.messages.stream(model=CHAT, max_tokens=48, messages=STORY, stop_sequences=STOPS) as stream:
+        deltas = [event for event in stream if event.type == "message_delta"]
+        final = stream.get_final_message()
+    assert deltas[-1].delta.stop_reason == "stop_sequence" and deltas[-1].delta.stop_sequence in STOPS
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == deltas[-1].delta.stop_sequence
+
+
+def test_without_stop_sequences_none_is_named(client):
+    message = client.messages.create(model=CHAT, max_tokens=4, messages=STORY)
+    assert message.stop_reason == "max_tokens" and message.stop_sequence is None
+
+
 def test_a_conversation_with_tool_use_and_tool_result(client):
     tools = [{"name": "get_weather", "description": "Weather of a city.",
               "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]

@@ -103,6 +103,21 @@ def test_stop_sequences(client):
                 temperature=0, stop=["3"])
     assert "3" not in reply.choices[0].message.content
     assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].stop_reason == "3"          # which stop ended it, as vLLM says
+
+
+def test_the_stop_string_that_ended_a_stream_or_a_completion_is_named(client):
+    stops = ["e", "a", "o"]                             # letters some English answer has
+    stream = client.chat.completions.create(model=CHAT, max_tokens=48, temperature=0, stop=stops, stream=True,
+                                            messages=[{"role": "user", "content": "Tell me about the sea."}])
+    finals = [c.choices[0] for c in stream if c.choices and c.choices[0].finish_reason]
+    assert finals[-1].finish_reason == "stop" and finals[-1].stop_reason in stops
+    completion = client.completions.create(model=CHAT, prompt="The sea is", max_tokens=48, temperature=0,
+                                           stop=stops)
+    assert completion.choices[0].finish_reason == "stop" and completion.choices[0].stop_reason in stops
+    plain = client.completions.create(model=CHAT, prompt="The sea is", max_tokens=2, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert plain.choices[0].finish_reason == "length" and getattr(plain.choices[0], "stop_reason", None) is None
 
 
 def test_json_schema_response_format(client):

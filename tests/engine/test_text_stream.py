@@ -21,8 +21,16 @@ def test_split_multibyte_character_is_held_until_whole():
 def test_stop_string_ends_the_text_before_it():
     s = TextStream(["END"])
     out = feed(s, [b"one two E", b"N", b"D three"])
-    assert b"".join(out) == b"one two " and s.stopped
+    assert b"".join(out) == b"one two " and s.stopped and s.matched == "END"
     assert s.push(b"more") == b"" and s.flush() == b""
+
+
+def test_the_earliest_stop_in_the_text_is_the_one_matched():
+    s = TextStream(["three", "two", "one two"])
+    assert s.push(b"zero one two three") == b"zero " and s.matched == "one two"
+    tie = TextStream(["ab", "abc"])                     # same place: the first listed
+    assert tie.push(b"xabc") == b"x" and tie.matched == "ab"
+    assert TextStream(["x"]).matched is None
 
 
 def test_partial_match_is_held_back_not_retracted():

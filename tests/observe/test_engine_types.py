@@ -54,13 +54,15 @@ def test_an_event_crosses_the_worker_wire_by_name():
     sent = [Event(id_request=3, status=STATUS_RUNNING, text=b"caf\xc3\xa9", n_tokens=1, n_prompt=4,
                   n_cached=2, n_generated=1, logprobs=logprobs),
             Event(id_request=4, status=STATUS_ERROR, error="boom", embedding=np.arange(6, dtype=np.float32),
-                  timings=native.Timings(t_queue_us=1, t_prompt_us=2, t_first_token_us=3, t_predicted_us=4))]
+                  timings=native.Timings(t_queue_us=1, t_prompt_us=2, t_first_token_us=3, t_predicted_us=4),
+                  stop="</end>")]
     [(header, got_tail)] = wire.FrameReader().feed(wire.frame({"op": "events"}, native.encode_events_wire(sent)))
     got = wire.decode_events(got_tail)
     for a, b in zip(sent, got):
         for name in ("id_request", "status", "text", "n_tokens", "n_prompt", "n_cached", "n_generated",
-                     "logprobs", "error"):
+                     "logprobs", "error", "stop"):
             assert getattr(a, name) == getattr(b, name), name
+    assert got[0].stop is None and got[1].stop == "</end>"
     assert got[1].embedding.tolist() == list(range(6)) and got[0].embedding is None
     assert got[0].timings is None and got[1].timings.t_predicted_us == 4
 

@@ -193,9 +193,11 @@ def chat_body(v: dict) -> dict:
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
-def stop_reason(finish_reason: str | None, blocks) -> str:
+def stop_reason(finish_reason: str | None, blocks, stop_sequence: str | None) -> str:
     if any(block.kind == TOOL for block in blocks):
         return "tool_use"
+    if stop_sequence is not None:
+        return "stop_sequence"
     return STOP_REASONS.get(finish_reason, "end_turn")
 
 
@@ -237,9 +239,9 @@ def message_head(model: str) -> dict:
 
 
 def message_of(answer: dict) -> dict:
-    blocks, reason, usage = dialect.blocks_of(answer)
+    blocks, reason, usage, stop = dialect.blocks_of(answer)
     return {**message_head(answer["model"]), "content": [content_block(b, True) for b in blocks],
-            "stop_reason": stop_reason(reason, blocks), "usage": usage_of(usage)}
+            "stop_reason": stop_reason(reason, blocks, stop), "stop_sequence": stop, "usage": usage_of(usage)}
 
 
 async def events(run: chat.ChatRun, model: str):
@@ -263,9 +265,10 @@ async def events(run: chat.ChatRun, model: str):
                 elif what == CLOSE:
                     yield _event("content_block_stop", index=event[1].index)
                 elif what == END:
+                    _, reason, usage, stop = event
                     yield _event("message_delta", delta={
-                        "stop_reason": stop_reason(event[1], blocks), "stop_sequence": None},
-                        usage=usage_of(event[2]))
+                        "stop_reason": stop_reason(reason, blocks, stop), "stop_sequence": stop},
+                        usage=usage_of(usage))
         yield _event("message_stop")
     except (ApiError, DomainError) as exc:
         yield dialect.named_sse("error", error_body(answer_of(exc)))

@@ -106,10 +106,10 @@ class ChatRun:
     def _message(self, choice: responses.Choice) -> dict:
         if self.parse is None:
             return {"message": {"role": "assistant", "content": choice.joined(), "refusal": None},
-                    "finish_reason": choice.finish_reason}
+                    "finish_reason": choice.finish_reason, **responses.stop_field(choice, self.gen.stop)}
         fields, called = tools_params.Reader(self.parse).message(choice.joined())
         return {"message": {"role": "assistant", **fields, "refusal": None},
-                "finish_reason": _finish(choice.finish_reason, called)}
+                "finish_reason": _finish(choice.finish_reason, called), **responses.stop_field(choice, self.gen.stop)}
 
     async def chunks(self):
         """The chat.completion.chunk objects, ending with the usage chunk when asked for. Raises
@@ -119,9 +119,9 @@ class ChatRun:
         usage_field = {"usage": None} if gen.include_usage else {}
         choices = [responses.Choice() for _ in range(gen.n)]
 
-        def chunk(index: int, delta: dict, reason=None, logprobs=None, **extra) -> dict:
+        def chunk(index: int, delta: dict, reason=None, logprobs=None, stop: dict | None = None, **extra) -> dict:
             return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
-                                         "finish_reason": reason}], **usage_field, **extra}
+                                         "finish_reason": reason, **(stop or {})}], **usage_field, **extra}
 
         for i in range(gen.n):
             yield chunk(i, {"role": "assistant", "content": ""})
@@ -147,7 +147,7 @@ class ChatRun:
                     reason = choice.finish_reason
                     if readers is not None:
                         reason = _finish(reason, bool(readers[index].seen.calls))
-                    yield chunk(index, {}, reason, **extra)
+                    yield chunk(index, {}, reason, stop=responses.stop_field(choice, gen.stop), **extra)
         if gen.include_usage:
             yield {**head, "choices": [], "usage": responses.usage(choices, [0]),
                    "timings": timings(choices, [0])}
@@ -209,7 +209,7 @@ async def start(ctx, request, body: dict) -> ChatRun:
         p = await prepare(ctx, body)
         generate.check_fits(len(p.prompt), p.model.context_length, "messages")
         return p, await p.model.runner.generate(
-            generate.jobs_for([p.prompt], p.gen, p.model.context_length), p.gen.stop,
+            generate.jobs_for([p.prompt], p.gen, p.model.context_length), p.gen.engine_stops,
             generate.owner_of(request))
 
     p, stream = await generate.across_a_restart(ctx, params.MODEL.read(body), submit)
@@ -241,7 +241,7 @@ async def _family_format(model, messages, tool_request, gen, effort):
             if not analysis.grammar_lazy:       # it starts at the generation prompt, as in llama.cpp
                 gen.sampling.grammar_prefill = (await model.runner.tokenize(
                     [analysis.generation_prompt.decode("utf-8", "replace")], False, True))[0]
-        gen.stop = gen.stop + [s for s in analysis.stops if s not in gen.stop]
+        gen.format_stops = [s for s in analysis.stops if s not in gen.stop]
     reasoning = analysis.supports_thinking
     parse = analysis.parse_function(active, reasoning) if active or reasoning else None
     return chat_formats.render_messages(messages, analysis.caps), extra, parse

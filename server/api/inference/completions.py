@@ -61,7 +61,7 @@ async def completions(ctx, request) -> Response | StreamingResponse:
         "text": prefixes[i] + c.joined(),
         "index": i,
         "logprobs": responses.completion_logprobs(c.logprobs, len(prefixes[i])) if gen.logprobs else None,
-        "finish_reason": c.finish_reason,
+        "finish_reason": c.finish_reason, **responses.stop_field(c, gen.stop),
     } for i, c in enumerate(choices)]
     head["usage"] = responses.usage(choices, list(range(0, n_choices, gen.n)))
     head["timings"] = timings(choices, list(range(0, n_choices, gen.n)))
@@ -91,7 +91,8 @@ async def _chunks(runner, stream, gen: params.GenerationParams, head: dict, n_ch
                         extra = {"timings": timings(choices, prompts_counted)}
                 yield responses.sse({**head, "choices": [{
                     "text": event.text.decode("utf-8", "replace"), "index": index,
-                    "logprobs": logprobs, "finish_reason": choice.finish_reason}], **usage_field,
+                    "logprobs": logprobs, "finish_reason": choice.finish_reason,
+                    **(responses.stop_field(choice, gen.stop) if choice.finish_reason else {})}], **usage_field,
                     **extra})
         if gen.include_usage:
             yield responses.sse({**head, "choices": [], "usage": responses.usage(choices, prompts_counted),

@@ -127,8 +127,9 @@ class Block:
         return "".join(self.parts)
 
 
-def blocks_of(answer: dict) -> tuple[list[Block], str | None, dict]:
-    """A chat.completion's first choice as blocks, with its finish_reason and usage."""
+def blocks_of(answer: dict) -> tuple[list[Block], str | None, dict, str | None]:
+    """A chat.completion's first choice as blocks, with its finish_reason, usage and the stop
+    string that ended it (None when none did)."""
     choice = answer["choices"][0]
     message = choice["message"]
     blocks: list[Block] = []
@@ -141,7 +142,7 @@ def blocks_of(answer: dict) -> tuple[list[Block], str | None, dict]:
         block = Block(TOOL, len(blocks), call.get("id") or new_id("call"), function.get("name", ""))
         block.parts.append(function.get("arguments") or "")
         blocks.append(block)
-    return blocks, choice.get("finish_reason"), answer.get("usage") or {}
+    return blocks, choice.get("finish_reason"), answer.get("usage") or {}, choice.get("stop_reason")
 
 
 OPEN, DELTA, CLOSE, END = "open", "delta", "close", "end"
@@ -149,12 +150,13 @@ OPEN, DELTA, CLOSE, END = "open", "delta", "close", "end"
 
 async def block_events(chunks):
     """chat.completion.chunk objects (of a one-choice run that includes usage) as
-    (OPEN, block), (DELTA, block, text), (CLOSE, block), and last (END, finish_reason, usage).
+    (OPEN, block), (DELTA, block, text), (CLOSE, block), and last (END, finish_reason, usage,
+    the stop string that ended it or None).
     A block opens when the kind of what arrives changes, and closes when the next one opens."""
     current: Block | None = None
     calls: dict[int, Block] = {}
     count = 0
-    reason, usage = None, {}
+    reason, usage, stop = None, {}, None
     async with contextlib.aclosing(chunks):     # closing this closes the run's chunks
         async for chunk in chunks:
             if chunk.get("usage"):
@@ -187,10 +189,10 @@ async def block_events(chunks):
                         block.parts.append(fragment)
                         yield DELTA, block, fragment
                 if choice.get("finish_reason"):
-                    reason = choice["finish_reason"]
+                    reason, stop = choice["finish_reason"], choice.get("stop_reason")
     if current is not None:
         yield CLOSE, current
-    yield END, reason, usage
+    yield END, reason, usage, stop
 
 
 def chat_tools(functions: list[dict]) -> list[dict]:

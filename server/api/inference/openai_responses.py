@@ -242,7 +242,7 @@ def usage_of(usage: dict) -> dict:
 
 
 def response_of(answer: dict, reply: Reply) -> dict:
-    blocks, reason, usage = dialect.blocks_of(answer)
+    blocks, reason, usage, _ = dialect.blocks_of(answer)
     return reply.response("completed", blocks, usage, reason)
 
 
@@ -306,7 +306,7 @@ async def events(run: chat.ChatRun, reply: Reply):
                         yield event.at("response.content_part.done", block, part=_part(block, text))
                     yield event("response.output_item.done", output_index=block.index, item=reply.item(block))
                 else:
-                    reason, usage = rest
+                    reason, usage, _ = rest
                     final = reply.response("completed", blocks, usage, reason)
                     yield event(f"response.{final['status']}", response=final)
     except (ApiError, DomainError) as exc:

@@ -42,6 +42,12 @@ class GenerationParams:
     logprobs: bool
     grammar: str = ""
     extra: dict = field(default_factory=dict)
+    format_stops: list[str] = field(default_factory=list)   # the chat format's, beside the client's
+
+    @property
+    def engine_stops(self) -> list[str]:
+        """Every string that ends the text: the client's `stop`, then the format's."""
+        return self.stop + self.format_stops
 
     def sampling_for_choice(self, index: int) -> SamplingParams:
         """Choice i of a seeded request uses seed + i: distinct, and reproducible."""

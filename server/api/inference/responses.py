@@ -25,7 +25,7 @@ class Choice:
     """What one choice has produced so far."""
 
     __slots__ = ("text", "finish_reason", "logprobs", "n_prompt", "n_cached", "n_generated", "error",
-                 "timings")
+                 "timings", "stop")
 
     def __init__(self):
         self.text: list[bytes] = []
@@ -34,6 +34,7 @@ class Choice:
         self.n_prompt = self.n_cached = self.n_generated = 0
         self.error: str | None = None
         self.timings = None               # server._engine.Timings, from the finishing event
+        self.stop: str | None = None      # the stop string that ended the text, if one did
 
     def add(self, event) -> None:
         self.text.append(event.text)
@@ -46,9 +47,17 @@ class Choice:
             self.finish_reason = reason
             self.error = event.error
             self.timings = event.timings
+            self.stop = event.stop
 
     def joined(self) -> str:
         return b"".join(self.text).decode("utf-8", "replace")
+
+
+def stop_field(choice: Choice, requested: list[str]) -> dict:
+    """{"stop_reason": the stop string} when one the client asked for ended the choice, as
+    vLLM reports it (a dialect's stop sequence comes from it); {} otherwise, also when a stop
+    the chat format added (a tool call's end) ended it."""
+    return {"stop_reason": choice.stop} if choice.stop is not None and choice.stop in requested else {}
 
 
 def usage(choices: list[Choice], prompts_counted: list[int]) -> dict:

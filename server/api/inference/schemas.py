@@ -21,6 +21,9 @@ def nullable(schema: dict) -> dict:
 
 
 FINISH_REASON = nullable({"type": "string", "enum": sorted({r for r in FINISH_REASONS if r})})
+# Beside finish_reason "stop" when one of the request's `stop` strings ended the text: that
+# string (vLLM's field; /v1/messages answers it as stop_sequence).
+STOP_REASON = {"stop_reason": {"type": "string", "description": "the `stop` string that ended the text"}}
 USAGE = obj({"prompt_tokens": INT, "completion_tokens": INT, "total_tokens": INT},
             {"prompt_tokens_details": obj({"cached_tokens": INT})})
 ENVELOPE = {"id": STR, "created": INT, "model": STR, "system_fingerprint": STR}
@@ -37,7 +40,7 @@ CHAT_COMPLETION = obj({
         "index": INT,
         "message": obj({"role": {"const": "assistant"}, "content": STR}, {"refusal": NULL}),
         "logprobs": CHAT_LOGPROBS,
-        "finish_reason": FINISH_REASON})},
+        "finish_reason": FINISH_REASON}, STOP_REASON)},
     "usage": USAGE})
 
 COMPLETION_LOGPROBS = nullable(obj({
@@ -49,7 +52,7 @@ TEXT_COMPLETION = obj({
     **ENVELOPE,
     "object": {"const": "text_completion"},
     "choices": {"type": "array", "items": obj({
-        "text": STR, "index": INT, "logprobs": COMPLETION_LOGPROBS, "finish_reason": FINISH_REASON})},
+        "text": STR, "index": INT, "logprobs": COMPLETION_LOGPROBS, "finish_reason": FINISH_REASON}, STOP_REASON)},
     "usage": USAGE})
 
 EMBEDDINGS = obj({
@@ -71,7 +74,7 @@ CHAT_CHUNK = obj({
         "index": INT,
         "delta": {"type": "object", "properties": {"role": {"const": "assistant"}, "content": STR}},
         "logprobs": CHAT_LOGPROBS,
-        "finish_reason": FINISH_REASON})}}, STREAM_USAGE)
+        "finish_reason": FINISH_REASON}, STOP_REASON)}}, STREAM_USAGE)
 TEXT_CHUNK = obj({**TEXT_COMPLETION["properties"], "usage": nullable(USAGE)})
 TEXT_CHUNK["required"].remove("usage")
 
