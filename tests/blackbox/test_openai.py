@@ -115,6 +115,10 @@ def test_the_stop_string_that_ended_a_stream_or_a_completion_is_named(client):
     completion = client.completions.create(model=CHAT, prompt="The sea is", max_tokens=48, temperature=0,
                                            stop=stops)
     assert completion.choices[0].finish_reason == "stop" and completion.choices[0].stop_reason in stops
+    streamed = [c.choices[0] for c in client.completions.create(
+        model=CHAT, prompt="The sea is", max_tokens=48, temperature=0, stop=stops, stream=True)]
+    assert streamed[-1].finish_reason == "stop" and streamed[-1].stop_reason == completion.choices[0].stop_reason
+    assert all(getattr(c, "stop_reason", None) is None for c in streamed[:-1])
     plain = client.completions.create(model=CHAT, prompt="The sea is", max_tokens=2, temperature=0,
                                       extra_body={"ignore_eos": True})
     assert plain.choices[0].finish_reason == "length" and getattr(plain.choices[0], "stop_reason", None) is None

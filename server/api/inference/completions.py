@@ -92,7 +92,7 @@ async def _chunks(runner, stream, gen: params.GenerationParams, head: dict, n_ch
                 yield responses.sse({**head, "choices": [{
                     "text": event.text.decode("utf-8", "replace"), "index": index,
                     "logprobs": logprobs, "finish_reason": choice.finish_reason,
-                    **(responses.stop_field(choice, gen.stop) if choice.finish_reason else {})}], **usage_field,
+                    **responses.stop_field(choice, gen.stop)}], **usage_field,
                     **extra})
         if gen.include_usage:
             yield responses.sse({**head, "choices": [], "usage": responses.usage(choices, prompts_counted),
