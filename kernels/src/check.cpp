@@ -100,6 +100,27 @@ double block_magnitude(const block_q4_1 &wb, const ActBlock &a) {
            std::fabs((double)ggml_fp16_to_fp32(q4_1_m(wb)) * a.s);
 }
 
+// Q4_0 / Q5_0: |d_w d_a| sum|(q_w - 8 or 16) q_a|, q_w as ggml's dequantize_row reads it.
+double block_magnitude(const block_q4_0 &wb, const ActBlock &a) {
+    int64_t dot = 0;
+    for (int i = 0; i < 16; i++) {
+        dot += std::abs((wb.qs[i] & 0x0F) - 8) * std::abs((int)a.q[i]);
+        dot += std::abs((wb.qs[i] >> 4) - 8) * std::abs((int)a.q[i + 16]);
+    }
+    return std::fabs((double)ggml_fp16_to_fp32(wb.d) * a.d) * dot;
+}
+
+double block_magnitude(const block_q5_0 &wb, const ActBlock &a) {
+    uint32_t qh;
+    std::memcpy(&qh, wb.qh, sizeof qh);
+    int64_t dot = 0;
+    for (int i = 0; i < 16; i++) {
+        const int lo = (wb.qs[i] & 0x0F) | ((qh >> i) & 1) << 4, hi = (wb.qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4;
+        dot += std::abs(lo - 16) * std::abs((int)a.q[i]) + std::abs(hi - 16) * std::abs((int)a.q[i + 16]);
+    }
+    return std::fabs((double)ggml_fp16_to_fp32(wb.d) * a.d) * dot;
+}
+
 double block_magnitude(const block_q8_0 &wb, const ActBlock &a) {
     int64_t dot = 0;
     for (int i = 0; i < kQK; i++) dot += std::abs((int)wb.qs[i]) * std::abs((int)a.q[i]);
@@ -194,6 +215,8 @@ STACKD_API int stackd_kernels_check(int type, int64_t k, int64_t rows, int64_t t
     const auto ref = run(p, 0, tokens, cpu, ggml_backend_cpu_buffer_type(), 1, nullptr);
     const auto got = run(p, 0, tokens, ours, repack_buffer_type(), 1, nullptr);
     const auto mag = p.type == GGML_TYPE_Q8_0   ? magnitudes<block_q8_0>(p)
+                     : p.type == GGML_TYPE_Q4_0 ? magnitudes<block_q4_0>(p)
+                     : p.type == GGML_TYPE_Q5_0 ? magnitudes<block_q5_0>(p)
                      : p.type == GGML_TYPE_Q4_K ? magnitudes<block_q4_K, ActKBlock>(p)
                      : p.type == GGML_TYPE_Q6_K ? magnitudes<block_q6_K, ActKBlock>(p)
                                                 : magnitudes<block_q4_1>(p);

@@ -5,6 +5,8 @@
 // vpmaddwd turns the lanes into each row's int32 sum; float arithmetic as kernels.h.
 #include <immintrin.h>
 
+#include <vector>
+
 #include "kernels.h"
 #include "prefetch.h"
 
@@ -92,9 +94,89 @@ struct Q8_0 : Avx2 {
     }
 };
 
+// -offset x (the sum of each token-block's 32 activation bytes), for Q4_0 (offset 8) and Q5_0
+// (16): vpmaddubsw of ones against the bytes, vpmaddwd into int32, then the eight lanes added.
+void offset_sums(const ActBlock *act, int64_t count, int32_t offset, int32_t *out) {
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    for (int64_t i = 0; i < count; i++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)act[i].q);
+        const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
+        const __m128i half = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+        const __m128i quarter = _mm_add_epi32(half, _mm_unpackhi_epi64(half, half));
+        out[i] = -offset * (_mm_cvtsi128_si32(quarter) + _mm_extract_epi32(quarter, 1));
+    }
+}
+
+// Row r's fifth bits of chunk c (bit c of byte 4r + i, layout.h) moved to bit 4 of the byte.
+inline __m256i fifth_bits(__m256i qh, int c) {
+    const __m256i bit = _mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << c)));
+    return c <= 4 ? _mm256_slli_epi16(bit, 4 - c) : _mm256_srli_epi16(bit, c - 4);
+}
+
+// Q4_0 and Q5_0: Q4_1's unpacking (with Q5_0's fifth bits or-ed in), the integer starting at
+// start[i] = -8 or -16 x the activation sum. Q5_0's values reach 31: a vpmaddubsw pair is at
+// most 2 x 31 x 127 = 7874, so the int16 lanes take two steps' pairs (31496) before vpmaddwd
+// moves them into int32; Q4_0's take all four (30480), as Q4_1's.
+template <class BlockType>
+struct Offset : Avx2 {
+    using Block = BlockType;
+    static constexpr bool kFifth = std::is_same_v<Block, Q50x8Block>;
+    const int32_t *start;
+
+    template <int TT, int NG>
+    STACKD_BODY_INLINE void add_block(Acc<TT, NG> &acc, const Block *w, int64_t nb, const ActBlock *act,
+                                      int64_t i) const {
+        const __m256i low = _mm256_set1_epi8(0x0F);
+        const __m256i ones = _mm256_set1_epi16(1);
+        __m256i pairs[TT], isum[TT];
+        for (int t = 0; t < TT; t++) {
+            pairs[t] = _mm256_setzero_si256();
+            isum[t] = _mm256_set1_epi32(start[i + t * nb]);
+        }
+        __m256i qh = _mm256_setzero_si256();
+        if constexpr (kFifth) qh = _mm256_loadu_si256((const __m256i *)w->qh);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const __m256i p = _mm256_loadu_si256((const __m256i *)(w->qs + 32 * j));
+            __m256i lo = _mm256_and_si256(p, low), hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+            if constexpr (kFifth) {
+                lo = _mm256_or_si256(lo, fifth_bits(qh, j));
+                hi = _mm256_or_si256(hi, fifth_bits(qh, j + 4));
+            }
+            for (int t = 0; t < TT; t++) {
+                const ActBlock &a = act[i + t * nb];
+                const __m256i sum = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(quad(a, j))),
+                                                     _mm256_maddubs_epi16(hi, _mm256_set1_epi32(quad(a, j + 4))));
+                pairs[t] = _mm256_add_epi16(pairs[t], sum);
+            }
+            if (!kFifth ? j == 3 : j % 2 == 1) {
+                for (int t = 0; t < TT; t++) {
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(pairs[t], ones));
+                    pairs[t] = _mm256_setzero_si256();
+                }
+            }
+        }
+        const __m256 dw = fp16x8(w->d);
+        for (int t = 0; t < TT; t++) acc[t] = add_scaled(acc[t], dw, act[i + t * nb].d, isum[t]);
+    }
+};
+
+// A Q4_0 / Q5_0 kernel: each thread derives the starts of every token-block it reads.
+template <class Block, int32_t kOffset>
+void gemm_offset(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end, const ActBlock *act,
+                 int64_t n_tokens, float *dst, int64_t dst_stride) {
+    thread_local std::vector<int32_t> start;
+    if (start.size() < (size_t)(n_tokens * nb)) start.resize(n_tokens * nb);
+    offset_sums(act, n_tokens * nb, kOffset, start.data());
+    tiles::gemm(Offset<Block>{{}, start.data()}, w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
+}
+
 }  // namespace
 
-Kernels avx2_kernels() { return {tiles::run<Q4_1>, tiles::run<Q8_0>}; }
+Kernels avx2_kernels() {
+    return {tiles::run<Q4_1>, tiles::run<Q8_0>, gemm_offset<Q40x8Block, 8>, gemm_offset<Q50x8Block, 16>};
+}
 
 }  // namespace stackd
 

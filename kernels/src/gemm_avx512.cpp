@@ -182,9 +182,79 @@ void gemm_q8_0(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, in
     tiles::gemm(Q8_0{{}, corr.data()}, w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
 }
 
+// Row r's fifth bits of chunk c (bit c of byte 4r + i, layout.h) moved to bit 4 of the byte.
+inline __m512i fifth_bits(__m512i qh, int c) {
+    const __m512i bit = _mm512_and_si512(qh, _mm512_set1_epi8((char)(1 << c)));
+    return c <= 4 ? _mm512_slli_epi16(bit, 4 - c) : _mm512_srli_epi16(bit, c - 4);
+}
+inline __m256i fifth_bits(__m256i qh, int c) {
+    const __m256i bit = _mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << c)));
+    return c <= 4 ? _mm256_slli_epi16(bit, 4 - c) : _mm256_srli_epi16(bit, c - 4);
+}
+inline __m512i and8(__m512i a, __m512i b) { return _mm512_and_si512(a, b); }
+inline __m256i and8(__m256i a, __m256i b) { return _mm256_and_si256(a, b); }
+inline __m512i or8(__m512i a, __m512i b) { return _mm512_or_si512(a, b); }
+inline __m256i or8(__m256i a, __m256i b) { return _mm256_or_si256(a, b); }
+inline __m512i nibbles_high(__m512i p) { return _mm512_srli_epi16(p, 4); }
+inline __m256i nibbles_high(__m256i p) { return _mm256_srli_epi16(p, 4); }
+template <class I> inline I bytes(int8_t v) {
+    if constexpr (sizeof(I) == sizeof(__m512i)) return _mm512_set1_epi8(v);
+    else return _mm256_set1_epi8(v);
+}
+
+// Q4_0 and Q5_0: Q4_1's nibbles (Q5_0's fifth bits or-ed in), no minimum; each block's integer
+// starts at -8 or -16 x the activation sum: the Q8_0 correction (-128 x the sum) shifted right
+// by 4 or 3, exactly.
+template <class BlockType>
+struct Offset : Avx512 {
+    using Block = BlockType;
+    static constexpr bool kFifth = std::is_same_v<Block, Q50x8Block>;
+    static constexpr int kShift = kFifth ? 3 : 4;
+    const int32_t *corr;
+
+    template <int TT, int NG>
+    STACKD_BODY_INLINE void add_block(Acc<TT, NG> &acc, const Block *w, int64_t nb, const ActBlock *act,
+                                      int64_t i) const {
+        using I = typename Lanes<NG>::I;
+        I u[8];
+        typename Lanes<NG>::F dw;
+        I qh{};
+        const I low = bytes<I>(0x0F);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            I p;
+            if constexpr (NG == 2) p = pair256(w[0].qs + 32 * j, w[nb].qs + 32 * j);
+            else p = group256(w->qs + 32 * j);
+            u[j] = and8(p, low);
+            u[j + 4] = and8(nibbles_high(p), low);
+        }
+        if constexpr (NG == 2) dw = pair_fp16(w[0].d, w[nb].d);
+        else dw = group_fp16(w->d);
+        if constexpr (kFifth) {
+            if constexpr (NG == 2) qh = pair256(w[0].qh, w[nb].qh);
+            else qh = group256(w->qh);
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) u[c] = or8(u[c], fifth_bits(qh, c));
+        }
+        for (int t = 0; t < TT; t++) {
+            const ActBlock &a = act[i + t * nb];
+            acc[t] = add_scaled(acc[t], dw, a.d, block_dot(u, a, corr[i + t * nb] >> kShift));
+        }
+    }
+};
+
+template <class Block>
+void gemm_offset(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end, const ActBlock *act,
+                 int64_t n_tokens, float *dst, int64_t dst_stride) {
+    thread_local std::vector<int32_t> corr;
+    if (corr.size() < (size_t)(n_tokens * nb)) corr.resize(n_tokens * nb);
+    correct(act, n_tokens * nb, corr.data());
+    tiles::gemm(Offset<Block>{{}, corr.data()}, w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
+}
+
 }  // namespace
 
-Kernels avx512_kernels() { return {tiles::run<Q4_1>, gemm_q8_0}; }
+Kernels avx512_kernels() { return {tiles::run<Q4_1>, gemm_q8_0, gemm_offset<Q40x8Block>, gemm_offset<Q50x8Block>}; }
 
 }  // namespace stackd
 

@@ -22,6 +22,24 @@ int32_t block_dot(const Q4x8Block &w, int r, const ActBlock &a) {
     return sum;
 }
 
+// Row r's nibble at position p of a Q4_0 / Q5_0 group block (layout.h: as Q4_1's).
+template <class Block>
+int nibble(const Block &w, int r, int p) {
+    return (w.qs[32 * (p % 16 / 4) + 4 * r + p % 4] >> (p >= 16 ? 4 : 0)) & 0x0F;
+}
+
+int32_t block_dot(const Q40x8Block &w, int r, const ActBlock &a) {
+    int32_t sum = 0;
+    for (int p = 0; p < kQK; p++) sum += (nibble(w, r, p) - 8) * a.q[p];
+    return sum;
+}
+
+int32_t block_dot(const Q50x8Block &w, int r, const ActBlock &a) {
+    int32_t sum = 0;
+    for (int p = 0; p < kQK; p++) sum += ((nibble(w, r, p) | q5_high_bit(w, r, p) << 4) - 16) * a.q[p];
+    return sum;
+}
+
 int32_t block_dot(const Q8x8Block &w, int r, const ActBlock &a) {
     int32_t sum = 0;
     for (int chunk = 0; chunk < 8; chunk++)
@@ -54,7 +72,10 @@ struct Reference {
 
 }  // namespace
 
-Kernels scalar_kernels() { return {tiles::run<Reference<Q4x8Block>>, tiles::run<Reference<Q8x8Block>>}; }
+Kernels scalar_kernels() {
+    return {tiles::run<Reference<Q4x8Block>>, tiles::run<Reference<Q8x8Block>>, tiles::run<Reference<Q40x8Block>>,
+            tiles::run<Reference<Q50x8Block>>};
+}
 
 Kernels kernels_for(Path path) {
     Kernels kernels = path == Path::Avx512 ? avx512_kernels() : path == Path::Avx2 ? avx2_kernels() : scalar_kernels();

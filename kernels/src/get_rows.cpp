@@ -9,7 +9,7 @@ namespace stackd {
 
 bool can_serve_get_rows(const ggml_tensor *op) {
     const ggml_tensor *w = op->src[0], *ids = op->src[1];
-    const bool table_type = w->type == GGML_TYPE_Q8_0 || is_k_quant(w->type);
+    const bool table_type = is_repacked_type(w->type);
     return op->op == GGML_OP_GET_ROWS && table_type && w->view_src == nullptr &&
            w->ne[2] == 1 && w->ne[3] == 1 && w->ne[0] % block_length(w->type) == 0 && ggml_is_contiguous(w) &&
            ids->type == GGML_TYPE_I32 && ids->ne[1] == 1 && ids->ne[2] == 1 && ids->ne[3] == 1 &&
@@ -31,11 +31,12 @@ void dequantize_row_q8x8(const Q8x8Block *w, int64_t k, int64_t row, float *out)
 
 namespace {
 
-// A K-quant row: ggml's blocks again, then ggml's own dequantization.
-void dequantize_row_k(const ggml_tensor *w, int64_t row, float *out) {
+// A row of the other types: ggml's blocks again, then ggml's own dequantization.
+void dequantize_row_plain(const ggml_tensor *w, int64_t row, float *out) {
     thread_local std::vector<uint8_t> plain;
     plain.resize(ggml_row_size(w->type, w->ne[0]));
-    unpack_row_k(w->type, w->data, w->ne[0], row, plain.data());
+    if (is_k_quant(w->type)) unpack_row_k(w->type, w->data, w->ne[0], row, plain.data());
+    else unpack_row_32(w->type, w->data, w->ne[0], row, plain.data());
     ggml_get_type_traits(w->type)->to_float(plain.data(), out, w->ne[0]);
 }
 
@@ -49,8 +50,8 @@ void get_rows_share(ggml_tensor *dst, int ith, int nth) {
         const int32_t row = *reinterpret_cast<const int32_t *>(static_cast<const char *>(ids->data) + i * ids->nb[0]);
         GGML_ASSERT(row >= 0 && row < w->ne[1]);  // as ggml's own get_rows
         float *out = reinterpret_cast<float *>(static_cast<char *>(dst->data) + i * dst->nb[1]);
-        if (is_k_quant(w->type)) dequantize_row_k(w, row, out);
-        else dequantize_row_q8x8(static_cast<const Q8x8Block *>(w->data), w->ne[0], row, out);
+        if (w->type == GGML_TYPE_Q8_0) dequantize_row_q8x8(static_cast<const Q8x8Block *>(w->data), w->ne[0], row, out);
+        else dequantize_row_plain(w, row, out);
     }
 }
 

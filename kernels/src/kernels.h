@@ -2,7 +2,8 @@
 // the same arithmetic, bit for bit.
 //
 // That arithmetic, for row r and token t, over K-blocks b in order (Q4_1: w = d*q + m):
-//     isum = the exact int32 dot product of the block's 32 weight and activation bytes
+//     isum = the exact int32 dot product of the block's 32 weights and activation bytes
+//            (Q4_0: q - 8, Q5_0: q - 16, the others: q as stored in ggml's block)
 //     acc  = fma(d_w[r] * d_a[t], (float) isum, acc)
 //     acc  = fma(m_w[r], s_a[t], acc)                   (Q4_1 only)
 // and the result is acc. The integer sums are exact whatever order a path adds them in, so
@@ -42,6 +43,8 @@ using GemmFn = void (*)(const Block *w, int64_t nb, int64_t rows, int64_t g_begi
 struct Kernels {
     GemmFn<Q4x8Block> q4_1;
     GemmFn<Q8x8Block> q8_0;
+    GemmFn<Q40x8Block> q4_0;   // Q4_0 and Q5_0: the same activations, each block's integer
+    GemmFn<Q50x8Block> q5_0;   // offset by -8 or -16 x the activation sum (layout.h)
     KQuantKernels kquants{};   // Q4_K, Q6_K (kernels_qk.h): filled by kernels_for
 };
 

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "ggml.h"
 #include "ggml_q4_1.h"
 
 namespace stackd {
@@ -45,6 +46,46 @@ void from_lane(const Q8x8Block &src, int r, block_q8_0 &blk) {
     for (int p = 0; p < kQK; p++) blk.qs[p] = (int8_t)(src.qs[32 * (p / 4) + 4 * r + p % 4] ^ kOffset);
 }
 
+static_assert(sizeof(block_q4_0) == 18, "block_q4_0 as ggml defines it");
+static_assert(sizeof(block_q5_0) == 22, "block_q5_0 as ggml defines it");
+
+// Q4_0 and Q5_0 keep ggml's nibble bytes as Q4_1 does (to_lane above).
+template <class Plain, class Packed>
+void nibbles_to_lane(const Plain &blk, int r, Packed &dst) {
+    dst.d[r] = blk.d;
+    for (int j = 0; j < kChunks; j++)
+        std::memcpy(&dst.qs[32 * j + kChunkBytes * r], &blk.qs[kChunkBytes * j], kChunkBytes);
+}
+
+template <class Plain, class Packed>
+void nibbles_from_lane(const Packed &src, int r, Plain &blk) {
+    blk.d = src.d[r];
+    for (int j = 0; j < kChunks; j++)
+        std::memcpy(&blk.qs[kChunkBytes * j], &src.qs[32 * j + kChunkBytes * r], kChunkBytes);
+}
+
+void to_lane(const block_q4_0 &blk, int r, Q40x8Block &dst) { nibbles_to_lane(blk, r, dst); }
+void from_lane(const Q40x8Block &src, int r, block_q4_0 &blk) { nibbles_from_lane(src, r, blk); }
+
+// ggml's qh is a little-endian uint32 whose bit p is position p's fifth bit.
+void to_lane(const block_q5_0 &blk, int r, Q50x8Block &dst) {
+    nibbles_to_lane(blk, r, dst);
+    uint32_t qh;
+    std::memcpy(&qh, blk.qh, sizeof qh);
+    for (int i = 0; i < 4; i++) {
+        uint8_t bits = 0;
+        for (int c = 0; c < 8; c++) bits |= (uint8_t)(((qh >> (4 * c + i)) & 1) << c);
+        dst.qh[4 * r + i] = bits;
+    }
+}
+
+void from_lane(const Q50x8Block &src, int r, block_q5_0 &blk) {
+    nibbles_from_lane(src, r, blk);
+    uint32_t qh = 0;
+    for (int p = 0; p < kQK; p++) qh |= (uint32_t)q5_high_bit(src, r, p) << p;
+    std::memcpy(blk.qh, &qh, sizeof qh);
+}
+
 // Plain ggml rows (row-major blocks of Plain) -> the repacked groups; padding rows stay zero
 // (d = m = 0).
 template <class Plain, class Packed>
@@ -86,6 +127,38 @@ void repack_q8_0(const void *q8_0, int64_t rows, int64_t k, Q8x8Block *out) {
 
 void unpack_q8_0(const Q8x8Block *in, int64_t rows, int64_t k, void *q8_0) {
     unpack_rows<block_q8_0>(in, rows, k, q8_0);
+}
+
+template <class Plain, class Packed>
+void unpack_one_row(const void *packed, int64_t k, int64_t row, void *plain) {
+    const int64_t nb = k / kQK;
+    const Packed *group = static_cast<const Packed *>(packed) + row / kRowsPerGroup * nb;
+    Plain *dst = static_cast<Plain *>(plain);
+    for (int64_t b = 0; b < nb; b++) from_lane(group[b], (int)(row % kRowsPerGroup), dst[b]);
+}
+
+void unpack_row_32(int type, const void *packed, int64_t k, int64_t row, void *plain) {
+    switch (type) {
+        case GGML_TYPE_Q4_0: unpack_one_row<block_q4_0, Q40x8Block>(packed, k, row, plain); break;
+        case GGML_TYPE_Q5_0: unpack_one_row<block_q5_0, Q50x8Block>(packed, k, row, plain); break;
+        default: unpack_one_row<block_q4_1, Q4x8Block>(packed, k, row, plain); break;
+    }
+}
+
+void repack_q4_0(const void *q4_0, int64_t rows, int64_t k, Q40x8Block *out) {
+    repack_rows<block_q4_0>(q4_0, rows, k, out);
+}
+
+void unpack_q4_0(const Q40x8Block *in, int64_t rows, int64_t k, void *q4_0) {
+    unpack_rows<block_q4_0>(in, rows, k, q4_0);
+}
+
+void repack_q5_0(const void *q5_0, int64_t rows, int64_t k, Q50x8Block *out) {
+    repack_rows<block_q5_0>(q5_0, rows, k, out);
+}
+
+void unpack_q5_0(const Q50x8Block *in, int64_t rows, int64_t k, void *q5_0) {
+    unpack_rows<block_q5_0>(in, rows, k, q5_0);
 }
 
 }  // namespace stackd

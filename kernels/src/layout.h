@@ -65,4 +65,44 @@ inline size_t repacked_size_q8_0(int64_t rows, int64_t k) {
 void repack_q8_0(const void *q8_0, int64_t rows, int64_t k, Q8x8Block *out);
 void unpack_q8_0(const Q8x8Block *in, int64_t rows, int64_t k, void *q8_0);
 
+// Weights (Q4_0, 32 weights per block: w = d*(q - 8), q in 0..15): Q4_1's nibble layout without
+// the minimum. A kernel adds the unsigned nibbles' products and then the exact integer
+// -8 x (the block's activation sum), so each block's integer is sum((q - 8) * q_a), ggml's.
+struct Q40x8Block {
+    uint16_t d[kRowsPerGroup];  // fp16 scales of the eight rows
+    uint8_t qs[kRowsPerGroup * kQK / 2];
+};
+static_assert(sizeof(Q40x8Block) == 144, "Q40x8Block packs like eight block_q4_0");
+
+// Weights (Q5_0: w = d*(q - 16), q = the nibble | the fifth bit << 4, in 0..31): Q4_0's nibbles
+// and a plane of fifth bits laid out for the same 4-wide chunks. Byte 4*r + i of qh holds row
+// r's fifth bits of positions 4*c + i in its bit c (c = 0..7): chunk c's bits for all eight
+// rows are one mask and a shift of the plane away. The integer starts at -16 x the activation sum.
+struct Q50x8Block {
+    uint16_t d[kRowsPerGroup];  // fp16 scales of the eight rows
+    uint8_t qh[kRowsPerGroup * 4];
+    uint8_t qs[kRowsPerGroup * kQK / 2];
+};
+static_assert(sizeof(Q50x8Block) == 176, "Q50x8Block packs like eight block_q5_0");
+
+inline size_t repacked_size_q4_0(int64_t rows, int64_t k) {
+    return (size_t)row_groups(rows) * (size_t)(k / kQK) * sizeof(Q40x8Block);
+}
+inline size_t repacked_size_q5_0(int64_t rows, int64_t k) {
+    return (size_t)row_groups(rows) * (size_t)(k / kQK) * sizeof(Q50x8Block);
+}
+
+// Plain ggml Q4_0 / Q5_0 rows <-> the repacked layouts.
+void repack_q4_0(const void *q4_0, int64_t rows, int64_t k, Q40x8Block *out);
+void unpack_q4_0(const Q40x8Block *in, int64_t rows, int64_t k, void *q4_0);
+void repack_q5_0(const void *q5_0, int64_t rows, int64_t k, Q50x8Block *out);
+void unpack_q5_0(const Q50x8Block *in, int64_t rows, int64_t k, void *q5_0);
+
+// Row `row` of a repacked rows x k Q4_0, Q4_1 or Q5_0 matrix as ggml's plain blocks (one
+// row's worth, k / 32 of them): what a GET_ROWS hands to ggml's own dequantization.
+void unpack_row_32(int type, const void *packed, int64_t k, int64_t row, void *plain);
+
+// Row r's fifth bit of position p (0..31) in a Q5_0 group block (layout above).
+inline int q5_high_bit(const Q50x8Block &b, int r, int p) { return (b.qh[4 * r + p % 4] >> (p / 4)) & 1; }
+
 }  // namespace stackd
