@@ -5,8 +5,8 @@ default Q4_1 model.
 The file is made from the default chat model by llama.cpp's own llama-quantize
 (stackd.testing.quantized_model). SmolLM2's 576-wide matrices cannot be K-quants (a super-block
 is 256 weights), so llama-quantize gives them its fallbacks; the ffn_down matrices (1536 wide)
-are Q4_K and Q6_K, and those run on our K-quant kernels (the run reports how many of each).
-ggml computes the Q5_0 fallbacks: a type we do not repack stays with ggml, silently.
+are Q4_K and Q6_K, and those run on our K-quant kernels (the run reports how many of each);
+the Q5_0 and Q8_0 fallbacks run on ours too (kernels/README.md, "Q4_0 and Q5_0").
 
 Our K-quant arithmetic is within float rounding of ggml's (test_ops.py); across 30 layers such
 differences move logprobs a little and a greedy text parts only at a near tie, so the on/off
@@ -56,6 +56,7 @@ def test_k_quant_weights_run_on_our_kernels(runs):
     tensors = runs["auto"]["tensors"]
     assert tensors.get("q4_K", 0) > 0 and tensors.get("q6_K", 0) > 0, tensors
     assert tensors.get("q4_K", 0) + tensors.get("q6_K", 0) == 30, tensors   # one ffn_down a layer
+    assert sum(tensors.values()) == 30 * 7 + 1, tensors   # every projection ours (166 of them Q5_0), and the table
     assert runs["off"]["tensors"] == {}
 
 
