@@ -147,6 +147,26 @@ double block_magnitude(const block_q4_K &wb, const ActKBlock &a) {
     return sum;
 }
 
+// Q5_K: as Q4_K, q_w with its fifth bit (bit 2j, 2j + 1 of qh[l] for weight 64j + l, + 32 + l).
+double block_magnitude(const block_q5_K &wb, const ActKBlock &a) {
+    const uint8_t *q = wb.scales;
+    const double d = std::fabs((double)ggml_fp16_to_fp32(wb.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.d) * a.d);
+    const double dmin = std::fabs((double)ggml_fp16_to_fp32(wb.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.dmin) * a.d);
+    double sum = 0;
+    for (int s = 0; s < 8; s++) {
+        const int sc = s < 4 ? q[s] & 63 : (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
+        const int m = s < 4 ? q[s + 4] & 63 : (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+        int64_t dot = 0;
+        for (int l = 0; l < 32; l++) {
+            const int p = 64 * (s / 2) + 32 * (s % 2) + l;
+            const int value = ((wb.qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0xF) | ((wb.qh[l] >> s) & 1) << 4;
+            dot += value * std::abs((int)a.q[p]);
+        }
+        sum += d * sc * dot + dmin * m * std::abs((int)a.bsum32[s]);
+    }
+    return sum;
+}
+
 // Q6_K: per 16-weight sub-block |d_w d_a| |sc_s| sum|(q_w - 32) q_a|.
 double block_magnitude(const block_q6_K &wb, const ActKBlock &a) {
     const double d = std::fabs((double)ggml_fp16_to_fp32(wb.d) * a.d);
@@ -218,6 +238,7 @@ STACKD_API int stackd_kernels_check(int type, int64_t k, int64_t rows, int64_t t
                      : p.type == GGML_TYPE_Q4_0 ? magnitudes<block_q4_0>(p)
                      : p.type == GGML_TYPE_Q5_0 ? magnitudes<block_q5_0>(p)
                      : p.type == GGML_TYPE_Q4_K ? magnitudes<block_q4_K, ActKBlock>(p)
+                     : p.type == GGML_TYPE_Q5_K ? magnitudes<block_q5_K, ActKBlock>(p)
                      : p.type == GGML_TYPE_Q6_K ? magnitudes<block_q6_K, ActKBlock>(p)
                                                 : magnitudes<block_q4_1>(p);
     double worst = 0, worst_abs = 0, ref_max = 0;

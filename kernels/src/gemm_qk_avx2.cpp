@@ -31,8 +31,8 @@ inline __m128i load8(const void *p) { return _mm_loadl_epi64((const __m128i *)p)
 
 // Sub-block s's eight 6-bit scales (minimums: kMins) as bytes, one per row (layout_qk.h).
 enum Q4KField { kScales, kMins };
-template <Q4KField kField>
-inline __m128i q4k_bytes(const Q4Kx8Block *w, int s) {
+template <Q4KField kField, class Block>
+inline __m128i q4k_bytes(const Block *w, int s) {
     const int k = s % 4, upper = s / 4;
     const __m128i lo = _mm_loadl_epi64((const __m128i *)(kField == kScales ? w->sc_lo[k] : w->mn_lo[k]));
     const __m128i hi = _mm_loadl_epi64((const __m128i *)w->hi[k]);
@@ -44,7 +44,8 @@ inline __m128i q4k_bytes(const Q4Kx8Block *w, int s) {
 }
 
 // The minimums of sub-blocks 2p and 2p+1 as int16 pairs, one int32 lane per row (vpmaddwd).
-inline __m256i q4k_min_pairs(const Q4Kx8Block *w, int p) {
+template <class Block>
+inline __m256i q4k_min_pairs(const Block *w, int p) {
     return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(q4k_bytes<kMins>(w, 2 * p), q4k_bytes<kMins>(w, 2 * p + 1)));
 }
 
@@ -65,9 +66,19 @@ inline __m256 add_scaled(__m256 acc, __m256 dw, float da, __m256i isum) {
     return _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(da)), _mm256_cvtepi32_ps(isum), acc);
 }
 
-// Q4_K: vpmaddubsw pairs of a 32-weight sub-block stay within 8 x 2 x 15 x 127 = 30480 in int16.
+// Sub-block s's fifth bits of chunk c (bit s of each byte of the plane's vector c) at bit 4.
+inline __m256i fifth_bits(const Q5Kx8Block *w, int s, int c) {
+    const __m256i bit = _mm256_and_si256(load32(w->qh + 32 * c), _mm256_set1_epi8((char)(1 << s)));
+    return s <= 4 ? _mm256_slli_epi16(bit, 4 - s) : _mm256_srli_epi16(bit, s - 4);
+}
+
+// Q4_K and Q5_K: vpmaddubsw pairs of a 32-weight Q4_K sub-block stay within 8 x 2 x 15 x 127 =
+// 30480 in int16; Q5_K's values reach 31, so its pairs go through vpmaddwd every four chunks
+// (4 x 2 x 31 x 127 = 31496).
+template <class BlockType>
 struct Q4K : Avx2K {
-    using Block = Q4Kx8Block;
+    using Block = BlockType;
+    static constexpr bool kFifth = std::is_same_v<Block, Q5Kx8Block>;
 
     template <int TT, int NG>
     STACKD_BODY_INLINE void add_block(Acc<TT, NG> &acc, const Block *w, int64_t nb, const ActKBlock *act,
@@ -77,18 +88,24 @@ struct Q4K : Avx2K {
         for (int t = 0; t < TT; t++) isum[t] = _mm256_setzero_si256();
         for (int s = 0; s < 8; s++) {
             const int j = s / 2, high = s % 2;
+            const __m256i scale = both_halves(_mm256_cvtepu8_epi32(q4k_bytes<kScales>(w, s)));
             __m256i pairs[TT];
             for (int t = 0; t < TT; t++) pairs[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
                 const __m256i p = load32(w->qs + 256 * j + 32 * c);
-                const __m256i u = _mm256_and_si256(high ? _mm256_srli_epi16(p, 4) : p, low);
+                __m256i u = _mm256_and_si256(high ? _mm256_srli_epi16(p, 4) : p, low);
+                if constexpr (kFifth) u = _mm256_or_si256(u, fifth_bits(w, s, c));
                 for (int t = 0; t < TT; t++)
                     pairs[t] = _mm256_add_epi16(
                         pairs[t], _mm256_maddubs_epi16(u, _mm256_set1_epi32(quad(act[i + t * nb], 16 * j + 8 * high + c))));
+                if (c == 7 || (kFifth && c == 3)) {
+                    for (int t = 0; t < TT; t++) {
+                        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(pairs[t], scale));
+                        pairs[t] = _mm256_setzero_si256();
+                    }
+                }
             }
-            const __m256i scale = both_halves(_mm256_cvtepu8_epi32(q4k_bytes<kScales>(w, s)));
-            for (int t = 0; t < TT; t++) isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(pairs[t], scale));
         }
         __m256i mins[4];
         for (int p = 0; p < 4; p++) mins[p] = q4k_min_pairs(w, p);
@@ -162,7 +179,9 @@ struct Q6K : Avx2K {
 
 }  // namespace
 
-KQuantKernels avx2_kquant_kernels() { return {tiles::run<Q4K>, tiles::run<Q6K>}; }
+KQuantKernels avx2_kquant_kernels() {
+    return {tiles::run<Q4K<Q4Kx8Block>>, tiles::run<Q6K>, tiles::run<Q4K<Q5Kx8Block>>};
+}
 
 }  // namespace stackd
 

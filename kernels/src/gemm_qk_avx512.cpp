@@ -103,8 +103,8 @@ inline typename Lanes<NG>::I widen32(const Block *w, int64_t nb, Get get) {
 
 // Sub-block s's eight 6-bit scales (minimums: kMins) as bytes, one per row (layout_qk.h).
 enum Q4KField { kScales, kMins };
-template <Q4KField kField>
-inline __m128i q4k_bytes(const Q4Kx8Block &w, int s) {
+template <Q4KField kField, class Block>
+inline __m128i q4k_bytes(const Block &w, int s) {
     const int k = s % 4, upper = s / 4;
     const __m128i lo = load8(kField == kScales ? w.sc_lo[k] : w.mn_lo[k]);
     const __m128i hi = load8(w.hi[k]);
@@ -116,9 +116,9 @@ inline __m128i q4k_bytes(const Q4Kx8Block &w, int s) {
 }
 
 // The minimums of sub-blocks 2p and 2p+1 as int16 pairs, one int32 lane per row (vpdpwssd).
-template <int NG>
-inline typename Lanes<NG>::I q4k_min_pairs(const Q4Kx8Block *w, int64_t nb, int p) {
-    auto pairs = [p](const Q4Kx8Block &b) {
+template <int NG, class Block>
+inline typename Lanes<NG>::I q4k_min_pairs(const Block *w, int64_t nb, int p) {
+    auto pairs = [p](const Block &b) {
         return _mm_unpacklo_epi8(q4k_bytes<kMins>(b, 2 * p), q4k_bytes<kMins>(b, 2 * p + 1));
     };
     if constexpr (NG == 2) {
@@ -129,8 +129,11 @@ inline typename Lanes<NG>::I q4k_min_pairs(const Q4Kx8Block *w, int64_t nb, int 
     }
 }
 
+// Q4_K and Q5_K (whose fifth bits, bit s of the plane's vector c, are or-ed in at bit 4).
+template <class BlockType>
 struct Q4K : Avx512K {
-    using Block = Q4Kx8Block;
+    using Block = BlockType;
+    static constexpr bool kFifth = std::is_same_v<Block, Q5Kx8Block>;
 
     template <int TT, int NG>
     STACKD_BODY_INLINE void add_block(Acc<TT, NG> &acc, const Block *w, int64_t nb, const ActKBlock *act,
@@ -147,6 +150,17 @@ struct Q4K : Avx512K {
                 const I p = bytes32<NG>(w, nb, offsetof(Block, qs) + 256 * j + 32 * c);
                 if constexpr (NG == 2) u[c] = _mm512_and_si512(high ? _mm512_srli_epi16(p, 4) : p, low);
                 else u[c] = _mm256_and_si256(high ? _mm256_srli_epi16(p, 4) : p, low);
+                if constexpr (kFifth) {
+                    const I bit = bytes32<NG>(w, nb, offsetof(Block, qh) + 32 * c);
+                    const I mask = broadcast<I>((int32_t)(0x01010101u << s));
+                    if constexpr (NG == 2) {
+                        const __m512i b = _mm512_and_si512(bit, mask);
+                        u[c] = _mm512_or_si512(u[c], s <= 4 ? _mm512_slli_epi16(b, 4 - s) : _mm512_srli_epi16(b, s - 4));
+                    } else {
+                        const __m256i b = _mm256_and_si256(bit, mask);
+                        u[c] = _mm256_or_si256(u[c], s <= 4 ? _mm256_slli_epi16(b, 4 - s) : _mm256_srli_epi16(b, s - 4));
+                    }
+                }
             }
             const I scale = widen32<NG, false>(w, nb, [s](const Block &b) { return q4k_bytes<kScales>(b, s); });
             const int q0 = 16 * j + 8 * high;
@@ -238,7 +252,9 @@ struct Q6K : Avx512K {
 
 }  // namespace
 
-KQuantKernels avx512_kquant_kernels() { return {tiles::run<Q4K>, tiles::run<Q6K>}; }
+KQuantKernels avx512_kquant_kernels() {
+    return {tiles::run<Q4K<Q4Kx8Block>>, tiles::run<Q6K>, tiles::run<Q4K<Q5Kx8Block>>};
+}
 
 }  // namespace stackd
 

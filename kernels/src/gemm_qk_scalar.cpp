@@ -11,21 +11,30 @@ namespace stackd {
 
 namespace {
 
+// Row r's value at position 32 s + 4 c + i (sub-block s, chunk c) of a Q4_K / Q5_K block.
+int q4k_value(const Q4Kx8Block &w, int r, int s, int c, int i) {
+    return (w.qs[256 * (s / 2) + 32 * c + 4 * r + i] >> (s % 2 ? 4 : 0)) & 0xF;
+}
+int q4k_value(const Q5Kx8Block &w, int r, int s, int c, int i) {
+    return ((w.qs[256 * (s / 2) + 32 * c + 4 * r + i] >> (s % 2 ? 4 : 0)) & 0xF) |
+           q5k_high_bit(w, r, 32 * s + 4 * c + i) << 4;
+}
+
 // Row r's exact integer sums for one super-block (kernels_qk.h).
-int32_t q4_k_isum(const Q4Kx8Block &w, int r, const ActKBlock &a) {
+template <class Block>
+int32_t q4_k_isum(const Block &w, int r, const ActKBlock &a) {
     int32_t isum = 0;
     for (int s = 0; s < 8; s++) {
-        const int j = s / 2, shift = s % 2 ? 4 : 0;
         int32_t dot = 0;
         for (int c = 0; c < 8; c++)
-            for (int i = 0; i < 4; i++)
-                dot += ((w.qs[256 * j + 32 * c + 4 * r + i] >> shift) & 0xF) * a.q[64 * j + 32 * (s % 2) + 4 * c + i];
+            for (int i = 0; i < 4; i++) dot += q4k_value(w, r, s, c, i) * a.q[32 * s + 4 * c + i];
         isum += q4k_scale(w, r, s) * dot;
     }
     return isum;
 }
 
-int32_t q4_k_msum(const Q4Kx8Block &w, int r, const ActKBlock &a) {
+template <class Block>
+int32_t q4_k_msum(const Block &w, int r, const ActKBlock &a) {
     int32_t msum = 0;
     for (int s = 0; s < 8; s++) msum += q4k_min(w, r, s) * a.bsum32[s];
     return msum;
@@ -57,8 +66,9 @@ struct Reference {
     template <int TT, int NG> using Acc = float[TT][kRowsPerGroup];
 };
 
+template <class BlockType>
 struct Q4K : Reference {
-    using Block = Q4Kx8Block;
+    using Block = BlockType;
     template <int TT, int NG>
     void add_block(Acc<TT, NG> &acc, const Block *w, int64_t nb, const ActKBlock *act, int64_t i) const {
         for (int t = 0; t < TT; t++) {
@@ -86,7 +96,9 @@ struct Q6K : Reference {
 
 }  // namespace
 
-KQuantKernels scalar_kquant_kernels() { return {tiles::run<Q4K>, tiles::run<Q6K>}; }
+KQuantKernels scalar_kquant_kernels() {
+    return {tiles::run<Q4K<Q4Kx8Block>>, tiles::run<Q6K>, tiles::run<Q4K<Q5Kx8Block>>};
+}
 
 KQuantKernels kquant_kernels_for(Path path) {
     switch (path) {

@@ -11,14 +11,15 @@ namespace stackd {
 
 namespace {
 
-static_assert(sizeof(block_q4_K) == 144 && sizeof(block_q6_K) == 210, "K-quant blocks as ggml defines them");
+static_assert(sizeof(block_q4_K) == 144 && sizeof(block_q5_K) == 176 && sizeof(block_q6_K) == 210,
+              "K-quant blocks as ggml defines them");
 
 // One row's super-block with every value unpacked: what both layouts encode.
 struct Values {
     uint16_t d, dmin;
     uint8_t sc[16];   // Q4_K: 8 scales; Q6_K: 16 (int8 as bytes)
     uint8_t mn[8];    // Q4_K only
-    uint8_t q[kQK_K]; // Q4_K 0..15, Q6_K 0..63
+    uint8_t q[kQK_K]; // Q4_K 0..15, Q5_K 0..31, Q6_K 0..63
 };
 
 // ggml's 12-byte packing of eight 6-bit scales and eight 6-bit minimums (get_scale_min_k4),
@@ -62,6 +63,33 @@ void encode(const Values &v, block_q4_K &b) {
         for (int l = 0; l < 32; l++) b.qs[32 * j + l] = (uint8_t)(v.q[64 * j + l] | v.q[64 * j + 32 + l] << 4);
 }
 
+// ggml's Q5_K (dequantize_row_q5_K): Q4_K's nibbles, and bit 2j (2j + 1) of qh[l] the fifth
+// bit of weight 64j + l (64j + 32 + l).
+Values decode(const block_q5_K &b) {
+    Values v{};
+    std::memcpy(&v.d, &b.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.d, 2);
+    std::memcpy(&v.dmin, &b.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.dmin, 2);
+    decode_scales(b.scales, v.sc, v.mn);
+    for (int j = 0; j < 4; j++)
+        for (int l = 0; l < 32; l++) {
+            v.q[64 * j + l] = (uint8_t)((b.qs[32 * j + l] & 0xF) | ((b.qh[l] >> (2 * j)) & 1) << 4);
+            v.q[64 * j + 32 + l] = (uint8_t)((b.qs[32 * j + l] >> 4) | ((b.qh[l] >> (2 * j + 1)) & 1) << 4);
+        }
+    return v;
+}
+
+void encode(const Values &v, block_q5_K &b) {
+    std::memcpy(&b.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.d, &v.d, 2);
+    std::memcpy(&b.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.dmin, &v.dmin, 2);
+    encode_scales(v.sc, v.mn, b.scales);
+    std::memset(b.qh, 0, sizeof b.qh);
+    for (int j = 0; j < 4; j++)
+        for (int l = 0; l < 32; l++) {
+            b.qs[32 * j + l] = (uint8_t)((v.q[64 * j + l] & 0xF) | (v.q[64 * j + 32 + l] & 0xF) << 4);
+            b.qh[l] |= (uint8_t)((v.q[64 * j + l] >> 4) << (2 * j) | (v.q[64 * j + 32 + l] >> 4) << (2 * j + 1));
+        }
+}
+
 // ggml's Q6_K (dequantize_row_q6_K): per 128-weight half n, for l = 0..31, weights l, l+32,
 // l+64, l+96 take ql[l] low, ql[l+32] low, ql[l] high, ql[l+32] high, and qh[l]'s bit pairs.
 Values decode(const block_q6_K &b) {
@@ -98,7 +126,9 @@ void encode(const Values &v, block_q6_K &b) {
 // The nibble interleave both layouts share (layout_qk.h): low four bits of row r's values.
 uint8_t &nibble_byte(uint8_t *qs, int r, int j, int c, int i) { return qs[256 * j + 32 * c + 4 * r + i]; }
 
-void to_lane(const Values &v, int r, Q4Kx8Block &dst) {
+// Q4_K's part of a Q4_K or Q5_K block: scales, minimums, and the low four bits of the values.
+template <class Block>
+void to_lane_q4k(const Values &v, int r, Block &dst) {
     dst.d[r] = v.d;
     dst.dmin[r] = v.dmin;
     for (int k = 0; k < 4; k++) {
@@ -109,10 +139,12 @@ void to_lane(const Values &v, int r, Q4Kx8Block &dst) {
     for (int j = 0; j < 4; j++)
         for (int c = 0; c < 8; c++)
             for (int i = 0; i < 4; i++)
-                nibble_byte(dst.qs, r, j, c, i) = (uint8_t)(v.q[64 * j + 4 * c + i] | v.q[64 * j + 32 + 4 * c + i] << 4);
+                nibble_byte(dst.qs, r, j, c, i) =
+                    (uint8_t)((v.q[64 * j + 4 * c + i] & 0xF) | (v.q[64 * j + 32 + 4 * c + i] & 0xF) << 4);
 }
 
-Values from_lane(const Q4Kx8Block &src, int r) {
+template <class Block>
+Values from_lane_q4k(const Block &src, int r) {
     Values v{};
     v.d = src.d[r];
     v.dmin = src.dmin[r];
@@ -127,6 +159,25 @@ Values from_lane(const Q4Kx8Block &src, int r) {
                 v.q[64 * j + 4 * c + i] = byte & 0xF;
                 v.q[64 * j + 32 + 4 * c + i] = byte >> 4;
             }
+    return v;
+}
+
+void to_lane(const Values &v, int r, Q4Kx8Block &dst) { to_lane_q4k(v, r, dst); }
+Values from_lane(const Q4Kx8Block &src, int r) { return from_lane_q4k(src, r); }
+
+void to_lane(const Values &v, int r, Q5Kx8Block &dst) {
+    to_lane_q4k(v, r, dst);
+    for (int c = 0; c < 8; c++)
+        for (int i = 0; i < 4; i++) {
+            uint8_t bits = 0;
+            for (int s = 0; s < 8; s++) bits |= (uint8_t)((v.q[32 * s + 4 * c + i] >> 4) << s);
+            dst.qh[32 * c + 4 * r + i] = bits;
+        }
+}
+
+Values from_lane(const Q5Kx8Block &src, int r) {
+    Values v = from_lane_q4k(src, r);
+    for (int p = 0; p < kQK_K; p++) v.q[p] = (uint8_t)(v.q[p] | q5k_high_bit(src, r, p) << 4);
     return v;
 }
 
@@ -196,6 +247,8 @@ int nearest_int(float x) {
 
 void repack_q4_k(const void *plain, int64_t rows, int64_t k, Q4Kx8Block *out) { repack_rows<block_q4_K>(plain, rows, k, out); }
 void unpack_q4_k(const Q4Kx8Block *in, int64_t rows, int64_t k, void *plain) { unpack_rows<block_q4_K>(in, rows, k, plain); }
+void repack_q5_k(const void *plain, int64_t rows, int64_t k, Q5Kx8Block *out) { repack_rows<block_q5_K>(plain, rows, k, out); }
+void unpack_q5_k(const Q5Kx8Block *in, int64_t rows, int64_t k, void *plain) { unpack_rows<block_q5_K>(in, rows, k, plain); }
 void repack_q6_k(const void *plain, int64_t rows, int64_t k, Q6Kx8Block *out) { repack_rows<block_q6_K>(plain, rows, k, out); }
 void unpack_q6_k(const Q6Kx8Block *in, int64_t rows, int64_t k, void *plain) { unpack_rows<block_q6_K>(in, rows, k, plain); }
 
@@ -205,15 +258,19 @@ void unpack_row_k(int type, const void *packed, int64_t k, int64_t row, void *pl
     for (int64_t b = 0; b < nb; b++) {
         if (type == GGML_TYPE_Q4_K)
             encode(from_lane(static_cast<const Q4Kx8Block *>(packed)[first + b], r), static_cast<block_q4_K *>(plain)[b]);
+        else if (type == GGML_TYPE_Q5_K)
+            encode(from_lane(static_cast<const Q5Kx8Block *>(packed)[first + b], r), static_cast<block_q5_K *>(plain)[b]);
         else
             encode(from_lane(static_cast<const Q6Kx8Block *>(packed)[first + b], r), static_cast<block_q6_K *>(plain)[b]);
     }
 }
 
-bool is_k_quant(int type) { return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K; }
+bool is_k_quant(int type) { return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K; }
 
 size_t repacked_size_k(int type, int64_t rows, int64_t k) {
-    const size_t block = type == GGML_TYPE_Q4_K ? sizeof(Q4Kx8Block) : sizeof(Q6Kx8Block);
+    const size_t block = type == GGML_TYPE_Q4_K   ? sizeof(Q4Kx8Block)
+                         : type == GGML_TYPE_Q5_K ? sizeof(Q5Kx8Block)
+                                                  : sizeof(Q6Kx8Block);
     return (size_t)row_groups(rows) * (size_t)(k / kQK_K) * block;
 }
 

@@ -1,4 +1,4 @@
-// The repacked K-quant layouts (Q4_K, Q6_K) and the Q8_K activations their kernels read.
+// The repacked K-quant layouts (Q4_K, Q5_K, Q6_K) and the Q8_K activations their kernels read.
 //
 // A K-quant super-block holds 256 weights of one row with one fp16 scale d (Q4_K: and one
 // fp16 dmin) and small integer scales per sub-block (Q4_K: eight sub-blocks of 32, a 6-bit
@@ -42,12 +42,34 @@ struct Q4Kx8Block {
 };
 static_assert(sizeof(Q4Kx8Block) == 1152, "Q4Kx8Block packs like eight block_q4_K");
 
-// Row r's scale and minimum of sub-block s (0..7).
-inline int q4k_scale(const Q4Kx8Block &w, int r, int s) {
+// Q5_K (w = d*sc*q - dmin*m, q in 0..31): Q4_K's block, its nibbles the low four bits, and a
+// plane of fifth bits laid out for Q4_K's chunks: bit s of qh[32*c + 4*r + i] is row r's fifth
+// bit at position 32*s + 4*c + i, so sub-block s's bits for chunk c are a mask and a shift of
+// one 32-byte vector away (1408 bytes, eight block_q5_K).
+struct Q5Kx8Block {
+    uint16_t d[kRowsPerGroup];
+    uint16_t dmin[kRowsPerGroup];
+    uint8_t sc_lo[4][kRowsPerGroup];
+    uint8_t mn_lo[4][kRowsPerGroup];
+    uint8_t hi[4][kRowsPerGroup];
+    uint8_t qs[kRowsPerGroup * kQK_K / 2];
+    uint8_t qh[kRowsPerGroup * kQK_K / 8];
+};
+static_assert(sizeof(Q5Kx8Block) == 1408, "Q5Kx8Block packs like eight block_q5_K");
+
+// Row r's scale and minimum of sub-block s (0..7), of a Q4_K or Q5_K block.
+template <class Block>
+inline int q4k_scale(const Block &w, int r, int s) {
     return ((w.sc_lo[s % 4][r] >> (4 * (s / 4))) & 15) | ((w.hi[s % 4][r] >> (2 * (s / 4))) & 3) << 4;
 }
-inline int q4k_min(const Q4Kx8Block &w, int r, int s) {
+template <class Block>
+inline int q4k_min(const Block &w, int r, int s) {
     return ((w.mn_lo[s % 4][r] >> (4 * (s / 4))) & 15) | ((w.hi[s % 4][r] >> (4 + 2 * (s / 4))) & 3) << 4;
+}
+
+// Row r's fifth bit at position p (0..255) of a Q5_K block.
+inline int q5k_high_bit(const Q5Kx8Block &w, int r, int p) {
+    return (w.qh[32 * (p % 32 / 4) + 4 * r + p % 4] >> (p / 32)) & 1;
 }
 
 struct Q6Kx8Block {
@@ -82,13 +104,15 @@ void quantize_row_k(const float *x, int64_t k, ActKBlock *out);
 bool is_k_quant(int ggml_type_id);
 size_t repacked_size_k(int ggml_type_id, int64_t rows, int64_t k);
 
-// Plain ggml rows (block_q4_K / block_q6_K, row-major) <-> the repacked layout.
+// Plain ggml rows (block_q4_K / block_q5_K / block_q6_K, row-major) <-> the repacked layout.
 void repack_q4_k(const void *plain, int64_t rows, int64_t k, Q4Kx8Block *out);
 void unpack_q4_k(const Q4Kx8Block *in, int64_t rows, int64_t k, void *plain);
+void repack_q5_k(const void *plain, int64_t rows, int64_t k, Q5Kx8Block *out);
+void unpack_q5_k(const Q5Kx8Block *in, int64_t rows, int64_t k, void *plain);
 void repack_q6_k(const void *plain, int64_t rows, int64_t k, Q6Kx8Block *out);
 void unpack_q6_k(const Q6Kx8Block *in, int64_t rows, int64_t k, void *plain);
 
-// Row `row` of a repacked rows x k Q4_K or Q6_K matrix as ggml's blocks (k / 256 of them).
+// Row `row` of a repacked rows x k K-quant matrix as ggml's blocks (k / 256 of them).
 void unpack_row_k(int ggml_type_id, const void *packed, int64_t k, int64_t row, void *plain);
 
 }  // namespace stackd

@@ -125,7 +125,7 @@ def test_q4_and_q5_0_get_rows_equals_ggml_bit_for_bit(type_name, k, rows, n_ids)
 # ffn_down (1536 -> 576), the only projection of its Q4_K_M file wide enough for a K-quant,
 # then awkward shapes (rows not a multiple of 8 or 16, one super-block, one row).
 K_QUANT_SHAPES = [(1536, 576), (256, 13), (512, 100), (256, 1), (768, 24)]
-K_QUANT_CASES = [(type_name, path, k, rows, tokens) for type_name in ("q4_K", "q6_K") for path in PATHS
+K_QUANT_CASES = [(type_name, path, k, rows, tokens) for type_name in ("q4_K", "q5_K", "q6_K") for path in PATHS
                  for (k, rows) in K_QUANT_SHAPES
                  for tokens in (BATCHES if path != "scalar" or rows * k <= 512 * 100 else [1, 3])]
 
@@ -146,7 +146,7 @@ def test_k_quant_matmul_within_rounding_of_ggml(type_name, path, k, rows, tokens
     assert same_as_scalar == 1.0, f"the {path} path differs from the scalar reference"
 
 
-@pytest.mark.parametrize("type_name", ["q4_K", "q6_K"])
+@pytest.mark.parametrize("type_name", ["q4_K", "q5_K", "q6_K"])
 @pytest.mark.parametrize("k,rows,n_ids", [(576 * 4, 49152, 17), (256, 13, 40), (512, 1, 3)])
 def test_k_quant_get_rows_equals_ggml_bit_for_bit(type_name, k, rows, n_ids):
     """A Q4_K_M file's token embeddings are often Q4_K or Q6_K (get_rows.h): ggml's rows."""
@@ -160,7 +160,8 @@ def test_k_quant_get_rows_equals_ggml_bit_for_bit(type_name, k, rows, n_ids):
     ("q4_K", (2048, 49152, 1), "get_rows", True),
     ("q6_K", (2048, 49152, 1), "get_rows", True),
     ("q4_K", (1536, 576, 4), "mul_mat", False),
-    ("q5_K", (1536, 576, 1), "mul_mat", False),   # not ours (yet): ggml computes it
+    ("q5_K", (1536, 576, 1), "mul_mat", True),
+    ("q5_K", (2048, 49152, 1), "get_rows", True),
 
     ("q4_1", (576, 576, 1), "mul_mat", True),
     ("q4_1", (576, 13, 1), "mul_mat", True),
