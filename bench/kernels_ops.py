@@ -1,12 +1,14 @@
 """Op level: one MUL_MAT, our kernels (kernels/) against ggml's CPU backend.
 
 The weight shapes of SmolLM2-135M Q4_1 (the default chat model): its Q4_1 projections and its
-tied Q8_0 vocabulary projection, batch 1/4/16/32 tokens,
-the same random weights and activations on both sides, best of --repeat runs each, timed in
-C around ggml_backend_graph_compute (stackd_kernels_time, in the kernels' test-only library:
-stackd.testing.kernels_check).
+tied Q8_0 vocabulary projection; with --quants, those of its Q4_K_M file (Q5_0 projections,
+K-quant ffn_down) and a Q4_0 one; batch 1/4/16/32 tokens, the same random weights and
+activations on every side, best of --repeat runs each, timed in C around
+ggml_backend_graph_compute (stackd.testing.kernels_check). ggml runs twice where it repacks
+the type itself: on plain buffers (its vec_dot) and on its own repacked buffer (CPU_REPACK:
+q4_0_8x8, q4_K_8x8, what llama.cpp's loader uses, so the peer that counts).
 
-    .venv/bin/python bench/kernels_ops.py [--threads 2] [--repeat 50] [--path avx512-vnni]
+    .venv/bin/python bench/kernels_ops.py [--threads 2] [--repeat 50] [--path avx512-vnni] [--quants]
 """
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ from stackd.testing import kernels_check as check_lib
 SHAPES = [("attn q / o", "q4_1", 576, 576), ("attn k / v", "q4_1", 576, 192),
           ("ffn gate / up", "q4_1", 576, 1536), ("ffn down", "q4_1", 1536, 576),
           ("vocabulary (tied)", "q8_0", 576, 49152)]
+QUANT_SHAPES = [("attn q / o (Q4_K_M file)", "q5_0", 576, 576), ("ffn gate / up (Q4_K_M file)", "q5_0", 576, 1536),
+                ("ffn down (Q4_K_M file)", "q4_K", 1536, 576), ("ffn down (Q4_K_M file)", "q6_K", 1536, 576),
+                ("ffn down (Q5_K_M file)", "q5_K", 1536, 576), ("ffn gate / up", "q4_0", 576, 1536)]
 BATCHES = [1, 4, 16, 32]
 
 
@@ -27,18 +32,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--path", default=None, help="scalar, avx2 or avx512-vnni (default: best)")
+    parser.add_argument("--quants", action="store_true", help="the Q4_K_M file's types and Q4_0 instead")
     args = parser.parse_args()
     path = args.path or check_lib.best_path()
     print(f"path {path}, {args.threads} threads, best of {args.repeat}")
-    print(f"| weight (type, K x rows) | batch | ggml us | ours us | speed-up |\n|---|---|---|---|---|")
-    for name, type_name, k, rows in SHAPES:
+    print("| weight (type, K x rows) | batch | ggml us | ggml repacked us | ours us | speed-up (against the faster) |\n"
+          "|---|---|---|---|---|---|")
+    for name, type_name, k, rows in QUANT_SHAPES if args.quants else SHAPES:
         for batch in BATCHES:
             times = check_lib.time_mul_mat(type_name, k, rows, batch, path, args.threads, args.repeat)
             if times is None:
                 sys.exit(f"this CPU cannot run the {path} path")
             ggml, ours = times
-            print(f"| {name} ({type_name}, {k} x {rows}) | {batch} | {ggml * 1e6:.1f} | {ours * 1e6:.1f} "
-                  f"| {ggml / ours:.2f}x |")
+            repacked = check_lib.time_ggml_repacked(type_name, k, rows, batch, args.threads, args.repeat)
+            best = min(ggml, repacked or ggml)
+            print(f"| {name} ({type_name}, {k} x {rows}) | {batch} | {ggml * 1e6:.1f} | "
+                  f"{'-' if repacked is None else f'{repacked * 1e6:.1f}'} | {ours * 1e6:.1f} | {best / ours:.2f}x |")
 
 
 if __name__ == "__main__":

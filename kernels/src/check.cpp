@@ -349,6 +349,52 @@ STACKD_API int stackd_kernels_time(int type, int64_t k, int64_t rows, int64_t to
     return 0;
 }
 
+namespace {
+
+// ggml's own repacked buffer type (CPU_REPACK: q4_0_8x8, q4_K_8x8, ... chosen for this CPU),
+// which llama.cpp's loader puts weights in ahead of plain CPU memory; null when none.
+ggml_backend_buffer_type_t ggml_repack_buffer_type() {
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    auto extra = (ggml_backend_dev_get_extra_bufts_t)ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(cpu), "ggml_backend_dev_get_extra_bufts");
+    for (ggml_backend_buffer_type_t *buft = extra ? extra(cpu) : nullptr; buft && *buft; buft++)
+        if (std::strcmp(ggml_backend_buft_name(*buft), "CPU_REPACK") == 0) return *buft;
+    return nullptr;
+}
+
+// Whether ggml's CPU device takes a rows x k weight of `type` in that buffer for a MUL_MAT of
+// `tokens` tokens (its repack covers this type and shape on this CPU).
+bool ggml_repacks(ggml_backend_buffer_type_t buft, ggml_type type, int64_t k, int64_t rows, int64_t tokens) {
+    ggml_init_params params = {ggml_tensor_overhead() * 4, nullptr, true};
+    ggml_context *ctx = ggml_init(params);
+    ggml_tensor *w = ggml_new_tensor_2d(ctx, type, k, rows);
+    ggml_tensor *node = ggml_mul_mat(ctx, w, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, tokens));
+    w->buffer = ggml_backend_buft_alloc_buffer(buft, 0);
+    const bool ok = w->buffer != nullptr &&
+                    ggml_backend_dev_supports_op(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU), node);
+    if (w->buffer) ggml_backend_buffer_free(w->buffer);
+    ggml_free(ctx);
+    return ok;
+}
+
+}  // namespace
+
+// Seconds per MUL_MAT (best of `repeat`) on ggml's CPU backend with the weight in ggml's own
+// repacked buffer (CPU_REPACK): the path llama.cpp runs, the speed peer for the types ggml
+// repacks (Q4_0, Q4_K, ... on AVX2 and wider). Returns 0, or -1 when ggml does not repack
+// this type or shape here.
+STACKD_API int stackd_kernels_time_ggml_repacked(int type, int64_t k, int64_t rows, int64_t tokens, int n_threads,
+                                                 int repeat, double *seconds) {
+    ggml_backend_buffer_type_t buft = ggml_repack_buffer_type();
+    if (buft == nullptr || !ggml_repacks(buft, (ggml_type)type, k, rows, tokens)) return -1;
+    const Problem p = make_problem((ggml_type)type, k, rows, tokens, 1);
+    ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    set_threads(cpu, n_threads);
+    run(p, 0, tokens, cpu, buft, repeat, seconds);
+    ggml_backend_free(cpu);
+    return 0;
+}
+
 // Whether our device takes a weight of this type and shape for an op (0: MUL_MAT,
 // 1: MUL_MAT_ID, 2: GET_ROWS), asked the way llama.cpp's loader asks: the op built on the
 // weight placed in our buffer type, then the device's supports_op.

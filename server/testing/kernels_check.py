@@ -31,6 +31,8 @@ def library() -> ctypes.CDLL:
             ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         lib.stackd_kernels_time.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
             ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+        lib.stackd_kernels_time_ggml_repacked.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
+            ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         lib.stackd_kernels_check_get_rows.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_uint32, ctypes.c_int]
         lib.stackd_kernels_accepts.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_int]
         lib.stackd_kernels_get_rows_nodes.restype = ctypes.c_uint64
@@ -56,6 +58,16 @@ def time_mul_mat(type_name: str, k: int, rows: int, tokens: int, path: str, n_th
     rc = library().stackd_kernels_time(GGML_TYPE[type_name], k, rows, tokens, accel.PATHS.index(path),
                                        n_threads, repeat, times)
     return None if rc != 0 else (times[0], times[1])
+
+
+def time_ggml_repacked(type_name: str, k: int, rows: int, tokens: int, n_threads: int, repeat: int) -> float | None:
+    """Seconds per MUL_MAT, best of `repeat`, on ggml's CPU backend with the weight in ggml's own
+    repacked buffer (CPU_REPACK, what llama.cpp's loader uses); None when ggml does not repack
+    this type or shape on this CPU."""
+    seconds = ctypes.c_double()
+    rc = library().stackd_kernels_time_ggml_repacked(GGML_TYPE[type_name], k, rows, tokens, n_threads, repeat,
+                                                     ctypes.byref(seconds))
+    return None if rc != 0 else seconds.value
 
 
 def get_rows_equals_ggml(k: int, rows: int, n_ids: int, seed: int, n_threads: int,

@@ -180,3 +180,12 @@ def test_k_quant_get_rows_equals_ggml_bit_for_bit(type_name, k, rows, n_ids):
 ])
 def test_buffer_type_takes_only_weights_it_serves(type_name, shape, op, accepted):
     assert check_lib.accepts(type_name, shape, op) is accepted
+
+
+def test_the_peer_timer_runs_ggml_s_repacked_path_where_ggml_has_one():
+    """bench/kernels_ops.py's peer column: ggml's own repacked buffer (CPU_REPACK) takes Q4_K
+    and Q4_0 on an AVX2 CPU, and no Q5_0 (which ggml does not repack)."""
+    require("avx2")
+    assert check_lib.time_ggml_repacked("q4_K", 256, 16, 1, 1, 1) > 0
+    assert check_lib.time_ggml_repacked("q4_0", 64, 16, 1, 1, 1) > 0
+    assert check_lib.time_ggml_repacked("q5_0", 64, 16, 1, 1, 1) is None
