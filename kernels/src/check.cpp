@@ -128,27 +128,13 @@ double block_magnitude(const block_q8_0 &wb, const ActBlock &a) {
 }
 
 // Q4_K: per sub-block |d_w d_a| sc_s sum|q_w q_a| and |dmin_w d_a| m_s |bsum32_s| (ggml's
-// get_scale_min_k4 decodes the 6-bit values).
-double block_magnitude(const block_q4_K &wb, const ActKBlock &a) {
-    const uint8_t *q = wb.scales;
-    const double d = std::fabs((double)ggml_fp16_to_fp32(wb.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.d) * a.d);
-    const double dmin = std::fabs((double)ggml_fp16_to_fp32(wb.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.dmin) * a.d);
-    double sum = 0;
-    for (int s = 0; s < 8; s++) {
-        const int sc = s < 4 ? q[s] & 63 : (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
-        const int m = s < 4 ? q[s + 4] & 63 : (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
-        int64_t dot = 0;
-        for (int l = 0; l < 32; l++) {
-            const int p = 64 * (s / 2) + 32 * (s % 2) + l;
-            dot += ((wb.qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0xF) * std::abs((int)a.q[p]);
-        }
-        sum += d * sc * dot + dmin * m * std::abs((int)a.bsum32[s]);
-    }
-    return sum;
-}
+// get_scale_min_k4 decodes the 6-bit values). Q5_K: the same, q_w with its fifth bit (bit 2j,
+// 2j + 1 of qh[l] for weight 64j + l, 64j + 32 + l: bit s of qh[l] for sub-block s).
+int fifth_bit(const block_q4_K &, int, int) { return 0; }
+int fifth_bit(const block_q5_K &wb, int s, int l) { return (wb.qh[l] >> s) & 1; }
 
-// Q5_K: as Q4_K, q_w with its fifth bit (bit 2j, 2j + 1 of qh[l] for weight 64j + l, + 32 + l).
-double block_magnitude(const block_q5_K &wb, const ActKBlock &a) {
+template <class Block>
+double q4k_magnitude(const Block &wb, const ActKBlock &a) {
     const uint8_t *q = wb.scales;
     const double d = std::fabs((double)ggml_fp16_to_fp32(wb.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.d) * a.d);
     const double dmin = std::fabs((double)ggml_fp16_to_fp32(wb.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.dmin) * a.d);
@@ -159,13 +145,16 @@ double block_magnitude(const block_q5_K &wb, const ActKBlock &a) {
         int64_t dot = 0;
         for (int l = 0; l < 32; l++) {
             const int p = 64 * (s / 2) + 32 * (s % 2) + l;
-            const int value = ((wb.qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0xF) | ((wb.qh[l] >> s) & 1) << 4;
+            const int value = ((wb.qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0xF) | fifth_bit(wb, s, l) << 4;
             dot += value * std::abs((int)a.q[p]);
         }
         sum += d * sc * dot + dmin * m * std::abs((int)a.bsum32[s]);
     }
     return sum;
 }
+
+double block_magnitude(const block_q4_K &wb, const ActKBlock &a) { return q4k_magnitude(wb, a); }
+double block_magnitude(const block_q5_K &wb, const ActKBlock &a) { return q4k_magnitude(wb, a); }
 
 // Q6_K: per 16-weight sub-block |d_w d_a| |sc_s| sum|(q_w - 32) q_a|.
 double block_magnitude(const block_q6_K &wb, const ActKBlock &a) {

@@ -172,14 +172,16 @@ struct Q8_0 : Avx512 {
     }
 };
 
-// The Q8_0 kernel: each thread derives the corrections of every token-block it reads (one
-// vpdpbusd per block, against 16 rows x 8 for each block of the weights it multiplies).
-void gemm_q8_0(const Q8x8Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-               const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+// The kernel of a body that reads the corrections (Q8_0, Q4_0, Q5_0): each thread derives
+// those of every token-block it reads (one vpdpbusd per block, against 16 rows x 8 for each
+// block of the weights it multiplies).
+template <class Body>
+void gemm_corrected(const typename Body::Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
+                    const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
     thread_local std::vector<int32_t> corr;
     if (corr.size() < (size_t)(n_tokens * nb)) corr.resize(n_tokens * nb);
     correct(act, n_tokens * nb, corr.data());
-    tiles::gemm(Q8_0{{}, corr.data()}, w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
+    tiles::gemm(Body{{}, corr.data()}, w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
 }
 
 // Row r's fifth bits of chunk c (bit c of byte 4r + i, layout.h) moved to bit 4 of the byte.
@@ -243,18 +245,12 @@ struct Offset : Avx512 {
     }
 };
 
-template <class Block>
-void gemm_offset(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end, const ActBlock *act,
-                 int64_t n_tokens, float *dst, int64_t dst_stride) {
-    thread_local std::vector<int32_t> corr;
-    if (corr.size() < (size_t)(n_tokens * nb)) corr.resize(n_tokens * nb);
-    correct(act, n_tokens * nb, corr.data());
-    tiles::gemm(Offset<Block>{{}, corr.data()}, w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
-}
-
 }  // namespace
 
-Kernels avx512_kernels() { return {tiles::run<Q4_1>, gemm_q8_0, gemm_offset<Q40x8Block>, gemm_offset<Q50x8Block>}; }
+Kernels avx512_kernels() {
+    return {tiles::run<Q4_1>, gemm_corrected<Q8_0>, gemm_corrected<Offset<Q40x8Block>>,
+            gemm_corrected<Offset<Q50x8Block>>};
+}
 
 }  // namespace stackd
 

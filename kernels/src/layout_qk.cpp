@@ -41,8 +41,10 @@ void encode_scales(const uint8_t *sc, const uint8_t *mn, uint8_t *s) {
     }
 }
 
-// ggml's Q4_K: byte l of chunk j (32 bytes) holds weight 64j + l low, 64j + 32 + l high.
-Values decode(const block_q4_K &b) {
+// ggml's Q4_K, and Q5_K's same fields: byte l of chunk j (32 bytes) holds weight 64j + l low,
+// 64j + 32 + l high (Q5_K: their low four bits).
+template <class Block>
+Values decode_q4k(const Block &b) {
     Values v{};
     std::memcpy(&v.d, &b.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.d, 2);
     std::memcpy(&v.dmin, &b.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.dmin, 2);
@@ -55,39 +57,37 @@ Values decode(const block_q4_K &b) {
     return v;
 }
 
-void encode(const Values &v, block_q4_K &b) {
+template <class Block>
+void encode_q4k(const Values &v, Block &b) {
     std::memcpy(&b.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.d, &v.d, 2);
     std::memcpy(&b.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.dmin, &v.dmin, 2);
     encode_scales(v.sc, v.mn, b.scales);
     for (int j = 0; j < 4; j++)
-        for (int l = 0; l < 32; l++) b.qs[32 * j + l] = (uint8_t)(v.q[64 * j + l] | v.q[64 * j + 32 + l] << 4);
+        for (int l = 0; l < 32; l++)
+            b.qs[32 * j + l] = (uint8_t)((v.q[64 * j + l] & 0xF) | (v.q[64 * j + 32 + l] & 0xF) << 4);
 }
 
-// ggml's Q5_K (dequantize_row_q5_K): Q4_K's nibbles, and bit 2j (2j + 1) of qh[l] the fifth
+Values decode(const block_q4_K &b) { return decode_q4k(b); }
+void encode(const Values &v, block_q4_K &b) { encode_q4k(v, b); }
+
+// ggml's Q5_K (dequantize_row_q5_K): Q4_K's fields, and bit 2j (2j + 1) of qh[l] the fifth
 // bit of weight 64j + l (64j + 32 + l).
 Values decode(const block_q5_K &b) {
-    Values v{};
-    std::memcpy(&v.d, &b.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.d, 2);
-    std::memcpy(&v.dmin, &b.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.dmin, 2);
-    decode_scales(b.scales, v.sc, v.mn);
+    Values v = decode_q4k(b);
     for (int j = 0; j < 4; j++)
         for (int l = 0; l < 32; l++) {
-            v.q[64 * j + l] = (uint8_t)((b.qs[32 * j + l] & 0xF) | ((b.qh[l] >> (2 * j)) & 1) << 4);
-            v.q[64 * j + 32 + l] = (uint8_t)((b.qs[32 * j + l] >> 4) | ((b.qh[l] >> (2 * j + 1)) & 1) << 4);
+            v.q[64 * j + l] |= (uint8_t)(((b.qh[l] >> (2 * j)) & 1) << 4);
+            v.q[64 * j + 32 + l] |= (uint8_t)(((b.qh[l] >> (2 * j + 1)) & 1) << 4);
         }
     return v;
 }
 
 void encode(const Values &v, block_q5_K &b) {
-    std::memcpy(&b.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.d, &v.d, 2);
-    std::memcpy(&b.GGML_COMMON_AGGR_U.GGML_COMMON_AGGR_S.dmin, &v.dmin, 2);
-    encode_scales(v.sc, v.mn, b.scales);
+    encode_q4k(v, b);
     std::memset(b.qh, 0, sizeof b.qh);
     for (int j = 0; j < 4; j++)
-        for (int l = 0; l < 32; l++) {
-            b.qs[32 * j + l] = (uint8_t)((v.q[64 * j + l] & 0xF) | (v.q[64 * j + 32 + l] & 0xF) << 4);
+        for (int l = 0; l < 32; l++)
             b.qh[l] |= (uint8_t)((v.q[64 * j + l] >> 4) << (2 * j) | (v.q[64 * j + 32 + l] >> 4) << (2 * j + 1));
-        }
 }
 
 // ggml's Q6_K (dequantize_row_q6_K): per 128-weight half n, for l = 0..31, weights l, l+32,
