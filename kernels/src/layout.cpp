@@ -18,19 +18,27 @@ static_assert(sizeof(block_q4_1) == 20, "block_q4_1 as ggml defines it");
 constexpr int kChunks = 4;      // j: four 4-byte chunks of a block's 16 bytes
 constexpr int kChunkBytes = 4;  // i: four consecutive positions
 
+// A block's 16 nibble bytes, between ggml's block and row r's lane of the group's block, both
+// ways (Q4_1, Q4_0 and Q5_0 share the layout).
+void nibbles_to_lane(const uint8_t *qs, int r, uint8_t *lanes) {
+    for (int j = 0; j < kChunks; j++) std::memcpy(&lanes[32 * j + kChunkBytes * r], &qs[kChunkBytes * j], kChunkBytes);
+}
+
+void nibbles_from_lane(const uint8_t *lanes, int r, uint8_t *qs) {
+    for (int j = 0; j < kChunks; j++) std::memcpy(&qs[kChunkBytes * j], &lanes[32 * j + kChunkBytes * r], kChunkBytes);
+}
+
 // Row r's K-block, between ggml's block and its lane of the group's block, both ways.
 void to_lane(const block_q4_1 &blk, int r, Q4x8Block &dst) {
     dst.d[r] = q4_1_d(blk);
     dst.m[r] = q4_1_m(blk);
-    for (int j = 0; j < kChunks; j++)
-        std::memcpy(&dst.qs[32 * j + kChunkBytes * r], &blk.qs[kChunkBytes * j], kChunkBytes);
+    nibbles_to_lane(blk.qs, r, dst.qs);
 }
 
 void from_lane(const Q4x8Block &src, int r, block_q4_1 &blk) {
     q4_1_d(blk) = src.d[r];
     q4_1_m(blk) = src.m[r];
-    for (int j = 0; j < kChunks; j++)
-        std::memcpy(&blk.qs[kChunkBytes * j], &src.qs[32 * j + kChunkBytes * r], kChunkBytes);
+    nibbles_from_lane(src.qs, r, blk.qs);
 }
 
 static_assert(sizeof(block_q8_0) == 34, "block_q8_0 as ggml defines it");
@@ -49,27 +57,20 @@ void from_lane(const Q8x8Block &src, int r, block_q8_0 &blk) {
 static_assert(sizeof(block_q4_0) == 18, "block_q4_0 as ggml defines it");
 static_assert(sizeof(block_q5_0) == 22, "block_q5_0 as ggml defines it");
 
-// Q4_0 and Q5_0 keep ggml's nibble bytes as Q4_1 does (to_lane above).
-template <class Plain, class Packed>
-void nibbles_to_lane(const Plain &blk, int r, Packed &dst) {
+void to_lane(const block_q4_0 &blk, int r, Q40x8Block &dst) {
     dst.d[r] = blk.d;
-    for (int j = 0; j < kChunks; j++)
-        std::memcpy(&dst.qs[32 * j + kChunkBytes * r], &blk.qs[kChunkBytes * j], kChunkBytes);
+    nibbles_to_lane(blk.qs, r, dst.qs);
 }
 
-template <class Plain, class Packed>
-void nibbles_from_lane(const Packed &src, int r, Plain &blk) {
+void from_lane(const Q40x8Block &src, int r, block_q4_0 &blk) {
     blk.d = src.d[r];
-    for (int j = 0; j < kChunks; j++)
-        std::memcpy(&blk.qs[kChunkBytes * j], &src.qs[32 * j + kChunkBytes * r], kChunkBytes);
+    nibbles_from_lane(src.qs, r, blk.qs);
 }
-
-void to_lane(const block_q4_0 &blk, int r, Q40x8Block &dst) { nibbles_to_lane(blk, r, dst); }
-void from_lane(const Q40x8Block &src, int r, block_q4_0 &blk) { nibbles_from_lane(src, r, blk); }
 
 // ggml's qh is a little-endian uint32 whose bit p is position p's fifth bit.
 void to_lane(const block_q5_0 &blk, int r, Q50x8Block &dst) {
-    nibbles_to_lane(blk, r, dst);
+    dst.d[r] = blk.d;
+    nibbles_to_lane(blk.qs, r, dst.qs);
     uint32_t qh;
     std::memcpy(&qh, blk.qh, sizeof qh);
     for (int i = 0; i < 4; i++) {
@@ -80,7 +81,8 @@ void to_lane(const block_q5_0 &blk, int r, Q50x8Block &dst) {
 }
 
 void from_lane(const Q50x8Block &src, int r, block_q5_0 &blk) {
-    nibbles_from_lane(src, r, blk);
+    blk.d = src.d[r];
+    nibbles_from_lane(src.qs, r, blk.qs);
     uint32_t qh = 0;
     for (int p = 0; p < kQK; p++) qh |= (uint32_t)q5_high_bit(src, r, p) << p;
     std::memcpy(blk.qh, &qh, sizeof qh);

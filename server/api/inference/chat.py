@@ -119,9 +119,11 @@ class ChatRun:
         usage_field = {"usage": None} if gen.include_usage else {}
         choices = [responses.Choice() for _ in range(gen.n)]
 
-        def chunk(index: int, delta: dict, reason=None, logprobs=None, stop: dict | None = None, **extra) -> dict:
+        def chunk(index: int, delta: dict, reason=None, logprobs=None, finish_fields: dict | None = None,
+                  **extra) -> dict:
+            """`finish_fields`: the choice's fields beside its finish_reason (stop_reason)."""
             return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
-                                         "finish_reason": reason, **(stop or {})}], **usage_field, **extra}
+                                         "finish_reason": reason, **(finish_fields or {})}], **usage_field, **extra}
 
         for i in range(gen.n):
             yield chunk(i, {"role": "assistant", "content": ""})
@@ -147,7 +149,7 @@ class ChatRun:
                     reason = choice.finish_reason
                     if readers is not None:
                         reason = _finish(reason, bool(readers[index].seen.calls))
-                    yield chunk(index, {}, reason, stop=responses.stop_field(choice, gen.stop), **extra)
+                    yield chunk(index, {}, reason, finish_fields=responses.stop_field(choice, gen.stop), **extra)
         if gen.include_usage:
             yield {**head, "choices": [], "usage": responses.usage(choices, [0]),
                    "timings": timings(choices, [0])}
