@@ -131,6 +131,10 @@ def test_a_stop_string_is_the_stop_sequence_in_the_message_and_its_events():
     assert message.stop_reason == "stop_sequence" and message.stop_sequence == "###"
     plain = Message.model_validate(am.message_of(answer("The end", finish="stop")))
     assert plain.stop_reason == "end_turn" and plain.stop_sequence is None
+    called = answer(calls=[("c", "f", "{}")], finish="tool_calls")
+    called["choices"][0]["stop_reason"] = "###"
+    tool_use = Message.model_validate(am.message_of(called))
+    assert tool_use.stop_reason == "tool_use" and tool_use.stop_sequence is None   # not what ended it
 
     chunks = deltas(text=["The", " end"], finish="stop")
     run = FakeRun(deltas=chunks[:-1])

@@ -193,12 +193,14 @@ def chat_body(v: dict) -> dict:
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
-def stop_reason(finish_reason: str | None, blocks, stop_sequence: str | None) -> str:
+def stop_fields(finish_reason: str | None, blocks, stop_sequence: str | None) -> dict:
+    """stop_reason, and stop_sequence: the string when it is what ended the message, else null
+    (a tool call that followed one ends it as tool_use)."""
     if any(block.kind == TOOL for block in blocks):
-        return "tool_use"
+        return {"stop_reason": "tool_use", "stop_sequence": None}
     if stop_sequence is not None:
-        return "stop_sequence"
-    return STOP_REASONS.get(finish_reason, "end_turn")
+        return {"stop_reason": "stop_sequence", "stop_sequence": stop_sequence}
+    return {"stop_reason": STOP_REASONS.get(finish_reason, "end_turn"), "stop_sequence": None}
 
 
 def usage_of(usage: dict) -> dict:
@@ -241,7 +243,7 @@ def message_head(model: str) -> dict:
 def message_of(answer: dict) -> dict:
     blocks, reason, usage, stop = dialect.blocks_of(answer)
     return {**message_head(answer["model"]), "content": [content_block(b, True) for b in blocks],
-            "stop_reason": stop_reason(reason, blocks, stop), "stop_sequence": stop, "usage": usage_of(usage)}
+            **stop_fields(reason, blocks, stop), "usage": usage_of(usage)}
 
 
 async def events(run: chat.ChatRun, model: str):
@@ -266,9 +268,7 @@ async def events(run: chat.ChatRun, model: str):
                     yield _event("content_block_stop", index=event[1].index)
                 elif what == END:
                     _, reason, usage, stop = event
-                    yield _event("message_delta", delta={
-                        "stop_reason": stop_reason(reason, blocks, stop), "stop_sequence": stop},
-                        usage=usage_of(usage))
+                    yield _event("message_delta", delta=stop_fields(reason, blocks, stop), usage=usage_of(usage))
         yield _event("message_stop")
     except (ApiError, DomainError) as exc:
         yield dialect.named_sse("error", error_body(answer_of(exc)))
