@@ -32,7 +32,8 @@ def engines():
 
 
 def answers(driver: Driver, prompts: list[list[int]]) -> list[bytes]:
-    ids = [driver.submit(prompt, max_tokens=MAX_TOKENS) for prompt in prompts]
+    # every answer runs to MAX_TOKENS: its view passes 512 cells whatever the text says
+    ids = [driver.submit(prompt, max_tokens=MAX_TOKENS, ignore_eos=True) for prompt in prompts]
     done = driver.wait(ids)
     return [done[rid]["text"] for rid in ids]
 

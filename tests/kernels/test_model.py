@@ -78,17 +78,17 @@ def test_sixteen_streams_equal_alone_with_kernels_on(runs):
     assert [ids(g) for g in runs["auto"]["together"]] == [ids(g) for g in runs["auto"]["alone"]]
 
 
-def assert_close(ours: list[list], ggml: list[list]) -> int | None:
-    """Same token and logprob within DRIFT up to the first difference; there, a near tie.
+def assert_close(ours: list[list], ggml: list[list], drift: float = DRIFT, tie: float = TIE) -> int | None:
+    """Same token and logprob within `drift` up to the first difference; there, a near tie.
     Returns where the texts part (None: identical)."""
     for i, ((token, logprob, top), (ref_token, ref_logprob, ref_top)) in enumerate(zip(ours, ggml)):
         if token != ref_token:
             ref_alternatives, alternatives = dict(ref_top), dict(top)
             assert token in ref_alternatives and ref_token in alternatives, (i, token, ref_token)
-            assert ref_logprob - ref_alternatives[token] <= TIE, (i, ref_logprob, ref_alternatives)
-            assert logprob - alternatives[ref_token] <= TIE, (i, logprob, alternatives)
+            assert ref_logprob - ref_alternatives[token] <= tie, (i, ref_logprob, ref_alternatives)
+            assert logprob - alternatives[ref_token] <= tie, (i, logprob, alternatives)
             return i
-        assert abs(logprob - ref_logprob) <= DRIFT, (i, token, logprob, ref_logprob)
+        assert abs(logprob - ref_logprob) <= drift, (i, token, logprob, ref_logprob)
     return None
 
 
@@ -112,12 +112,24 @@ def test_kernels_on_scores_ggml_s_texts_as_ggml_does(runs, forced):
     assert agree >= 0.9 * FORCED * TOKENS, agree
 
 
+def boundary_only(top: dict, other: dict) -> bool:
+    """Every candidate of `top` that `other` lacks is within DRIFT of top's fifth: a near tie
+    at the boundary, which the runs' drifts can swap."""
+    fifth = min(top.values())
+    return all(logprob - fifth <= DRIFT for token, logprob in top.items() if token not in other)
+
+
 def test_kernels_on_and_off_give_the_same_first_candidates(runs):
-    """The first token's top-5 candidates, as a set, match for most prompts: the distributions
-    are the same model's, not merely near somewhere."""
-    same = sum(set(dict(ours[0][2])) == set(dict(ggml[0][2]))
-               for ours, ggml in zip(runs["auto"]["alone"], runs["off"]["alone"]))
-    assert same >= PROMPTS * 3 // 4, same
+    """The first token's top-5 candidates match up to near ties at the fifth place, and the
+    leading three match as a set for most prompts: the distributions are the same model's, not
+    merely near somewhere. (Where the fifth and sixth are a tenth of a nat apart, attention's
+    own arithmetic swaps them: ggml's f16 accumulator against our f32 one, kernels/README.md.)"""
+    leaders = 0
+    for ours, ggml in zip(runs["auto"]["alone"], runs["off"]["alone"]):
+        top, ref_top = dict(ours[0][2]), dict(ggml[0][2])
+        assert boundary_only(top, ref_top) and boundary_only(ref_top, top), (top, ref_top)
+        leaders += set(sorted(top, key=top.get)[-3:]) == set(sorted(ref_top, key=ref_top.get)[-3:])
+    assert leaders >= PROMPTS * 3 // 4, leaders
 
 
 def test_the_tied_embedding_table_is_ours_with_kernels_on(runs):
