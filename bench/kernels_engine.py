@@ -11,10 +11,13 @@ time from there to the last one; llama-batched-bench reports the same split (S_P
     .venv/bin/python bench/kernels_engine.py --rounds 5    # kernels on vs the peer, alternating
     .venv/bin/python bench/kernels_engine.py --rounds 5 --model "$(.venv/bin/python -m stackd.testing.quantized_model)"
     .venv/bin/python bench/kernels_engine.py --rounds 5 --kernels avx2   # force a path (engine.kernels)
+    .venv/bin/python bench/kernels_engine.py --rounds 5 --attention ggml # our matmuls, ggml's attention
 
 --model runs another GGUF on both sides (a Q4_K_M file: the K-quant kernels); --kernels forces
 one of our code paths (avx2 on an AVX-512 machine measures what an AVX2-only CPU would run,
-at this machine's clocks and caches). The CPU's name heads the output.
+at this machine's clocks and caches); --attention ggml leaves decode attention to ggml in the
+kernels-on runs (kernels/README.md, "Decode attention"): the A/B of that kernel alone. The CPU's
+name heads the output.
 
 One stream decodes 127 tokens in about a second, and this machine's speed drifts by tens of
 percent from one second to the next: one run can land stackd and the peer in different
@@ -80,9 +83,11 @@ def cpu_name() -> str:
     return "unknown CPU"
 
 
-def child(mode: str, streams: list[int], threads: int, model: str | None) -> None:
+def child(mode: str, streams: list[int], threads: int, model: str | None, attention: str) -> None:
     from stackd.engine import accel
     path = accel.register(mode)
+    if path is not None:
+        accel.set_attention(attention == "ours")
     from stackd.engine.core import Engine
     engine = Engine(model_path(model), slots=max(streams), context_length=256, batch=512,
                     threads=threads, flash_attn=1)
@@ -94,9 +99,10 @@ def child(mode: str, streams: list[int], threads: int, model: str | None) -> Non
     print(json.dumps(out))
 
 
-def stackd(mode: str, streams: list[int], threads: int, model: str | None = None) -> dict:
+def stackd(mode: str, streams: list[int], threads: int, model: str | None = None, attention: str = "ours") -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", mode, "--threads", str(threads),
-                          "--streams", ",".join(map(str, streams))] + (["--model", model] if model else []),
+                          "--streams", ",".join(map(str, streams)), "--attention", attention] +
+                         (["--model", model] if model else []),
                          check=True, capture_output=True, text=True, cwd=ROOT).stdout
     return {int(k) if k.isdigit() else k: v for k, v in json.loads(out.splitlines()[-1]).items()}
 
@@ -122,17 +128,18 @@ def median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def alternate(rounds: int, streams: list[int], threads: int, model: str | None, mode: str) -> None:
+def alternate(rounds: int, streams: list[int], threads: int, model: str | None, mode: str, attention: str) -> None:
     """Kernels on against llama-batched-bench, one after the other, `rounds` times."""
     pre = streams[1] if len(streams) > 1 else streams[0]
     ratios: dict[str, list[float]] = {**{f"decode ({n})": [] for n in streams}, f"prefill ({pre})": []}
     for r in range(rounds):
-        ours, peer = stackd(mode, streams, threads, model), batched_bench(streams, threads, model)
+        ours, peer = stackd(mode, streams, threads, model, attention), batched_bench(streams, threads, model)
         for n in streams:
             ratios[f"decode ({n})"].append(ours[n]["decode"] / peer[n]["decode"])
         ratios[f"prefill ({pre})"].append(ours[pre]["prefill"] / peer[pre]["prefill"])
         if r == 0:
-            print(f"{cpu_name()}; {os.path.basename(model_path(model))}; weights on our kernels: {ours['tensors']}")
+            print(f"{cpu_name()}; {os.path.basename(model_path(model))}; weights on our kernels: {ours['tensors']}; "
+                  f"decode attention: {attention}'s")
         print(f"round {r + 1} ({ours['path']}): " + ", ".join(
             f"{n} streams {ours[n]['decode']:.1f} / {peer[n]['decode']:.1f} tok/s" for n in streams), flush=True)
     print(f"{threads} threads, {PROMPT_TOKENS}-token prompts, {GEN_TOKENS} generated, flash attention on; "
@@ -150,16 +157,18 @@ def main() -> None:
     parser.add_argument("--no-peer", action="store_true", help="skip llama-batched-bench")
     parser.add_argument("--model", default=None, help="a GGUF file (default: the default chat model)")
     parser.add_argument("--kernels", default="auto", help="engine.kernels for the kernels-on runs (auto, avx2, ...)")
+    parser.add_argument("--attention", choices=["ours", "ggml"], default="ours",
+                        help="decode attention in the kernels-on runs (default: ours)")
     parser.add_argument("--rounds", type=int, default=0,
                         help="kernels on against the peer, alternating N times (medians of the ratios)")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     if args.child:
-        return child(args.child, streams, args.threads, args.model)
+        return child(args.child, streams, args.threads, args.model, args.attention)
     if args.rounds:
-        return alternate(args.rounds, streams, args.threads, args.model, args.kernels)
+        return alternate(args.rounds, streams, args.threads, args.model, args.kernels, args.attention)
     runs = {"stackd, kernels off": stackd("off", streams, args.threads, args.model)}
-    on = stackd(args.kernels, streams, args.threads, args.model)
+    on = stackd(args.kernels, streams, args.threads, args.model, args.attention)
     tensors = on.pop("tensors")
     runs[f"stackd, kernels on ({on.pop('path')})"] = on
     runs["stackd, kernels off"].pop("path")

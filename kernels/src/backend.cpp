@@ -18,6 +18,7 @@
 #include "ggml-backend-impl.h"
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"  // the header's static helpers we do not use
+#include "attention.h"
 #include "ggml-impl.h"  // ggml_custom_op_params: how a GGML_OP_CUSTOM node names its function
 #pragma GCC diagnostic pop
 #include "get_rows.h"
@@ -365,6 +366,21 @@ bool in_our_buffer(const ggml_tensor *t);
 // Runs on every thread of ggml's team for a GET_ROWS on a table of ours (get_rows.h).
 void get_rows_task(ggml_tensor *dst, int ith, int nth, void *) { get_rows_share(dst, ith, nth); }
 
+// Runs on every thread of ggml's team for a FLASH_ATTN_EXT of ours (attention.h). The node's
+// scale rides in its op_params after the custom op's own (swap_in_tasks puts it there).
+constexpr size_t kAttentionScaleAt = sizeof(ggml_custom_op_params);
+static_assert(kAttentionScaleAt + sizeof(float) <= GGML_MAX_OP_PARAMS);
+
+void attention_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    float scale;
+    std::memcpy(&scale, (const char *)dst->op_params + kAttentionScaleAt, sizeof scale);
+    attention_share(dst, scale, kernels_of(static_cast<BackendContext *>(userdata)).attend, ith, nth);
+}
+
+// Whether decode attention is ours (stackd_kernels_attention; on unless a benchmark turns it off).
+std::atomic<bool> g_attention{true};
+std::atomic<uint64_t> g_attention_nodes{0};  // FLASH_ATTN_EXT nodes computed by ours (a test's question)
+
 // GET_ROWS nodes run on tables of ours, ever: whether a model's embedding table is ours (a
 // test's question: when it is not, llama.cpp loads a tied table twice).
 std::atomic<uint64_t> g_get_rows_nodes{0};
@@ -379,15 +395,22 @@ bool ours(const BackendContext *ctx, const ggml_tensor *node) {
 }
 
 // Ours become custom ops (op and op_params kept to put back); the scratch is sized first.
-void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph) {
+// Attention is ours on the steps ggml would compute one row at a time (per_row: its reference
+// path, which ours replaces, so a row's numbers still depend on nothing else in its step).
+void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row) {
     ctx->swapped.clear();
+    const bool attention = per_row && g_attention.load(std::memory_order_relaxed);
     for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
         ggml_tensor *node = ggml_graph_node(graph, i);
-        if ((node->op != GGML_OP_MUL_MAT && node->op != GGML_OP_GET_ROWS) || !ours(ctx, node)) continue;
+        const bool attend = attention && node->op == GGML_OP_FLASH_ATTN_EXT && can_attend(node);
+        if (!attend && ((node->op != GGML_OP_MUL_MAT && node->op != GGML_OP_GET_ROWS) || !ours(ctx, node))) continue;
         ctx->swapped.push_back({node, node->op, {}});
         std::memcpy(ctx->swapped.back().params.data(), node->op_params, sizeof(node->op_params));
         ggml_custom_op_params task = {get_rows_task, GGML_N_TASKS_MAX, ctx};
-        if (node->op == GGML_OP_MUL_MAT) {
+        if (attend) {
+            task.fun = attention_task;
+            g_attention_nodes.fetch_add(1, std::memory_order_relaxed);
+        } else if (node->op == GGML_OP_MUL_MAT) {
             reserve_activations(ctx->act, node);
             task.fun = mul_mat_task;
         } else {
@@ -395,6 +418,7 @@ void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph) {
         }
         node->op = GGML_OP_CUSTOM;
         std::memcpy(node->op_params, &task, sizeof(task));
+        if (attend) std::memcpy((char *)node->op_params + kAttentionScaleAt, ctx->swapped.back().params.data(), sizeof(float));
     }
 }
 
@@ -433,22 +457,27 @@ bool has_tiled_attention(ggml_cgraph *graph) {
     return false;
 }
 
-void follow_invariance(ggml_backend_t cpu, ggml_cgraph *graph) {
+// Whether this graph's steps keep one arithmetic per row (the invariance setting, above).
+bool per_row_graph(ggml_cgraph *graph) {
+    const auto invariance = (Invariance)g_invariance.load();
+    return invariance == Invariance::kAllSteps ||
+           (invariance == Invariance::kDecodeSteps && !has_tiled_attention(graph));
+}
+
+void follow_invariance(ggml_backend_t cpu, bool per_row) {
     using SetUseRef = void (*)(ggml_backend_t, bool);
     static const auto set_use_ref = (SetUseRef)ggml_backend_reg_get_proc_address(
         ggml_backend_dev_backend_reg(cpu_device()), "ggml_backend_cpu_set_use_ref");
-    if (set_use_ref == nullptr) return;
-    const auto invariance = (Invariance)g_invariance.load();
-    set_use_ref(cpu, invariance == Invariance::kAllSteps ||
-                         (invariance == Invariance::kDecodeSteps && !has_tiled_attention(graph)));
+    if (set_use_ref != nullptr) set_use_ref(cpu, per_row);
 }
 
 ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     auto *ctx = static_cast<BackendContext *>(backend->context);
     ctx->epoch++;  // what the scratch held belongs to the last computation
     if (ctx->served) unpack_what_ggml_reads(graph);
-    swap_in_tasks(ctx, graph);
-    follow_invariance(ctx->cpu, graph);
+    const bool per_row = per_row_graph(graph);  // before the swap: it reads the attention nodes
+    swap_in_tasks(ctx, graph, per_row);
+    follow_invariance(ctx->cpu, per_row);
     const ggml_status status = ggml_backend_graph_compute(ctx->cpu, graph);
     swap_back(ctx);
     return status;
@@ -701,6 +730,8 @@ ggml_backend_t served_backend_new() { return new_backend((Path)-1, &served_devic
 
 void set_path(Path path) { g_path.store((int)path); }
 void set_invariance(Invariance invariance) { g_invariance.store((int)invariance); }
+void set_attention(bool on) { g_attention.store(on); }
+uint64_t attention_nodes() { return g_attention_nodes.load(); }
 Path current_path() { return (Path)g_path.load(); }
 
 }  // namespace stackd

@@ -28,6 +28,11 @@ Path current_path();
 // (ggml's use_ref: backend.cpp, "One arithmetic per row"), from the next graph on.
 enum class Invariance { kNone = 0, kDecodeSteps = 1, kAllSteps = 2 };
 void set_invariance(Invariance invariance);
+// Whether FLASH_ATTN_EXT nodes on one-row-at-a-time steps run on our decode attention (attention.h)
+// or on ggml's, from the next graph on (on by default; a benchmark's A/B turns it off).
+void set_attention(bool on);
+// FLASH_ATTN_EXT nodes this copy of the library has computed on our decode attention.
+uint64_t attention_nodes();
 // Weights of `type` in the registered device's live buffers (repacked, so on our kernels).
 int64_t repacked_tensors(ggml_type type);
 

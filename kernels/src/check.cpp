@@ -7,6 +7,7 @@
 // This library holds its own copy of the kernels (the same objects as libstackd_kernels.so)
 // and makes its own backends; it registers nothing. What it reports of the device the process
 // registered (stackd_kernels_get_rows_nodes) it asks through ggml's registry.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -416,4 +417,259 @@ STACKD_API uint64_t stackd_kernels_get_rows_nodes() {
     ggml_backend_reg_t reg = ggml_backend_reg_by_name(ggml_backend_reg_name(backend_reg()));
     auto count = reg ? (GetRowsNodesFn)ggml_backend_reg_get_proc_address(reg, kGetRowsNodesProc) : nullptr;
     return count ? count() : 0;
+}
+
+// ---- Decode attention (attention.h) ----
+
+namespace {
+
+// A FLASH_ATTN_EXT problem shaped as llama.cpp's non-unified KV cache builds it: n_streams
+// sequences of `tokens` query rows each, every stream's own n_kv cells. Stream i holds
+// length[i] cells; its row t sees the cells before length[i] - tokens + 1 + t (causal), less a
+// few holes (masked cells inside, as a cache with removed tokens has).
+struct AttentionProblem {
+    int64_t dk, dv, n_kv, tokens, n_head, n_head_kv, n_streams;
+    ggml_type kv_type;                      // F16 or Q8_0
+    std::vector<float> q;                   // dk x tokens x n_head x n_streams
+    std::vector<uint8_t> k, v;              // rows of kv_type: dk|dv x n_kv x n_head_kv x n_streams
+    std::vector<float> k_values, v_values;  // the same, as floats (what the rows hold exactly)
+    std::vector<ggml_fp16_t> mask;          // n_kv x tokens x 1 x n_streams
+    float scale;
+    size_t k_row() const { return ggml_row_size(kv_type, dk); }
+    size_t v_row() const { return ggml_row_size(kv_type, dv); }
+};
+
+// Random values of a cache in `type`: the rows, and what they hold as floats.
+void fill_cache(ggml_type type, int64_t d, int64_t rows, std::mt19937 &rng, std::vector<uint8_t> &bytes,
+                std::vector<float> &values) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(d * rows);
+    for (auto &e : x) e = normal(rng);
+    bytes.resize(ggml_row_size(type, d) * rows);
+    ggml_quantize_chunk(type, x.data(), bytes.data(), 0, rows, d, nullptr);
+    values.resize(d * rows);
+    ggml_get_type_traits(type)->to_float(bytes.data(), values.data(), d * rows);
+}
+
+AttentionProblem make_attention(int64_t dk, int64_t dv, int64_t n_kv, int64_t tokens, int64_t n_head,
+                                int64_t n_head_kv, int64_t n_streams, ggml_type kv_type, uint32_t seed) {
+    AttentionProblem p{dk, dv, n_kv, tokens, n_head, n_head_kv, n_streams, kv_type, {}, {}, {}, {}, {}, {},
+                       1.0f / std::sqrt((float)dk)};
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    p.q.resize(dk * tokens * n_head * n_streams);
+    for (auto &x : p.q) x = 2.0f * normal(rng);
+    fill_cache(kv_type, dk, n_kv * n_head_kv * n_streams, rng, p.k, p.k_values);
+    fill_cache(kv_type, dv, n_kv * n_head_kv * n_streams, rng, p.v, p.v_values);
+    p.mask.assign(n_kv * tokens * n_streams, ggml_fp32_to_fp16(-INFINITY));
+    std::uniform_int_distribution<int64_t> length_of(std::min<int64_t>(tokens, n_kv), n_kv);
+    for (int64_t s = 0; s < n_streams; s++) {
+        const int64_t length = length_of(rng);
+        for (int64_t t = 0; t < tokens; t++) {
+            const int64_t seen = length - tokens + 1 + t;
+            for (int64_t c = 0; c < seen; c++)
+                if (c % 37 != 5) p.mask[(s * tokens + t) * n_kv + c] = ggml_fp32_to_fp16(0.0f);
+        }
+    }
+    return p;
+}
+
+// The problem's streams [first, first + count) through a backend's FLASH_ATTN_EXT, the view
+// `extra` cells longer than the problem's (masked: as a step whose longest stream is longer).
+// Output: dv x n_head x tokens x count.
+std::vector<float> run_attention(const AttentionProblem &p, int64_t first, int64_t count, int64_t extra,
+                                 ggml_backend_t backend, int repeat, double *seconds) {
+    const int64_t n_kv = p.n_kv + extra;
+    ggml_init_params params = {ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
+    ggml_context *ctx = ggml_init(params);
+    ggml_tensor *q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, p.dk, p.tokens, p.n_head, count);
+    ggml_tensor *k = ggml_new_tensor_4d(ctx, p.kv_type, p.dk, n_kv, p.n_head_kv, count);
+    ggml_tensor *v = ggml_new_tensor_4d(ctx, p.kv_type, p.dv, n_kv, p.n_head_kv, count);
+    ggml_tensor *mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_kv, p.tokens, 1, count);
+    ggml_tensor *out = ggml_flash_attn_ext(ctx, q, k, v, mask, p.scale, 0.0f, 0.0f);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
+    ggml_backend_tensor_set(q, p.q.data() + first * p.dk * p.tokens * p.n_head, 0, ggml_nbytes(q));
+    const ggml_fp16_t masked = ggml_fp32_to_fp16(-INFINITY);
+    std::vector<uint8_t> kk(ggml_nbytes(k), 0), vv(ggml_nbytes(v), 0);  // zero bytes: 0.0 in either type
+    std::vector<ggml_fp16_t> mm(ggml_nelements(mask), masked);
+    for (int64_t s = 0; s < count; s++)
+        for (int64_t h = 0; h < p.n_head_kv; h++)
+            for (int64_t c = 0; c < p.n_kv; c++) {
+                const int64_t from = ((first + s) * p.n_head_kv + h) * p.n_kv + c, to = (s * p.n_head_kv + h) * n_kv + c;
+                std::copy_n(p.k.begin() + from * p.k_row(), p.k_row(), kk.begin() + to * p.k_row());
+                std::copy_n(p.v.begin() + from * p.v_row(), p.v_row(), vv.begin() + to * p.v_row());
+            }
+    for (int64_t s = 0; s < count; s++)
+        for (int64_t t = 0; t < p.tokens; t++)
+            std::copy_n(p.mask.begin() + ((first + s) * p.tokens + t) * p.n_kv, p.n_kv,
+                        mm.begin() + (s * p.tokens + t) * n_kv);
+    ggml_backend_tensor_set(k, kk.data(), 0, ggml_nbytes(k));
+    ggml_backend_tensor_set(v, vv.data(), 0, ggml_nbytes(v));
+    ggml_backend_tensor_set(mask, mm.data(), 0, ggml_nbytes(mask));
+    ggml_cgraph *graph = ggml_new_graph(ctx);
+    ggml_build_forward_expand(graph, out);
+    double best = 1e30;
+    for (int i = 0; i < repeat; i++) {
+        const auto start = std::chrono::steady_clock::now();
+        ggml_backend_graph_compute(backend, graph);
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    if (seconds) *seconds = best;
+    std::vector<float> result(ggml_nelements(out));
+    ggml_backend_tensor_get(out, result.data(), 0, ggml_nbytes(out));
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+    return result;
+}
+
+// ggml's CPU backend on its one-row-at-a-time path (use_ref), as llama.cpp's decode steps run it.
+ggml_backend_t ggml_per_row_backend(int n_threads) {
+    ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    set_threads(cpu, n_threads);
+    using SetUseRef = void (*)(ggml_backend_t, bool);
+    auto set_use_ref = (SetUseRef)ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(ggml_backend_get_device(cpu)), "ggml_backend_cpu_set_use_ref");
+    if (set_use_ref) set_use_ref(cpu, true);
+    return cpu;
+}
+
+// Per output value: the exact result (double, from the cache's values and the f16-rounded
+// query), and the bound attention.h's arithmetic keeps ours within (kernels/README.md,
+// "Decode attention"): with u = 2^-24, a score's error is at most (dk/16 + 6) u (scale
+// sum|q k| + |s|), which moves its probability by that much relatively; each block adds a
+// rescaling, the sums and the multiply-adds add (4 n_blocks + n_live + 8) u; all of it at most
+// twice over sum p|v| / sum p. The bound for ggml adds, on an f16 cache, its f16 accumulator's
+// 2^-11 per cell; on a q8_0 cache, its query quantized to q8_0 (each value off by at most half
+// its block's step, and the f16 rounding ours makes), twice over as for the scores.
+struct Exact {
+    std::vector<double> value, ours, ggml;
+};
+
+Exact exact_attention(const AttentionProblem &p) {
+    const double u = std::ldexp(1.0, -24);
+    const int64_t group = p.n_head / p.n_head_kv, n_blocks = (p.n_kv + 15) / 16;
+    Exact e;
+    const int64_t n_out = p.dv * p.n_head * p.tokens * p.n_streams;
+    e.value.resize(n_out);
+    e.ours.resize(n_out);
+    e.ggml.resize(n_out);
+    std::vector<double> s(p.n_kv), pr(p.n_kv);
+    for (int64_t st = 0; st < p.n_streams; st++)
+        for (int64_t t = 0; t < p.tokens; t++)
+            for (int64_t h = 0; h < p.n_head; h++) {
+                const float *q = p.q.data() + ((st * p.n_head + h) * p.tokens + t) * p.dk;
+                const int64_t hk = h / group;
+                double m = -INFINITY, score_error = 0, ggml_score_error = 0;
+                int64_t n_live = 0;
+                for (int64_t c = 0; c < p.n_kv; c++) {
+                    const ggml_fp16_t mv = p.mask[(st * p.tokens + t) * p.n_kv + c];
+                    s[c] = -INFINITY;
+                    if (ggml_fp16_to_fp32(mv) == -INFINITY) continue;
+                    const float *k = p.k_values.data() + ((st * p.n_head_kv + hk) * p.n_kv + c) * p.dk;
+                    double dot = 0, magnitude = 0, quantized = 0;
+                    for (int64_t d = 0; d < p.dk; d++) {
+                        const double qd = ggml_fp16_to_fp32(ggml_fp32_to_fp16(q[d]));
+                        dot += qd * k[d];
+                        magnitude += std::fabs(qd * k[d]);
+                        float amax = 0;
+                        for (int64_t i = d / 32 * 32; i < d / 32 * 32 + 32; i++) amax = std::max(amax, std::fabs(q[i]));
+                        quantized += std::fabs(k[d]) * (amax / 127.0 / 2 + std::ldexp(std::fabs(q[d]), -11));
+                    }
+                    s[c] = dot * p.scale + ggml_fp16_to_fp32(mv);
+                    score_error = std::max(score_error, (p.dk / 16 + 6) * u * (p.scale * magnitude + std::fabs(s[c])));
+                    ggml_score_error = std::max(ggml_score_error, p.scale * quantized);
+                    m = std::max(m, s[c]);
+                    n_live++;
+                }
+                double sum = 0;
+                for (int64_t c = 0; c < p.n_kv; c++) sum += pr[c] = s[c] == -INFINITY ? 0.0 : std::exp(s[c] - m);
+                const double rel = 2 * (score_error + (4 * n_blocks + n_live + 8) * u);
+                for (int64_t d = 0; d < p.dv; d++) {
+                    double value = 0, weight = 0;
+                    for (int64_t c = 0; c < p.n_kv; c++) {
+                        if (pr[c] == 0) continue;
+                        const double vd = p.v_values[((st * p.n_head_kv + hk) * p.n_kv + c) * p.dv + d];
+                        value += pr[c] * vd;
+                        weight += pr[c] * std::fabs(vd);
+                    }
+                    const int64_t i = ((st * p.tokens + t) * p.n_head + h) * p.dv + d;
+                    e.value[i] = sum > 0 ? value / sum : 0;
+                    e.ours[i] = sum > 0 ? rel * weight / sum : 0;
+                    const double ggml_rel = p.kv_type == GGML_TYPE_F16 ? (n_live + 2) * std::ldexp(1.0, -11)
+                                                                        : 2 * ggml_score_error + (n_live + 8) * u;
+                    e.ggml[i] = e.ours[i] + (sum > 0 ? ggml_rel * weight / sum : 0);
+                }
+            }
+    return e;
+}
+
+}  // namespace
+
+// Our decode attention on `path` against the exact result and ggml's per-row path:
+// result[0]: max over outputs of |ours - exact| / our bound (exact_attention): at most 1
+// result[1]: max |ours - ggml| / (our bound + ggml's f16 accumulator's)
+// result[2]: 1 if the first and last streams computed alone, in a view 48 cells longer, equal the
+//            batch's bit for bit
+// result[3]: 1 if the output equals the scalar path's bit for bit
+// result[4]: 1 if the node ran on our kernel (0: ggml computed it: shapes we do not take)
+// Returns 0, or -1 if this CPU cannot run the path.
+STACKD_API int stackd_kernels_check_attention(int64_t dk, int64_t dv, int64_t n_kv, int64_t tokens, int64_t n_head,
+                                              int64_t n_head_kv, int64_t n_streams, int kv_type, int path,
+                                              uint32_t seed, int n_threads, double *result) {
+    if (path < 0 || path >= kPathCount || !cpu_supports((Path)path)) return -1;
+    const AttentionProblem p = make_attention(dk, dv, n_kv, tokens, n_head, n_head_kv, n_streams, (ggml_type)kv_type, seed);
+    ggml_backend_t cpu = ggml_per_row_backend(n_threads);
+    ggml_backend_t ours = backend_new((Path)path);
+    set_threads(ours, n_threads);
+    const auto ref = run_attention(p, 0, n_streams, 0, cpu, 1, nullptr);
+    const uint64_t nodes_before = attention_nodes();
+    const auto got = run_attention(p, 0, n_streams, 0, ours, 1, nullptr);
+    result[4] = attention_nodes() == nodes_before + 1;
+    const Exact exact = exact_attention(p);
+    double worst = 0, worst_ggml = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        const double err = std::fabs((double)got[i] - exact.value[i]);
+        const double rel = exact.ours[i] > 0 ? err / exact.ours[i] : (err > 0 ? INFINITY : 0.0);
+        if (!(rel <= worst)) worst = std::isnan(rel) ? INFINITY : rel;
+        const double diff = std::fabs((double)got[i] - ref[i]);
+        const double rel_ggml = exact.ggml[i] > 0 ? diff / exact.ggml[i] : (diff > 0 ? INFINITY : 0.0);
+        if (!(rel_ggml <= worst_ggml)) worst_ggml = std::isnan(rel_ggml) ? INFINITY : rel_ggml;
+    }
+    result[0] = worst;
+    result[1] = worst_ggml;
+
+    const int64_t per_stream = dv * n_head * tokens;
+    bool invariant = true;
+    for (int64_t s : {int64_t(0), n_streams - 1}) {
+        const auto alone = run_attention(p, s, 1, 48, ours, 1, nullptr);
+        invariant = invariant && std::memcmp(alone.data(), got.data() + s * per_stream, per_stream * sizeof(float)) == 0;
+    }
+    result[2] = invariant;
+
+    ggml_backend_t scalar = backend_new(Path::Scalar);
+    set_threads(scalar, n_threads);
+    const auto reference = path == (int)Path::Scalar ? got : run_attention(p, 0, n_streams, 0, scalar, 1, nullptr);
+    result[3] = std::memcmp(reference.data(), got.data(), got.size() * sizeof(float)) == 0;
+    ggml_backend_free(scalar);
+
+    ggml_backend_free(ours);
+    ggml_backend_free(cpu);
+    return 0;
+}
+
+// Seconds per FLASH_ATTN_EXT (best of `repeat`) of a decode step: ggml's per-row path
+// (times[0]) and ours on `path` (times[1]). Returns 0, or -1 if this CPU cannot run the path.
+STACKD_API int stackd_kernels_time_attention(int64_t dk, int64_t n_kv, int64_t tokens, int64_t n_head,
+                                             int64_t n_head_kv, int64_t n_streams, int kv_type, int path,
+                                             int n_threads, int repeat, double *times) {
+    if (path < 0 || path >= kPathCount || !cpu_supports((Path)path)) return -1;
+    const AttentionProblem p = make_attention(dk, dk, n_kv, tokens, n_head, n_head_kv, n_streams, (ggml_type)kv_type, 1);
+    ggml_backend_t cpu = ggml_per_row_backend(n_threads);
+    ggml_backend_t ours = backend_new((Path)path);
+    set_threads(ours, n_threads);
+    run_attention(p, 0, n_streams, 0, cpu, repeat, &times[0]);
+    run_attention(p, 0, n_streams, 0, ours, repeat, &times[1]);
+    ggml_backend_free(ours);
+    ggml_backend_free(cpu);
+    return 0;
 }

@@ -80,6 +80,7 @@ Kernels scalar_kernels() {
 Kernels kernels_for(Path path) {
     Kernels kernels = path == Path::Avx512 ? avx512_kernels() : path == Path::Avx2 ? avx2_kernels() : scalar_kernels();
     kernels.kquants = kquant_kernels_for(path);
+    kernels.attend = path == Path::Avx512 ? attend_avx512 : path == Path::Avx2 ? attend_avx2 : attend_scalar;
     return kernels;
 }
 

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "attention.h"
 #include "cpu_features.h"
 #include "kernels_qk.h"
 #include "layout.h"
@@ -46,6 +47,7 @@ struct Kernels {
     GemmFn<Q40x8Block> q4_0;   // Q4_0 and Q5_0: the same activations, each block's integer
     GemmFn<Q50x8Block> q5_0;   // offset by -8 or -16 x the activation sum (layout.h)
     KQuantKernels kquants{};   // Q4_K, Q6_K (kernels_qk.h): filled by kernels_for
+    AttendFn attend = nullptr; // decode attention (attention.h): filled by kernels_for
 };
 
 // Each path's kernels (gemm_scalar.cpp, gemm_avx2.cpp, gemm_avx512.cpp), and the one for a path.

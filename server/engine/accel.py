@@ -41,6 +41,7 @@ def library() -> ctypes.CDLL:
         lib.stackd_kernels_batch_invariant.argtypes = [ctypes.c_int]
         lib.stackd_kernels_tensors.argtypes = [ctypes.c_int]
         lib.stackd_kernels_tensors.restype = ctypes.c_int64
+        lib.stackd_kernels_attention.argtypes = [ctypes.c_int]
         _lib = lib
     return _lib
 
@@ -76,6 +77,12 @@ def register(mode: str = "auto", batch_invariant: bool = False) -> str | None:
         return _registered
     _registered = PATHS[chosen]
     return _registered
+
+
+def set_attention(ours: bool) -> None:
+    """Decode attention on our kernel (the default once registered) or on ggml's, from the next
+    step on (kernels/README.md, "Decode attention"): bench/kernels_engine.py's A/B."""
+    library().stackd_kernels_attention(int(ours))
 
 
 def rpc_device() -> int:

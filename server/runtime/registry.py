@@ -35,6 +35,14 @@ from ..cluster.rpc_devices import NodeUnreachable
 log = logging.getLogger("stackd.models")
 
 
+def attention_kernel(kernels: dict, manifest, model) -> str:
+    """Whose decode attention a loaded model runs: ours on a chat model's KV cache (f16 or q8_0)
+    while our kernels are on (kernels/README.md, "Decode attention"), ggml's otherwise (an
+    embedding model, kernels off)."""
+    ours = kernels.get("path") is not None and manifest.kind == "chat" and model.kv_type in ("f16", "q8_0")
+    return "ours" if ours else "ggml"
+
+
 @dataclass
 class LoadedModel:
     manifest: Manifest
@@ -145,6 +153,8 @@ class ModelRegistry:
             engine = model.runner.engine
             out["isolation"], out["pid"], out["restarts"] = engine.isolation, engine.pid, model.restarts
             out["kernels"] = getattr(engine, "kernels", None)   # path, and weights on ours per type
+            if out["kernels"] is not None:
+                out["kernels"] = {**out["kernels"], "attention": attention_kernel(out["kernels"], manifest, model)}
         if manifest.id in self.last_exits:
             out["last_exit"] = self.last_exits[manifest.id]
         return out

@@ -36,6 +36,10 @@ def library() -> ctypes.CDLL:
         lib.stackd_kernels_check_get_rows.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_uint32, ctypes.c_int]
         lib.stackd_kernels_accepts.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_int]
         lib.stackd_kernels_get_rows_nodes.restype = ctypes.c_uint64
+        lib.stackd_kernels_check_attention.argtypes = [ctypes.c_int64] * 7 + [
+            ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+        lib.stackd_kernels_time_attention.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_int] * 4 + [
+            ctypes.POINTER(ctypes.c_double)]
         _lib = lib
     return _lib
 
@@ -74,6 +78,29 @@ def get_rows_equals_ggml(k: int, rows: int, n_ids: int, seed: int, n_threads: in
                         type_name: str = "q8_0") -> bool:
     """GET_ROWS on a repacked table (Q8_0, Q4_K, Q6_K) equals ggml's, float for float."""
     return library().stackd_kernels_check_get_rows(GGML_TYPE[type_name], k, rows, n_ids, seed, n_threads) == 1
+
+
+def check_attention(dk: int, dv: int, n_kv: int, tokens: int, n_head: int, n_head_kv: int, n_streams: int,
+                    path: str, seed: int = 1, n_threads: int = 2, kv_type: str = "f16") -> list[float] | None:
+    """Our decode attention (one FLASH_ATTN_EXT shaped as llama.cpp's per-sequence KV streams
+    build it, its cache of `kv_type`) on `path` against the exact result and ggml's per-row path
+    (check.cpp names the five results), or None if this CPU cannot run the path."""
+    result = (ctypes.c_double * 5)()
+    rc = library().stackd_kernels_check_attention(dk, dv, n_kv, tokens, n_head, n_head_kv, n_streams,
+                                                  GGML_TYPE[kv_type], accel.PATHS.index(path), seed, n_threads,
+                                                  result)
+    return None if rc != 0 else list(result)
+
+
+def time_attention(head_size: int, n_kv: int, tokens: int, n_head: int, n_head_kv: int, n_streams: int,
+                   path: str, n_threads: int, repeat: int, kv_type: str = "f16") -> tuple[float, float] | None:
+    """Seconds per FLASH_ATTN_EXT of a decode step, best of `repeat`: (ggml's per-row path, ours
+    on `path`), or None if this CPU cannot run the path."""
+    times = (ctypes.c_double * 2)()
+    rc = library().stackd_kernels_time_attention(head_size, n_kv, tokens, n_head, n_head_kv, n_streams,
+                                                 GGML_TYPE[kv_type], accel.PATHS.index(path), n_threads, repeat,
+                                                 times)
+    return None if rc != 0 else (times[0], times[1])
 
 
 def accepts(type_name: str, shape: tuple[int, int, int], op: str) -> bool:

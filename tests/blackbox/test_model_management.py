@@ -157,6 +157,7 @@ def kv_cache_bytes(slots: int, context: int, kv_type: str) -> int:
 def test_kv_type_through_load_noop_reload_and_unload(idle):
     status, _, body = manage(idle, "load", {"model": CHAT, "options": {"context_length": 1024, "kv_type": "q8_0"}})
     assert status == 200 and body["kv_cache"] == {"type": "q8_0", "bytes": kv_cache_bytes(16, 1024, "q8_0")}
+    assert body["kernels"]["attention"] == ("ours" if body["kernels"]["path"] else "ggml")   # q8_0 too
     status, _, answer = idle.request("POST", "/v1/completions", port="inference", key=idle.admin_key,
                                      body={"model": CHAT, "prompt": "The capital of France is", "max_tokens": 8})
     assert status == 200 and answer["usage"]["completion_tokens"] > 0
@@ -165,6 +166,7 @@ def test_kv_type_through_load_noop_reload_and_unload(idle):
     assert again["pid"] == pid and again["kv_cache"]["type"] == "q8_0"     # not asked: kept
     _, _, f16 = manage(idle, "load", {"model": CHAT, "options": {"context_length": 1024, "kv_type": "f16"}})
     assert f16["pid"] != pid and f16["kv_cache"] == {"type": "f16", "bytes": kv_cache_bytes(16, 1024, "f16")}
+    assert f16["kernels"]["attention"] == ("ours" if f16["kernels"]["path"] else "ggml")
     assert states(idle)[CHAT]["kv_cache"]["type"] == "f16"
     _, _, unloaded = manage(idle, "unload", {"model": CHAT})
     assert unloaded["state"] == "available" and "kv_cache" not in unloaded

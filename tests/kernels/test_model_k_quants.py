@@ -10,8 +10,14 @@ the Q5_0 and Q8_0 fallbacks run on ours too (kernels/README.md, "Q4_0 and Q5_0")
 
 Our K-quant arithmetic is within float rounding of ggml's (test_ops.py); across 30 layers such
 differences move logprobs a little and a greedy text parts only at a near tie, so the on/off
-comparison is test_model.py's. Forcing the AVX2 path gives the AVX-512 path's texts and
-logprobs exactly, and 16 streams per step give each prompt's text alone.
+comparison is test_model.py's, with this file's own tolerances: a model quantized twice
+amplifies rounding about twice as much as the default one. Measured on these 20 prompts with
+our matmuls on both sides, switching only attention between ggml's (f16 accumulator) and ours
+(f32) moves the Q5_K_M file's logprobs by up to 0.63 nats where the default model's move by
+0.27; our matmuls with ggml's attention against kernels off, 0.50 (test_model.py's DRIFT,
+reached). So DRIFT_K is 0.75 and TIE_K twice that; a lost block or a bad scale still moves
+whole nats. Forcing the AVX2 path gives the AVX-512 path's texts and logprobs exactly, and 16
+streams per step give each prompt's text alone.
 """
 from __future__ import annotations
 
@@ -26,6 +32,9 @@ from stackd.engine import accel
 from stackd.testing import quantized_model
 
 from .test_model import ROOT, assert_close, ids
+
+DRIFT_K = 0.75  # nats: above the 0.63 measured (module docstring)
+TIE_K = 2 * DRIFT_K
 
 PROMPTS, TOKENS = 8, 64
 
@@ -91,4 +100,4 @@ def test_the_avx2_path_gives_the_avx512_path_s_bits(runs):
 @pytest.mark.parametrize("batching", ["alone", "together"])
 def test_kernels_on_and_off_agree_up_to_near_ties(runs, batching):
     for ours, ggml in zip(runs["auto"][batching], runs["off"][batching]):
-        assert_close(ours, ggml)
+        assert_close(ours, ggml, DRIFT_K, TIE_K)

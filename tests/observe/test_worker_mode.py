@@ -179,8 +179,10 @@ def test_the_description_says_which_weights_run_on_our_kernels(worker_client):
                                                                    key=worker_client.key)
         assert status == 200, described[model]
     if not accel.cpu_supports("avx2"):
-        assert described[CHAT]["kernels"] == {"path": None, "tensors": {}}
+        assert described[CHAT]["kernels"] == {"path": None, "tensors": {}, "attention": "ggml"}
         return
     assert described[CHAT]["kernels"]["path"] in ("avx2", "avx512-vnni")
     assert described[CHAT]["kernels"]["tensors"] == {"q4_1": 30 * 7, "q8_0": 1}   # 7 projections a layer
     assert described[EMBED]["kernels"]["tensors"] == {}
+    assert described[CHAT]["kernels"]["attention"] == "ours"     # our decode attention
+    assert described[EMBED]["kernels"]["attention"] == "ggml"

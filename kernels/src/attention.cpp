@@ -1,0 +1,121 @@
+// Decode attention's driver: which FLASH_ATTN_EXT nodes are ours, and how a node's query rows
+// become tasks for the path's body (attention.h).
+#include "attention.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace stackd {
+
+namespace {
+
+float op_param(const ggml_tensor *node, int i) {
+    float x;
+    std::memcpy(&x, (const float *)node->op_params + i, sizeof x);
+    return x;
+}
+
+bool rows_contiguous(const ggml_tensor *t) { return t->nb[0] == ggml_type_size(t->type); }
+
+// The node's shape, named as ggml's flash attention names it.
+struct Shape {
+    int64_t dk, dv, n_kv, n_tokens, n_head, n_streams;
+    int64_t group;          // query heads per K/V head
+    int64_t head_kv_count;  // K/V heads
+    int64_t rows_per_unit;  // query rows sharing one K/V head in one stream: group x tokens
+
+    explicit Shape(const ggml_tensor *node) {
+        const ggml_tensor *q = node->src[0], *k = node->src[1], *v = node->src[2];
+        dk = k->ne[0];
+        dv = v->ne[0];
+        n_kv = k->ne[1];
+        n_tokens = q->ne[1];
+        n_head = q->ne[2];
+        n_streams = q->ne[3];
+        head_kv_count = k->ne[2];
+        group = n_head / head_kv_count;
+        rows_per_unit = group * n_tokens;
+    }
+};
+
+// Query rows per task: every row of a (stream, K/V head) unit when there are units enough for
+// the threads to share evenly, fewer when there are not (one stream's decode: a row each).
+int64_t rows_per_task(const Shape &s, int nth) {
+    const int64_t units = s.n_streams * s.head_kv_count;
+    const int64_t even = s.rows_per_unit * units / (4 * (int64_t)nth);
+    return std::clamp<int64_t>(even, 1, std::min<int64_t>(s.rows_per_unit, kMaxTaskRows));
+}
+
+struct Scratch {
+    std::vector<float> acc;
+};
+
+// Fills one task: stream i3, K/V head ik2, rows [row0, row0 + n) of that unit (row i is query
+// head ik2 * group + i / n_tokens at token i % n_tokens).
+void fill_task(const ggml_tensor *node, const Shape &s, float scale, int64_t i3, int64_t ik2, int64_t row0, int n,
+               Scratch &scratch, AttentionTask &t) {
+    const ggml_tensor *q = node->src[0], *k = node->src[1], *v = node->src[2], *mask = node->src[3];
+    t.dk = s.dk;
+    t.dv = s.dv;
+    t.n_kv = s.n_kv;
+    t.n_rows = n;
+    t.scale = scale;
+    const int64_t ik3 = i3 / (q->ne[3] / k->ne[3]);
+    t.k = (const char *)k->data + ik2 * k->nb[2] + ik3 * k->nb[3];
+    t.v = (const char *)v->data + ik2 * v->nb[2] + ik3 * v->nb[3];
+    t.kv_type = k->type;
+    t.k_stride = k->nb[1];
+    t.v_stride = v->nb[1];
+    scratch.acc.resize(n * s.dv);
+    t.acc = scratch.acc.data();
+    for (int r = 0; r < n; r++) {
+        const int64_t i1 = (row0 + r) % s.n_tokens, i2 = ik2 * s.group + (row0 + r) / s.n_tokens;
+        const auto *qrow = (const float *)((const char *)q->data + i1 * q->nb[1] + i2 * q->nb[2] + i3 * q->nb[3]);
+        t.q[r] = qrow;
+        t.mask[r] = mask == nullptr ? nullptr
+                                    : (const uint16_t *)((const char *)mask->data + i1 * mask->nb[1] +
+                                                         (i2 % mask->ne[2]) * mask->nb[2] +
+                                                         (i3 % mask->ne[3]) * mask->nb[3]);
+        // ggml's layout of the result: heads within a token, tokens within a stream
+        t.out[r] = (float *)((char *)node->data + (i3 * node->ne[2] * node->ne[1] + i2 + i1 * node->ne[1]) * node->nb[1]);
+    }
+}
+
+}  // namespace
+
+bool can_attend(const ggml_tensor *node) {
+    if (node->op != GGML_OP_FLASH_ATTN_EXT) return false;
+    const ggml_tensor *q = node->src[0], *k = node->src[1], *v = node->src[2], *mask = node->src[3];
+    if (node->src[4] != nullptr) return false;  // sinks
+    if (op_param(node, 1) != 0.0f || op_param(node, 2) != 0.0f) return false;  // ALiBi, soft-capping
+    if (q->type != GGML_TYPE_F32 || k->type != v->type) return false;
+    if (k->type != GGML_TYPE_F16 && k->type != GGML_TYPE_Q8_0) return false;
+    if (node->type != GGML_TYPE_F32 || node->nb[0] != sizeof(float)) return false;
+    if (!rows_contiguous(q) || !rows_contiguous(k) || !rows_contiguous(v)) return false;
+    if (k->ne[0] % kCellBlock != 0 || v->ne[0] % kCellBlock != 0) return false;
+    if (k->ne[0] % ggml_blck_size(k->type) != 0 || v->ne[0] % ggml_blck_size(v->type) != 0) return false;
+    if (k->ne[0] > kMaxHeadSize || v->ne[0] > kMaxHeadSize || q->ne[0] != k->ne[0]) return false;
+    if (k->ne[1] != v->ne[1] || k->ne[2] != v->ne[2] || k->ne[3] != v->ne[3]) return false;
+    if (k->ne[2] == 0 || q->ne[2] % k->ne[2] != 0 || k->ne[3] == 0 || q->ne[3] % k->ne[3] != 0) return false;
+    if (mask != nullptr && (mask->type != GGML_TYPE_F16 || !rows_contiguous(mask) || mask->ne[0] < k->ne[1]))
+        return false;
+    return true;
+}
+
+void attention_share(ggml_tensor *node, float scale, AttendFn attend, int ith, int nth) {
+    const Shape s(node);
+    const int64_t per_task = rows_per_task(s, nth);
+    const int64_t tasks_per_unit = (s.rows_per_unit + per_task - 1) / per_task;
+    const int64_t n_tasks = s.n_streams * s.head_kv_count * tasks_per_unit;
+    thread_local Scratch scratch;
+    AttentionTask task;
+    for (int64_t i = ith; i < n_tasks; i += nth) {
+        const int64_t unit = i / tasks_per_unit, row0 = (i % tasks_per_unit) * per_task;
+        const int n = (int)std::min(per_task, s.rows_per_unit - row0);
+        fill_task(node, s, scale, unit / s.head_kv_count, unit % s.head_kv_count, row0, n, scratch, task);
+        attend(task);
+    }
+}
+
+}  // namespace stackd

@@ -1,0 +1,77 @@
+// Decode attention's AVX-512 body: attention_body.h on one 16-float register (attention.h's
+// arithmetic; F16C converts K, V and the mask). Compiled for those instructions by the pragma,
+// chosen at run time with the matmul path (cpu_features.cpp).
+// GCC 12 flags the _mm512_undefined_* inside its own intrinsic headers:
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#include "attention_body.h"
+
+namespace stackd {
+
+namespace {
+
+struct Avx512Pack {
+    using F = __m512;
+    static constexpr int kValueChunks = 4;  // 2 rows x 4 accumulators of V
+    static F zero() { return _mm512_setzero_ps(); }
+    static F set1(float x) { return _mm512_set1_ps(x); }
+    static F load(const float *x) { return _mm512_loadu_ps(x); }
+    static F load_f16(const uint16_t *h) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)); }
+    static void store(float *x, F a) { _mm512_storeu_ps(x, a); }
+    static F load_q8(const int8_t *q, uint16_t d) {
+        const F values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+        return _mm512_mul_ps(values, _mm512_set1_ps(_cvtsh_ss(d)));
+    }
+    static F round_f16(F x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+    static F add(F a, F b) { return _mm512_add_ps(a, b); }
+    static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+    static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+    static F select(uint32_t bits, F a, F b) { return _mm512_mask_blend_ps((__mmask16)bits, b, a); }
+    static float first(F a) { return _mm512_cvtss_f32(a); }
+    static float max16(F a) {
+        const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+        const __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(a), hi);
+        const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+        const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        return _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+    }
+
+    // x[l] + x[l+8], + 4 on, + 2 on, + 1 on (attention.h).
+    static float sum16(F a) {
+        const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+        const __m256 r8 = _mm256_add_ps(_mm512_castps512_ps256(a), hi);
+        const __m128 r4 = _mm_add_ps(_mm256_castps256_ps128(r8), _mm256_extractf128_ps(r8, 1));
+        const __m128 r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
+        return _mm_cvtss_f32(_mm_add_ss(r2, _mm_movehdup_ps(r2)));
+    }
+
+    static F exp16(F x) {
+        const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpFloor), _CMP_GE_OQ);
+        const F n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        F r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);
+        r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
+        F p = _mm512_set1_ps(kExpPoly[0]);
+        for (int i = 1; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
+        const F y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+        const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+        return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
+    }
+
+    static uint32_t unmasked(const uint16_t *mask) {
+        const __m256i m = _mm256_loadu_si256((const __m256i *)mask);
+        return _mm256_cmpneq_epi16_mask(m, _mm256_set1_epi16((short)kMaskedBits));
+    }
+};
+
+}  // namespace
+
+void attend_avx512(const AttentionTask &task) { attention_body::attend<Avx512Pack>(task); }
+
+}  // namespace stackd
+
+#pragma GCC pop_options

@@ -1,0 +1,202 @@
+// The SIMD body of decode attention (attention.h's arithmetic), written once over a 16-lane
+// float pack: attention_avx2.cpp instantiates it with two 8-float registers, attention_avx512.cpp
+// with one 16-float register, each under its own target pragma (as tiles.h). A pack's lanes are
+// the sixteen cells of a block (scores, probabilities) or sixteen consecutive values of a row
+// (K and V, the accumulators); sum16 and exp16 are the operations attention.h names.
+//
+// A Pack provides: F (the pack), zero, set1, load, load_f16 (16 f16 values), load_q8 (16 int8
+// values times an f16 scale), store, add, mul, fma,
+// round_f16 (to the nearest f16 value, ties to even), sum16, max16, exp16, select (lanes whose
+// bit is set take the first pack), first (lane 0), unmasked (the bits of sixteen mask values that
+// are not -inf) and kValueChunks (how many sixteen-value chunks of V two rows accumulate in
+// registers at once).
+#pragma once
+
+#include <algorithm>
+#include <limits>
+
+#include "attention.h"
+
+namespace stackd::attention_body {
+
+// A cache row's values, sixteen at a time from value j (a multiple of 16), as floats.
+template <class P>
+struct F16Rows {
+    static typename P::F load(const char *row, int64_t j) { return P::load_f16((const uint16_t *)row + j); }
+};
+
+// q8_0: 34-byte blocks of an f16 scale and 32 int8 values; a value is int8 x scale (exact).
+template <class P>
+struct Q8Rows {
+    static constexpr int64_t kBlockValues = 32, kBlockBytes = 34;
+    static typename P::F load(const char *row, int64_t j) {
+        const char *block = row + (j / kBlockValues) * kBlockBytes;
+        uint16_t d;
+        __builtin_memcpy(&d, block, sizeof d);
+        return P::load_q8((const int8_t *)block + 2 + j % kBlockValues, d);
+    }
+};
+
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+
+// The live cells of block c0 for row r: inside the view, mask not -inf.
+template <class P>
+uint32_t live_bits(const AttentionTask &t, int r, int64_t c0) {
+    const int64_t in_view = std::min<int64_t>(kCellBlock, t.n_kv - c0);
+    const uint32_t view_bits = in_view == kCellBlock ? 0xFFFFu : (1u << in_view) - 1;
+    if (t.mask[r] == nullptr) return view_bits;
+    if (in_view == kCellBlock) return P::unmasked(t.mask[r] + c0);
+    uint32_t bits = 0;
+    for (int64_t c = 0; c < in_view; c++) bits |= (uint32_t)(t.mask[r][c0 + c] != kMaskedBits) << c;
+    return bits;
+}
+
+// The mask values of block c0 for row r as floats (0 past the view: those lanes are dead).
+template <class P>
+typename P::F mask_values(const AttentionTask &t, int r, int64_t c0) {
+    if (t.mask[r] == nullptr) return P::zero();
+    if (c0 + kCellBlock <= t.n_kv) return P::load_f16(t.mask[r] + c0);
+    alignas(64) uint16_t tail[kCellBlock] = {};
+    std::copy(t.mask[r] + c0, t.mask[r] + t.n_kv, tail);
+    return P::load_f16(tail);
+}
+
+// The block's dot products, dots[r][c] for the cells row r sees: each K row converted once,
+// into registers, for every row of the task.
+template <class P, class R>
+void block_dots(const AttentionTask &t, int64_t c0, const float (*q)[kMaxHeadSize], const uint32_t *live,
+                uint32_t any, float (*dots)[kCellBlock]) {
+    using F = typename P::F;
+    F k[kMaxHeadSize / kCellBlock];
+    const int64_t nj = t.dk / kCellBlock;
+    for (uint32_t bits = any; bits != 0; bits &= bits - 1) {
+        const int c = __builtin_ctz(bits);
+        const char *row = t.k + (c0 + c) * t.k_stride;
+        for (int64_t j = 0; j < nj; j++) k[j] = R::load(row, j * kCellBlock);
+        for (int r = 0; r < t.n_rows; r++) {
+            if (!(live[r] >> c & 1)) continue;
+            F a = P::mul(k[0], P::load(q[r]));
+            for (int64_t j = 1; j < nj; j++) a = P::fma(k[j], P::load(q[r] + j * kCellBlock), a);
+            dots[r][c] = P::sum16(a);
+        }
+    }
+}
+
+// The block's softmax step for row r: M, S and the accumulator rescaled, p (0 for dead cells).
+template <class P>
+void block_softmax(const AttentionTask &t, int r, int64_t c0, uint32_t live, typename P::F dots, float &M, float &S,
+                   float *p) {
+    using F = typename P::F;
+    const F s = P::select(live, P::add(P::mul(dots, P::set1(t.scale)), mask_values<P>(t, r, c0)),
+                          P::set1(kMinusInf));
+    const float next = std::max(M, P::max16(s));
+    const float ms = M == kMinusInf ? 0.0f : P::first(P::exp16(P::set1(M - next)));
+    const F prob = P::exp16(P::add(s, P::set1(-next)));
+    S = S * ms + P::sum16(prob);
+    P::store(p, prob);
+    if (ms != 1.0f) {  // x * 1 is x: skipping it changes no bit
+        float *acc = t.acc + r * t.dv;
+        for (int64_t e = 0; e < t.dv; e += kCellBlock) P::store(acc + e, P::mul(P::load(acc + e), P::set1(ms)));
+    }
+    M = next;
+}
+
+// acc[r] += p[r][c] v[c] over the live cells of rows r0 .. r0 + NR - 1, cells in order, for NJ
+// sixteen-value chunks of the row from value j: NR x NJ accumulators held in registers, enough
+// independent multiply-add chains to hide their latency.
+template <class P, class R, int NR, int NJ>
+void accumulate(const AttentionTask &t, int64_t c0, int64_t j, int r0, const uint32_t *live,
+                const float (*p)[kCellBlock]) {
+    using F = typename P::F;
+    F a[NR][NJ];
+#pragma GCC unroll 8
+    for (int i = 0; i < NR; i++)
+#pragma GCC unroll 8
+        for (int q = 0; q < NJ; q++) a[i][q] = P::load(t.acc + (r0 + i) * t.dv + j + q * kCellBlock);
+    uint32_t both = live[r0], either = live[r0];
+    if constexpr (NR == 2) {
+        both &= live[r0 + 1];
+        either |= live[r0 + 1];
+    }
+    for (uint32_t bits = either; bits != 0; bits &= bits - 1) {
+        const int c = __builtin_ctz(bits);
+        const char *v = t.v + (c0 + c) * t.v_stride;
+        F vc[NJ];
+#pragma GCC unroll 8
+        for (int q = 0; q < NJ; q++) vc[q] = R::load(v, j + q * kCellBlock);
+        if (NR == 1 || (both >> c & 1)) {  // every row sees the cell: the common case
+#pragma GCC unroll 8
+            for (int i = 0; i < NR; i++) {
+                const F pc = P::set1(p[r0 + i][c]);
+#pragma GCC unroll 8
+                for (int q = 0; q < NJ; q++) a[i][q] = P::fma(pc, vc[q], a[i][q]);
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int i = 0; i < NR; i++) {
+                if (!(live[r0 + i] >> c & 1)) continue;
+                const F pc = P::set1(p[r0 + i][c]);
+#pragma GCC unroll 8
+                for (int q = 0; q < NJ; q++) a[i][q] = P::fma(pc, vc[q], a[i][q]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NR; i++)
+#pragma GCC unroll 8
+        for (int q = 0; q < NJ; q++) P::store(t.acc + (r0 + i) * t.dv + j + q * kCellBlock, a[i][q]);
+}
+
+template <class P, class R, int NR>
+void accumulate_rows(const AttentionTask &t, int64_t c0, int r0, const uint32_t *live,
+                     const float (*p)[kCellBlock]) {
+    constexpr int kChunks = P::kValueChunks;
+    int64_t j = 0;
+    for (; j + kChunks * kCellBlock <= t.dv; j += kChunks * kCellBlock) accumulate<P, R, NR, kChunks>(t, c0, j, r0, live, p);
+    for (; j < t.dv; j += kCellBlock) accumulate<P, R, NR, 1>(t, c0, j, r0, live, p);
+}
+
+template <class P, class R>
+void block_values(const AttentionTask &t, int64_t c0, const uint32_t *live, const float (*p)[kCellBlock]) {
+    int r = 0;
+    for (; r + 2 <= t.n_rows; r += 2) accumulate_rows<P, R, 2>(t, c0, r, live, p);
+    if (r < t.n_rows) accumulate_rows<P, R, 1>(t, c0, r, live, p);
+}
+
+template <class P, class R>
+void attend_rows(const AttentionTask &t) {
+    float M[kMaxTaskRows], S[kMaxTaskRows];
+    alignas(64) float p[kMaxTaskRows][kCellBlock];
+    alignas(64) float dots[kMaxTaskRows][kCellBlock] = {};  // a dead cell's lane is thrown away (select)
+    alignas(64) float q[kMaxTaskRows][kMaxHeadSize];
+    uint32_t live[kMaxTaskRows];
+    for (int r = 0; r < t.n_rows; r++)
+        for (int64_t d = 0; d < t.dk; d += kCellBlock) P::store(q[r] + d, P::round_f16(P::load(t.q[r] + d)));
+    for (int r = 0; r < t.n_rows; r++) {
+        M[r] = kMinusInf;
+        S[r] = 0.0f;
+        std::fill(t.acc + r * t.dv, t.acc + (r + 1) * t.dv, 0.0f);
+    }
+    for (int64_t c0 = 0; c0 < t.n_kv; c0 += kCellBlock) {
+        uint32_t any = 0;
+        for (int r = 0; r < t.n_rows; r++) any |= live[r] = live_bits<P>(t, r, c0);
+        if (any == 0) continue;
+        block_dots<P, R>(t, c0, q, live, any, dots);
+        for (int r = 0; r < t.n_rows; r++)
+            if (live[r] != 0) block_softmax<P>(t, r, c0, live[r], P::load(dots[r]), M[r], S[r], p[r]);
+        block_values<P, R>(t, c0, live, p);
+    }
+    for (int r = 0; r < t.n_rows; r++) {
+        const float inv = S[r] == 0.0f ? 0.0f : 1.0f / S[r];
+        const float *acc = t.acc + r * t.dv;
+        for (int64_t e = 0; e < t.dv; e += kCellBlock) P::store(t.out[r] + e, P::mul(P::load(acc + e), P::set1(inv)));
+    }
+}
+
+template <class P>
+void attend(const AttentionTask &t) {
+    if (t.kv_type == GGML_TYPE_Q8_0) return attend_rows<P, Q8Rows<P>>(t);
+    attend_rows<P, F16Rows<P>>(t);
+}
+
+}  // namespace stackd::attention_body
