@@ -23,6 +23,7 @@ namespace stackd::attention_body {
 template <class P>
 struct F16Rows {
     static typename P::F load(const char *row, int64_t j) { return P::load_f16((const uint16_t *)row + j); }
+    static int64_t bytes(int64_t d) { return 2 * d; }
 };
 
 // q8_0: 34-byte blocks of an f16 scale and 32 int8 values; a value is int8 x scale (exact).
@@ -35,7 +36,21 @@ struct Q8Rows {
         __builtin_memcpy(&d, block, sizeof d);
         return P::load_q8((const int8_t *)block + 2 + j % kBlockValues, d);
     }
+    static int64_t bytes(int64_t d) { return d / kBlockValues * kBlockBytes; }
 };
+
+// Asks for the K and V rows of the block from c0 ahead of their use: a decode step reads each
+// stream's cache once, from memory, a row every few hundred bytes (the other heads' rows lie
+// between), so the loads would otherwise wait on memory one cell at a time.
+template <class R>
+void prefetch_block(const AttentionTask &t, int64_t c0) {
+    const int64_t end = std::min<int64_t>(c0 + kCellBlock, t.n_kv);
+    const int64_t k_bytes = R::bytes(t.dk), v_bytes = R::bytes(t.dv);
+    for (int64_t c = c0; c < end; c++) {
+        for (int64_t b = 0; b < k_bytes; b += 64) __builtin_prefetch(t.k + c * t.k_stride + b);
+        for (int64_t b = 0; b < v_bytes; b += 64) __builtin_prefetch(t.v + c * t.v_stride + b);
+    }
+}
 
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
@@ -181,6 +196,7 @@ void attend_rows(const AttentionTask &t) {
         uint32_t any = 0;
         for (int r = 0; r < t.n_rows; r++) any |= live[r] = live_bits<P>(t, r, c0);
         if (any == 0) continue;
+        prefetch_block<R>(t, c0 + kCellBlock);
         block_dots<P, R>(t, c0, q, live, any, dots);
         for (int r = 0; r < t.n_rows; r++)
             if (live[r] != 0) block_softmax<P>(t, r, c0, live[r], P::load(dots[r]), M[r], S[r], p[r]);

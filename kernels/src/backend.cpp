@@ -22,6 +22,7 @@
 #include "ggml-impl.h"  // ggml_custom_op_params: how a GGML_OP_CUSTOM node names its function
 #pragma GCC diagnostic pop
 #include "get_rows.h"
+#include "huge_pages.h"
 #include "layout.h"
 #include "matmul.h"
 #include "repack.h"
@@ -131,7 +132,7 @@ constexpr size_t kAlignment = 64;
 const char *buft_name(ggml_backend_buffer_type_t) { return "STACKD_x8"; }
 
 ggml_backend_buffer_t buft_alloc(ggml_backend_buffer_type_t buft, size_t size) {
-    void *data = std::aligned_alloc(kAlignment, (size + kAlignment - 1) / kAlignment * kAlignment);
+    void *data = alloc_huge(size);
     if (data == nullptr) return nullptr;
     auto *alloc = new Allocation{data};
     {
@@ -291,7 +292,7 @@ const ggml_backend_buffer_i kServedBufferInterface = {
 const char *served_buft_name(ggml_backend_buffer_type_t) { return "STACKD_served"; }
 
 ggml_backend_buffer_t served_alloc(ggml_backend_buffer_type_t buft, size_t size) {
-    void *data = std::aligned_alloc(kAlignment, std::max<size_t>(kAlignment, (size + kAlignment - 1) / kAlignment * kAlignment));
+    void *data = alloc_huge(size);
     if (data == nullptr) return nullptr;
     return ggml_backend_buffer_init(buft, kServedBufferInterface, new ServedAllocation{data, {}}, size);
 }
@@ -394,6 +395,15 @@ bool ours(const BackendContext *ctx, const ggml_tensor *node) {
     return node->op == GGML_OP_MUL_MAT ? can_serve(node) : can_serve_get_rows(node);
 }
 
+// The KV cache an attention node reads goes on huge pages, the first time (huge_pages.h).
+void advise_cache(const ggml_tensor *node) {
+    for (const ggml_tensor *t : {node->src[1], node->src[2]}) {
+        const ggml_backend_buffer_t buffer = t->view_src ? t->view_src->buffer : t->buffer;
+        if (buffer != nullptr && ggml_backend_buffer_is_host(buffer))
+            advise_huge(ggml_backend_buffer_get_base(buffer), ggml_backend_buffer_get_size(buffer));
+    }
+}
+
 // Ours become custom ops (op and op_params kept to put back); the scratch is sized first.
 // Attention is ours on the steps ggml would compute one row at a time (per_row: its reference
 // path, which ours replaces, so a row's numbers still depend on nothing else in its step).
@@ -408,6 +418,7 @@ void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row) {
         std::memcpy(ctx->swapped.back().params.data(), node->op_params, sizeof(node->op_params));
         ggml_custom_op_params task = {get_rows_task, GGML_N_TASKS_MAX, ctx};
         if (attend) {
+            advise_cache(node);
             task.fun = attention_task;
             g_attention_nodes.fetch_add(1, std::memory_order_relaxed);
         } else if (node->op == GGML_OP_MUL_MAT) {
