@@ -7,7 +7,11 @@ requests for every server: a fixed prompt, 128 tokens each with end-of-generatio
 suppressed, greedy. Servers run one after another on the same machine.
 
     .venv/bin/python bench/inference.py [--clients 16] [--seconds 30] [--threads 2]
+    .venv/bin/python bench/inference.py --skip-llama-cpp-python --isolation worker \
+        --model "$(.venv/bin/python -m stackd.testing.quantized_model)"    # another GGUF (Q4_K_M)
 
+--model serves another GGUF file on every server (stackd: `serve --model`, which adds it to the
+store and loads it at start).
 Reports aggregate completion tokens/s, time to first token p50/p95 and inter-token
 latency p50/p95 at the given concurrency, and inter-token latency with one client.
 """
@@ -26,6 +30,7 @@ import time
 
 import loadgen
 import peers
+from kernels_engine import cpu_name
 
 from stackd.store import defaults
 
@@ -84,41 +89,57 @@ class Server:
             self.proc.kill()
 
 
-def spawn_stackd(config: str, prefix: str = "stackd-bench-", env: dict | None = None) -> Server:
+def spawn_stackd(config: str, prefix: str = "stackd-bench-", env: dict | None = None,
+                 model_file: str | None = None) -> Server:
     """A daemon on free ports with `config` (TOML) in a new data dir; ready once it answers
-    with the admin key it wrote. `server.data` and `server.cluster_port` are set."""
+    with the admin key it wrote. `server.data` and `server.cluster_port` are set. `model_file`:
+    a GGUF served in place of the config's preload (`serve --model`); its id becomes the model."""
     data = tempfile.mkdtemp(prefix=prefix)
     with open(os.path.join(data, "config.toml"), "w") as f:
         f.write(config)
     port, cluster_port = free_port(), free_port()
     server = Server("stackd", [sys.executable, "-m", "stackd", "serve", "--data-dir", data,
-                               "--inference-port", str(port), "--cluster-port", str(cluster_port)],
+                               "--inference-port", str(port), "--cluster-port", str(cluster_port)] +
+                    (["--model", model_file] if model_file else []),
                     port, defaults.CHAT_MODEL, cwd=ROOT, env=env,
                     ready_key=lambda: open(os.path.join(data, "admin.key")).read().strip())
     server.data, server.cluster_port = data, cluster_port
+    if model_file:
+        server.model = loaded_model(server)
     return server
 
 
-def start_stackd(slots: int, context: int, threads: int, isolation: str = "worker", engine: str = "") -> Server:
-    """`engine`: more lines of the [engine] section."""
+def loaded_model(server: Server) -> str:
+    """The id of the model a daemon started with `--model` serves."""
+    import http.client
+    import json
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {server.key}"})
+    models = json.loads(conn.getresponse().read())["data"]
+    return next(m["id"] for m in models if m.get("kind") == "chat" and m.get("state") == "loaded")
+
+
+def start_stackd(slots: int, context: int, threads: int, isolation: str = "worker", engine: str = "",
+                 model_file: str | None = None) -> Server:
+    """`engine`: more lines of the [engine] section; `model_file`: a GGUF to serve instead."""
+    preload = "" if model_file else f"[models]\npreload = [\"{defaults.CHAT_MODEL}\"]\n"
     return spawn_stackd(f"[http]\naccess_log = false\n[rate_limits]\ninference = 0\n"
                         f"[engine]\nslots = {slots}\ncontext_length = {context}\nthreads = {threads}\n"
-                        f"isolation = \"{isolation}\"\n{engine}"
-                        f"[models]\npreload = [\"{defaults.CHAT_MODEL}\"]\n")
+                        f"isolation = \"{isolation}\"\n{engine}{preload}", model_file=model_file)
 
 
-def start_llama_server(binary: str, slots: int, context: int, threads: int) -> Server:
+def start_llama_server(binary: str, slots: int, context: int, threads: int, model_file: str | None = None) -> Server:
     port = free_port()
-    return Server("llama-server", [binary, "-m", defaults.smollm2_path(), "--host", "127.0.0.1",
+    return Server("llama-server", [binary, "-m", model_file or defaults.smollm2_path(), "--host", "127.0.0.1",
                                    "--port", str(port), "-np", str(slots), "-c", str(slots * context),
                                    "-t", str(threads), "-tb", str(threads), "--no-webui"],
                   port, "smollm2")
 
 
-def start_llama_cpp_python(python: str, context: int, threads: int) -> Server:
+def start_llama_cpp_python(python: str, context: int, threads: int, model_file: str | None = None) -> Server:
     port = free_port()
     return Server("llama-cpp-python", [python, "-m", "llama_cpp.server", "--model",
-                                       defaults.smollm2_path(), "--host", "127.0.0.1", "--port",
+                                       model_file or defaults.smollm2_path(), "--host", "127.0.0.1", "--port",
                                        str(port), "--n_ctx", str(context), "--n_threads", str(threads),
                                        "--n_threads_batch", str(threads),
                                        # by default a new request cuts off the one streaming;
@@ -149,6 +170,7 @@ def main() -> None:
     parser.add_argument("--skip-llama-cpp-python", action="store_true")
     parser.add_argument("--isolation", default="worker,inline",
                         help="stackd engine isolation modes to run: worker, inline or both")
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the default chat model)")
     args = parser.parse_args()
     slots = args.clients
 
@@ -158,12 +180,13 @@ def main() -> None:
 
     modes = [m.strip() for m in args.isolation.split(",") if m.strip()]
     starters = [("stackd" if mode == modes[0] else f"stackd ({mode})",
-                 lambda mode=mode: start_stackd(slots, args.context, args.threads, mode))
+                 lambda mode=mode: start_stackd(slots, args.context, args.threads, mode, model_file=args.model))
                 for mode in modes]
-    starters.append(("llama-server", lambda: start_llama_server(binary, slots, args.context, args.threads)))
+    starters.append(("llama-server", lambda: start_llama_server(binary, slots, args.context, args.threads,
+                                                                args.model)))
     if python:
         starters.append(("llama-cpp-python", lambda: start_llama_cpp_python(python, args.context,
-                                                                            args.threads)))
+                                                                            args.threads, args.model)))
     for name, start in starters:
         server = start()
         try:
@@ -179,7 +202,8 @@ def main() -> None:
 
     ours, peer = results["stackd"], results["llama-server"]
     c = args.clients
-    print(f"\nSmolLM2-135M Q4_1, {args.threads} threads, {slots} slots, {args.max_tokens} tokens per "
+    print(f"\n{os.path.basename(args.model) if args.model else 'SmolLM2-135M Q4_1'} on {cpu_name()}, "
+          f"{args.threads} threads, {slots} slots, {args.max_tokens} tokens per "
           f"request, {args.seconds:g} s closed loop")
     print(f"  tokens/s at c={c}: {ours[c].tokens_per_second() / peer[c].tokens_per_second():.2f}x "
           f"llama-server (target >= 1.75x, kernels issue)")

@@ -139,7 +139,7 @@ def alternate(rounds: int, streams: list[int], threads: int, model: str | None, 
         ratios[f"prefill ({pre})"].append(ours[pre]["prefill"] / peer[pre]["prefill"])
         if r == 0:
             print(f"{cpu_name()}; {os.path.basename(model_path(model))}; weights on our kernels: {ours['tensors']}; "
-                  f"decode attention: {attention}'s")
+                  f"decode attention: {attention}")
         print(f"round {r + 1} ({ours['path']}): " + ", ".join(
             f"{n} streams {ours[n]['decode']:.1f} / {peer[n]['decode']:.1f} tok/s" for n in streams), flush=True)
     print(f"{threads} threads, {PROMPT_TOKENS}-token prompts, {GEN_TOKENS} generated, flash attention on; "

@@ -54,7 +54,7 @@ DEFAULTS: dict = {
         "max_queue": 256,         # waiting requests per model beyond which 503
         "flash_attn": "auto",     # auto, on, off
         "kv_type": "f16",         # KV cache: f16, q8_0 (about half the bytes; flash attention on)
-        "kernels": "auto",        # our repacked Q4_1 matmul (kernels/): auto (when the CPU has AVX2), off
+        "kernels": "auto",        # our matmuls and decode attention (kernels/): auto (when the CPU has AVX2), off
         # prefills too on ggml's per-row arithmetic (decode steps always are): greedy answers
         # independent of what shares a step, long prompts prefilled ~2.2x slower; needs kernels
         "batch_invariant": False,
