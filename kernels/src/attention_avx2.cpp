@@ -6,6 +6,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #include "attention_body.h"
+#include "attention_lanes.h"
 
 namespace stackd {
 
@@ -49,18 +50,9 @@ struct Avx2Pack {
         return {_mm256_blendv_ps(b.lo, a.lo, lanes_of(bits)), _mm256_blendv_ps(b.hi, a.hi, lanes_of(bits >> 8))};
     }
 
-    static float sum8(__m256 r8) {
-        const __m128 r4 = _mm_add_ps(_mm256_castps256_ps128(r8), _mm256_extractf128_ps(r8, 1));
-        const __m128 r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
-        return _mm_cvtss_f32(_mm_add_ss(r2, _mm_movehdup_ps(r2)));
-    }
-    static float sum16(F a) { return sum8(_mm256_add_ps(a.lo, a.hi)); }
-    static float max16(F a) {
-        const __m256 m8 = _mm256_max_ps(a.lo, a.hi);
-        const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-        const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        return _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
-    }
+    // Lanes 0-7 and 8-15 combined first (attention.h's tree), then attention_lanes.h's steps.
+    static float sum16(F a) { return attention_lanes::fold8(_mm256_add_ps(a.lo, a.hi), attention_lanes::Add{}); }
+    static float max16(F a) { return attention_lanes::fold8(_mm256_max_ps(a.lo, a.hi), attention_lanes::Max{}); }
 
     static __m256 exp8(__m256 x) {
         const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(kExpFloor), _CMP_GE_OQ);

@@ -9,6 +9,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
 #include "attention_body.h"
+#include "attention_lanes.h"
 
 namespace stackd {
 
@@ -32,22 +33,14 @@ struct Avx512Pack {
     static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
     static F select(uint32_t bits, F a, F b) { return _mm512_mask_blend_ps((__mmask16)bits, b, a); }
     static float first(F a) { return _mm512_cvtss_f32(a); }
-    static float max16(F a) {
+    // Lanes l and l + 8 combined first (attention.h's tree), then attention_lanes.h's steps.
+    template <class Combine>
+    static float fold16(F a, Combine combine) {
         const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-        const __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(a), hi);
-        const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-        const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        return _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+        return attention_lanes::fold8(combine(_mm512_castps512_ps256(a), hi), combine);
     }
-
-    // x[l] + x[l+8], + 4 on, + 2 on, + 1 on (attention.h).
-    static float sum16(F a) {
-        const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-        const __m256 r8 = _mm256_add_ps(_mm512_castps512_ps256(a), hi);
-        const __m128 r4 = _mm_add_ps(_mm256_castps256_ps128(r8), _mm256_extractf128_ps(r8, 1));
-        const __m128 r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
-        return _mm_cvtss_f32(_mm_add_ss(r2, _mm_movehdup_ps(r2)));
-    }
+    static float max16(F a) { return fold16(a, attention_lanes::Max{}); }
+    static float sum16(F a) { return fold16(a, attention_lanes::Add{}); }
 
     static F exp16(F x) {
         const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpFloor), _CMP_GE_OQ);

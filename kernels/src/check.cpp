@@ -60,6 +60,19 @@ void set_threads(ggml_backend_t backend, int n_threads) {
     if (fn) fn(backend, n_threads);
 }
 
+// Computes the graph of `node` on a backend `repeat` times; *seconds (if asked): the fastest.
+void compute(ggml_backend_t backend, ggml_context *ctx, ggml_tensor *node, int repeat, double *seconds) {
+    ggml_cgraph *graph = ggml_new_graph(ctx);
+    ggml_build_forward_expand(graph, node);
+    double best = 1e30;
+    for (int i = 0; i < repeat; i++) {
+        const auto start = std::chrono::steady_clock::now();
+        ggml_backend_graph_compute(backend, graph);
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    if (seconds) *seconds = best;
+}
+
 // Runs mul_mat(weights, x[first .. first+count)) on a backend, the weight in weight_buft.
 // Returns the output (count x rows) and the seconds of the fastest of `repeat` runs.
 std::vector<float> run(const Problem &p, int64_t first, int64_t count, ggml_backend_t backend,
@@ -73,15 +86,7 @@ std::vector<float> run(const Problem &p, int64_t first, int64_t count, ggml_back
     ggml_backend_buffer_t xbuf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
     ggml_backend_tensor_set(w, p.w.data(), 0, p.w.size());
     ggml_backend_tensor_set(x, p.x.data() + first * p.k, 0, ggml_nbytes(x));
-    ggml_cgraph *graph = ggml_new_graph(ctx);
-    ggml_build_forward_expand(graph, y);
-    double best = 1e30;
-    for (int i = 0; i < repeat; i++) {
-        const auto start = std::chrono::steady_clock::now();
-        ggml_backend_graph_compute(backend, graph);
-        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    if (seconds) *seconds = best;
+    compute(backend, ctx, y, repeat, seconds);
     std::vector<float> out(count * p.rows);
     ggml_backend_tensor_get(y, out.data(), 0, out.size() * sizeof(float));
     ggml_backend_buffer_free(xbuf);
@@ -506,15 +511,7 @@ std::vector<float> run_attention(const AttentionProblem &p, int64_t first, int64
     ggml_backend_tensor_set(k, kk.data(), 0, ggml_nbytes(k));
     ggml_backend_tensor_set(v, vv.data(), 0, ggml_nbytes(v));
     ggml_backend_tensor_set(mask, mm.data(), 0, ggml_nbytes(mask));
-    ggml_cgraph *graph = ggml_new_graph(ctx);
-    ggml_build_forward_expand(graph, out);
-    double best = 1e30;
-    for (int i = 0; i < repeat; i++) {
-        const auto start = std::chrono::steady_clock::now();
-        ggml_backend_graph_compute(backend, graph);
-        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    if (seconds) *seconds = best;
+    compute(backend, ctx, out, repeat, seconds);
     std::vector<float> result(ggml_nelements(out));
     ggml_backend_tensor_get(out, result.data(), 0, ggml_nbytes(out));
     ggml_backend_buffer_free(buf);
