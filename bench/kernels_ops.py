@@ -2,7 +2,7 @@
 
 The weight shapes of SmolLM2-135M Q4_1 (the default chat model): its Q4_1 projections and its
 tied Q8_0 vocabulary projection; with --quants, those of its Q4_K_M file (Q5_0 projections,
-K-quant ffn_down) and a Q4_0 one; batch 1/4/16/32 tokens, the same random weights and
+K-quant ffn_down), a Q4_0 one and the Q5_K_M file's Q5_1; batch 1/4/16/32 tokens, the same random weights and
 activations on every side, best of --repeat runs each, timed in C around
 ggml_backend_graph_compute (stackd.testing.kernels_check). ggml runs twice where it repacks
 the type itself: on plain buffers (its vec_dot) and on its own repacked buffer (CPU_REPACK:
@@ -30,7 +30,8 @@ SHAPES = [("attn q / o", "q4_1", 576, 576), ("attn k / v", "q4_1", 576, 192),
           ("vocabulary (tied)", "q8_0", 576, 49152)]
 QUANT_SHAPES = [("attn q / o (Q4_K_M file)", "q5_0", 576, 576), ("ffn gate / up (Q4_K_M file)", "q5_0", 576, 1536),
                 ("ffn down (Q4_K_M file)", "q4_K", 1536, 576), ("ffn down (Q4_K_M file)", "q6_K", 1536, 576),
-                ("ffn down (Q5_K_M file)", "q5_K", 1536, 576), ("ffn gate / up", "q4_0", 576, 1536)]
+                ("ffn down (Q5_K_M file)", "q5_K", 1536, 576), ("ffn gate / up", "q4_0", 576, 1536),
+                ("ffn gate / up (Q5_K_M file)", "q5_1", 576, 1536)]
 BATCHES = [1, 4, 16, 32]
 ATTENTION = [(1, 256), (1, 4096), (16, 256), (16, 1024)]   # (streams, cells in each stream's view)
 

@@ -548,7 +548,7 @@ const char *dev_name(ggml_backend_dev_t) { return "STACKD"; }
 
 const char *dev_description(ggml_backend_dev_t) {
     static std::string text;
-    text = std::string("stackd repacked Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K matmul (") + path_name(current_path()) + ")";
+    text = std::string("stackd repacked Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K matmul (") + path_name(current_path()) + ")";
     return text.c_str();
 }
 

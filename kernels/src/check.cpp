@@ -127,6 +127,19 @@ double block_magnitude(const block_q5_0 &wb, const ActBlock &a) {
     return std::fabs((double)ggml_fp16_to_fp32(wb.d) * a.d) * dot;
 }
 
+// Q5_1: |d_w d_a| sum|q_w q_a| + |m_w s_a|, q_w in 0..31.
+double block_magnitude(const block_q5_1 &wb, const ActBlock &a) {
+    uint32_t qh;
+    std::memcpy(&qh, wb.qh, sizeof qh);
+    int64_t dot = 0;
+    for (int i = 0; i < 16; i++) {
+        const int lo = (wb.qs[i] & 0x0F) | ((qh >> i) & 1) << 4, hi = (wb.qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4;
+        dot += lo * std::abs((int)a.q[i]) + hi * std::abs((int)a.q[i + 16]);
+    }
+    return std::fabs((double)ggml_fp16_to_fp32(q5_1_d(wb)) * a.d) * dot +
+           std::fabs((double)ggml_fp16_to_fp32(q5_1_m(wb)) * a.s);
+}
+
 double block_magnitude(const block_q8_0 &wb, const ActBlock &a) {
     int64_t dot = 0;
     for (int i = 0; i < kQK; i++) dot += std::abs((int)wb.qs[i]) * std::abs((int)a.q[i]);
@@ -232,6 +245,7 @@ STACKD_API int stackd_kernels_check(int type, int64_t k, int64_t rows, int64_t t
     const auto mag = p.type == GGML_TYPE_Q8_0   ? magnitudes<block_q8_0>(p)
                      : p.type == GGML_TYPE_Q4_0 ? magnitudes<block_q4_0>(p)
                      : p.type == GGML_TYPE_Q5_0 ? magnitudes<block_q5_0>(p)
+                     : p.type == GGML_TYPE_Q5_1 ? magnitudes<block_q5_1>(p)
                      : p.type == GGML_TYPE_Q4_K ? magnitudes<block_q4_K, ActKBlock>(p)
                      : p.type == GGML_TYPE_Q5_K ? magnitudes<block_q5_K, ActKBlock>(p)
                      : p.type == GGML_TYPE_Q6_K ? magnitudes<block_q6_K, ActKBlock>(p)

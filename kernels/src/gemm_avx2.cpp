@@ -33,35 +33,56 @@ inline __m256 add_scaled(__m256 acc, __m256 dw, float da, __m256i isum) {
 
 inline __m256 fp16x8(const uint16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
 
-// Q4_1: each 32-byte step of the block's weights is unpacked once and used by every token.
-struct Q4_1 : Avx2 {
-    using Block = Q4x8Block;
+// Row r's fifth bits of chunk c (bit c of byte 4r + i, layout.h) moved to bit 4 of the byte.
+inline __m256i fifth_bits(__m256i qh, int c) {
+    const __m256i bit = _mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << c)));
+    return c <= 4 ? _mm256_slli_epi16(bit, 4 - c) : _mm256_srli_epi16(bit, c - 4);
+}
+
+// Q4_1 and Q5_1: each 32-byte step of the block's weights is unpacked once (Q5_1's fifth bits
+// or-ed in) and used by every token. vpmaddubsw: u8 x s8 pairs into int16 lanes; Q4_1's are at
+// most |2 x 15 x 127| = 3810, so eight of them (all four steps) stay within 30480 and one
+// vpmaddwd per token and block turns the lanes into each row's int32 sum; Q5_1's reach 7874,
+// so its lanes are widened every two steps (31496), as Q5_0's.
+template <class BlockType>
+struct Minimum : Avx2 {
+    using Block = BlockType;
+    static constexpr bool kFifth = std::is_same_v<Block, Q51x8Block>;
 
     template <int TT, int NG>
     STACKD_BODY_INLINE void add_block(Acc<TT, NG> &acc, const Block *w, int64_t nb, const ActBlock *act,
                                       int64_t i) const {
         const __m256i low = _mm256_set1_epi8(0x0F);
         const __m256i ones = _mm256_set1_epi16(1);
-        // vpmaddubsw: u8 x s8 pairs into int16 lanes (|2 x 15 x 127| = 3810). Eight of those
-        // added per lane stay within 30480, exact in int16, so one vpmaddwd per token and
-        // block turns the lanes into each row's int32 sum.
-        __m256i pairs[TT];
-        for (int t = 0; t < TT; t++) pairs[t] = _mm256_setzero_si256();
+        __m256i pairs[TT], isum[TT];
+        for (int t = 0; t < TT; t++) pairs[t] = isum[t] = _mm256_setzero_si256();
+        __m256i qh = _mm256_setzero_si256();
+        if constexpr (kFifth) qh = _mm256_loadu_si256((const __m256i *)w->qh);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             const __m256i p = _mm256_loadu_si256((const __m256i *)(w->qs + 32 * j));
-            const __m256i lo = _mm256_and_si256(p, low), hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+            __m256i lo = _mm256_and_si256(p, low), hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+            if constexpr (kFifth) {
+                lo = _mm256_or_si256(lo, fifth_bits(qh, j));
+                hi = _mm256_or_si256(hi, fifth_bits(qh, j + 4));
+            }
             for (int t = 0; t < TT; t++) {
                 const ActBlock &a = act[i + t * nb];
                 const __m256i sum = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(quad(a, j))),
                                                      _mm256_maddubs_epi16(hi, _mm256_set1_epi32(quad(a, j + 4))));
                 pairs[t] = _mm256_add_epi16(pairs[t], sum);
             }
+            if (!kFifth ? j == 3 : j % 2 == 1) {
+                for (int t = 0; t < TT; t++) {
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(pairs[t], ones));
+                    pairs[t] = _mm256_setzero_si256();
+                }
+            }
         }
         const __m256 dw = fp16x8(w->d), mw = fp16x8(w->m);
         for (int t = 0; t < TT; t++) {
             const ActBlock &a = act[i + t * nb];
-            acc[t] = add_scaled(acc[t], dw, a.d, _mm256_madd_epi16(pairs[t], ones));
+            acc[t] = add_scaled(acc[t], dw, a.d, isum[t]);
             acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), acc[t]);
         }
     }
@@ -106,12 +127,6 @@ void offset_sums(const ActBlock *act, int64_t count, int32_t offset, int32_t *ou
         const __m128i quarter = _mm_add_epi32(half, _mm_unpackhi_epi64(half, half));
         out[i] = -offset * (_mm_cvtsi128_si32(quarter) + _mm_extract_epi32(quarter, 1));
     }
-}
-
-// Row r's fifth bits of chunk c (bit c of byte 4r + i, layout.h) moved to bit 4 of the byte.
-inline __m256i fifth_bits(__m256i qh, int c) {
-    const __m256i bit = _mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << c)));
-    return c <= 4 ? _mm256_slli_epi16(bit, 4 - c) : _mm256_srli_epi16(bit, c - 4);
 }
 
 // Q4_0 and Q5_0: Q4_1's unpacking (with Q5_0's fifth bits or-ed in), the integer starting at
@@ -175,7 +190,8 @@ void gemm_offset(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int6
 }  // namespace
 
 Kernels avx2_kernels() {
-    return {tiles::run<Q4_1>, tiles::run<Q8_0>, gemm_offset<Q40x8Block, 8>, gemm_offset<Q50x8Block, 16>};
+    return {tiles::run<Minimum<Q4x8Block>>, tiles::run<Q8_0>, gemm_offset<Q40x8Block, 8>, gemm_offset<Q50x8Block, 16>,
+            tiles::run<Minimum<Q51x8Block>>};
 }
 
 }  // namespace stackd

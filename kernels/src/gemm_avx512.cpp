@@ -91,36 +91,61 @@ inline __m256 add_scaled(__m256 acc, __m256 dw, float da, __m256i isum) {
 inline __m512 add_min(__m512 acc, __m512 mw, float sa) { return _mm512_fmadd_ps(mw, _mm512_set1_ps(sa), acc); }
 inline __m256 add_min(__m256 acc, __m256 mw, float sa) { return _mm256_fmadd_ps(mw, _mm256_set1_ps(sa), acc); }
 
-// Q4_1: the nibbles of a block unpacked once into eight vectors (four positions per row each),
-// used by every token of the tile.
-struct Q4_1 : Avx512 {
-    using Block = Q4x8Block;
+// Row r's fifth bits of chunk c (bit c of byte 4r + i, layout.h) moved to bit 4 of the byte.
+inline __m512i fifth_bits(__m512i qh, int c) {
+    const __m512i bit = _mm512_and_si512(qh, _mm512_set1_epi8((char)(1 << c)));
+    return c <= 4 ? _mm512_slli_epi16(bit, 4 - c) : _mm512_srli_epi16(bit, c - 4);
+}
+inline __m256i fifth_bits(__m256i qh, int c) {
+    const __m256i bit = _mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << c)));
+    return c <= 4 ? _mm256_slli_epi16(bit, 4 - c) : _mm256_srli_epi16(bit, c - 4);
+}
+inline __m512i and8(__m512i a, __m512i b) { return _mm512_and_si512(a, b); }
+inline __m256i and8(__m256i a, __m256i b) { return _mm256_and_si256(a, b); }
+inline __m512i or8(__m512i a, __m512i b) { return _mm512_or_si512(a, b); }
+inline __m256i or8(__m256i a, __m256i b) { return _mm256_or_si256(a, b); }
+inline __m512i nibbles_high(__m512i p) { return _mm512_srli_epi16(p, 4); }
+inline __m256i nibbles_high(__m256i p) { return _mm256_srli_epi16(p, 4); }
+template <class I> inline I bytes(int8_t v) {
+    if constexpr (sizeof(I) == sizeof(__m512i)) return _mm512_set1_epi8(v);
+    else return _mm256_set1_epi8(v);
+}
+
+// Q4_1 and Q5_1: the nibbles of a block unpacked once into eight vectors (four positions per
+// row each; Q5_1's fifth bits or-ed in), used by every token of the tile.
+template <class BlockType>
+struct Minimum : Avx512 {
+    using Block = BlockType;
+    static constexpr bool kFifth = std::is_same_v<Block, Q51x8Block>;
 
     template <int TT, int NG>
     STACKD_BODY_INLINE void add_block(Acc<TT, NG> &acc, const Block *w, int64_t nb, const ActBlock *act,
                                       int64_t i) const {
-        typename Lanes<NG>::I u[8];
+        using I = typename Lanes<NG>::I;
+        I u[8];
         typename Lanes<NG>::F dw, mw;
-        if constexpr (NG == 2) {
-            const __m512i low = _mm512_set1_epi8(0x0F);
+        const I low = bytes<I>(0x0F);
 #pragma GCC unroll 4  // kept in registers: a loop here went through the stack
-            for (int j = 0; j < 4; j++) {
-                const __m512i p = pair256(w[0].qs + 32 * j, w[nb].qs + 32 * j);
-                u[j] = _mm512_and_si512(p, low);
-                u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
-            }
+        for (int j = 0; j < 4; j++) {
+            I p;
+            if constexpr (NG == 2) p = pair256(w[0].qs + 32 * j, w[nb].qs + 32 * j);
+            else p = group256(w->qs + 32 * j);
+            u[j] = and8(p, low);
+            u[j + 4] = and8(nibbles_high(p), low);
+        }
+        if constexpr (NG == 2) {
             dw = pair_fp16(w[0].d, w[nb].d);
             mw = pair_fp16(w[0].m, w[nb].m);
         } else {
-            const __m256i low = _mm256_set1_epi8(0x0F);
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) {
-                const __m256i p = group256(w->qs + 32 * j);
-                u[j] = _mm256_and_si256(p, low);
-                u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
-            }
             dw = group_fp16(w->d);
             mw = group_fp16(w->m);
+        }
+        if constexpr (kFifth) {
+            I qh;
+            if constexpr (NG == 2) qh = pair256(w[0].qh, w[nb].qh);
+            else qh = group256(w->qh);
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) u[c] = or8(u[c], fifth_bits(qh, c));
         }
         for (int t = 0; t < TT; t++) {
             const ActBlock &a = act[i + t * nb];
@@ -184,26 +209,6 @@ void gemm_corrected(const typename Body::Block *w, int64_t nb, int64_t rows, int
     tiles::gemm(Body{{}, corr.data()}, w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
 }
 
-// Row r's fifth bits of chunk c (bit c of byte 4r + i, layout.h) moved to bit 4 of the byte.
-inline __m512i fifth_bits(__m512i qh, int c) {
-    const __m512i bit = _mm512_and_si512(qh, _mm512_set1_epi8((char)(1 << c)));
-    return c <= 4 ? _mm512_slli_epi16(bit, 4 - c) : _mm512_srli_epi16(bit, c - 4);
-}
-inline __m256i fifth_bits(__m256i qh, int c) {
-    const __m256i bit = _mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << c)));
-    return c <= 4 ? _mm256_slli_epi16(bit, 4 - c) : _mm256_srli_epi16(bit, c - 4);
-}
-inline __m512i and8(__m512i a, __m512i b) { return _mm512_and_si512(a, b); }
-inline __m256i and8(__m256i a, __m256i b) { return _mm256_and_si256(a, b); }
-inline __m512i or8(__m512i a, __m512i b) { return _mm512_or_si512(a, b); }
-inline __m256i or8(__m256i a, __m256i b) { return _mm256_or_si256(a, b); }
-inline __m512i nibbles_high(__m512i p) { return _mm512_srli_epi16(p, 4); }
-inline __m256i nibbles_high(__m256i p) { return _mm256_srli_epi16(p, 4); }
-template <class I> inline I bytes(int8_t v) {
-    if constexpr (sizeof(I) == sizeof(__m512i)) return _mm512_set1_epi8(v);
-    else return _mm256_set1_epi8(v);
-}
-
 // Q4_0 and Q5_0: Q4_1's nibbles (Q5_0's fifth bits or-ed in), no minimum; each block's integer
 // starts at -8 or -16 x the activation sum: the Q8_0 correction (-128 x the sum) shifted right
 // by 4 or 3, exactly.
@@ -248,8 +253,8 @@ struct Offset : Avx512 {
 }  // namespace
 
 Kernels avx512_kernels() {
-    return {tiles::run<Q4_1>, gemm_corrected<Q8_0>, gemm_corrected<Offset<Q40x8Block>>,
-            gemm_corrected<Offset<Q50x8Block>>};
+    return {tiles::run<Minimum<Q4x8Block>>, gemm_corrected<Q8_0>, gemm_corrected<Offset<Q40x8Block>>,
+            gemm_corrected<Offset<Q50x8Block>>, tiles::run<Minimum<Q51x8Block>>};
 }
 
 }  // namespace stackd

@@ -22,7 +22,7 @@ int32_t block_dot(const Q4x8Block &w, int r, const ActBlock &a) {
     return sum;
 }
 
-// Row r's nibble at position p of a Q4_0 / Q5_0 group block (layout.h: as Q4_1's).
+// Row r's nibble at position p of a Q4_0 / Q5_0 / Q5_1 group block (layout.h: as Q4_1's).
 template <class Block>
 int nibble(const Block &w, int r, int p) {
     return (w.qs[32 * (p % 16 / 4) + 4 * r + p % 4] >> (p >= 16 ? 4 : 0)) & 0x0F;
@@ -37,6 +37,12 @@ int32_t block_dot(const Q40x8Block &w, int r, const ActBlock &a) {
 int32_t block_dot(const Q50x8Block &w, int r, const ActBlock &a) {
     int32_t sum = 0;
     for (int p = 0; p < kQK; p++) sum += ((nibble(w, r, p) | q5_high_bit(w, r, p) << 4) - 16) * a.q[p];
+    return sum;
+}
+
+int32_t block_dot(const Q51x8Block &w, int r, const ActBlock &a) {
+    int32_t sum = 0;
+    for (int p = 0; p < kQK; p++) sum += (nibble(w, r, p) | q5_high_bit(w, r, p) << 4) * a.q[p];
     return sum;
 }
 
@@ -63,7 +69,7 @@ struct Reference {
             for (int r = 0; r < kRowsPerGroup; r++) {
                 const float scale = ggml_fp16_to_fp32(w->d[r]) * a.d;
                 acc[t][r] = std::fma(scale, (float)block_dot(*w, r, a), acc[t][r]);
-                if constexpr (std::is_same_v<Block, Q4x8Block>)
+                if constexpr (std::is_same_v<Block, Q4x8Block> || std::is_same_v<Block, Q51x8Block>)
                     acc[t][r] = std::fma(ggml_fp16_to_fp32(w->m[r]), a.s, acc[t][r]);
             }
         }
@@ -74,7 +80,7 @@ struct Reference {
 
 Kernels scalar_kernels() {
     return {tiles::run<Reference<Q4x8Block>>, tiles::run<Reference<Q8x8Block>>, tiles::run<Reference<Q40x8Block>>,
-            tiles::run<Reference<Q50x8Block>>};
+            tiles::run<Reference<Q50x8Block>>, tiles::run<Reference<Q51x8Block>>};
 }
 
 Kernels kernels_for(Path path) {

@@ -5,7 +5,7 @@
 // our matmul beside the file pages the CPU's copy reads.
 //
 // Each row is ggml's dequantize_row_q8_0 (w = q * d, one float multiply): bit for bit. Tables
-// of the other types we repack (Q4_0, Q4_1, Q5_0; Q4_K and Q6_K, a Q4_K_M file's token
+// of the other types we repack (Q4_0, Q4_1, Q5_0, Q5_1; Q4_K and Q6_K, a Q4_K_M file's token
 // embeddings) are served too: a row goes back to ggml's blocks and through ggml's own
 // to_float, what ggml's GET_ROWS calls.
 #pragma once

@@ -5,7 +5,7 @@
 //     isum = the exact int32 dot product of the block's 32 weights and activation bytes
 //            (Q4_0: q - 8, Q5_0: q - 16, the others: q as stored in ggml's block)
 //     acc  = fma(d_w[r] * d_a[t], (float) isum, acc)
-//     acc  = fma(m_w[r], s_a[t], acc)                   (Q4_1 only)
+//     acc  = fma(m_w[r], s_a[t], acc)                   (Q4_1 and Q5_1 only)
 // and the result is acc. The integer sums are exact whatever order a path adds them in, so
 // each path is free to split them across registers; the float operations are the same
 // sequence on every path. ggml's own x86 dot products keep eight float partial sums per row
@@ -46,6 +46,7 @@ struct Kernels {
     GemmFn<Q8x8Block> q8_0;
     GemmFn<Q40x8Block> q4_0;   // Q4_0 and Q5_0: the same activations, each block's integer
     GemmFn<Q50x8Block> q5_0;   // offset by -8 or -16 x the activation sum (layout.h)
+    GemmFn<Q51x8Block> q5_1;   // Q4_1's arithmetic on 5-bit q
     KQuantKernels kquants{};   // Q4_K, Q6_K (kernels_qk.h): filled by kernels_for
     AttendFn attend = nullptr; // decode attention (attention.h): filled by kernels_for
 };

@@ -19,7 +19,7 @@ constexpr int kChunks = 4;      // j: four 4-byte chunks of a block's 16 bytes
 constexpr int kChunkBytes = 4;  // i: four consecutive positions
 
 // A block's 16 nibble bytes, between ggml's block and row r's lane of the group's block, both
-// ways (Q4_1, Q4_0 and Q5_0 share the layout).
+// ways (Q4_1, Q4_0, Q5_0 and Q5_1 share the layout).
 void nibbles_to_lane(const uint8_t *qs, int r, uint8_t *lanes) {
     for (int j = 0; j < kChunks; j++) std::memcpy(&lanes[32 * j + kChunkBytes * r], &qs[kChunkBytes * j], kChunkBytes);
 }
@@ -67,25 +67,51 @@ void from_lane(const Q40x8Block &src, int r, block_q4_0 &blk) {
     nibbles_from_lane(src.qs, r, blk.qs);
 }
 
-// ggml's qh is a little-endian uint32 whose bit p is position p's fifth bit.
-void to_lane(const block_q5_0 &blk, int r, Q50x8Block &dst) {
-    dst.d[r] = blk.d;
-    nibbles_to_lane(blk.qs, r, dst.qs);
+// ggml's qh is a little-endian uint32 whose bit p is position p's fifth bit; ours, row r's
+// four bytes of the group's plane (layout.h). Both ways, for Q5_0 and Q5_1.
+void fifth_bits_to_lane(const uint8_t *ggml_qh, int r, uint8_t *plane) {
     uint32_t qh;
-    std::memcpy(&qh, blk.qh, sizeof qh);
+    std::memcpy(&qh, ggml_qh, sizeof qh);
     for (int i = 0; i < 4; i++) {
         uint8_t bits = 0;
         for (int c = 0; c < 8; c++) bits |= (uint8_t)(((qh >> (4 * c + i)) & 1) << c);
-        dst.qh[4 * r + i] = bits;
+        plane[4 * r + i] = bits;
     }
+}
+
+template <class Packed>
+void fifth_bits_from_lane(const Packed &src, int r, uint8_t *ggml_qh) {
+    uint32_t qh = 0;
+    for (int p = 0; p < kQK; p++) qh |= (uint32_t)q5_high_bit(src, r, p) << p;
+    std::memcpy(ggml_qh, &qh, sizeof qh);
+}
+
+void to_lane(const block_q5_0 &blk, int r, Q50x8Block &dst) {
+    dst.d[r] = blk.d;
+    nibbles_to_lane(blk.qs, r, dst.qs);
+    fifth_bits_to_lane(blk.qh, r, dst.qh);
 }
 
 void from_lane(const Q50x8Block &src, int r, block_q5_0 &blk) {
     blk.d = src.d[r];
     nibbles_from_lane(src.qs, r, blk.qs);
-    uint32_t qh = 0;
-    for (int p = 0; p < kQK; p++) qh |= (uint32_t)q5_high_bit(src, r, p) << p;
-    std::memcpy(blk.qh, &qh, sizeof qh);
+    fifth_bits_from_lane(src, r, blk.qh);
+}
+
+static_assert(sizeof(block_q5_1) == 24, "block_q5_1 as ggml defines it");
+
+void to_lane(const block_q5_1 &blk, int r, Q51x8Block &dst) {
+    dst.d[r] = q5_1_d(blk);
+    dst.m[r] = q5_1_m(blk);
+    nibbles_to_lane(blk.qs, r, dst.qs);
+    fifth_bits_to_lane(blk.qh, r, dst.qh);
+}
+
+void from_lane(const Q51x8Block &src, int r, block_q5_1 &blk) {
+    q5_1_d(blk) = src.d[r];
+    q5_1_m(blk) = src.m[r];
+    nibbles_from_lane(src.qs, r, blk.qs);
+    fifth_bits_from_lane(src, r, blk.qh);
 }
 
 // Plain ggml rows (row-major blocks of Plain) -> the repacked groups; padding rows stay zero
@@ -143,6 +169,7 @@ void unpack_row_32(int type, const void *packed, int64_t k, int64_t row, void *p
     switch (type) {
         case GGML_TYPE_Q4_0: unpack_one_row<block_q4_0, Q40x8Block>(packed, k, row, plain); break;
         case GGML_TYPE_Q5_0: unpack_one_row<block_q5_0, Q50x8Block>(packed, k, row, plain); break;
+        case GGML_TYPE_Q5_1: unpack_one_row<block_q5_1, Q51x8Block>(packed, k, row, plain); break;
         default: unpack_one_row<block_q4_1, Q4x8Block>(packed, k, row, plain); break;
     }
 }
@@ -161,6 +188,14 @@ void repack_q5_0(const void *q5_0, int64_t rows, int64_t k, Q50x8Block *out) {
 
 void unpack_q5_0(const Q50x8Block *in, int64_t rows, int64_t k, void *q5_0) {
     unpack_rows<block_q5_0>(in, rows, k, q5_0);
+}
+
+void repack_q5_1(const void *q5_1, int64_t rows, int64_t k, Q51x8Block *out) {
+    repack_rows<block_q5_1>(q5_1, rows, k, out);
+}
+
+void unpack_q5_1(const Q51x8Block *in, int64_t rows, int64_t k, void *q5_1) {
+    unpack_rows<block_q5_1>(in, rows, k, q5_1);
 }
 
 }  // namespace stackd

@@ -92,17 +92,35 @@ inline size_t repacked_size_q5_0(int64_t rows, int64_t k) {
     return (size_t)row_groups(rows) * (size_t)(k / kQK) * sizeof(Q50x8Block);
 }
 
-// Plain ggml Q4_0 / Q5_0 rows <-> the repacked layouts.
+// Weights (Q5_1: w = d*q + m, q = the nibble | the fifth bit << 4, in 0..31): Q4_1's scales,
+// minimums and nibbles with Q5_0's plane of fifth bits; Q4_1's arithmetic (kernels.h). What
+// llama-quantize gives a Q5_K_M file's matrices that 256 does not divide.
+struct Q51x8Block {
+    uint16_t d[kRowsPerGroup];  // fp16 scales of the eight rows
+    uint16_t m[kRowsPerGroup];  // fp16 minimums
+    uint8_t qh[kRowsPerGroup * 4];
+    uint8_t qs[kRowsPerGroup * kQK / 2];
+};
+static_assert(sizeof(Q51x8Block) == 192, "Q51x8Block packs like eight block_q5_1");
+
+inline size_t repacked_size_q5_1(int64_t rows, int64_t k) {
+    return (size_t)row_groups(rows) * (size_t)(k / kQK) * sizeof(Q51x8Block);
+}
+
+// Plain ggml Q4_0 / Q5_0 / Q5_1 rows <-> the repacked layouts.
 void repack_q4_0(const void *q4_0, int64_t rows, int64_t k, Q40x8Block *out);
 void unpack_q4_0(const Q40x8Block *in, int64_t rows, int64_t k, void *q4_0);
 void repack_q5_0(const void *q5_0, int64_t rows, int64_t k, Q50x8Block *out);
 void unpack_q5_0(const Q50x8Block *in, int64_t rows, int64_t k, void *q5_0);
+void repack_q5_1(const void *q5_1, int64_t rows, int64_t k, Q51x8Block *out);
+void unpack_q5_1(const Q51x8Block *in, int64_t rows, int64_t k, void *q5_1);
 
-// Row `row` of a repacked rows x k Q4_0, Q4_1 or Q5_0 matrix as ggml's plain blocks (one
+// Row `row` of a repacked rows x k Q4_0, Q4_1, Q5_0 or Q5_1 matrix as ggml's plain blocks (one
 // row's worth, k / 32 of them): what a GET_ROWS hands to ggml's own dequantization.
 void unpack_row_32(int type, const void *packed, int64_t k, int64_t row, void *plain);
 
-// Row r's fifth bit of position p (0..31) in a Q5_0 group block (layout above).
-inline int q5_high_bit(const Q50x8Block &b, int r, int p) { return (b.qh[4 * r + p % 4] >> (p / 4)) & 1; }
+// Row r's fifth bit of position p (0..31) in a Q5_0 or Q5_1 group block (layout above).
+template <class Block>
+inline int q5_high_bit(const Block &b, int r, int p) { return (b.qh[4 * r + p % 4] >> (p / 4)) & 1; }
 
 }  // namespace stackd

@@ -113,6 +113,7 @@ void mul_mat_share(ggml_tensor *dst, Kernels kernels, Activations &act, uint64_t
         case GGML_TYPE_Q8_0: run_planes<Q8x8Block>(dst, kernels.q8_0, blocks, g_begin, g_end); break;
         case GGML_TYPE_Q4_0: run_planes<Q40x8Block>(dst, kernels.q4_0, blocks, g_begin, g_end); break;
         case GGML_TYPE_Q5_0: run_planes<Q50x8Block>(dst, kernels.q5_0, blocks, g_begin, g_end); break;
+        case GGML_TYPE_Q5_1: run_planes<Q51x8Block>(dst, kernels.q5_1, blocks, g_begin, g_end); break;
         case GGML_TYPE_Q4_K: run_planes<Q4Kx8Block>(dst, kernels.kquants.q4_k, kblocks, g_begin, g_end); break;
         case GGML_TYPE_Q5_K: run_planes<Q5Kx8Block>(dst, kernels.kquants.q5_k, kblocks, g_begin, g_end); break;
         case GGML_TYPE_Q6_K: run_planes<Q6Kx8Block>(dst, kernels.kquants.q6_k, kblocks, g_begin, g_end); break;

@@ -12,10 +12,11 @@
 
 namespace stackd {
 
-// The weight types our buffer repacks (Q4_0, Q4_1, Q5_0, Q8_0, and the K-quants Q4_K, Q5_K
-// and Q6_K: kernels_qk.h).
+// The weight types our buffer repacks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K-quants Q4_K,
+// Q5_K and Q6_K: kernels_qk.h).
 inline bool is_repacked_type(ggml_type type) {
-    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0 ||
+    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1 ||
+           type == GGML_TYPE_Q8_0 ||
            type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
 }
 

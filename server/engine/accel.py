@@ -21,7 +21,7 @@ LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
                        "libstackd_kernels.so")
 PATHS = ("scalar", "avx2", "avx512-vnni")  # the library's path numbers, in order
 # The weight types the kernels repack, by ggml's type numbers (ggml.h's enum ggml_type).
-TYPES = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q8_0": 8, "q4_K": 12, "q5_K": 13, "q6_K": 14}
+TYPES = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_K": 12, "q5_K": 13, "q6_K": 14}
 # The steps on ggml's per-row paths (stackd_kernels_batch_invariant): decode and verification
 # steps, or every step (engine.batch_invariant).
 NO_STEPS, DECODE_STEPS, ALL_STEPS = 0, 1, 2

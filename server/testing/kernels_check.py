@@ -15,7 +15,8 @@ from ..engine import accel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIBRARY = os.path.join(ROOT, "build", "kernels", "libstackd_kernels_check.so")
-GGML_TYPE = {"f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_K": 12, "q5_K": 13, "q6_K": 14}
+GGML_TYPE = {"f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_K": 12, "q5_K": 13, "q6_K": 14,
+             "bf16": 30}
 OPS = {"mul_mat": 0, "mul_mat_id": 1, "get_rows": 2}  # stackd_kernels_accepts' op numbers
 
 _lib: ctypes.CDLL | None = None

@@ -46,10 +46,9 @@ def greedy_run(model: str, mode: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-# Per file: its K-quant (with Q6_K, 30 ffn_down in all), and the projections of ours in all
-# (Q4_K_M: every one, its 166 Q5_0 fallbacks too, and the table; Q5_K_M's Q5_1 fallbacks stay
-# with ggml).
-FILES = {"Q4_K_M": ("q4_K", 30 * 7 + 1), "Q5_K_M": ("q5_K", None)}
+# Per file: its K-quant (with Q6_K, 30 ffn_down in all), and the projections of ours in all:
+# every one, the 166 fallbacks too (Q5_0 in Q4_K_M, Q5_1 in Q5_K_M), and the table.
+FILES = {"Q4_K_M": ("q4_K", 30 * 7 + 1), "Q5_K_M": ("q5_K", 30 * 7 + 1)}
 
 
 @pytest.fixture(scope="module", params=list(FILES))

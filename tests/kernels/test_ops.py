@@ -101,9 +101,10 @@ def test_q8_0_get_rows_equals_ggml_bit_for_bit(k, rows, n_ids):
 
 # Q4_0 and Q5_0 (kernels/src/layout.h): Q4_1's nibbles without the minimum, Q5_0 with a fifth
 # bit each; activations as Q8_0's; each block's integer offset by -8 or -16 x the activation
-# sum, exact. SmolLM2's shapes (a Q4_K_M file of it keeps most projections in Q5_0) and the
-# awkward ones, every tile remainder on the SIMD paths.
-OFFSET_CASES = [(type_name, path, k, rows, tokens) for type_name in ("q4_0", "q5_0") for path in PATHS
+# sum, exact. Q5_1: Q4_1's arithmetic with Q5_0's fifth bits. SmolLM2's shapes (a Q4_K_M file
+# of it keeps most projections in Q5_0, a Q5_K_M file in Q5_1) and the awkward ones, every tile
+# remainder on the SIMD paths.
+OFFSET_CASES = [(type_name, path, k, rows, tokens) for type_name in ("q4_0", "q5_0", "q5_1") for path in PATHS
                 for (k, rows) in MODEL_SHAPES + AWKWARD_SHAPES
                 for tokens in (BATCHES if path != "scalar" or rows * k <= 576 * 200 else [1, 3])]
 
@@ -114,7 +115,7 @@ def test_q4_0_and_q5_0_matmul_within_rounding_of_ggml(type_name, path, k, rows, 
     assert_within_rounding(k, rows, tokens, path, type_name)
 
 
-@pytest.mark.parametrize("type_name", ["q4_0", "q4_1", "q5_0"])
+@pytest.mark.parametrize("type_name", ["q4_0", "q4_1", "q5_0", "q5_1"])
 @pytest.mark.parametrize("k,rows,n_ids", [(576, 49152, 17), (96, 13, 40), (32, 1, 3)])
 def test_q4_and_q5_0_get_rows_equals_ggml_bit_for_bit(type_name, k, rows, n_ids):
     """Their tables too (get_rows.h): ggml's own dequantization of ggml's blocks."""
@@ -168,7 +169,9 @@ def test_k_quant_get_rows_equals_ggml_bit_for_bit(type_name, k, rows, n_ids):
     ("q4_0", (576, 576, 1), "mul_mat", True),
     ("q5_0", (576, 1536, 1), "mul_mat", True),
     ("q5_0", (576, 576, 4), "mul_mat", False),     # a stack of matrices
-    ("q5_1", (576, 576, 1), "mul_mat", False),     # not ours: ggml computes it
+    ("q5_1", (576, 576, 1), "mul_mat", True),      # a Q5_K_M file's fallback
+    ("q5_1", (576, 576, 4), "mul_mat", False),     # a stack of matrices
+    ("bf16", (576, 576, 1), "mul_mat", False),     # not ours: ggml computes it
     ("q8_0", (576, 49152, 1), "mul_mat", True),    # a vocabulary projection
     ("q8_0", (576, 49152, 1), "get_rows", True),   # its tied embedding table: one copy
     ("q8_0", (576, 576, 4), "mul_mat", False),
@@ -177,6 +180,7 @@ def test_k_quant_get_rows_equals_ggml_bit_for_bit(type_name, k, rows, n_ids):
     ("q4_1", (576, 576, 4), "mul_mat_id", False),  # MoE experts
     ("q4_1", (576, 49152, 1), "get_rows", True),   # embedding tables of the 32-weight types
     ("q5_0", (576, 49152, 1), "get_rows", True),
+    ("q5_1", (576, 49152, 1), "get_rows", True),
 ])
 def test_buffer_type_takes_only_weights_it_serves(type_name, shape, op, accepted):
     assert check_lib.accepts(type_name, shape, op) is accepted
