@@ -132,7 +132,10 @@ def test_the_tool_result_turn_renders_in_the_family_format(client):
 
 
 def test_thinking_is_split_out_and_bounded_by_the_effort_budget(client):
-    [answer] = create(client, THINKING_MODEL, reasoning_effort="low", max_tokens=40).choices
+    # ignore_eos: whether this small model ends its answer right after the budget's </think> is
+    # its own near tie; what is tested is that the engine goes on into the answer
+    [answer] = create(client, THINKING_MODEL, reasoning_effort="low", max_tokens=40,
+                      extra_body={"ignore_eos": True}).choices
     message = answer.message
     reasoning = message.model_extra["reasoning_content"]
     assert reasoning and "</think>" not in reasoning and "<think>" not in reasoning

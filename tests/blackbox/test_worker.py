@@ -123,8 +123,10 @@ def test_a_killed_worker_costs_only_the_streams_that_had_sent_tokens(node):
     pid = describe(node, CHAT)["pid"]
     with concurrent.futures.ThreadPoolExecutor(24) as pool:
         # 8 long streams take the 8 slots; short requests (streams and not) queue behind them, so
-        # that after the restart nobody waits behind a long stream (no client timeout to hit)
-        streams = [pool.submit(stream, node, f"Tell story number {i}.") for i in range(8)]
+        # that after the restart nobody waits behind a long stream (no client timeout to hit).
+        # Long enough to be running still at the kill, 2 s on, however fast the engine decodes
+        # (the kill ends them anyway): a slot freed before it would start a queued request there.
+        streams = [pool.submit(stream, node, f"Tell story number {i}.", 480) for i in range(8)]
         time.sleep(1.0)
         streams += [pool.submit(stream, node, f"Queued story {i}.", 8) for i in range(2)]
         waiting = [pool.submit(chat_status, node, f"Queued question {i}.") for i in range(4)]
