@@ -132,7 +132,7 @@ constexpr size_t kAlignment = 64;
 const char *buft_name(ggml_backend_buffer_type_t) { return "STACKD_x8"; }
 
 ggml_backend_buffer_t buft_alloc(ggml_backend_buffer_type_t buft, size_t size) {
-    void *data = alloc_huge(size);
+    void *data = alloc_huge_aligned(size);
     if (data == nullptr) return nullptr;
     auto *alloc = new Allocation{data};
     {
@@ -292,7 +292,7 @@ const ggml_backend_buffer_i kServedBufferInterface = {
 const char *served_buft_name(ggml_backend_buffer_type_t) { return "STACKD_served"; }
 
 ggml_backend_buffer_t served_alloc(ggml_backend_buffer_type_t buft, size_t size) {
-    void *data = alloc_huge(size);
+    void *data = alloc_huge_aligned(size);
     if (data == nullptr) return nullptr;
     return ggml_backend_buffer_init(buft, kServedBufferInterface, new ServedAllocation{data, {}}, size);
 }
@@ -395,13 +395,12 @@ bool ours(const BackendContext *ctx, const ggml_tensor *node) {
     return node->op == GGML_OP_MUL_MAT ? can_serve(node) : can_serve_get_rows(node);
 }
 
-// The KV cache an attention node reads goes on huge pages, the first time (huge_pages.h).
-void advise_cache(const ggml_tensor *node) {
-    for (const ggml_tensor *t : {node->src[1], node->src[2]}) {
-        const ggml_backend_buffer_t buffer = t->view_src ? t->view_src->buffer : t->buffer;
-        if (buffer != nullptr && ggml_backend_buffer_is_host(buffer))
-            advise_huge(ggml_backend_buffer_get_base(buffer), ggml_backend_buffer_get_size(buffer));
-    }
+// The buffer a weight or a KV cache lives in goes on huge pages, the first time a graph reads
+// it (huge_pages.h). Our own buffers are not "host" in ggml's sense; their base is theirs.
+void advise_buffer(const ggml_tensor *t) {
+    const ggml_backend_buffer_t buffer = t->view_src ? t->view_src->buffer : t->buffer;
+    if (buffer != nullptr && ggml_backend_buffer_get_base(buffer) != nullptr)
+        advise_huge(ggml_backend_buffer_get_base(buffer), ggml_backend_buffer_get_size(buffer));
 }
 
 // Ours become custom ops (op and op_params kept to put back); the scratch is sized first.
@@ -418,10 +417,12 @@ void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row) {
         std::memcpy(ctx->swapped.back().params.data(), node->op_params, sizeof(node->op_params));
         ggml_custom_op_params task = {get_rows_task, GGML_N_TASKS_MAX, ctx};
         if (attend) {
-            advise_cache(node);
+            advise_buffer(node->src[1]);  // the KV cache
+            advise_buffer(node->src[2]);
             task.fun = attention_task;
             g_attention_nodes.fetch_add(1, std::memory_order_relaxed);
         } else if (node->op == GGML_OP_MUL_MAT) {
+            advise_buffer(node->src[0]);  // the weights
             reserve_activations(ctx->act, node);
             task.fun = mul_mat_task;
         } else {

@@ -21,12 +21,7 @@ std::set<std::pair<uintptr_t, size_t>> g_advised;
 
 }  // namespace
 
-void *alloc_huge(size_t size) {
-    const size_t bytes = round_up(size == 0 ? 1 : size);
-    void *data = std::aligned_alloc(kHugePage, bytes);
-    if (data != nullptr) madvise(data, bytes, MADV_HUGEPAGE);
-    return data;
-}
+void *alloc_huge_aligned(size_t size) { return std::aligned_alloc(kHugePage, round_up(size == 0 ? 1 : size)); }
 
 void advise_huge(const void *base, size_t size) {
     const auto begin = (uintptr_t)base;

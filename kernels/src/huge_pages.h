@@ -3,24 +3,30 @@
 // A decode step streams every weight once and reads every stream's KV cache once, a row every
 // few hundred bytes. On 4 KiB pages that is a TLB miss every page, and the hardware prefetchers
 // stop at each page's end. ggml allocates with malloc (4 KiB pages), as does llama.cpp's KV cache.
-// On this Linux's default (THP in madvise mode) nothing gets huge pages unless asked: our weight
-// buffers (repacked and served) are asked at allocation, the KV cache when attention first reads
-// it. Measured (AMD EPYC Zen 4, Q4_K_M file, four interleaved runs each): decode 2-15 % faster
-// at one stream and 3-20 % at 16.
+// On this Linux's default (THP in madvise mode) nothing gets huge pages unless asked. Asking
+// before the memory is touched makes every first touch fault a whole zeroed 2 MiB page: that
+// cost our start-up 0.15 s (bench/startup.py, first answer 0.65-0.71 s against 0.80-0.86 s).
+// So our weight buffers are only aligned to huge pages when allocated, and, with llama.cpp's
+// KV cache, marked when a graph first uses them; the kernel's khugepaged collapses them in the
+// background. Measured with the weights faulted as huge pages from the start (AMD EPYC Zen 4,
+// Q4_K_M file, four interleaved runs each): decode 2-15 % faster at one stream, 3-20 % at 16;
+// a collapse (MADV_COLLAPSE) on a thread of its own at the first graph got most of that back
+// but slowed the first answer to 1.3-1.8x llama-server's on two cores. khugepaged's pace
+// (16 MB every 10 s by default) is the price of a quick start.
 #pragma once
 
 #include <cstddef>
 
 namespace stackd {
 
-// size bytes (rounded up to whole huge pages), aligned to one, asked to be backed by huge pages
-// before anything touches them; std::free releases it. Null if the allocation fails.
-void *alloc_huge(size_t size);
+// size bytes (rounded up to whole huge pages), aligned to one, so that advise_huge can later
+// mark all of it; std::free releases it. Null if the allocation fails.
+void *alloc_huge_aligned(size_t size);
 
-// Marks the whole huge pages inside [base, base + size), memory someone else allocated and
-// already touched (llama.cpp's KV cache, cleared when made), for huge pages: the kernel's
-// khugepaged collapses them in the background (no MADV_COLLAPSE: copying a large cache at once
-// would stall the step that asked). Once per range; a kernel that refuses leaves it as it was.
+// Marks the whole huge pages inside [base, base + size), memory already touched (our weights,
+// llama.cpp's KV cache), for huge pages: khugepaged collapses them in the background (no
+// MADV_COLLAPSE: copying them at once would stall the step that asked). Once per range; a
+// kernel that refuses leaves it as it was.
 void advise_huge(const void *base, size_t size);
 
 }  // namespace stackd
