@@ -111,12 +111,34 @@ template <class I> inline I bytes(int8_t v) {
     else return _mm256_set1_epi8(v);
 }
 
+// A 32-weight block's unsigned values, unpacked once for every token of the tile: the nibbles
+// (Q4_0, Q4_1, Q5_0, Q5_1; layout.h), with the fifth bits or-ed in for the Q5 types. u[c] holds
+// four values per row for activation bytes 4c .. 4c+3; NG == 2 puts two groups side by side.
+template <int NG, class Block, class I>
+STACKD_BODY_INLINE void unpack(const Block *w, int64_t nb, I *u) {
+    const I low = bytes<I>(0x0F);
+#pragma GCC unroll 4  // kept in registers: a loop here went through the stack
+    for (int j = 0; j < 4; j++) {
+        I p;
+        if constexpr (NG == 2) p = pair256(w[0].qs + 32 * j, w[nb].qs + 32 * j);
+        else p = group256(w->qs + 32 * j);
+        u[j] = and8(p, low);
+        u[j + 4] = and8(nibbles_high(p), low);
+    }
+    if constexpr (std::is_same_v<Block, Q50x8Block> || std::is_same_v<Block, Q51x8Block>) {
+        I qh;
+        if constexpr (NG == 2) qh = pair256(w[0].qh, w[nb].qh);
+        else qh = group256(w->qh);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) u[c] = or8(u[c], fifth_bits(qh, c));
+    }
+}
+
 // Q4_1 and Q5_1: the nibbles of a block unpacked once into eight vectors (four positions per
 // row each; Q5_1's fifth bits or-ed in), used by every token of the tile.
 template <class BlockType>
 struct Minimum : Avx512 {
     using Block = BlockType;
-    static constexpr bool kFifth = std::is_same_v<Block, Q51x8Block>;
 
     template <int TT, int NG>
     STACKD_BODY_INLINE void add_block(Acc<TT, NG> &acc, const Block *w, int64_t nb, const ActBlock *act,
@@ -124,28 +146,13 @@ struct Minimum : Avx512 {
         using I = typename Lanes<NG>::I;
         I u[8];
         typename Lanes<NG>::F dw, mw;
-        const I low = bytes<I>(0x0F);
-#pragma GCC unroll 4  // kept in registers: a loop here went through the stack
-        for (int j = 0; j < 4; j++) {
-            I p;
-            if constexpr (NG == 2) p = pair256(w[0].qs + 32 * j, w[nb].qs + 32 * j);
-            else p = group256(w->qs + 32 * j);
-            u[j] = and8(p, low);
-            u[j + 4] = and8(nibbles_high(p), low);
-        }
+        unpack<NG>(w, nb, u);
         if constexpr (NG == 2) {
             dw = pair_fp16(w[0].d, w[nb].d);
             mw = pair_fp16(w[0].m, w[nb].m);
         } else {
             dw = group_fp16(w->d);
             mw = group_fp16(w->m);
-        }
-        if constexpr (kFifth) {
-            I qh;
-            if constexpr (NG == 2) qh = pair256(w[0].qh, w[nb].qh);
-            else qh = group256(w->qh);
-#pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) u[c] = or8(u[c], fifth_bits(qh, c));
         }
         for (int t = 0; t < TT; t++) {
             const ActBlock &a = act[i + t * nb];
@@ -225,24 +232,9 @@ struct Offset : Avx512 {
         using I = typename Lanes<NG>::I;
         I u[8];
         typename Lanes<NG>::F dw;
-        I qh{};
-        const I low = bytes<I>(0x0F);
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            I p;
-            if constexpr (NG == 2) p = pair256(w[0].qs + 32 * j, w[nb].qs + 32 * j);
-            else p = group256(w->qs + 32 * j);
-            u[j] = and8(p, low);
-            u[j + 4] = and8(nibbles_high(p), low);
-        }
+        unpack<NG>(w, nb, u);
         if constexpr (NG == 2) dw = pair_fp16(w[0].d, w[nb].d);
         else dw = group_fp16(w->d);
-        if constexpr (kFifth) {
-            if constexpr (NG == 2) qh = pair256(w[0].qh, w[nb].qh);
-            else qh = group256(w->qh);
-#pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) u[c] = or8(u[c], fifth_bits(qh, c));
-        }
         for (int t = 0; t < TT; t++) {
             const ActBlock &a = act[i + t * nb];
             acc[t] = add_scaled(acc[t], dw, a.d, block_dot(u, a, corr[i + t * nb] >> kShift));
