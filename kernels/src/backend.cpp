@@ -341,6 +341,7 @@ struct BackendContext {
         std::array<int32_t, GGML_MAX_OP_PARAMS / sizeof(int32_t)> params;
     };
     std::vector<Swapped> swapped;
+    std::set<ggml_backend_buffer_t> advised;  // buffers marked for huge pages (advise_buffer)
 };
 
 Kernels kernels_of(const BackendContext *ctx) {
@@ -397,9 +398,12 @@ bool ours(const BackendContext *ctx, const ggml_tensor *node) {
 
 // The buffer a weight or a KV cache lives in goes on huge pages, the first time a graph reads
 // it (huge_pages.h). Our own buffers are not "host" in ggml's sense; their base is theirs.
-void advise_buffer(const ggml_tensor *t) {
+// Every graph passes here for every node of ours, so the backend remembers what it marked
+// (one lookup, no lock) before advise_huge's process-wide record is asked.
+void advise_buffer(BackendContext *ctx, const ggml_tensor *t) {
     const ggml_backend_buffer_t buffer = t->view_src ? t->view_src->buffer : t->buffer;
-    if (buffer != nullptr && ggml_backend_buffer_get_base(buffer) != nullptr)
+    if (buffer == nullptr || !ctx->advised.insert(buffer).second) return;
+    if (ggml_backend_buffer_get_base(buffer) != nullptr)
         advise_huge(ggml_backend_buffer_get_base(buffer), ggml_backend_buffer_get_size(buffer));
 }
 
@@ -417,12 +421,12 @@ void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row) {
         std::memcpy(ctx->swapped.back().params.data(), node->op_params, sizeof(node->op_params));
         ggml_custom_op_params task = {get_rows_task, GGML_N_TASKS_MAX, ctx};
         if (attend) {
-            advise_buffer(node->src[1]);  // the KV cache
-            advise_buffer(node->src[2]);
+            advise_buffer(ctx, node->src[1]);  // the KV cache
+            advise_buffer(ctx, node->src[2]);
             task.fun = attention_task;
             g_attention_nodes.fetch_add(1, std::memory_order_relaxed);
         } else if (node->op == GGML_OP_MUL_MAT) {
-            advise_buffer(node->src[0]);  // the weights
+            advise_buffer(ctx, node->src[0]);  // the weights
             reserve_activations(ctx->act, node);
             task.fun = mul_mat_task;
         } else {
