@@ -159,7 +159,7 @@ class ReplicaSet:
         """Unloading or shutting down: every request ends with `error`, no retry."""
         self.closing = True
         for routed in list(self.open):
-            routed.started = True
+            routed.settle()
         self.local.runner.end_all(error)
         for replica in self.replicas:
             if replica.remote:

@@ -78,15 +78,20 @@ class Resubmitted(Generation):
     """One API request's events from an engine that may be lost before the request's first
     event: then `resubmit()` submits its jobs again elsewhere (Routed: another replica; Held: the
     model's restarted worker) and the client sees nothing. Once an event has gone to the client
-    the request stays where it is, and a loss ends it with the error event."""
+    the request stays where it is, and a loss ends it with the error event.
 
-    __slots__ = ("jobs", "stop", "owner", "inner", "started", "done")
+    A consumer that sends nothing until the end (a non-streaming answer) sets `start_over`: a
+    loss at any point then submits the jobs again, and start_over() drops what it had gathered.
+    """
+
+    __slots__ = ("jobs", "stop", "owner", "inner", "started", "start_over", "done")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, jobs, stop, owner):
         super().__init__(loop)
         self.jobs, self.stop, self.owner = jobs, stop, owner
         self.inner: Generation | None = None
         self.started = False            # an event has gone to the client: no resubmitting from here
+        self.start_over = None          # a buffering consumer's reset: resubmitting stays allowed
         self.done = False
 
     @property
@@ -102,12 +107,22 @@ class Resubmitted(Generation):
             except StopAsyncIteration:
                 self._end()
                 raise
-            if not self.started and lost_before_start(event) and await self.resubmit(event.error):
+            if self.may_resubmit() and lost_before_start(event) and await self.resubmit(event.error):
+                if self.started:
+                    self.start_over()
+                    self.started = False
                 continue
             self.started = True
             if self.inner.finished:
                 self._end()
             return event
+
+    def may_resubmit(self) -> bool:
+        return not self.started or self.start_over is not None
+
+    def settle(self) -> None:
+        """No resubmitting from now on (the model is being unloaded)."""
+        self.started, self.start_over = True, None
 
     async def resubmit(self, error: EngineError) -> bool:
         """Submit the jobs again; True when `inner` is a new generation to read from."""

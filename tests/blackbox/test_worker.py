@@ -118,7 +118,8 @@ def test_a_killed_worker_costs_only_the_streams_that_had_sent_tokens(node):
     """kill -9 under load: the streams that had sent tokens end with the 503 error event; the
     requests still waiting for a slot (streams and not) are submitted again on the restarted
     worker, and those that arrive during the restart are held for it (engine.restart_hold):
-    all of them are answered."""
+    all of them are answered. So is a non-streaming request caught midway: its client had been
+    sent nothing, so it starts over on the restarted worker."""
     before = greedy(node)
     pid = describe(node, CHAT)["pid"]
     with concurrent.futures.ThreadPoolExecutor(24) as pool:
@@ -126,7 +127,8 @@ def test_a_killed_worker_costs_only_the_streams_that_had_sent_tokens(node):
         # that after the restart nobody waits behind a long stream (no client timeout to hit).
         # Long enough to be running still at the kill, 2 s on, however fast the engine decodes
         # (the kill ends them anyway): a slot freed before it would start a queued request there.
-        streams = [pool.submit(stream, node, f"Tell story number {i}.", 480) for i in range(8)]
+        streams = [pool.submit(stream, node, f"Tell story number {i}.", 480) for i in range(7)]
+        midway = pool.submit(chat_status, node, "Tell story number 7.", 480)
         time.sleep(1.0)
         streams += [pool.submit(stream, node, f"Queued story {i}.", 8) for i in range(2)]
         waiting = [pool.submit(chat_status, node, f"Queued question {i}.") for i in range(4)]
@@ -137,9 +139,9 @@ def test_a_killed_worker_costs_only_the_streams_that_had_sent_tokens(node):
         embedding = node.request("POST", "/v1/embeddings", port="inference", key=node.admin_key,
                                  body={"model": EMBED, "input": "still here"})[0]
         results = [s.result() for s in streams]
-        answers = [f.result() for f in waiting + arriving]
+        answers = [f.result() for f in waiting + arriving + [midway]]
     assert health == 200 and embedding == 200            # the rest of the daemon served on
-    assert answers == [200] * 8
+    assert answers == [200] * 9
     ended = 0
     for status, events, done in results:
         assert status == 200
@@ -148,7 +150,7 @@ def test_a_killed_worker_costs_only_the_streams_that_had_sent_tokens(node):
             assert error["code"] == 503 and error["type"] == "service_unavailable_error"
             assert any('"content"' in e for e in events[:-1]), events
             ended += 1
-    assert all(done for _, _, done in results[8:])      # the queued streams went on after the restart
+    assert all(done for _, _, done in results[7:])      # the queued streams went on after the restart
     wait_until(lambda: describe(node, CHAT)["state"] == "loaded", what="the restart")
     model = describe(node, CHAT)
     assert model["restarts"] == 1 and model["pid"] != pid

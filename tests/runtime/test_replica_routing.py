@@ -4,6 +4,7 @@ token); the real replicas and their stream are tests/placement/test_replicas.py'
 from __future__ import annotations
 
 import asyncio
+import types
 
 import pytest
 
@@ -146,3 +147,29 @@ def test_a_lost_replica_retries_requests_without_a_token_and_ends_the_others(loo
     assert ended.error.code is ErrorCode.WORKER_LOST
     with pytest.raises(EngineError):
         run(loop, s.generate([JOB], [], 1))
+
+
+def test_a_lost_replica_retries_an_answer_sent_at_the_end_even_midway(loop):
+    """A non-streaming answer (its consumer set start_over) has sent the client nothing: lost
+    midway, it starts over on another replica; unloading ends it without a retry."""
+    a, b = FakeReplica(loop, "a"), FakeReplica(loop, "b")
+    s = replica_set(loop, a, b)
+    buffered = run(loop, s.generate([JOB], [], 1))        # a
+    resets = []
+    buffered.start_over = lambda: resets.append(1)
+    (rid,) = buffered.choice
+    buffered.inner.push(Event(rid, STATUS_RUNNING))
+    assert run(loop, buffered.__anext__()).status == STATUS_RUNNING
+    s.replica_lost(a, "node a went down")
+    task = loop.create_task(buffered.__anext__())
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert buffered.replica is b and resets == [1]
+    (rid,) = buffered.choice
+    buffered.inner.push(Event(rid, STATUS_STOPPED))
+    assert run(loop, task).status == STATUS_STOPPED
+    unloading = run(loop, s.generate([JOB], [], 1))       # b
+    unloading.start_over = lambda: resets.append(2)
+    s.local.runner = types.SimpleNamespace(end_all=lambda error: None)   # the fake leader's own
+    s.end_all(EngineError(ErrorCode.UNLOADED, "the model was unloaded"))
+    b.end_all(EngineError(ErrorCode.UNLOADED, "the model was unloaded"))
+    assert run(loop, unloading.__anext__()).error.code is ErrorCode.UNLOADED and resets == [1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from ...engine.errors import EngineError
-from ...runtime.runner import LOST, Generation
+from ...runtime.runner import LOST, Generation, Resubmitted
 from ...system import offload
 from ...http.errors import ApiError, ErrorKind, invalid
 from . import params as gen_params
@@ -107,7 +107,14 @@ async def follow(runner, stream: Generation, choices: list[Choice]):
 
 
 async def collect(runner, stream: Generation, n_choices: int) -> list[Choice]:
+    """Every choice whole, for an answer sent at the end. Nothing has reached the client before
+    then, so a request whose engine is lost midway (its worker died, its replica's node went
+    down) is submitted again and gathered anew, where the engine allows it (Resubmitted)."""
     choices = [Choice() for _ in range(n_choices)]
+    if isinstance(stream, Resubmitted):
+        def start_over() -> None:
+            choices[:] = [Choice() for _ in range(n_choices)]
+        stream.start_over = start_over
     async for _ in follow(runner, stream, choices):
         pass
     return choices
