@@ -11,7 +11,9 @@ suppressed, greedy. Servers run one after another on the same machine.
         --model "$(.venv/bin/python -m stackd.testing.quantized_model)"    # another GGUF (Q4_K_M)
 
 --model serves another GGUF file on every server (stackd: `serve --model`, which adds it to the
-store and loads it at start).
+store and loads it at start). `--cpu avx2` runs an AVX2-only CPU's code on every server: llama.cpp
+built with AVX-512 off (bench/peers.py, avx2_tree) under llama-server, llama-cpp-python's server
+and our engine, and our kernels on their AVX2 path.
 Reports aggregate completion tokens/s, time to first token p50/p95 and inter-token
 latency p50/p95 at the given concurrency, and inter-token latency with one client.
 """
@@ -120,12 +122,12 @@ def loaded_model(server: Server) -> str:
 
 
 def start_stackd(slots: int, context: int, threads: int, isolation: str = "worker", engine: str = "",
-                 model_file: str | None = None) -> Server:
+                 model_file: str | None = None, env: dict | None = None) -> Server:
     """`engine`: more lines of the [engine] section; `model_file`: a GGUF to serve instead."""
     preload = "" if model_file else f"[models]\npreload = [\"{defaults.CHAT_MODEL}\"]\n"
     return spawn_stackd(f"[http]\naccess_log = false\n[rate_limits]\ninference = 0\n"
                         f"[engine]\nslots = {slots}\ncontext_length = {context}\nthreads = {threads}\n"
-                        f"isolation = \"{isolation}\"\n{engine}{preload}", model_file=model_file)
+                        f"isolation = \"{isolation}\"\n{engine}{preload}", model_file=model_file, env=env)
 
 
 def start_llama_server(binary: str, slots: int, context: int, threads: int, model_file: str | None = None) -> Server:
@@ -136,7 +138,8 @@ def start_llama_server(binary: str, slots: int, context: int, threads: int, mode
                   port, "smollm2")
 
 
-def start_llama_cpp_python(python: str, context: int, threads: int, model_file: str | None = None) -> Server:
+def start_llama_cpp_python(python: str, context: int, threads: int, model_file: str | None = None,
+                           env: dict | None = None) -> Server:
     port = free_port()
     return Server("llama-cpp-python", [python, "-m", "llama_cpp.server", "--model",
                                        model_file or defaults.smollm2_path(), "--host", "127.0.0.1", "--port",
@@ -145,7 +148,7 @@ def start_llama_cpp_python(python: str, context: int, threads: int, model_file: 
                                        # by default a new request cuts off the one streaming;
                                        # queue them instead, so every client gets its tokens
                                        "--interrupt_requests", "False"],
-                  port, "smollm2")
+                  port, "smollm2", env=env)
 
 
 def measure(server: Server, clients: int, seconds: float, max_tokens: int) -> loadgen.LoadResult:
@@ -171,22 +174,29 @@ def main() -> None:
     parser.add_argument("--isolation", default="worker,inline",
                         help="stackd engine isolation modes to run: worker, inline or both")
     parser.add_argument("--model", default=None, help="a GGUF file (default: the default chat model)")
+    parser.add_argument("--cpu", choices=["native", "avx2"], default="native",
+                        help="avx2: every server runs an AVX2-only CPU's code (llama.cpp built without "
+                             "AVX-512, our kernels' AVX2 path)")
     args = parser.parse_args()
     slots = args.clients
 
-    binary = peers.llama_server()
+    env, engine = None, ""
+    if args.cpu == "avx2":
+        env, engine = peers.avx2_env(), "kernels = \"avx2\"\n"
+    binary = os.path.join(peers.avx2_tree(), "llama-server") if args.cpu == "avx2" else peers.llama_server()
     python = None if args.skip_llama_cpp_python else peers.llama_cpp_python_server()
     results: dict[str, dict[int, loadgen.LoadResult]] = {}
 
     modes = [m.strip() for m in args.isolation.split(",") if m.strip()]
     starters = [("stackd" if mode == modes[0] else f"stackd ({mode})",
-                 lambda mode=mode: start_stackd(slots, args.context, args.threads, mode, model_file=args.model))
+                 lambda mode=mode: start_stackd(slots, args.context, args.threads, mode, engine,
+                                                model_file=args.model, env=env))
                 for mode in modes]
     starters.append(("llama-server", lambda: start_llama_server(binary, slots, args.context, args.threads,
                                                                 args.model)))
     if python:
         starters.append(("llama-cpp-python", lambda: start_llama_cpp_python(python, args.context,
-                                                                            args.threads, args.model)))
+                                                                            args.threads, args.model, env)))
     for name, start in starters:
         server = start()
         try:
@@ -202,7 +212,8 @@ def main() -> None:
 
     ours, peer = results["stackd"], results["llama-server"]
     c = args.clients
-    print(f"\n{os.path.basename(args.model) if args.model else 'SmolLM2-135M Q4_1'} on {cpu_name()}, "
+    print(f"\n{os.path.basename(args.model) if args.model else 'SmolLM2-135M Q4_1'} on {cpu_name()}"
+          f"{' (AVX2-only builds)' if args.cpu == 'avx2' else ''}, "
           f"{args.threads} threads, {slots} slots, {args.max_tokens} tokens per "
           f"request, {args.seconds:g} s closed loop")
     print(f"  tokens/s at c={c}: {ours[c].tokens_per_second() / peer[c].tokens_per_second():.2f}x "

@@ -12,12 +12,15 @@ time from there to the last one; llama-batched-bench reports the same split (S_P
     .venv/bin/python bench/kernels_engine.py --rounds 5 --model "$(.venv/bin/python -m stackd.testing.quantized_model)"
     .venv/bin/python bench/kernels_engine.py --rounds 5 --kernels avx2   # force a path (engine.kernels)
     .venv/bin/python bench/kernels_engine.py --rounds 5 --attention ggml # our matmuls, ggml's attention
+    .venv/bin/python bench/kernels_engine.py --rounds 5 --cpu avx2       # both sides as an AVX2-only CPU
 
 --model runs another GGUF on both sides (a Q4_K_M file: the K-quant kernels); --kernels forces
 one of our code paths (avx2 on an AVX-512 machine measures what an AVX2-only CPU would run,
 at this machine's clocks and caches); --attention ggml leaves decode attention to ggml in the
-kernels-on runs (kernels/README.md, "Decode attention"): the A/B of that kernel alone. The CPU's
-name heads the output.
+kernels-on runs (kernels/README.md, "Decode attention"): the A/B of that kernel alone. `--cpu
+avx2` runs an AVX2-only CPU's code on both sides of an AVX-512 machine: the peer and our
+engine's ggml from llama.cpp built with AVX-512 off (peers.avx2_tree), our kernels on their
+AVX2 path. The CPU's name heads the output.
 
 One stream decodes 127 tokens in about a second, and this machine's speed drifts by tens of
 percent from one second to the next: one run can land stackd and the peer in different
@@ -99,18 +102,32 @@ def child(mode: str, streams: list[int], threads: int, model: str | None, attent
     print(json.dumps(out))
 
 
+# --cpu avx2: the environment of our children and the folder of the peer's binary
+CHILD_ENV: dict = {}
+PEER_DIR: str | None = None
+
+
+def use_avx2_build() -> None:
+    global CHILD_ENV, PEER_DIR
+    import peers
+    CHILD_ENV = peers.avx2_env()
+    PEER_DIR = peers.avx2_tree()
+
+
 def stackd(mode: str, streams: list[int], threads: int, model: str | None = None, attention: str = "ours") -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", mode, "--threads", str(threads),
                           "--streams", ",".join(map(str, streams)), "--attention", attention] +
                          (["--model", model] if model else []),
-                         check=True, capture_output=True, text=True, cwd=ROOT).stdout
+                         check=True, capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, **CHILD_ENV}).stdout
     return {int(k) if k.isdigit() else k: v for k, v in json.loads(out.splitlines()[-1]).items()}
 
 
 def batched_bench(streams: list[int], threads: int, model: str | None = None) -> dict:
     import peers
     ctx = max(streams) * (PROMPT_TOKENS + GEN_TOKENS) + 64
-    out = subprocess.run([peers.llama_batched_bench(), "-m", model_path(model), "-c", str(ctx),
+    binary = os.path.join(PEER_DIR, "llama-batched-bench") if PEER_DIR else peers.llama_batched_bench()
+    out = subprocess.run([binary, "-m", model_path(model), "-c", str(ctx),
                           "-b", "512", "-ub", "512", "-npp", str(PROMPT_TOKENS), "-ntg",
                           str(GEN_TOKENS), "-npl", ",".join(map(str, streams)), "-t", str(threads),
                           "-fa", "on"], check=True, capture_output=True, text=True).stdout
@@ -138,7 +155,7 @@ def alternate(rounds: int, streams: list[int], threads: int, model: str | None, 
             ratios[f"decode ({n})"].append(ours[n]["decode"] / peer[n]["decode"])
         ratios[f"prefill ({pre})"].append(ours[pre]["prefill"] / peer[pre]["prefill"])
         if r == 0:
-            print(f"{cpu_name()}; {os.path.basename(model_path(model))}; weights on our kernels: {ours['tensors']}; "
+            print(f"{cpu_name()}{' (AVX2-only builds)' if PEER_DIR else ''}; {os.path.basename(model_path(model))}; weights on our kernels: {ours['tensors']}; "
                   f"decode attention: {attention}")
         print(f"round {r + 1} ({ours['path']}): " + ", ".join(
             f"{n} streams {ours[n]['decode']:.1f} / {peer[n]['decode']:.1f} tok/s" for n in streams), flush=True)
@@ -159,12 +176,18 @@ def main() -> None:
     parser.add_argument("--kernels", default="auto", help="engine.kernels for the kernels-on runs (auto, avx2, ...)")
     parser.add_argument("--attention", choices=["ours", "ggml"], default="ours",
                         help="decode attention in the kernels-on runs (default: ours)")
+    parser.add_argument("--cpu", choices=["native", "avx2"], default="native",
+                        help="avx2: both sides run an AVX2-only CPU's code (llama.cpp built without "
+                             "AVX-512, our kernels' AVX2 path)")
     parser.add_argument("--rounds", type=int, default=0,
                         help="kernels on against the peer, alternating N times (medians of the ratios)")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     if args.child:
         return child(args.child, streams, args.threads, args.model, args.attention)
+    if args.cpu == "avx2":
+        use_avx2_build()
+        args.kernels = "avx2"
     if args.rounds:
         return alternate(args.rounds, streams, args.threads, args.model, args.kernels, args.attention)
     runs = {"stackd, kernels off": stackd("off", streams, args.threads, args.model)}

@@ -8,6 +8,10 @@
 * rpc-server: ggml's RPC server, for llama-server --rpc in the cluster benchmark.
 * llama-quantize: llama.cpp's quantizer, built the same way but on its own into build/ (the
   tests make a Q4_K_M file with it: stackd.testing.quantized_model).
+* an AVX2-only llama.cpp (`avx2_tree`): the same source built as shared libraries and tools
+  with AVX-512 off, into build/peers-avx2/. The benches' `--cpu avx2` runs the peer from it
+  and our engine on its libraries (LD_LIBRARY_PATH, LLAMA_CPP_LIB_PATH): what an AVX2-only CPU
+  runs, on both sides, at this machine's clocks and caches.
 * llama-cpp-python's server: the same wheel we run, plus its [server] extras, in a
   separate virtual environment (.wheelhouse/bench-venv) so they stay out of ours.
 
@@ -113,6 +117,35 @@ def llama_quantize() -> str:
     shutil.copy2(os.path.join(build_dir, "bin", "llama-quantize"), binary + ".part")
     os.replace(binary + ".part", binary)
     return binary
+
+
+AVX2_DIR = os.path.join(ROOT, "build", "peers-avx2")
+AVX2_TARGETS = ["llama", "ggml", "ggml-cpu", "ggml-rpc", "llama-batched-bench", "llama-server"]
+
+
+def avx2_tree() -> str:
+    """The bin/ folder of llama.cpp built for an AVX2-only CPU: libllama and libggml* (the
+    same source as our wheel's, so the same ABI) and llama-batched-bench and llama-server."""
+    bin_dir = os.path.join(AVX2_DIR, "bin")
+    if all(os.path.exists(os.path.join(bin_dir, t)) for t in ("llama-server", "llama-batched-bench", "libllama.so")):
+        return bin_dir
+    flags = [a for a in llama_wheel.cmake_args() if not a.startswith(("-DLLAMA_BUILD_", "-DGGML_RPC"))]
+    flags = [a.split("=")[0] + "=OFF" if a.startswith(("-DGGML_AVX512", "-DGGML_AVX_VNNI", "-DGGML_AMX")) else a
+             for a in flags]
+    subprocess.run(["cmake", "-S", _source(), "-B", AVX2_DIR, "-DCMAKE_BUILD_TYPE=Release",
+                    "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+                    "-DGGML_RPC=ON", "-DGGML_RPC_RDMA=OFF", *flags], check=True, stdout=sys.stderr)
+    subprocess.run(["cmake", "--build", AVX2_DIR, "--target", *AVX2_TARGETS, "--parallel",
+                    str(os.cpu_count() or 2)], check=True, stdout=sys.stderr)
+    return bin_dir
+
+
+def avx2_env() -> dict:
+    """The environment that runs our engine (daemon, workers, bench children) on avx2_tree()'s
+    llama.cpp: our extensions find libggml through RUNPATH, which LD_LIBRARY_PATH overrides."""
+    bin_dir = avx2_tree()
+    return {"LD_LIBRARY_PATH": bin_dir, "LLAMA_CPP_LIB_PATH": bin_dir}
 
 
 def rpc_server() -> str:

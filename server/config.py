@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from .http.limits import Limits
 from .chat.limits import InferenceLimits, ReasoningBudget
+from .engine.accel import PATHS as KERNEL_PATHS
 from .engine.config import KV_TYPES
 
 MAX_REPLICAS = 64                              # cluster.replicas and options.replicas at most
@@ -54,7 +55,7 @@ DEFAULTS: dict = {
         "max_queue": 256,         # waiting requests per model beyond which 503
         "flash_attn": "auto",     # auto, on, off
         "kv_type": "f16",         # KV cache: f16, q8_0 (about half the bytes; flash attention on)
-        "kernels": "auto",        # our matmuls and decode attention (kernels/): auto (when the CPU has AVX2), off
+        "kernels": "auto",        # our matmuls and decode attention (kernels/): auto (when the CPU has AVX2), off, or a path
         # prefills too on ggml's per-row arithmetic (decode steps always are): greedy answers
         # independent of what shares a step, long prompts prefilled ~2.2x slower; needs kernels
         "batch_invariant": False,
@@ -228,8 +229,9 @@ def _check(values: dict) -> None:
         raise ConfigError("setting engine.flash_attn: must be auto, on or off")
     if engine["kv_type"] not in KV_TYPES:
         raise ConfigError("setting engine.kv_type: must be " + " or ".join(KV_TYPES))
-    if engine["kernels"] not in ("auto", "off"):
-        raise ConfigError("setting engine.kernels: must be auto or off")
+    if engine["kernels"] not in ("auto", "off", *KERNEL_PATHS):
+        raise ConfigError("setting engine.kernels: must be auto, off, or a code path to force "
+                          "(" + ", ".join(KERNEL_PATHS) + ")")
     if engine["batch_invariant"] and engine["kernels"] == "off":
         raise ConfigError("setting engine.batch_invariant: needs engine.kernels = auto "
                           "(the per-row switch is on the kernels' backend)")

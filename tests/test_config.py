@@ -49,6 +49,7 @@ def test_config_toml_in_data_dir_is_found(tmp_path):
     ("[engine]\nkv_type = 'q4_0'\n", "engine.kv_type: must be f16 or q8_0"),
     ("[engine]\nbatch_invariant = 'yes'\n", "engine.batch_invariant: expected bool"),
     ("[engine]\nbatch_invariant = true\nkernels = 'off'\n", "engine.batch_invariant: needs engine.kernels"),
+    ("[engine]\nkernels = 'avx3'\n", "engine.kernels: must be auto, off, or a code path"),
 ])
 def test_bad_files_are_refused_with_a_reason(tmp_path, text, needle):
     with pytest.raises(config.ConfigError, match=needle):
@@ -80,3 +81,10 @@ def test_the_kv_type_setting_defaults_to_f16_and_takes_q8_0(tmp_path):
     settings = config.load({"config": write(tmp_path, "[engine]\nkv_type = 'q8_0'\n"),
                             "data_dir": str(tmp_path)}, environ={})
     assert settings["engine.kv_type"] == "q8_0"
+
+
+def test_a_kernel_path_can_be_forced(tmp_path):
+    """engine.kernels names a code path: what a CPU without AVX-512 runs, on one that has it."""
+    settings = config.load({"config": write(tmp_path, "[engine]\nkernels = 'avx2'\n"),
+                            "data_dir": str(tmp_path)}, environ={})
+    assert settings["engine.kernels"] == "avx2"

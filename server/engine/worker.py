@@ -263,9 +263,8 @@ def main(fd: int, parent: int) -> int:
         os.abort()                                 # a test configuration's crash loop
 
     os.nice(config.get("nice", 0))                 # engine.embedding_nice: this worker's threads too
-    accel.register(config.get("kernels", "off"), config.get("batch_invariant", False))  # before the model loads
-
     try:
+        accel.register(config.get("kernels", "off"), config.get("batch_invariant", False))  # before the model loads
         params = dict(config["engine"], rpc_endpoints=connect_devices(config.get("rpc")))
         engine = Engine(**params)
     except Exception as exc:                        # a model that does not load: say why, exit
