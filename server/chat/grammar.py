@@ -21,6 +21,10 @@ from . import limits as _limits
 PARAM = "response_format"
 REPEAT_KEYWORDS = ("maxLength", "minLength", "maxItems", "minItems", "maxProperties",
                    "minProperties", "maxContains", "minContains")
+# Bounds a schema gives as a pair: an upper one below the lower one matches nothing (and would
+# reach llama.cpp as a repetition {m,n} with n < m, see reversed_bounds).
+MIN_MAX_KEYWORDS = (("minLength", "maxLength"), ("minItems", "maxItems"),
+                    ("minProperties", "maxProperties"), ("minContains", "maxContains"))
 # {m}, {m,} and {m,n} quantifiers in a `pattern`: each becomes a repetition in the grammar.
 QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 # llama.cpp's grammar parser recurses once per nested group; 20,000 levels overflow its stack.
@@ -53,6 +57,11 @@ def _check_node(node: dict, limit: _limits.InferenceLimits, param: str) -> None:
     enum = node.get("enum")
     if isinstance(enum, list) and len(enum) > limit.grammar_max_enum:
         _too_big(f"an enum has {len(enum)} values", limit.grammar_max_enum, "grammar_max_enum", param)
+    for low, high in MIN_MAX_KEYWORDS:
+        if isinstance(node.get(low), (int, float)) and isinstance(node.get(high), (int, float)) \
+                and node[high] < node[low]:
+            raise invalid(f"the JSON schema in '{param}' can match nothing: '{low}' is "
+                          f"{node[low]} and '{high}' is {node[high]}", param)
     pattern = node.get("pattern")
     if isinstance(pattern, str):
         for low, high in QUANTIFIER.findall(pattern):
@@ -60,6 +69,9 @@ def _check_node(node: dict, limit: _limits.InferenceLimits, param: str) -> None:
                 if value and int(value) > limit.grammar_max_repeat:
                     _too_big(f"a pattern repeats {value} times", limit.grammar_max_repeat,
                              "grammar_max_repeat", param)
+            if high and int(high) < int(low):
+                raise invalid(f"the pattern {pattern[:100]!r} in '{param}' repeats an item at "
+                              f"least {low} and at most {high} times", param)
 
 
 def check_schema(schema: dict, limit: _limits.InferenceLimits, param: str = PARAM) -> None:
@@ -83,9 +95,10 @@ def check_schema(schema: dict, limit: _limits.InferenceLimits, param: str = PARA
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
 
 
-def nesting(gbnf: str) -> int:
-    """The deepest group nesting of a grammar, outside string literals and character classes."""
-    deepest = depth = 0
+def _structure(gbnf: str) -> str:
+    """The grammar with its string literals and character classes blanked out: what is left
+    are rule names, groups and operators."""
+    out = []
     quote = None
     escaped = False
     for ch in gbnf:
@@ -96,16 +109,40 @@ def nesting(gbnf: str) -> int:
                 escaped = True
             elif ch == quote:
                 quote = None
-        elif ch == '"':
+            out.append(" ")
+            continue
+        if ch == '"':
             quote = '"'
         elif ch == "[":
             quote = "]"
-        elif ch == "(":
+        out.append(" " if quote else ch)
+    return "".join(out)
+
+
+def nesting(gbnf: str) -> int:
+    """The deepest group nesting of a grammar, outside string literals and character classes."""
+    deepest = depth = 0
+    for ch in _structure(gbnf):
+        if ch == "(":
             depth += 1
             deepest = max(deepest, depth)
         elif ch == ")":
             depth -= 1
     return deepest
+
+
+# A bounded repetition's {m,n} in the grammar's structure.
+BOUNDS = re.compile(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}")
+
+
+def reversed_bounds(gbnf: str) -> tuple[int, int] | None:
+    """The first `{m,n}` with n < m. llama.cpp's grammar parser takes n - m unsigned: it
+    would write rules until the process runs out of memory."""
+    for match in BOUNDS.finditer(_structure(gbnf)):
+        low, high = int(match.group(1)), int(match.group(2))
+        if high < low:
+            return low, high
+    return None
 
 
 # A repetition in the grammar's text: `atom{m}`, `atom{m,}` or `atom{m,n}`.
@@ -127,6 +164,10 @@ def expanded_bytes(gbnf: str) -> int:
 
 
 def check_grammar(gbnf: str, limit: _limits.InferenceLimits, param: str = PARAM) -> None:
+    bounds = reversed_bounds(gbnf)
+    if bounds is not None:
+        raise invalid(f"the JSON schema in '{param}' can match nothing: it asks for at least "
+                      f"{bounds[0]} and at most {bounds[1]} repetitions of an item", param)
     size = expanded_bytes(gbnf)
     if size > limit.grammar_max_bytes:
         _too_big(f"its grammar is {size} bytes with its repetitions written out",

@@ -90,6 +90,32 @@ def test_oversized_schemas_are_400_naming_the_limit(node, schema, setting):
     bystander_is_served(node)
 
 
+# ---- bounds that match nothing: llama.cpp's grammar parser would write rules until the worker
+# ran out of memory (n - m taken unsigned), a 503 for everyone on the model ------------------------
+
+def chat_model_restarts(node) -> int:
+    status, _, reply = node.request("GET", f"/v1/models/{CHAT}", port="inference", key=node.admin_key)
+    assert status == 200, reply
+    return reply["restarts"]
+
+
+@pytest.mark.parametrize("extra", [
+    {"response_format": schema_format({"type": "string", "pattern": "^b{3,1}$"})},
+    {"response_format": schema_format({"type": "array", "items": {"type": "integer"},
+                                       "minItems": 4, "maxItems": 2})},
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "minLength": 9, "maxLength": 1}},
+        "required": ["s"]}}}], "tool_choice": "required"},
+])
+def test_bounds_that_match_nothing_are_400_and_the_worker_lives(node, extra):
+    before = chat_model_restarts(node)
+    status, _, reply = chat(node, node.attacker, **extra)
+    assert status == 400 and reply["error"]["type"] == "invalid_request_error", reply
+    assert "at most" in reply["error"]["message"] or "can match nothing" in reply["error"]["message"]
+    bystander_is_served(node)
+    assert chat_model_restarts(node) == before
+
+
 # ---- 2: an honest request that used to abort the process --------------------------------------
 
 def test_boolean_schema_with_min_tokens_completes(node):

@@ -170,3 +170,37 @@ def test_a_grammar_nested_deeper_than_llama_cpp_survives_is_refused():
     assert caught.value.message == (
         f"the JSON schema in 'response_format' is too large: its grammar nests deeper than {depth} "
         f"groups (the limit is {depth}, setting inference.limits.grammar_max_repeat)")
+
+
+# ---- bounds that match nothing: llama.cpp's parser takes n - m unsigned and never stops --------
+
+@pytest.mark.parametrize("schema, needle", [
+    ({"type": "string", "minLength": 5, "maxLength": 2}, "'minLength' is 5 and 'maxLength' is 2"),
+    ({"type": "array", "items": {"type": "integer"}, "minItems": 4, "maxItems": 2}, "'minItems' is 4"),
+    ({"type": "object", "minProperties": 2, "maxProperties": 1}, "'minProperties' is 2"),
+    ({"type": "string", "pattern": "^b{3,1}$"}, "at least 3 and at most 1 times"),
+    ({"type": "string", "pattern": "^(ab){5, 2}$"}, "at least 5 and at most 2 times"),
+])
+def test_bounds_that_match_nothing_are_refused(schema, needle):
+    message = refusal(schema, limits.InferenceLimits()).message
+    assert "can match nothing" in message or "repeats an item" in message
+    assert needle in message
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "minLength": 2, "maxLength": 2},          # equal bounds: exactly n
+    {"type": "string", "pattern": "^b{1,3}$"},
+    {"enum": ["a{3,1}"]},                                         # braces in a literal are text
+    {"const": "[x{9,2}]"},
+])
+def test_bounds_at_their_edge_and_braces_in_literals_convert(schema):
+    json_schema_grammar(schema, limits.InferenceLimits())
+
+
+def test_a_grammar_with_reversed_bounds_is_refused_whatever_made_it():
+    """The check on the grammar itself (tool-call grammars come from other converters)."""
+    assert grammar.reversed_bounds('root ::= "a{3,1}" [b{3,1}] c{1,3}') is None
+    assert grammar.reversed_bounds("root ::= item{3,1}") == (3, 1)
+    with raises_http() as caught:
+        check_grammar("root ::= item{3, 1}\nitem ::= \"x\"", limits.InferenceLimits(), "tools")
+    assert caught.value.param == "tools" and "at least 3 and at most 1" in caught.value.message
