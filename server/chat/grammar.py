@@ -10,6 +10,7 @@ naming the limit and its setting (`inference.limits.*`).
 """
 from __future__ import annotations
 
+import math
 import re
 
 import orjson
@@ -62,6 +63,10 @@ def _check_node(node: dict, limit: _limits.InferenceLimits, param: str) -> None:
                 and node[high] < node[low]:
             raise invalid(f"the JSON schema in '{param}' can match nothing: '{low}' is "
                           f"{node[low]} and '{high}' is {node[high]}", param)
+    if _no_number_between(node):
+        raise invalid(f"the JSON schema in '{param}' can match nothing: no "
+                      f"{'integer' if node.get('type') == 'integer' else 'number'} lies within "
+                      f"its minimum and maximum", param)
     pattern = node.get("pattern")
     if isinstance(pattern, str):
         for low, high in QUANTIFIER.findall(pattern):
@@ -72,6 +77,26 @@ def _check_node(node: dict, limit: _limits.InferenceLimits, param: str) -> None:
             if high and int(high) < int(low):
                 raise invalid(f"the pattern {pattern[:100]!r} in '{param}' repeats an item at "
                               f"least {low} and at most {high} times", param)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _no_number_between(node: dict) -> bool:
+    """A numeric range with nothing in it. The converter writes an integer's as a reversed
+    character class ([4-3]), which the model's first token cannot get past."""
+    below = [(node[k], k == "exclusiveMaximum") for k in ("maximum", "exclusiveMaximum") if _number(node.get(k))]
+    above = [(node[k], k == "exclusiveMinimum") for k in ("minimum", "exclusiveMinimum") if _number(node.get(k))]
+    if not below or not above:
+        return False
+    if node.get("type") == "integer":
+        lowest = max(math.floor(v) + 1 if exclusive else math.ceil(v) for v, exclusive in above)
+        highest = min(math.ceil(v) - 1 if exclusive else math.floor(v) for v, exclusive in below)
+        return lowest > highest
+    low, low_exclusive = max(above, key=lambda bound: (bound[0], bound[1]))
+    high, high_exclusive = min(below, key=lambda bound: (bound[0], not bound[1]))
+    return low > high or (low == high and (low_exclusive or high_exclusive))
 
 
 def check_schema(schema: dict, limit: _limits.InferenceLimits, param: str = PARAM) -> None:

@@ -103,6 +103,7 @@ def chat_model_restarts(node) -> int:
     {"response_format": schema_format({"type": "string", "pattern": "^b{3,1}$"})},
     {"response_format": schema_format({"type": "array", "items": {"type": "integer"},
                                        "minItems": 4, "maxItems": 2})},
+    {"response_format": schema_format({"type": "integer", "minimum": 1.5, "exclusiveMaximum": 2})},
     {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"s": {"type": "string", "minLength": 9, "maxLength": 1}},
         "required": ["s"]}}}], "tool_choice": "required"},

@@ -180,6 +180,10 @@ def test_a_grammar_nested_deeper_than_llama_cpp_survives_is_refused():
     ({"type": "object", "minProperties": 2, "maxProperties": 1}, "'minProperties' is 2"),
     ({"type": "string", "pattern": "^b{3,1}$"}, "at least 3 and at most 1 times"),
     ({"type": "string", "pattern": "^(ab){5, 2}$"}, "at least 5 and at most 2 times"),
+    ({"type": "integer", "minimum": 1.5, "exclusiveMaximum": 2}, "no integer lies within"),
+    ({"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4}, "no integer lies within"),
+    ({"type": "number", "minimum": 3, "exclusiveMaximum": 3}, "no number lies within"),
+    ({"type": "number", "minimum": 5, "maximum": 2}, "no number lies within"),
 ])
 def test_bounds_that_match_nothing_are_refused(schema, needle):
     message = refusal(schema, limits.InferenceLimits()).message
@@ -189,6 +193,9 @@ def test_bounds_that_match_nothing_are_refused(schema, needle):
 
 @pytest.mark.parametrize("schema", [
     {"type": "string", "minLength": 2, "maxLength": 2},          # equal bounds: exactly n
+    {"type": "integer", "minimum": 2, "maximum": 2},
+    {"type": "integer", "minimum": 2, "exclusiveMaximum": 3},       # 2 lies between
+    {"type": "number", "minimum": 3, "maximum": 3},
     {"type": "string", "pattern": "^b{1,3}$"},
     {"enum": ["a{3,1}"]},                                         # braces in a literal are text
     {"const": "[x{9,2}]"},
