@@ -33,6 +33,59 @@ QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 MAX_GRAMMAR_NESTING = 4096
 
 
+# Repetitions nested in a `pattern` multiply: `(a{0,30}){0,30}` can split a run of a's in 900
+# ways, and llama.cpp's grammar keeps a parse stack for each while it checks every candidate
+# token (one sample of `((a{0,30}){0,30}){0,30}` held the engine for minutes). Delimiters keep
+# nested arrays and objects unambiguous; a regex has none. Fixed, far below what stalls a step.
+MAX_NESTED_REPEAT = 100
+
+
+def nested_repeat(pattern: str) -> int:
+    """The largest product of the upper bounds of repetitions nested two or more deep in a
+    regex (`{m,n}` counts n, `{m}` and `{m,}` count m; `*`, `+` and `?` count 1: llama.cpp
+    refuses the left recursion a nullable loop inside a loop makes). One level costs nothing
+    here: `a{0,900}` is one parse stack whatever the run (grammar_max_repeat bounds it)."""
+    groups = [(1, 0)]             # per open group, its costliest element: (product, levels)
+    last = (1, 0)                 # the element just read, which a quantifier scales
+    worst = 1
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\" or ch == "[":
+            i = i + 2 if ch == "\\" else _class_end(pattern, i)
+            last = (1, 0)
+            continue
+        if ch == "(":
+            groups.append((1, 0))
+        elif ch == ")" and len(groups) > 1:
+            last = groups.pop()
+            groups[-1] = max(groups[-1], last)
+        elif ch == "{" and (match := QUANTIFIER.match(pattern, i)):
+            low, high = match.groups()
+            last = (last[0] * max(1, int(high) if high else int(low)), last[1] + 1)
+            groups[-1] = max(groups[-1], last)
+            if last[1] >= 2:
+                worst = max(worst, last[0])
+            i = match.end()
+            continue
+        elif ch not in "*+?|":
+            last = (1, 0)
+        i += 1
+    return worst
+
+
+def _class_end(pattern: str, i: int) -> int:
+    """The index past the character class that opens at i."""
+    i += 1
+    if i < len(pattern) and pattern[i] == "^":
+        i += 1
+    if i < len(pattern) and pattern[i] == "]":
+        i += 1
+    while i < len(pattern) and pattern[i] != "]":
+        i += 2 if pattern[i] == "\\" else 1
+    return i + 1
+
+
 def _too_big(what: str, limit: int, setting: str, param: str = PARAM) -> None:
     raise invalid(f"the JSON schema in '{param}' is too large: {what} (the limit is "
                   f"{limit}, setting inference.limits.{setting})", param)
@@ -77,6 +130,11 @@ def _check_node(node: dict, limit: _limits.InferenceLimits, param: str) -> None:
             if high and int(high) < int(low):
                 raise invalid(f"the pattern {pattern[:100]!r} in '{param}' repeats an item at "
                               f"least {low} and at most {high} times", param)
+        nested = nested_repeat(pattern)
+        if nested > MAX_NESTED_REPEAT:
+            raise invalid(f"the JSON schema in '{param}' is too large: a pattern nests "
+                          f"repetitions {nested} times over (the limit for repetitions inside "
+                          f"repetitions is {MAX_NESTED_REPEAT}, fixed)", param)
 
 
 def _number(value) -> bool:

@@ -82,6 +82,8 @@ def schema_format(schema):
     ({"type": "string", "maxLength": 20000}, "grammar_max_repeat"),
     ({"type": "array", "minItems": 5000000}, "grammar_max_repeat"),
     ({"enum": [f"value-{i}" for i in range(3000)]}, "grammar_max_enum"),
+    # each repetition within its bound, but nested: one sample held the engine for minutes
+    ({"type": "string", "pattern": "^((a{0,30}){0,30}){0,30}$"}, "repetitions inside repetitions"),
 ])
 def test_oversized_schemas_are_400_naming_the_limit(node, schema, setting):
     status, _, reply = chat(node, node.attacker, response_format=schema_format(schema))

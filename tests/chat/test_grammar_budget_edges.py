@@ -211,3 +211,30 @@ def test_a_grammar_with_reversed_bounds_is_refused_whatever_made_it():
     with raises_http() as caught:
         check_grammar("root ::= item{3, 1}\nitem ::= \"x\"", limits.InferenceLimits(), "tools")
     assert caught.value.param == "tools" and "at least 3 and at most 1" in caught.value.message
+
+
+# ---- repetitions inside repetitions: one parse stack per way to split a run ------------------
+
+@pytest.mark.parametrize("pattern, product", [
+    ("^((a{0,30}){0,30}){0,30}$", 27000),
+    ("^(a{0,200}){0,200}$", 40000),
+    ("^(?:a{0,10}){0,11}$", 110),            # one past the limit
+    ("^(a{0,101}|b){1}$", 101),
+])
+def test_nested_repetitions_past_the_limit_are_refused(pattern, product):
+    assert grammar.nested_repeat(pattern) == product
+    message = refusal({"type": "string", "pattern": pattern}, limits.InferenceLimits()).message
+    assert f"nests repetitions {product} times over" in message and "is 100, fixed" in message
+
+
+@pytest.mark.parametrize("pattern, product", [
+    ("^a{0,900}$", 1),                                # one level: one parse stack
+    ("^(ab){0,30}$", 1),
+    ("^(?:a{0,10}){0,10}$", 100),                    # at the limit
+    ("^(\\d{1,3}\\.){3}\\d{1,3}$", 9),                  # an IPv4 address
+    ("^[\\w.-]+@([\\w-]+\\.)+[\\w-]{2,4}$", 1),          # loops count 1
+    ("^[(]{3}(x{5}){2}$", 10),                       # a bracket in a class opens no group
+])
+def test_nested_repetitions_within_the_limit_convert(pattern, product):
+    assert grammar.nested_repeat(pattern) == product
+    json_schema_grammar({"type": "string", "pattern": pattern}, limits.InferenceLimits())
