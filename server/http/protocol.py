@@ -132,6 +132,7 @@ class HttpProtocol:
     busy = cython.declare(cython.bint, visibility="readonly")
     pumping = cython.declare(cython.bint)
     task = cython.declare(object, visibility="public")
+    answering = cython.declare(object)            # the request being answered, or None
     session = cython.declare(object, visibility="readonly")
 
     def __init__(self, app, server):
@@ -176,6 +177,7 @@ class HttpProtocol:
         self.busy = False
         self.pumping = False
         self.task = None
+        self.answering = None
         self.session = Session()
 
     # ---- connection lifecycle -------------------------------------------------------------
@@ -206,8 +208,14 @@ class HttpProtocol:
             self.task.cancel()           # the client is gone: stop producing for it
 
     def eof_received(self):
-        """The client half-closed. Answer what it already sent, then close; with nothing in
-        flight, let the transport close now (a falsy return)."""
+        """The client half-closed. A model's work for it stops as if it had disconnected (a
+        falsy return: the transport closes, connection_lost cancels): an SDK that times out
+        closes its socket, which reads the same here, and uvicorn and llama-server take it the
+        same way. Anything else it sent is answered, then the connection closes; with nothing in
+        flight, the transport closes now."""
+        request = self.answering
+        if request is not None and request.route is not None and request.route.ends_with_client:
+            return None
         if self.busy or self.pipeline or self._unparsed is not None:
             self.peer_done = True
             return True
@@ -438,6 +446,7 @@ class HttpProtocol:
             self.reject(request.kind, request.message)
             return
         self.busy = True
+        self.answering = request
         result = self.app.dispatch(request)
         if type(result) is Response:
             self.send(request, result)
@@ -507,6 +516,7 @@ class HttpProtocol:
     def finish(self, request, status: int, n_bytes: int, keep_alive: bool) -> None:
         self.busy = False
         self.task = None
+        self.answering = None
         self.server.record(self.app, request, status, n_bytes)
         if self.closed:
             return

@@ -36,11 +36,14 @@ class Endpoint:
     # a header that may carry the credential instead of Authorization, as the bare token
     # (Anthropic's x-api-key); the guard reads it only when Authorization is absent
     credential_header: bytes | None = None
+    # work for this client alone (a model's generation): a client that ends its input while it
+    # runs has gone, and the work stops (http/protocol.py, eof_received)
+    ends_with_client: bool = False
 
 
 class Route:
     __slots__ = ("method", "path", "label", "handler", "ctx", "permission", "group", "max_body", "stats",
-                 "error_shape", "credential_header")
+                 "error_shape", "credential_header", "ends_with_client")
 
     def __init__(self, method: str, path: str, endpoint: Endpoint, default_max_body: int, ctx=None):
         self.method = method
@@ -54,6 +57,7 @@ class Route:
         self.stats = None               # metrics.RouteStats, attached on first use
         self.error_shape = endpoint.error_shape
         self.credential_header = endpoint.credential_header
+        self.ends_with_client = endpoint.ends_with_client
 
 
 _NO_PARAMS: dict = {}

@@ -260,6 +260,28 @@ def test_abandoned_stream_frees_its_slot(client, daemon):
     assert sampled_tokens(daemon) == settled       # nothing is generating for the closed stream
 
 
+def test_a_client_that_times_out_frees_its_slot(daemon):
+    """An SDK's timeout closes the socket of a non-streaming request: nothing is ever written
+    to it, so the end of its input is the only sign. The generation stops."""
+    import socket
+    import time
+    body = json.dumps({"model": CHAT, "max_tokens": 900, "ignore_eos": True,
+                       "messages": [{"role": "user", "content": "Write a long essay."}]}).encode()
+    sock = socket.create_connection(("127.0.0.1", daemon.inference_port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+                 b"Authorization: Bearer " + daemon.admin_key.encode() +
+                 b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    started = sampled_tokens(daemon)
+    deadline = time.monotonic() + 60
+    while sampled_tokens(daemon) == started and time.monotonic() < deadline:
+        time.sleep(0.2)                            # it is generating (workers report each second)
+    sock.close()
+    time.sleep(2.5)
+    settled = sampled_tokens(daemon)
+    time.sleep(2.5)
+    assert sampled_tokens(daemon) == settled       # nothing is generating for the closed client
+
+
 def test_the_daemon_maps_one_copy_of_llama_cpp(daemon):
     mapped = {line.split()[-1] for line in open(f"/proc/{daemon.proc.pid}/maps")
               if ".so" in line and ("libllama" in line or "libggml-base" in line)}

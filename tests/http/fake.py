@@ -138,6 +138,7 @@ ROUTES = {
     ("POST", "/echo"): Endpoint(_echo, None),
     ("POST", "/small"): Endpoint(_echo, None, max_body=10),
     ("GET", "/slow"): Endpoint(_slow, None),
+    ("POST", "/generate"): Endpoint(_slow, None, ends_with_client=True),   # a model's work
     ("GET", "/fail"): Endpoint(_fail, None),
     ("GET", "/refuse"): Endpoint(_refuse, None),
     ("POST", "/json"): Endpoint(_json, None),

@@ -535,6 +535,19 @@ def test_half_closed_client_still_gets_its_answers(loop, conn):
     assert transport.closed
 
 
+def test_half_closing_during_a_models_work_stops_it(loop, conn):
+    """An SDK that times out closes its socket: end of input, like a half-close. A model's
+    work for it stops (499) instead of running to an answer nobody reads."""
+    protocol, transport = conn
+    protocol.data_received(b"POST /generate?ms=5000 HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    task = protocol.task
+    settle(loop, 0.01)                               # the handler is at work
+    assert not protocol.eof_received()               # falsy: the transport closes itself
+    protocol.connection_lost(None)                   # what the transport then reports
+    settle(loop, 0.01)
+    assert task.done() and transport.take() == b"" and not protocol.busy
+
+
 def test_half_close_with_nothing_in_flight_closes(conn):
     protocol, transport = conn
     protocol.data_received(b"GET /echo HTTP/1.1\r\n\r\n")

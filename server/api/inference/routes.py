@@ -42,9 +42,10 @@ ANTHROPIC = {"error_shape": anthropic_messages.ERROR_SHAPE, "credential_header":
 
 
 def generation(handler, body: Body, summary: str, answer: dict, **extra) -> Endpoint:
-    """A POST that runs a model: the inference permission and rate limit, and the model's errors."""
+    """A POST that runs a model: the inference permission and rate limit, and the model's errors;
+    the model's work stops when the client goes, even by closing only its sending side."""
     return Endpoint(handler, perm.INFERENCE, INFERENCE, body=body, summary=summary,
-                    responses={200: answer, **schemas.MODEL_ERRORS}, **extra)
+                    responses={200: answer, **schemas.MODEL_ERRORS}, ends_with_client=True, **extra)
 
 
 ROUTES = {
