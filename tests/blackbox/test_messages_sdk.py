@@ -100,6 +100,31 @@ def test_a_conversation_with_tool_use_and_tool_result(client):
     assert message.content and message.stop_reason in ("end_turn", "max_tokens", "tool_use")
 
 
+WEATHER = [{"name": "get_weather", "description": "Weather of a city.", "input_schema": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_call_cut_off_by_max_tokens_stops_with_max_tokens(client, stream):
+    """A call whose arguments max_tokens cut is no call to run: Anthropic says max_tokens."""
+    ask = dict(model=CHAT, max_tokens=6, tools=WEATHER, tool_choice={"type": "any"},
+               messages=ASK_WEATHER, extra_body={"temperature": 0})
+    if stream:
+        with client.messages.stream(**ask) as events:
+            message = events.get_final_message()
+    else:
+        message = client.messages.create(**ask)
+    assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 6
+
+
+def test_a_whole_tool_call_stops_with_tool_use(client):
+    message = client.messages.create(model=CHAT, max_tokens=200, tools=WEATHER, tool_choice={"type": "any"},
+                                     messages=ASK_WEATHER, extra_body={"temperature": 0})
+    call = next(block for block in message.content if block.type == "tool_use")
+    assert message.stop_reason == "tool_use" and call.name == "get_weather" and "city" in call.input
+
+
 def test_count_tokens_is_what_the_message_reads(client):
     longer = [{"role": "user", "content": "Say hello to everyone in the room, please."}]
     short = client.messages.count_tokens(model=CHAT, messages=HELLO).input_tokens

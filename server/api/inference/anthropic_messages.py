@@ -195,7 +195,10 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 
 def stop_fields(finish_reason: str | None, blocks, stop_sequence: str | None) -> dict:
     """stop_reason, and stop_sequence: the string when it is what ended the message, else null
-    (a tool call that followed one ends it as tool_use)."""
+    (a tool call that followed one ends it as tool_use). A call cut off by max_tokens is
+    max_tokens, as Anthropic answers: its input is incomplete, not a call to run."""
+    if finish_reason == "length":
+        return {"stop_reason": "max_tokens", "stop_sequence": None}
     if any(block.kind == TOOL for block in blocks):
         return {"stop_reason": "tool_use", "stop_sequence": None}
     if stop_sequence is not None:
