@@ -74,6 +74,41 @@ def nested_repeat(pattern: str) -> int:
     return worst
 
 
+def reversed_range(pattern: str) -> str | None:
+    """The first range of a character class in a regex whose end comes before its start
+    (`[5-1]`): it matches nothing, and the grammar made of it allows no first token."""
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == "\\":
+            i += 2
+            continue
+        if pattern[i] != "[":
+            i += 1
+            continue
+        end = _class_end(pattern, i)
+        members = _class_members(pattern[i + 1:end - 1].removeprefix("^"))
+        for a, dash, b in zip(members, members[1:], members[2:]):
+            if dash == "-" and len(a) == len(b) == 1 and a != "-" and a > b:
+                return f"{a}-{b}"
+        i = end
+    return None
+
+
+def _class_members(body: str) -> list[str]:
+    """A class's characters, an escaped punctuation mark as itself; other escapes (\\d, \\n) and
+    an escaped '-' stay two characters, never read as a range or its end."""
+    members, i = [], 0
+    while i < len(body):
+        if body[i] == "\\" and i + 1 < len(body):
+            ch = body[i + 1]
+            members.append(ch if ch in "]\\^[.$*+?(){}|/" else "\\" + ch)
+            i += 2
+        else:
+            members.append(body[i])
+            i += 1
+    return members
+
+
 def _class_end(pattern: str, i: int) -> int:
     """The index past the character class that opens at i."""
     i += 1
@@ -130,6 +165,10 @@ def _check_node(node: dict, limit: _limits.InferenceLimits, param: str) -> None:
             if high and int(high) < int(low):
                 raise invalid(f"the pattern {pattern[:100]!r} in '{param}' repeats an item at "
                               f"least {low} and at most {high} times", param)
+        backwards = reversed_range(pattern)
+        if backwards is not None:
+            raise invalid(f"the pattern {pattern[:100]!r} in '{param}' can match nothing: its "
+                          f"character range {backwards} ends before it begins", param)
         nested = nested_repeat(pattern)
         if nested > MAX_NESTED_REPEAT:
             raise invalid(f"the JSON schema in '{param}' is too large: a pattern nests "

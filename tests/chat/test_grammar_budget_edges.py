@@ -180,6 +180,8 @@ def test_a_grammar_nested_deeper_than_llama_cpp_survives_is_refused():
     ({"type": "object", "minProperties": 2, "maxProperties": 1}, "'minProperties' is 2"),
     ({"type": "string", "pattern": "^b{3,1}$"}, "at least 3 and at most 1 times"),
     ({"type": "string", "pattern": "^(ab){5, 2}$"}, "at least 5 and at most 2 times"),
+    ({"type": "string", "pattern": "^[5-1]$"}, "character range 5-1 ends before it begins"),
+    ({"type": "string", "pattern": "^x[^z-a]+$"}, "character range z-a ends before it begins"),
     ({"type": "integer", "minimum": 1.5, "exclusiveMaximum": 2}, "no integer lies within"),
     ({"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4}, "no integer lies within"),
     ({"type": "number", "minimum": 3, "exclusiveMaximum": 3}, "no number lies within"),
@@ -198,6 +200,7 @@ def test_bounds_that_match_nothing_are_refused(schema, needle):
     {"type": "number", "minimum": 3, "maximum": 3},
     {"type": "string", "pattern": "^b{1,3}$"},
     {"enum": ["a{3,1}"]},                                         # braces in a literal are text
+    {"type": "string", "pattern": "^[a\\-0][-z][z-][\\d-a]\\[9-0\\]$"},   # dashes that are not ranges
     {"const": "[x{9,2}]"},
 ])
 def test_bounds_at_their_edge_and_braces_in_literals_convert(schema):
