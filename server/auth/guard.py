@@ -45,11 +45,30 @@ class Guard:
         if route.group is not None and self.limiter is not None:
             request.rate_headers = self.limiter.admit(principal.id, principal.name, route.group)
 
+    def precheck(self, headers: dict, route, session) -> None:
+        """At the end of a request's head, before its body is read: no credential, or one
+        that authenticates no one, is refused now (permission and rate limit wait for the
+        whole request). A client without a key cannot hold a connection by trickling a body.
+        What it resolves to is remembered in the session, as __call__ would."""
+        if route.permission is PUBLIC:
+            return
+        header = headers.get(b"authorization")
+        if header is None:
+            header = self.credential_of(headers, route)
+        generation = self.versioned.generation
+        if session.credential == header and session.generation == generation:
+            return
+        principal = self.authenticate(header)
+        session.credential, session.principal, session.generation = header, principal, generation
+
     def alternative(self, request, route) -> bytes:
+        return self.credential_of(request.headers, route)
+
+    def credential_of(self, headers: dict, route) -> bytes:
         """The credential of a route that also takes it in its own header (Anthropic's
         x-api-key: the bare key), as the Authorization value it stands for."""
         name = getattr(route, "credential_header", None)
-        token = request.headers.get(name) if name is not None else None
+        token = headers.get(name) if name is not None else None
         if token is None:
             message = self.authenticator.missing_message
             if name is not None:

@@ -76,12 +76,15 @@ new_request_id = RequestIds().next
 
 
 class _Reject(Exception):
-    """Raised inside parser callbacks to stop parsing and answer with an error."""
+    """Raised inside parser callbacks to stop parsing and answer with an error: of `kind`, or
+    `error` itself (an ApiError, with its headers) in the route's `shape`."""
 
-    def __init__(self, kind: ErrorKind, message: str):
+    def __init__(self, kind: ErrorKind, message: str, error=None, shape=None):
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.error = error
+        self.shape = shape
 
 
 @cython.cclass
@@ -286,7 +289,7 @@ class HttpProtocol:
         try:
             self.parser.feed_data(data)
         except _Reject as rejection:
-            self.reject(rejection.kind, rejection.message)
+            self.refuse(rejection)
             return False
         except httptools.HttpParserUpgrade:
             self.upgrade_requested()
@@ -294,7 +297,7 @@ class HttpProtocol:
         except httptools.HttpParserError as exc:
             cause = exc.__context__
             if isinstance(cause, _Reject):
-                self.reject(cause.kind, cause.message)
+                self.refuse(cause)
             elif cause is not None:      # our own callback failed: a bug, not a bad request
                 log.error("HTTP parser callback failed", exc_info=cause)
                 self.reject(ErrorKind.INTERNAL, "internal server error")
@@ -386,12 +389,24 @@ class HttpProtocol:
         if length is not None and int(length) > self._max_body:
             raise _Reject(ErrorKind.PAYLOAD_TOO_LARGE,
                           f"request body is larger than {self._max_body} bytes")
+        self.precheck()
         if self._headers.get(b"expect", b"").lower() == b"100-continue" and not self.busy:
             self.transport.write(CONTINUE)
         self._t_start = perf_counter()
         now = self.loop.time()
         self.phase = BODY
         self.deadline = now + self.limits.body_timeout
+
+    def precheck(self) -> None:
+        """A keyed route's credential, before its body is read (guard.precheck)."""
+        route = self._route
+        precheck = getattr(self.app.guard, "precheck", None) if route is not None else None
+        if precheck is None:
+            return
+        try:
+            precheck(self._headers, route, self.session)
+        except ApiError as error:
+            raise _Reject(error.kind, error.message, error, route.error_shape)
 
     def on_body(self, data: bytes) -> None:
         self._body_len += len(data)
@@ -443,7 +458,7 @@ class HttpProtocol:
     @cython.ccall
     def start(self, request) -> None:
         if type(request) is _Reject:
-            self.reject(request.kind, request.message)
+            self.refuse(request)
             return
         self.busy = True
         self.answering = request
@@ -531,18 +546,24 @@ class HttpProtocol:
 
     @cython.ccall
     def reject(self, kind: ErrorKind, message: str) -> None:
+        self.refuse(_Reject(kind, message))
+
+    @cython.ccall
+    def refuse(self, rejection) -> None:
         """Answer a request we could not parse or accept, then close: the stream is out of sync."""
         if self.closed:
             return
         if self.busy or self.pipeline:   # answer in order, after the requests already here
-            self.pipeline.append(_Reject(kind, message))
+            self.pipeline.append(rejection)
             self.pause_reading()
             return
-        response = error_response(ApiError(kind, message))
+        error = rejection.error if rejection.error is not None else ApiError(rejection.kind, rejection.message)
+        response = error_response(error, rejection.shape)
+        extra = encode_headers(response.headers) if response.headers else b""
         request_id = new_request_id()
         self.transport.write(response_head(response.status, response.content_type,
                                            len(response.body), request_id, self.server.date,
-                                           b"", False) + response.body)
+                                           extra, False) + response.body)
         self.server.record_rejection(self.app, self._method, self._path, response.status,
                                      request_id, self.peer)
         self.close()

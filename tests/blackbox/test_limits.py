@@ -1,4 +1,5 @@
 """HTTP limits against the real daemon over raw sockets."""
+import json
 import socket
 import time
 
@@ -107,7 +108,34 @@ def test_idle_keep_alive_is_closed(start_daemon):
     b"GET /v1/health HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
 ])
 def test_malformed_framing(daemon, request_bytes):
+    # with a key: a keyless head is refused (401) before a body is read, malformed or not
+    request_bytes = request_bytes.replace(b"HTTP/1.1\r\n", b"HTTP/1.1\r\n" + auth(daemon), 1)
     assert parse_responses(daemon.raw(request_bytes))[0][0] == 400
+
+
+@pytest.mark.parametrize("port, path, credential", [
+    ("inference", "/v1/chat/completions", b""),
+    ("inference", "/v1/chat/completions", b"Authorization: Bearer sk-nobody\r\n"),
+    ("inference", "/v1/messages", b""),
+    ("cluster", "/v1/models/load", b""),
+])
+def test_a_keyless_request_is_refused_before_its_body(daemon, port, path, credential):
+    """A client without a key cannot hold a connection by trickling a body (slowloris): the
+    head alone gets the 401, and the connection closes."""
+    sock = socket.create_connection(("127.0.0.1", getattr(daemon, f"{port}_port")), timeout=60)
+    sock.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+                 + credential + b"Content-Length: 1000\r\n\r\n{")
+    data = b""
+    while chunk := sock.recv(65536):              # no more body is sent: the answer comes anyway
+        data += chunk
+    sock.close()
+    (status, _, body), = parse_responses(data)
+    assert status == 401
+    error = json.loads(body)["error"]
+    if path == "/v1/messages":                    # Anthropic's shape on its route
+        assert error["type"] == "authentication_error" and json.loads(body)["type"] == "error"
+    else:
+        assert error["code"] == 401 and error["type"]
 
 
 def test_half_closed_client_gets_its_response(daemon):
