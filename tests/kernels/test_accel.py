@@ -50,7 +50,7 @@ def test_setting_from_environment(tmp_path):
 
 def test_setting_refuses_other_values(tmp_path):
     with pytest.raises(config.ConfigError, match="engine.kernels"):
-        config.load({"data_dir": str(tmp_path)}, environ={"STACKD_ENGINE_KERNELS": "avx2"})
+        config.load({"data_dir": str(tmp_path)}, environ={"STACKD_ENGINE_KERNELS": "avx3"})   # a path that is not ours
 
 
 def test_off_registers_nothing():
