@@ -120,6 +120,22 @@ def test_bounds_that_match_nothing_are_400_and_the_worker_lives(node, extra):
     assert chat_model_restarts(node) == before
 
 
+# ---- a request one key could never be admitted with: 400, not a 429 retried for ever ----------
+
+def test_a_request_past_one_keys_share_is_400_at_its_edge(node):
+    """slots 4 + max_queue 8 = 12 places, key_share 0.5: one key holds at most 6 generations."""
+    status, _, reply = chat(node, node.attacker, n=6, max_tokens=1)
+    assert status == 200 and len(reply["choices"]) == 6, reply
+    status, _, reply = chat(node, node.attacker, n=7, max_tokens=1)
+    assert status == 400 and reply["error"]["param"] == "n", reply
+    assert "at most 6" in reply["error"]["message"] and "key_share" in reply["error"]["message"]
+    status, _, reply = node.request("POST", "/v1/completions", port="inference", key=node.attacker,
+                                    body={"model": CHAT, "prompt": ["a", "b", "c", "d"], "n": 2,
+                                          "max_tokens": 1})
+    assert status == 400 and "asks for 8 generations" in reply["error"]["message"], reply
+    bystander_is_served(node)
+
+
 # ---- 2: an honest request that used to abort the process --------------------------------------
 
 def test_boolean_schema_with_min_tokens_completes(node):

@@ -210,6 +210,7 @@ async def start(ctx, request, body: dict) -> ChatRun:
     async def submit():
         p = await prepare(ctx, body)
         generate.check_fits(len(p.prompt), p.model.context_length, "messages")
+        generate.check_share(ctx, p.model, p.gen.n)
         return p, await p.model.runner.generate(
             generate.jobs_for([p.prompt], p.gen, p.model.context_length), p.gen.engine_stops,
             generate.owner_of(request))

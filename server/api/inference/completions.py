@@ -44,6 +44,7 @@ async def completions(ctx, request) -> Response | StreamingResponse:
                                            lambda i: invalid(_PROMPT_ENTRY, "prompt"))
         for prompt in prompts:
             generate.check_fits(len(prompt), model.context_length)
+        generate.check_share(ctx, model, len(prompts) * gen.n)
         stream = await model.runner.generate(generate.jobs_for(prompts, gen, model.context_length),
                                              gen.stop, generate.owner_of(request))
         return model, gen, prompts, stream
