@@ -41,6 +41,13 @@ def test_a_message_with_x_api_key(client):
     assert message.usage.input_tokens > 0 and 0 < message.usage.output_tokens <= 24
 
 
+def test_models_are_listed_with_x_api_key_too(client):
+    """Anthropic's SDK lists models with its x-api-key header."""
+    listed = client.models.list()
+    assert CHAT in [model.id for model in listed.data]
+    assert client.models.retrieve(CHAT).id == CHAT
+
+
 def test_a_bearer_key_works_too(daemon):
     message = client_of(daemon, auth_token=daemon.admin_key).messages.create(
         model=CHAT, max_tokens=4, messages=HELLO)

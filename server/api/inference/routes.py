@@ -65,9 +65,11 @@ ROUTES = {
     ("POST", "/v1/messages/count_tokens"): generation(
         anthropic_messages.count_tokens, COUNT_TOKENS_BODY, "Anthropic token count",
         dialect_schemas.TOKEN_COUNT, **ANTHROPIC),
+    # Anthropic-style clients list models with x-api-key too
     ("GET", "/v1/models"): Endpoint(list_models, perm.INFERENCE, INFERENCE, responses={
-        200: json_answer(MODEL_LIST_SCHEMA, "The models of the store.")}),
+        200: json_answer(MODEL_LIST_SCHEMA, "The models of the store.")},
+        credential_header=ANTHROPIC["credential_header"]),
     ("GET", "/v1/models/:id"): Endpoint(get_model, perm.INFERENCE, INFERENCE, responses={
         200: json_answer(MODEL_SCHEMA, "The model."), 400: "The id is not a valid model id.",
-        404: "The model is not in the store."}),
+        404: "The model is not in the store."}, credential_header=ANTHROPIC["credential_header"]),
 }
