@@ -77,14 +77,14 @@ new_request_id = RequestIds().next
 
 class _Reject(Exception):
     """Raised inside parser callbacks to stop parsing and answer with an error: of `kind`, or
-    `error` itself (an ApiError, with its headers) in the route's `shape`."""
+    `error` itself (an ApiError, with its headers) in the error shape of its `route`."""
 
-    def __init__(self, kind: ErrorKind, message: str, error=None, shape=None):
+    def __init__(self, kind: ErrorKind, message: str, error=None, route=None):
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.error = error
-        self.shape = shape
+        self.route = route              # the route it was for, when its head named one
 
 
 @cython.cclass
@@ -406,7 +406,7 @@ class HttpProtocol:
         try:
             precheck(self._headers, route, self.session)
         except ApiError as error:
-            raise _Reject(error.kind, error.message, error, route.error_shape)
+            raise _Reject(error.kind, error.message, error, route)
 
     def on_body(self, data: bytes) -> None:
         self._body_len += len(data)
@@ -558,14 +558,15 @@ class HttpProtocol:
             self.pause_reading()
             return
         error = rejection.error if rejection.error is not None else ApiError(rejection.kind, rejection.message)
-        response = error_response(error, rejection.shape)
+        route = rejection.route
+        response = error_response(error, route.error_shape if route is not None else None)
         extra = encode_headers(response.headers) if response.headers else b""
         request_id = new_request_id()
         self.transport.write(response_head(response.status, response.content_type,
                                            len(response.body), request_id, self.server.date,
                                            extra, False) + response.body)
         self.server.record_rejection(self.app, self._method, self._path, response.status,
-                                     request_id, self.peer)
+                                     request_id, self.peer, route)
         self.close()
 
     # ---- housekeeping ---------------------------------------------------------------------

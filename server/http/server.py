@@ -99,8 +99,15 @@ class HttpServer:
                                   request.peer)
 
     def record_rejection(self, app, method: str, path: str, status: int, request_id: bytes,
-                         peer: str) -> None:
-        self.metrics.observe(app.name, "rejected", status, 0.0)
+                         peer: str, route=None) -> None:
+        """A request answered from its head alone: under its route when it had one (a missing
+        key), else as `rejected` (framing, limits)."""
+        if route is None:
+            self.metrics.observe(app.name, "rejected", status, 0.0)
+        else:
+            if route.stats is None:
+                route.stats = self.metrics.stats(app.name, route.label)
+            route.stats.observe(status, 0.0)
         self.access_log.write(method, path, status, 0, 0.0, request_id, None, peer)
 
     async def shutdown(self, grace: float) -> None:
