@@ -29,7 +29,7 @@ class Guard:
             return
         header = request.headers.get(b"authorization")
         if header is None:
-            header = self.alternative(request, route)
+            header = self.credential_of(request.headers, route)
         session = request.session
         generation = self.versioned.generation
         if session.credential == header and session.generation == generation:
@@ -60,9 +60,6 @@ class Guard:
             return
         principal = self.authenticate(header)
         session.credential, session.principal, session.generation = header, principal, generation
-
-    def alternative(self, request, route) -> bytes:
-        return self.credential_of(request.headers, route)
 
     def credential_of(self, headers: dict, route) -> bytes:
         """The credential of a route that also takes it in its own header (Anthropic's

@@ -157,24 +157,32 @@ def test_a_request_that_had_an_event_is_not_resubmitted(loop):
     assert calls == [] and fresh.engine.submitted == []
 
 
-def test_an_answer_sent_at_the_end_is_gathered_anew_after_a_loss_midway(loop):
-    """A non-streaming answer has sent nothing when the worker dies mid-generation: its jobs go
-    to the restarted worker and the answer holds only the new generation's text."""
-    from stackd.api.inference import generate
+def lost_midway(loop, text: bytes):
+    """A request on a restartable runner that had one event (`text`) when its worker died:
+    (runner, the restarted one, restarted() calls, the request's stream)."""
     fresh = ModelRunner(loop, FakeClient())
     runner, calls = restartable(loop, fresh)
     stream = loop.run_until_complete(runner.generate([([1], 4, SamplingParams())], []))
     (rid,) = runner.engine.submitted
-    runner.engine.emit(event(rid, b"half an ans"), lost_event(rid))
+    runner.engine.emit(event(rid, text), lost_event(rid))
+    return runner, fresh, calls, stream
 
-    async def answer_when_resubmitted():
-        while not fresh.engine.submitted:
-            await asyncio.sleep(0.01)
-        fresh.engine.emit(event(fresh.engine.submitted[0], b"whole", STATUS_RUNNING),
-                          event(fresh.engine.submitted[0], b" answer", STATUS_STOPPED))
 
-    (choice,), _ = loop.run_until_complete(asyncio.gather(
-        generate.collect(runner, stream, 1), answer_when_resubmitted()))
+async def when_resubmitted(fresh, events):
+    """Once the request reaches the restarted runner, its engine emits events(request id)."""
+    while not fresh.engine.submitted:
+        await asyncio.sleep(0.01)
+    fresh.engine.emit(*events(fresh.engine.submitted[0]))
+
+
+def test_an_answer_sent_at_the_end_is_gathered_anew_after_a_loss_midway(loop):
+    """A non-streaming answer has sent nothing when the worker dies mid-generation: its jobs go
+    to the restarted worker and the answer holds only the new generation's text."""
+    from stackd.api.inference import generate
+    runner, fresh, calls, stream = lost_midway(loop, b"half an ans")
+    answer = when_resubmitted(fresh, lambda rid: (event(rid, b"whole", STATUS_RUNNING),
+                                                  event(rid, b" answer", STATUS_STOPPED)))
+    (choice,), _ = loop.run_until_complete(asyncio.gather(generate.collect(runner, stream, 1), answer))
     assert choice.joined() == "whole answer" and choice.finish_reason == "stop" and calls == [1]
 
 
@@ -182,19 +190,10 @@ def test_an_answer_sent_at_the_end_is_resubmitted_once(loop):
     """The restarted worker dies too: the loss stands (a 503), no loop of retries."""
     from stackd.api.inference import generate
     from stackd.http.errors import ApiError
-    fresh = ModelRunner(loop, FakeClient())
-    runner, calls = restartable(loop, fresh)
-    stream = loop.run_until_complete(runner.generate([([1], 4, SamplingParams())], []))
-    (rid,) = runner.engine.submitted
-    runner.engine.emit(event(rid, b"a"), lost_event(rid))
-
-    async def lost_again():
-        while not fresh.engine.submitted:
-            await asyncio.sleep(0.01)
-        fresh.engine.emit(event(fresh.engine.submitted[0], b"b"), lost_event(fresh.engine.submitted[0]))
-
+    runner, fresh, calls, stream = lost_midway(loop, b"a")
+    lost_again = when_resubmitted(fresh, lambda rid: (event(rid, b"b"), lost_event(rid)))
     with pytest.raises(ApiError) as raised:
-        loop.run_until_complete(asyncio.gather(generate.collect(runner, stream, 1), lost_again()))
+        loop.run_until_complete(asyncio.gather(generate.collect(runner, stream, 1), lost_again))
     assert raised.value.kind.status == 503 and calls == [1]
 
 
