@@ -380,9 +380,12 @@ class HttpProtocol:
         parser = self.parser
         self._method = parser.get_method().decode("ascii", "replace")
         self._keep_alive = parser.should_keep_alive()
-        target = self.app.targets.get((self._method, self._url))
+        _check_framing(parser.get_http_version(), self._headers.get(b"transfer-encoding"))
+        # HEAD is GET without the body (RFC 9110 9.3.2): it runs the GET route, `send` drops the body
+        method = "GET" if self._method == "HEAD" else self._method
+        target = self.app.targets.get((method, self._url))
         if target is None:
-            target = self.app.resolve_target(self._method, self._url, _split_target)
+            target = self.app.resolve_target(method, self._url, _split_target)
         self._path, self._query, self._route, self._params = target
         self._max_body = self._route.max_body if self._route is not None else self.app.max_body
         length = self._headers.get(b"content-length")
@@ -486,9 +489,13 @@ class HttpProtocol:
         if response.headers:
             extra += encode_headers(response.headers)
         body = response.body
-        self.transport.write(response_head(response.status, response.content_type, len(body),
-                                           request.request_id, self.server.date, extra, keep_alive)
-                             + body)
+        head = response_head(response.status, response.content_type, len(body),
+                             request.request_id, self.server.date, extra, keep_alive)
+        if request.method == "HEAD":
+            self.transport.write(head)
+            self.finish(request, response.status, 0, keep_alive)
+            return
+        self.transport.write(head + body)
         self.finish(request, response.status, len(body), keep_alive)
 
     async def stream(self, request: Request, response: StreamingResponse) -> None:
@@ -504,17 +511,8 @@ class HttpProtocol:
         sent = 0
         chunks = response.chunks
         try:
-            async for piece in chunks:
-                if self.closed:
-                    break
-                if piece:
-                    write(chunk(piece) if chunked else piece)
-                    sent += len(piece)
-                if self.flow.paused:
-                    await self.flow.drain()
-            else:
-                if chunked and not self.closed:
-                    write(LAST_CHUNK)
+            if request.method != "HEAD":  # HEAD: the head only; `aclose` below ends the work
+                sent = await self.write_chunks(chunks, chunked)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -526,6 +524,22 @@ class HttpProtocol:
             if aclose is not None:
                 await aclose()
         self.finish(request, response.status, sent, keep_alive)
+
+    async def write_chunks(self, chunks, chunked: cython.bint):
+        """Write a streamed body; the number of bytes written."""
+        write = self.transport.write
+        sent = 0
+        async for piece in chunks:
+            if self.closed:
+                return sent
+            if piece:
+                write(chunk(piece) if chunked else piece)
+                sent += len(piece)
+            if self.flow.paused:
+                await self.flow.drain()
+        if chunked and not self.closed:
+            write(LAST_CHUNK)
+        return sent
 
     @cython.ccall
     def finish(self, request, status: int, n_bytes: int, keep_alive: bool) -> None:
@@ -614,6 +628,25 @@ class HttpProtocol:
                 self.schedule_parse()    # the held read first (never re-entering the parser)
             else:
                 self.transport.resume_reading()
+
+
+def _check_framing(version: str, transfer_encoding) -> None:
+    """Refuse what this server cannot read right rather than read it wrong: a protocol version
+    other than HTTP/1.0 or 1.1, and a transfer coding other than chunked (llhttp itself refuses
+    a Transfer-Encoding whose last coding is not chunked; a body sent `gzip, chunked` would
+    otherwise reach the handler still compressed). Both are the client's to fix: 400s, as
+    llhttp answers the framing it refuses, so that no hostile head draws a 5xx."""
+    if version != "1.1" and version != "1.0":
+        raise _Reject(ErrorKind.INVALID_REQUEST,
+                      f"HTTP/{version} is not supported: this server speaks HTTP/1.1 (and 1.0)")
+    if transfer_encoding is None:
+        return
+    for coding in transfer_encoding.split(b","):
+        coding = coding.strip().lower()
+        if coding != b"chunked":
+            raise _Reject(ErrorKind.INVALID_REQUEST,
+                          f"Transfer-Encoding {coding.decode('latin-1')!r} is not supported: "
+                          "send the body as is or chunked")
 
 
 def _split_target(url: bytes) -> tuple[str, str]:

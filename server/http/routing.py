@@ -122,6 +122,8 @@ class App:
             if pattern.match(path):
                 allowed.extend(by_method)
         if allowed:
+            if "GET" in allowed:
+                allowed.append("HEAD")   # every GET route answers HEAD (protocol.send)
             allow = ", ".join(sorted(set(allowed)))
             return ApiError(ErrorKind.METHOD_NOT_ALLOWED, f"method {method} is not allowed on {path}",
                             headers=((b"allow", allow.encode()),))

@@ -266,6 +266,72 @@ def test_ambiguous_or_malformed_framing_is_400_and_close(conn, head):
     assert transport.closed
 
 
+@pytest.mark.parametrize("coding", [b"gzip, chunked", b"deflate, chunked", b"br,chunked"])
+def test_a_transfer_coding_other_than_chunked_is_400_and_close(conn, coding):
+    # read as plain chunked, the handler would get the compressed bytes as its body
+    protocol, transport = conn
+    protocol.data_received(b"POST /echo HTTP/1.1\r\nTransfer-Encoding: " + coding
+                           + b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 400 and error_of(body)["type"] == "invalid_request_error"
+    assert coding.split(b",")[0].strip().decode() in error_of(body)["message"]
+    assert transport.closed
+
+
+@pytest.mark.parametrize("coding", [b"CHUNKED", b"Chunked ", b"chunked"])
+def test_chunked_is_read_whatever_its_case_and_spaces(conn, coding):
+    protocol, transport = conn
+    protocol.data_received(b"POST /echo HTTP/1.1\r\nTransfer-Encoding: " + coding
+                           + b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 200 and orjson.loads(body)["body_len"] == 3
+
+
+@pytest.mark.parametrize("version", [b"2.0", b"0.9"])   # llhttp refuses the rest itself
+def test_a_protocol_version_other_than_1_0_and_1_1_is_400(conn, version):
+    protocol, transport = conn
+    protocol.data_received(b"GET /echo HTTP/" + version + b"\r\nHost: a\r\n\r\n")
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 400 and error_of(body)["code"] == 400 and version.decode() in error_of(body)["message"]
+    assert transport.closed
+
+
+def test_head_answers_the_get_routes_head_without_its_body(conn):
+    protocol, transport = conn
+    protocol.data_received(b"GET /echo HTTP/1.1\r\n\r\n")
+    [(_, get_headers, get_body)] = parse_responses(transport.take())
+    protocol.data_received(b"HEAD /echo HTTP/1.1\r\n\r\n")
+    raw = bytes(transport.take())
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and rest == b""
+    assert b"content-length: %d" % len(get_body) in head.lower()
+    assert get_headers[b"content-length"] == b"%d" % len(get_body)
+    protocol.data_received(b"GET /echo?after=head HTTP/1.1\r\n\r\n")      # the connection is in step
+    [(status, _, body)] = parse_responses(transport.take())
+    assert status == 200 and orjson.loads(body)["query"] == "after=head"
+
+
+def test_head_on_a_streaming_route_sends_the_head_only(conn, loop):
+    protocol, transport = conn
+    protocol.data_received(b"HEAD /stream?n=3 HTTP/1.1\r\n\r\n")
+    settle(loop)
+    head, _, rest = bytes(transport.take()).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and rest == b""
+    protocol.data_received(b"GET /echo HTTP/1.1\r\n\r\n")
+    assert parse_responses(transport.take())[0][0] == 200
+
+
+def test_head_where_there_is_no_get_is_405_and_allow_names_head_beside_get(conn):
+    protocol, transport = conn
+    protocol.data_received(b"HEAD /json HTTP/1.1\r\n\r\n")
+    head = bytes(transport.take())
+    assert head.startswith(b"HTTP/1.1 405") and b"allow: post\r\n" in head.lower()
+    assert head.endswith(b"\r\n\r\n")                      # the 405's head only
+    protocol.data_received(b"DELETE /echo HTTP/1.1\r\n\r\n")
+    [(status, headers, _)] = parse_responses(transport.take())
+    assert status == 405 and headers[b"allow"] == b"GET, HEAD, POST"
+
+
 # ---- head limits -----------------------------------------------------------------------------
 
 def _with_headers(n: int) -> bytes:
@@ -365,7 +431,7 @@ def test_wrong_method_is_405_with_allow(conn):
     protocol, transport = conn
     protocol.data_received(b"DELETE /echo HTTP/1.1\r\n\r\n")
     [(status, headers, _)] = parse_responses(transport.take())
-    assert status == 405 and headers[b"allow"] == b"GET, POST"
+    assert status == 405 and headers[b"allow"] == b"GET, HEAD, POST"
 
 
 def test_crash_is_500_without_internals(conn):
