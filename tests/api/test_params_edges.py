@@ -256,3 +256,31 @@ def test_bad_response_formats_are_refused_naming_the_parameter(response_format, 
     error = refused(response_format=response_format)
     assert error.param == "response_format" and needle in error.message
     assert error.message.startswith("'response_format") and error.message.endswith(needle)
+
+
+# ---- best_of and suffix (completions) ------------------------------------------------------
+
+def test_best_of_at_n_and_above_sets_the_candidates():
+    assert completion().candidates == 1 and completion(n=3).candidates == 3
+    assert completion(n=3, best_of=3).candidates == 3
+    g = completion(n=2, best_of=16)                  # MAX_N, its bound
+    assert g.candidates == 16 and g.n == 2
+    assert g.sampling.logprobs and not g.logprobs    # ranked by logprobs the client did not ask for
+
+
+def test_best_of_below_n_over_its_bound_or_streamed_is_refused():
+    assert refused(completion, n=3, best_of=2).param == "best_of"
+    assert refused(completion, best_of=17).param == "best_of"
+    assert refused(completion, best_of=0).param == "best_of"
+    assert refused(completion, best_of=2, stream=True).param == "best_of"
+    assert completion(n=2, best_of=2, stream=True).candidates == 2   # equal to n streams
+
+
+def test_best_of_is_not_a_chat_field():
+    assert chat(best_of=4).candidates == 1
+
+
+def test_an_empty_or_null_suffix_passes_any_other_is_refused():
+    assert completion(suffix="").n == 1 and completion(suffix=None).n == 1
+    assert refused(completion, suffix=" world").param == "suffix"
+    assert refused(completion, suffix=3).param == "suffix"

@@ -158,6 +158,41 @@ def test_completions(client):
         client.completions.create(model=CHAT, prompt="The sky is", max_tokens=5, temperature=0).choices[0].text
 
 
+def test_completions_echo_streamed_puts_each_prompt_first(client):
+    prompts = ["The sky is", "Water is"]
+    texts = {}
+    for chunk in client.completions.create(model=CHAT, prompt=prompts, max_tokens=4, temperature=0,
+                                           n=2, echo=True, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    plain = client.completions.create(model=CHAT, prompt=prompts, max_tokens=4, temperature=0, n=2, echo=True)
+    assert [texts[i] for i in range(4)] == [c.text for c in plain.choices]
+    assert texts[0].startswith("The sky is") and texts[2].startswith("Water is")
+    assert len(texts[0]) > len("The sky is")
+
+
+def test_completions_best_of_returns_the_best_n_of_its_candidates(client):
+    reply = client.completions.create(model=CHAT, prompt="My favourite colour is", max_tokens=6,
+                                      temperature=1.0, seed=11, n=2, best_of=5, logprobs=1)
+    assert [c.index for c in reply.choices] == [0, 1]
+    means = [sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs) for c in reply.choices]
+    assert means[0] >= means[1]                                # best first
+    # the same seeded request without best_of: its 5 candidates, of which these are the best
+    every = client.completions.create(model=CHAT, prompt="My favourite colour is", max_tokens=6,
+                                      temperature=1.0, seed=11, n=5, logprobs=1)
+    ranked = sorted(every.choices, key=lambda c: -sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs))
+    assert [c.text for c in reply.choices] == [c.text for c in ranked[:2]]
+    assert reply.usage.completion_tokens == every.usage.completion_tokens   # every candidate's tokens
+
+
+@pytest.mark.parametrize("fields, param", [({"suffix": "}"}, "suffix"), ({"n": 3, "best_of": 2}, "best_of"),
+                                           ({"best_of": 2, "stream": True}, "best_of")])
+def test_completions_refuse_what_they_cannot_honour(client, fields, param):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=CHAT, prompt="a", max_tokens=2, **fields)
+    assert caught.value.body["param"] == param
+
+
 def test_completion_logprobs(client):
     reply = client.completions.create(model=CHAT, prompt="One, two,", max_tokens=3, temperature=0, logprobs=2)
     lp = reply.choices[0].logprobs

@@ -44,29 +44,51 @@ async def completions(ctx, request) -> Response | StreamingResponse:
                                            lambda i: invalid(_PROMPT_ENTRY, "prompt"))
         for prompt in prompts:
             generate.check_fits(len(prompt), model.context_length)
-        generate.check_share(ctx, model, len(prompts) * gen.n)
+        generate.check_share(ctx, model, len(prompts) * gen.candidates)
+        # echo's texts before the work starts, so that nothing can fail between the two
+        prefixes = await _echo_texts(model.runner, prompts, gen.n) if echo else None
         stream = await model.runner.generate(generate.jobs_for(prompts, gen, model.context_length),
                                              gen.stop, generate.owner_of(request))
-        return model, gen, prompts, stream
+        return model, gen, prompts, prefixes, stream
 
-    model, gen, prompts, stream = await generate.across_a_restart(ctx, model_id, submit)
+    model, gen, prompts, prefixes, stream = await generate.across_a_restart(ctx, model_id, submit)
     head = responses.envelope("text_completion", responses.new_id("cmpl"), model.id)
-    n_choices = len(prompts) * gen.n
-    if gen.stream:
-        return StreamingResponse(_chunks(model.runner, stream, gen, head, n_choices),
+    if gen.stream:                          # best_of is n here (params._best_of)
+        return StreamingResponse(_chunks(model.runner, stream, gen, head, len(prompts) * gen.n, prefixes),
                                  b"text/event-stream")
 
-    choices = await generate.collect(model.runner, stream, n_choices)
-    prefixes = await _echo_texts(model.runner, prompts, gen.n) if echo else [""] * n_choices
+    generated = await generate.collect(model.runner, stream, len(prompts) * gen.candidates)
+    prompts_counted = list(range(0, len(generated), gen.candidates))
+    choices = best_of(generated, gen.candidates, gen.n)
+    prefixes = prefixes or [""] * len(choices)
     head["choices"] = [{
         "text": prefixes[i] + c.joined(),
         "index": i,
         "logprobs": responses.completion_logprobs(c.logprobs, len(prefixes[i])) if gen.logprobs else None,
         "finish_reason": c.finish_reason, **responses.stop_field(c, gen.stop),
     } for i, c in enumerate(choices)]
-    head["usage"] = responses.usage(choices, list(range(0, n_choices, gen.n)))
-    head["timings"] = timings(choices, list(range(0, n_choices, gen.n)))
+    head["usage"] = responses.usage(generated, prompts_counted)   # every candidate's tokens
+    head["timings"] = timings(generated, prompts_counted)
     return json_response(head)
+
+
+def best_of(generated: list, candidates: int, n: int) -> list:
+    """Of each prompt's `candidates` choices, the `n` with the highest mean log probability per
+    generated token (OpenAI's `best_of`), best first; all of them, in order, when there are no
+    more candidates than n."""
+    if candidates == n:
+        return generated
+    chosen = []
+    for start in range(0, len(generated), candidates):
+        group = generated[start:start + candidates]
+        group.sort(key=_mean_logprob, reverse=True)      # stable: ties keep their order
+        chosen.extend(group[:n])
+    return chosen
+
+
+def _mean_logprob(choice) -> float:
+    entries = choice.logprobs
+    return sum(logprob for _, logprob, _, _ in entries) / len(entries) if entries else 0.0
 
 
 async def _echo_texts(runner, prompts: list[list[int]], n: int) -> list[str]:
@@ -75,12 +97,16 @@ async def _echo_texts(runner, prompts: list[list[int]], n: int) -> list[str]:
     return [text for text in texts for _ in range(n)]
 
 
-async def _chunks(runner, stream, gen: params.GenerationParams, head: dict, n_choices: int):
+async def _chunks(runner, stream, gen: params.GenerationParams, head: dict, n_choices: int,
+                  prefixes: list[str] | None):
     usage_field = {"usage": None} if gen.include_usage else {}
     choices = [responses.Choice() for _ in range(n_choices)]
     prompts_counted = list(range(0, n_choices, gen.n))
     n_open = n_choices
     try:
+        for index, prefix in enumerate(prefixes or ()):   # echo: each choice's prompt first
+            yield responses.sse({**head, "choices": [{"text": prefix, "index": index, "logprobs": None,
+                                                      "finish_reason": None}], **usage_field})
         async with contextlib.aclosing(generate.follow(runner, stream, choices)) as events:
             async for index, choice, event in events:
                 entries = event.logprobs

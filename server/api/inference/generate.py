@@ -93,13 +93,14 @@ def check_share(ctx, model, n_jobs: int) -> None:
 
 
 def jobs_for(prompts: list[list[int]], gen: gen_params.GenerationParams, context_length: int) -> list:
-    """One job per choice: prompt p's j-th choice is job p * n + j. Generation stops at the
+    """One job per candidate: prompt p's j-th is job p * candidates + j (candidates: n, or
+    best_of for a completion). Generation stops at the
     context's end (finish_reason "length") when max_tokens would pass it."""
     jobs = []
     for prompt in prompts:
         room = context_length - len(prompt)
         max_tokens = room if gen.max_tokens is None else min(gen.max_tokens, room)
-        for j in range(gen.n):
+        for j in range(gen.candidates):
             jobs.append((prompt, max_tokens, gen.sampling_for_choice(j)))
     return jobs
 

@@ -41,8 +41,14 @@ class GenerationParams:
     top_logprobs: int               # alternatives per token (0: none)
     logprobs: bool
     grammar: str = ""
+    best_of: int = 0                # candidates generated per prompt (completions); 0: n
     extra: dict = field(default_factory=dict)
     format_stops: list[str] = field(default_factory=list)   # the chat format's, beside the client's
+
+    @property
+    def candidates(self) -> int:
+        """Choices generated per prompt: best_of, or n."""
+        return max(self.best_of, self.n)
 
     @property
     def engine_stops(self) -> list[str]:
@@ -163,6 +169,11 @@ CHAT = COMMON + [
 ]
 COMPLETION = COMMON + [
     V.Integer("logprobs", lo=0, hi=5, doc="Alternatives per token to return log probabilities for."),
+    V.Integer("best_of", lo=1, hi=MAX_N,
+              doc="Candidates generated per prompt, at least n; the n with the highest mean log "
+                  "probability per token are returned. More than n cannot be streamed."),
+    V.String("suffix", max_len=None, allow_empty=True,
+             doc="Text after the insertion: not supported (no null or empty string is a 400)."),
 ]
 CHAT_FIELDS = V.Fields(CHAT)
 COMPLETION_FIELDS = V.Fields(COMPLETION)
@@ -209,6 +220,8 @@ def parse(body: dict, *, n_vocab: int, chat: bool) -> GenerationParams:
         top_logprobs = v["logprobs"]             # legacy: an integer
         logprobs = top_logprobs is not None
         top_logprobs = top_logprobs or 0
+        _no_suffix(v["suffix"])
+    best_of = 0 if chat else _best_of(v["best_of"], v["n"], stream)
 
     seed = v["seed"]
     s = SamplingParams()
@@ -223,7 +236,7 @@ def parse(body: dict, *, n_vocab: int, chat: bool) -> GenerationParams:
     s.min_tokens = v["min_tokens"]
     s.ignore_eos = v["ignore_eos"]
     s.speculative = v["speculative"]
-    s.logprobs = logprobs
+    s.logprobs = logprobs or best_of > v["n"]   # the candidates are ranked by their logprobs
     s.n_top_logprobs = top_logprobs
     s.grammar = _grammar(body)
     if seed is not None:
@@ -233,7 +246,28 @@ def parse(body: dict, *, n_vocab: int, chat: bool) -> GenerationParams:
     return GenerationParams(
         max_tokens=max_tokens, stop=[stop] if isinstance(stop, str) else (stop or []),
         n=v["n"], stream=stream, include_usage=include_usage, sampling=s, seed=seed,
-        top_logprobs=top_logprobs, logprobs=logprobs, grammar=s.grammar)
+        top_logprobs=top_logprobs, logprobs=logprobs, grammar=s.grammar, best_of=best_of)
+
+
+def _best_of(best_of: int | None, n: int, stream: bool) -> int:
+    """OpenAI's rules for best_of: at least n, and more than n is not streamed (only the
+    winners are known at the end)."""
+    if best_of is None:
+        return 0
+    if best_of < n:
+        raise invalid(f"'best_of' must be at least 'n' ({n}), got {best_of}", "best_of")
+    if best_of > n and stream:
+        raise invalid("'best_of' greater than 'n' cannot be streamed: the best candidates are "
+                      "known only once all of them end", "best_of")
+    return best_of
+
+
+def _no_suffix(suffix: str | None) -> None:
+    """`suffix` asks for text inserted before it (fill-in-the-middle): a prompt format only
+    code models trained for it have, so it is refused rather than ignored."""
+    if suffix:
+        raise invalid("'suffix' is not supported: the completion is always appended to the "
+                      "prompt (put any fill-in-the-middle markers in the prompt itself)", "suffix")
 
 
 def _at_most(value: int, hi: int, name: str) -> int:
