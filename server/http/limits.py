@@ -13,7 +13,7 @@ class Limits:
     body_timeout: float = 30.0           # longest silence while a body is arriving
     keepalive_timeout: float = 5.0       # an idle keep-alive connection is closed after this
     write_timeout: float = 30.0          # a client that reads nothing for this long is dropped
-    max_connections: int = 1024          # beyond it a new connection gets 503 and is closed
+    max_connections: int = 1024          # per port: beyond it a new connection gets 503 and is closed
     write_high_water: int = 64 * 1024    # producers wait while more than this is unsent
     max_pipeline: int = 128              # requests queued unanswered on one connection; 429 past it
     shutdown_grace: float = 30.0         # in-flight requests get this long after SIGTERM

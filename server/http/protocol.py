@@ -137,6 +137,7 @@ class HttpProtocol:
     task = cython.declare(object, visibility="public")
     answering = cython.declare(object)            # the request being answered, or None
     session = cython.declare(object, visibility="readonly")
+    counted_in = cython.declare(object)           # the app whose connection count holds this one
 
     def __init__(self, app, server):
         self.app = app
@@ -182,18 +183,24 @@ class HttpProtocol:
         self.task = None
         self.answering = None
         self.session = Session()
+        self.counted_in = None
 
     # ---- connection lifecycle -------------------------------------------------------------
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         server = self.server
-        if len(server.connections) >= self.limits.max_connections:
+        # The cap is per port (app): a flood of one port's connections never takes the other's
+        # places, so the cluster port's health and heartbeats stay reachable.
+        n_open = server.open_per_app.get(self.app, 0)
+        if n_open >= self.limits.max_connections:
             server.metrics.connections_refused += 1
             self.closed = True
             transport.write(server.overloaded_response)
             transport.close()
             return
+        server.open_per_app[self.app] = n_open + 1
+        self.counted_in = self.app
         server.connections.add(self)
         transport.set_write_buffer_limits(high=self.limits.write_high_water)
         peer = transport.get_extra_info("peername")
@@ -206,6 +213,9 @@ class HttpProtocol:
         self.closed = True
         self._unparsed = None
         self.server.connections.discard(self)
+        if self.counted_in is not None:
+            self.server.open_per_app[self.counted_in] -= 1
+            self.counted_in = None
         self.flow.connection_lost()
         if self.task is not None:
             self.task.cancel()           # the client is gone: stop producing for it

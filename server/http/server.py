@@ -48,6 +48,7 @@ class HttpServer:
         self.metrics = metrics
         self.access_log = access_log
         self.connections: set[HttpProtocol] = set()
+        self.open_per_app: dict = {}   # app -> its open connections (http.max_connections each)
         self.listeners: list[asyncio.AbstractServer] = []
         self.draining = False
         self.date = _http_date()

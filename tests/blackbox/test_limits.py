@@ -69,6 +69,18 @@ def test_connection_cap(start_daemon):
     assert daemon.request("GET", "/v1/health", key=daemon.admin_key)[0] == 200
 
 
+def test_a_flood_of_inference_connections_leaves_the_cluster_port_reachable(start_daemon):
+    daemon = start_daemon("[http]\nmax_connections = 3\n")
+    held = [socket.create_connection(("127.0.0.1", daemon.inference_port)) for _ in range(3)]
+    try:
+        time.sleep(0.2)
+        assert parse_responses(daemon.raw(b"", wait=3.0, port="inference"))[0][0] == 503
+        assert daemon.request("GET", "/v1/health", key=daemon.admin_key)[0] == 200
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def test_slow_head_is_cut_off(start_daemon):
     daemon = start_daemon("[http]\nhead_timeout = 1.0\n")
     sock = socket.create_connection(("127.0.0.1", daemon.cluster_port), timeout=60)

@@ -546,6 +546,26 @@ def test_closed_connection_frees_its_place(loop):
     assert again.take() == b""
 
 
+def test_the_cap_is_per_port_so_one_ports_flood_leaves_the_others_places(loop):
+    from stackd.http.routing import App
+    from .fake import ROUTES
+    server, app = make_server(loop, max_connections=2)
+    other = App("cluster", [ROUTES], ctx=None, guard=None, max_body=server.limits.max_body_bytes)
+    flood = [connect(server, app, HttpProtocol) for _ in range(2)]
+    _, refused = connect(server, app, HttpProtocol)
+    assert parse_responses(refused.take())[0][0] == 503
+    protocol, transport = connect(server, other, HttpProtocol)       # the other port still serves
+    protocol.data_received(b"GET /echo HTTP/1.1\r\n\r\n")
+    assert parse_responses(transport.take())[0][0] == 200
+    _, second = connect(server, other, HttpProtocol)
+    _, third = connect(server, other, HttpProtocol)                  # and has a cap of its own
+    assert second.take() == b"" and parse_responses(third.take())[0][0] == 503
+    flood[0][1].close()
+    settle(loop)
+    _, again = connect(server, app, HttpProtocol)                     # a closed one frees its place
+    assert again.take() == b""
+
+
 # ---- streaming -------------------------------------------------------------------------------
 
 def test_stream_is_chunked_and_terminated(loop, conn):
