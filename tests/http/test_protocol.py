@@ -266,24 +266,27 @@ def test_ambiguous_or_malformed_framing_is_400_and_close(conn, head):
     assert transport.closed
 
 
-@pytest.mark.parametrize("coding", [b"gzip, chunked", b"deflate, chunked", b"br,chunked"])
-def test_a_transfer_coding_other_than_chunked_is_400_and_close(conn, coding):
-    # read as plain chunked, the handler would get the compressed bytes as its body
+def _post_abc_with_coding(conn, coding: bytes) -> tuple[int, bytes]:
+    """POST three bytes, chunked, under Transfer-Encoding `coding`: the answer's status and body."""
     protocol, transport = conn
     protocol.data_received(b"POST /echo HTTP/1.1\r\nTransfer-Encoding: " + coding
                            + b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
     [(status, _, body)] = parse_responses(transport.take())
+    return status, body
+
+
+@pytest.mark.parametrize("coding", [b"gzip, chunked", b"deflate, chunked", b"br,chunked"])
+def test_a_transfer_coding_other_than_chunked_is_400_and_close(conn, coding):
+    # read as plain chunked, the handler would get the compressed bytes as its body
+    status, body = _post_abc_with_coding(conn, coding)
     assert status == 400 and error_of(body)["type"] == "invalid_request_error"
     assert coding.split(b",")[0].strip().decode() in error_of(body)["message"]
-    assert transport.closed
+    assert conn[1].closed
 
 
 @pytest.mark.parametrize("coding", [b"CHUNKED", b"Chunked ", b"chunked"])
 def test_chunked_is_read_whatever_its_case_and_spaces(conn, coding):
-    protocol, transport = conn
-    protocol.data_received(b"POST /echo HTTP/1.1\r\nTransfer-Encoding: " + coding
-                           + b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
-    [(status, _, body)] = parse_responses(transport.take())
+    status, body = _post_abc_with_coding(conn, coding)
     assert status == 200 and orjson.loads(body)["body_len"] == 3
 
 
