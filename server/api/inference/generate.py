@@ -93,9 +93,9 @@ def check_share(ctx, model, n_jobs: int) -> None:
 
 
 def jobs_for(prompts: list[list[int]], gen: gen_params.GenerationParams, context_length: int) -> list:
-    """One job per candidate: prompt p's j-th is job p * candidates + j (candidates: n, or
-    best_of for a completion). Generation stops at the
-    context's end (finish_reason "length") when max_tokens would pass it."""
+    """One job per candidate: prompt p's j-th is job p * candidates + j (candidates: n, or a
+    completion's best_of). Generation stops at the context's end (finish_reason "length") when
+    max_tokens would pass it."""
     jobs = []
     for prompt in prompts:
         room = context_length - len(prompt)

@@ -173,7 +173,7 @@ COMPLETION = COMMON + [
               doc="Candidates generated per prompt, at least n; the n with the highest mean log "
                   "probability per token are returned. More than n cannot be streamed."),
     V.String("suffix", max_len=None, allow_empty=True,
-             doc="Text after the insertion: not supported (no null or empty string is a 400)."),
+             doc="Text after the insertion: only null or empty (no fill-in-the-middle; any other is a 400)."),
 ]
 CHAT_FIELDS = V.Fields(CHAT)
 COMPLETION_FIELDS = V.Fields(COMPLETION)
