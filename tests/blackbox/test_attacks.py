@@ -133,6 +133,12 @@ def test_a_request_past_one_keys_share_is_400_at_its_edge(node):
                                     body={"model": CHAT, "prompt": ["a", "b", "c", "d"], "n": 2,
                                           "max_tokens": 1})
     assert status == 400 and "asks for 8 generations" in reply["error"]["message"], reply
+    status, _, reply = node.request("POST", "/v1/completions", port="inference", key=node.attacker,
+                                    body={"model": CHAT, "prompt": "a", "best_of": 7, "max_tokens": 1})
+    assert status == 400 and reply["error"]["param"] == "best_of", reply     # its candidates count
+    status, _, reply = node.request("POST", "/v1/completions", port="inference", key=node.attacker,
+                                    body={"model": CHAT, "prompt": "a", "best_of": 6, "max_tokens": 1})
+    assert status == 200 and len(reply["choices"]) == 1, reply
     bystander_is_served(node)
 
 

@@ -44,7 +44,8 @@ async def completions(ctx, request) -> Response | StreamingResponse:
                                            lambda i: invalid(_PROMPT_ENTRY, "prompt"))
         for prompt in prompts:
             generate.check_fits(len(prompt), model.context_length)
-        generate.check_share(ctx, model, len(prompts) * gen.candidates)
+        generate.check_share(ctx, model, len(prompts) * gen.candidates,
+                             "best_of" if gen.candidates > gen.n else "n")
         # echo's texts before the work starts, so that nothing can fail between the two
         prefixes = await _echo_texts(model.runner, prompts, gen.n) if echo else None
         stream = await model.runner.generate(generate.jobs_for(prompts, gen, model.context_length),

@@ -79,7 +79,7 @@ def check_fits(n_prompt: int, context_length: int, what: str = "prompt") -> None
                        param="messages" if what == "messages" else "prompt")
 
 
-def check_share(ctx, model, n_jobs: int) -> None:
+def check_share(ctx, model, n_jobs: int, param: str = "n") -> None:
     """A request no key could ever be admitted with is a 400 that says why, not a 429 an SDK
     retries for ever. Each choice of each prompt takes a place in the model's queue first, and
     a key holds at most key_share of the queue and slots together (the engine's share_of)."""
@@ -87,9 +87,9 @@ def check_share(ctx, model, n_jobs: int) -> None:
     places = config.max_queue + model.runner.engine.n_slots
     most = min(config.max_queue, max(1, min(places, math.floor(config.key_share * places))))
     if n_jobs > most:
-        raise invalid(f"this request asks for {n_jobs} generations (n times the prompts); one "
+        raise invalid(f"this request asks for {n_jobs} generations ({param} times the prompts); one "
                       f"API key may hold at most {most} of this model's at once "
-                      f"(inference.limits.key_share of engine.max_queue and engine.slots)", "n")
+                      f"(inference.limits.key_share of engine.max_queue and engine.slots)", param)
 
 
 def jobs_for(prompts: list[list[int]], gen: gen_params.GenerationParams, context_length: int) -> list:
