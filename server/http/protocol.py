@@ -501,12 +501,9 @@ class HttpProtocol:
         body = response.body
         head = response_head(response.status, response.content_type, len(body),
                              request.request_id, self.server.date, extra, keep_alive)
-        if request.method == "HEAD":
-            self.transport.write(head)
-            self.finish(request, response.status, 0, keep_alive)
-            return
-        self.transport.write(head + body)
-        self.finish(request, response.status, len(body), keep_alive)
+        sent = b"" if request.method == "HEAD" else body     # HEAD: GET's head, no body
+        self.transport.write(head + sent)
+        self.finish(request, response.status, len(sent), keep_alive)
 
     async def stream(self, request: Request, response: StreamingResponse) -> None:
         keep_alive = request.keep_alive and not self.server.draining
