@@ -55,6 +55,8 @@ DEFAULTS: dict = {
         "max_queue": 256,         # waiting requests per model beyond which 503
         "flash_attn": "auto",     # auto, on, off
         "kv_type": "f16",         # KV cache: f16, q8_0 (about half the bytes; flash attention on)
+        # KV cache memory: lazy (taken as its cells fill) or eager (all of it at load, as llama.cpp does)
+        "kv_commit": "lazy",
         "kernels": "auto",        # our matmuls and decode attention (kernels/): auto (when the CPU has AVX2), off, or a path
         # prefills too on ggml's per-row arithmetic (decode steps always are): greedy answers
         # independent of what shares a step, long prompts prefilled ~2.2x slower; needs kernels
@@ -229,6 +231,8 @@ def _check(values: dict) -> None:
         raise ConfigError("setting engine.flash_attn: must be auto, on or off")
     if engine["kv_type"] not in KV_TYPES:
         raise ConfigError("setting engine.kv_type: must be " + " or ".join(KV_TYPES))
+    if engine["kv_commit"] not in ("lazy", "eager"):
+        raise ConfigError("setting engine.kv_commit: must be lazy or eager")
     if engine["kernels"] not in ("auto", "off", *KERNEL_PATHS):
         raise ConfigError("setting engine.kernels: must be auto, off, or a code path to force "
                           "(" + ", ".join(KERNEL_PATHS) + ")")

@@ -253,7 +253,8 @@ def attach_cluster(registry, membership: Membership, settings: config.Settings) 
                                                  registry.supervisor.faults.loopback_peers)
     rpc = RpcServers(registry.loop, settings.data_dir, settings["host"],
                      settings["cluster.rpc_port"], placing_over.secret, kernels=settings["engine.kernels"],
-                     batch_invariant=settings["engine.batch_invariant"])
+                     batch_invariant=settings["engine.batch_invariant"],
+                     kv_commit=settings["engine.kv_commit"])
     registry.attach_cluster(placing_over, rpc)
     supervisor = registry.supervisor
     placing_over.on_node_down(supervisor.node_down)

@@ -47,6 +47,7 @@ def test_config_toml_in_data_dir_is_found(tmp_path):
     ("[engine]\nembedding_nice = 20\n", "from 0 to 19"),
     ("[engine]\nembedding_nice = -1\n", "from 0 to 19"),
     ("[engine]\nkv_type = 'q4_0'\n", "engine.kv_type: must be f16 or q8_0"),
+    ("[engine]\nkv_commit = 'later'\n", "engine.kv_commit: must be lazy or eager"),
     ("[engine]\nbatch_invariant = 'yes'\n", "engine.batch_invariant: expected bool"),
     ("[engine]\nbatch_invariant = true\nkernels = 'off'\n", "engine.batch_invariant: needs engine.kernels"),
     ("[engine]\nkernels = 'avx3'\n", "engine.kernels: must be auto, off, or a code path"),
@@ -81,6 +82,12 @@ def test_the_kv_type_setting_defaults_to_f16_and_takes_q8_0(tmp_path):
     settings = config.load({"config": write(tmp_path, "[engine]\nkv_type = 'q8_0'\n"),
                             "data_dir": str(tmp_path)}, environ={})
     assert settings["engine.kv_type"] == "q8_0"
+
+
+def test_the_kv_commit_setting_defaults_to_lazy_and_takes_eager(tmp_path):
+    assert config.load({"data_dir": str(tmp_path / "d")}, environ={})["engine.kv_commit"] == "lazy"
+    settings = config.load({"data_dir": str(tmp_path / "d")}, environ={"STACKD_ENGINE_KV_COMMIT": "eager"})
+    assert settings["engine.kv_commit"] == "eager"
 
 
 def test_a_kernel_path_can_be_forced(tmp_path):

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "backend.h"
+#include "lazy_commit.h"
 
 namespace {
 bool valid_path(int path) { return path >= 0 && path < stackd::kPathCount; }
@@ -26,6 +27,11 @@ STACKD_API int stackd_kernels_register(int path) {
     (void)registered;
     return path;
 }
+
+// Has every ggml CPU buffer allocated from now on clear to zero by giving its whole pages back
+// (lazy_commit.h): a KV cache is committed as its cells fill, not when llama.cpp clears it.
+// Needs no registered device (engine.kv_commit = lazy, with or without our kernels). Once.
+STACKD_API void stackd_kernels_commit_on_write() { stackd::commit_cpu_buffers_on_write(); }
 
 // Which steps of this process's backends (each model's, each served one's) keep every row's
 // arithmetic independent of its batch, from the next graph on: 0 none (ggml's own paths),

@@ -23,6 +23,7 @@
 #pragma GCC diagnostic pop
 #include "get_rows.h"
 #include "huge_pages.h"
+#include "lazy_commit.h"
 #include "layout.h"
 #include "matmul.h"
 #include "repack.h"
@@ -399,10 +400,13 @@ bool ours(const BackendContext *ctx, const ggml_tensor *node) {
 // The buffer a weight or a KV cache lives in goes on huge pages, the first time a graph reads
 // it (huge_pages.h). Our own buffers are not "host" in ggml's sense; their base is theirs.
 // Every graph passes here for every node of ours, so the backend remembers what it marked
-// (one lookup, no lock) before advise_huge's process-wide record is asked.
+// (one lookup, no lock) before advise_huge's process-wide record is asked. A cache committed
+// as it is written (lazy_commit.h) stays on small pages: marked, each first write to a 2 MiB
+// range would take and zero all of it (the first answer's request took 238 MB and 0.13 s).
 void advise_buffer(BackendContext *ctx, const ggml_tensor *t) {
     const ggml_backend_buffer_t buffer = t->view_src ? t->view_src->buffer : t->buffer;
     if (buffer == nullptr || !ctx->advised.insert(buffer).second) return;
+    if (clears_by_release(buffer)) return;
     if (ggml_backend_buffer_get_base(buffer) != nullptr)
         advise_huge(ggml_backend_buffer_get_base(buffer), ggml_backend_buffer_get_size(buffer));
 }

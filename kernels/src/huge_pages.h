@@ -7,8 +7,9 @@
 // before the memory is touched makes every first touch fault a whole zeroed 2 MiB page: that
 // cost our start-up 0.15 s (bench/startup.py, first answer 0.65-0.71 s against 0.80-0.86 s).
 // So our weight buffers are only aligned to huge pages when allocated, and, with llama.cpp's
-// KV cache, marked when a graph first uses them; the kernel's khugepaged collapses them in the
-// background. Measured with the weights faulted as huge pages from the start (AMD EPYC Zen 4,
+// KV cache when it is committed at load (engine.kv_commit = eager; a lazy one stays on small
+// pages, lazy_commit.h), marked when a graph first uses them; the kernel's khugepaged
+// collapses them in the background. Measured with the weights faulted as huge pages from the start (AMD EPYC Zen 4,
 // Q4_K_M file, four interleaved runs each): decode 2-15 % faster at one stream, 3-20 % at 16;
 // a collapse (MADV_COLLAPSE) on a thread of its own at the first graph got most of that back
 // but slowed the first answer to 1.3-1.8x llama-server's on two cores. khugepaged's pace

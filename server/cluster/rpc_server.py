@@ -4,7 +4,7 @@ ggml's RPC server serves one client at a time and fixes its thread count when it
 every placement of a model on this node gets a child process of its own:
 
     python -m stackd.cluster.rpc_server --host H --port P --threads T --cache-dir D \
-        --placement-id X [--kernels MODE] [--direct]   (the cluster secret as one hex line on stdin)
+        --placement-id X [--kernels MODE] [--kv-commit lazy|eager] [--direct]   (the cluster secret as one hex line on stdin)
 
 The child runs ggml's server on 127.0.0.1:<free port> (never any other address) and, unless
 `--direct`, the relay (server/system/relay.py) on H:P, both in threads. It prints
@@ -13,6 +13,8 @@ RPC server, which its worker reaches on loopback) runs no relay. `--kernels` is 
 engine.kernels (auto | off, or a path name): unless off, the child serves our kernels' served
 device (kernels/README.md, "Served over RPC"), so that its layers compute as the leader's
 engine computes its own: the same arithmetic, so a split gives one node's greedy text.
+`--kv-commit` is engine.kv_commit: the KV cache of the layers a child holds is committed as the
+engine's own is (accel.commit_on_write).
 
 `RpcServers` is the daemon's side: it starts children on ports from `cluster.rpc_port` upward,
 stops them, lists them, and restarts none on its own (a restarted server under a live client
@@ -86,6 +88,7 @@ def child_main(argv: list[str]) -> int:
     args.add_argument("--direct", action="store_true")
     args.add_argument("--kernels", default="off")
     args.add_argument("--batch-invariant", action="store_true")
+    args.add_argument("--kv-commit", choices=("lazy", "eager"), default="lazy")
     opts = args.parse_args(argv)
     if opts.parent:
         from ..system.process import die_with_parent
@@ -114,6 +117,7 @@ def child_main(argv: list[str]) -> int:
     from ..engine import accel
 
     try:
+        accel.commit_on_write(opts.kv_commit)
         accel.register(opts.kernels, opts.batch_invariant)   # after _engine: one ggml (accel.py)
     except ValueError as exc:
         report.write(f"failed: {exc}\n")
@@ -175,10 +179,11 @@ class RpcServers:
     """This node's RPC server children, by placement id."""
 
     def __init__(self, loop, data_dir: str, host: str, first_port: int, secret: bytes | None,
-                 kernels: str = "off", batch_invariant: bool = False):
+                 kernels: str = "off", batch_invariant: bool = False, kv_commit: str = "lazy"):
         self.loop = loop
         self.kernels = kernels               # engine.kernels: the children compute as the engine does
         self.batch_invariant = batch_invariant   # engine.batch_invariant, likewise
+        self.kv_commit = kv_commit           # engine.kv_commit, likewise
         self.data_dir = data_dir
         self.host = host
         self.first_port = first_port
@@ -220,7 +225,8 @@ class RpcServers:
     async def _spawn(self, placement_id, leader_id, threads, port, cache_dir, direct) -> RpcChild | None:
         cmd = [sys.executable, "-m", f"{PACKAGE}.cluster.rpc_server", "--host", self.host, "--port", str(port),
                "--threads", str(max(1, threads)), "--cache-dir", cache_dir,
-               "--placement-id", placement_id, "--parent", str(os.getpid()), "--kernels", self.kernels]
+               "--placement-id", placement_id, "--parent", str(os.getpid()), "--kernels", self.kernels,
+               "--kv-commit", self.kv_commit]
         if direct:
             cmd.append("--direct")
         if self.batch_invariant:

@@ -42,6 +42,7 @@ def library() -> ctypes.CDLL:
         lib.stackd_kernels_tensors.argtypes = [ctypes.c_int]
         lib.stackd_kernels_tensors.restype = ctypes.c_int64
         lib.stackd_kernels_attention.argtypes = [ctypes.c_int]
+        lib.stackd_kernels_commit_on_write.restype = None
         _lib = lib
     return _lib
 
@@ -77,6 +78,16 @@ def register(mode: str = "auto", batch_invariant: bool = False) -> str | None:
         return _registered
     _registered = PATHS[chosen]
     return _registered
+
+
+def commit_on_write(mode: str = "lazy") -> None:
+    """engine.kv_commit: `lazy` has every ggml CPU buffer allocated from now on in this process
+    clear to zero by giving its pages back (kernels/src/lazy_commit.h), so a KV cache takes
+    memory as its cells fill instead of all of it when llama.cpp clears it at creation; `eager`
+    keeps ggml's memset. Call it before the model loads, with or without our kernels; the first
+    call in a process decides (an inline engine's daemon, docs/configuration.md)."""
+    if mode == "lazy":
+        library().stackd_kernels_commit_on_write()
 
 
 def set_attention(ours: bool) -> None:

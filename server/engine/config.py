@@ -35,6 +35,7 @@ class EngineConfig:
     speculative_draft_max: int = 8  # drafted tokens per sequence and step at most
     speculative_step_tokens: int = 16   # a step's tokens that drafts may fill up to
     isolation: str = "worker"       # worker: each model's engine in a supervised process; inline
+    kv_commit: str = "lazy"         # KV cache pages taken as written | all at load (accel.commit_on_write)
     kernels: str = "auto"           # our matmuls (kernels/, engine/accel.py): auto | off
     batch_invariant: bool = False   # every step on ggml's per-row paths (accel.register)
     omp_wait_policy: str = "auto"   # workers' OpenMP barrier waits: auto | passive | active | inherit

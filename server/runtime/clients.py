@@ -99,7 +99,7 @@ class WorkerEngine:
     # ---- starting ------------------------------------------------------------------------------
 
     @classmethod
-    async def start(cls, loop, params: dict, kernels: str = "off",
+    async def start(cls, loop, params: dict, kernels: str = "off", kv_commit: str = "lazy",
                     batch_invariant: bool = False, omp_wait_policy: str = "inherit", nice: int = 0,
                     rpc: dict | None = None, faults: dict | None = None,
                     process: tuple[subprocess.Popen, socket.socket] | None = None) -> "WorkerEngine":
@@ -107,13 +107,13 @@ class WorkerEngine:
         `process`, one spawned ahead with this `omp_wait_policy` (worker_process.SpareWorker),
         or a new one. `omp_wait_policy` (engine.omp_wait_policy) is for libgomp, which reads it
         when it loads; `nice` is added to the worker's niceness before it loads the model.
-        `rpc` places layers on ggml RPC servers: {"secret": hex, "peers": [{"host", "port",
+        `kv_commit` is engine.kv_commit (accel.commit_on_write). `rpc` places layers on ggml RPC servers: {"secret": hex, "peers": [{"host", "port",
         "relay", "placement_id"}]}, in the order of params' tensor_split. `faults`: the test
         configuration's part for workers (server/faults.py), empty otherwise."""
         proc, ours = process or spawn(omp_wait_policy)
         try:
             await loop.sock_sendall(ours, frame({"op": "start", "engine": params, "kernels": kernels,
-                                                 "batch_invariant": batch_invariant,
+                                                 "kv_commit": kv_commit, "batch_invariant": batch_invariant,
                                                  "nice": nice, "rpc": rpc, "faults": faults or {}}))
             reader = FrameReader()
             while True:

@@ -84,6 +84,7 @@ class Supervisor:
         placement_id = None
         if config.isolation == "inline" and placement is None:
             def construct():
+                accel.commit_on_write(config.kv_commit)
                 accel.register(config.kernels, config.batch_invariant)   # this process runs the engine
                 engine = InlineEngine(Engine(**params))
                 return engine, chat_template(engine.template_facts)
@@ -96,6 +97,7 @@ class Supervisor:
             try:
                 policy = config.omp_wait_policy_for(embeddings)
                 client = await WorkerEngine.start(self.loop, params, kernels=config.kernels,
+                                                  kv_commit=config.kv_commit,
                                                   batch_invariant=config.batch_invariant,
                                                   omp_wait_policy=policy,
                                                   nice=config.embedding_nice if embeddings else 0, rpc=rpc,

@@ -116,7 +116,8 @@ def membership(facts, settings, loop, spec: str) -> "LoopbackPeers | None":
                                           "127.0.0.1",
                                           settings["cluster.rpc_port"] + 100 * (len(servers) + 1),
                                           membership.secret, kernels=settings["engine.kernels"],
-                                          batch_invariant=settings["engine.batch_invariant"])
+                                          batch_invariant=settings["engine.batch_invariant"],
+                                          kv_commit=settings["engine.kv_commit"])
         return servers[node_id]
 
     membership = LoopbackPeers(facts.node_id, offers, servers_for, threads or 1,

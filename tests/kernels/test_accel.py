@@ -72,13 +72,13 @@ def test_unknown_mode_is_refused():
         accel.register("fastest")
 
 
-def serve_and_read_maps(tmp_path, kernels: str) -> tuple[str, list[str]]:
+def serve_and_read_maps(tmp_path, kernels: str, kv_commit: str = "lazy") -> tuple[str, list[str]]:
     """Start the daemon (engines in worker processes, the default) with the chat model, and
     return its own memory map and its children's."""
     import signal
     data = tmp_path / kernels
     data.mkdir()
-    (data / "config.toml").write_text(f'[engine]\nkernels = "{kernels}"\n'
+    (data / "config.toml").write_text(f'[engine]\nkernels = "{kernels}"\nkv_commit = "{kv_commit}"\n'
                                       '[models]\npreload = ["smollm2-135m-instruct"]\n')
     proc = subprocess.Popen([sys.executable, "-m", "stackd", "serve", "--data-dir", str(data),
                              "--inference-port", "0", "--cluster-port", "0"], cwd=ROOT,
@@ -101,5 +101,6 @@ def test_daemon_registers_in_the_engine_worker_only(tmp_path):
     own, workers = serve_and_read_maps(tmp_path, "auto")
     assert "libstackd_kernels.so" not in own
     assert workers and all("libstackd_kernels.so" in maps for maps in workers)
-    own, workers = serve_and_read_maps(tmp_path, "off")
+    # A lazy KV cache loads the library for its buffer hook alone (test_kv_commit.py): eager here.
+    own, workers = serve_and_read_maps(tmp_path, "off", kv_commit="eager")
     assert workers and not any("libstackd_kernels.so" in maps for maps in workers)
