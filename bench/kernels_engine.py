@@ -88,6 +88,7 @@ def cpu_name() -> str:
 
 def child(mode: str, streams: list[int], threads: int, model: str | None, attention: str) -> None:
     from stackd.engine import accel
+    accel.commit_on_write()          # the KV cache as the product commits it (engine.kv_commit)
     path = accel.register(mode)
     if path is not None:
         accel.set_attention(attention == "ours")
