@@ -84,8 +84,8 @@ def commit_on_write(mode: str = "lazy") -> None:
     """engine.kv_commit: `lazy` has every ggml CPU buffer allocated from now on in this process
     clear to zero by giving its pages back (kernels/src/lazy_commit.h), so a KV cache takes
     memory as its cells fill instead of all of it when llama.cpp clears it at creation; `eager`
-    keeps ggml's memset. Call it before the model loads, with or without our kernels; the first
-    call in a process decides (an inline engine's daemon, docs/configuration.md)."""
+    keeps ggml's memset. Call it before the model loads, with or without our kernels; once
+    installed, it stays for the life of the process."""
     if mode == "lazy":
         library().stackd_kernels_commit_on_write()
 

@@ -106,10 +106,11 @@ class WorkerEngine:
         """Start a worker for `params` (Engine's keyword arguments) and wait until it serves:
         `process`, one spawned ahead with this `omp_wait_policy` (worker_process.SpareWorker),
         or a new one. `omp_wait_policy` (engine.omp_wait_policy) is for libgomp, which reads it
-        when it loads; `nice` is added to the worker's niceness before it loads the model.
-        `kv_commit` is engine.kv_commit (accel.commit_on_write). `rpc` places layers on ggml RPC servers: {"secret": hex, "peers": [{"host", "port",
-        "relay", "placement_id"}]}, in the order of params' tensor_split. `faults`: the test
-        configuration's part for workers (server/faults.py), empty otherwise."""
+        when it loads; `nice` is added to the worker's niceness before it loads the model;
+        `kv_commit` is engine.kv_commit (accel.commit_on_write). `rpc` places layers on ggml RPC
+        servers: {"secret": hex, "peers": [{"host", "port", "relay", "placement_id"}]}, in the
+        order of params' tensor_split. `faults`: the test configuration's part for workers
+        (server/faults.py), empty otherwise."""
         proc, ours = process or spawn(omp_wait_policy)
         try:
             await loop.sock_sendall(ours, frame({"op": "start", "engine": params, "kernels": kernels,
