@@ -264,7 +264,8 @@ def main(fd: int, parent: int) -> int:
 
     os.nice(config.get("nice", 0))                 # engine.embedding_nice: this worker's threads too
     try:
-        accel.commit_on_write(config.get("kv_commit", "lazy"))                               # before the model loads
+        # both before the model loads
+        accel.commit_on_write(config.get("kv_commit", "lazy"))
         accel.register(config.get("kernels", "off"), config.get("batch_invariant", False))
         params = dict(config["engine"], rpc_endpoints=connect_devices(config.get("rpc")))
         engine = Engine(**params)
