@@ -24,6 +24,48 @@ bool by_logit(const llama_token_data & a, const llama_token_data & b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
 
+// What llama.cpp's greedy sampler selects from a row of logits loaded in token order: the
+// first highest (a later one must be strictly higher; a NaN never wins, except at token 0,
+// which nothing then beats). Read in place, eight independent lanes of the comparison (lane
+// k sees tokens k, k + 8, ...), merged by value and then by the lowest token: the same token.
+constexpr int32_t k_argmax_lanes = 8;
+
+int32_t first_highest(const float * logits, int32_t n) {
+    if (n <= 0 || std::isnan(logits[0])) {
+        return 0;
+    }
+    float best[k_argmax_lanes];
+    int32_t at[k_argmax_lanes];
+    for (int32_t k = 0; k < k_argmax_lanes; ++k) {
+        best[k] = -INFINITY;
+        at[k] = -1;
+    }
+    int32_t t = 0;
+    for (; t + k_argmax_lanes <= n; t += k_argmax_lanes) {
+        for (int32_t k = 0; k < k_argmax_lanes; ++k) {
+            if (logits[t + k] > best[k]) {
+                best[k] = logits[t + k];
+                at[k] = t + k;
+            }
+        }
+    }
+    for (int32_t k = 0; t + k < n; ++k) {
+        if (logits[t + k] > best[k]) {
+            best[k] = logits[t + k];
+            at[k] = t + k;
+        }
+    }
+    int32_t winner = 0;                     // token 0 when every logit is -inf
+    float top = logits[0];
+    for (int32_t k = 0; k < k_argmax_lanes; ++k) {
+        if (at[k] >= 0 && (best[k] > top || (best[k] == top && at[k] < winner))) {
+            top = best[k];
+            winner = at[k];
+        }
+    }
+    return winner;
+}
+
 }  // namespace
 
 request_sampler::request_sampler(const sampling_params & p, const llama_vocab * vocab, grammar_fallback fallback)
@@ -94,6 +136,7 @@ request_sampler::request_sampler(const sampling_params & p, const llama_vocab * 
     if (p.temperature <= 0.0f) {
         filters_.greedy = true;
         llama_sampler_chain_add(pick_, llama_sampler_init_greedy());
+        greedy_in_place_ = llama_sampler_chain_n(adjust_) == 0;
         return;
     }
     filters_ = {false, p.top_k, p.top_p, p.min_p};
@@ -142,6 +185,16 @@ llama_token request_sampler::selected() const {
 // One draw of the chain from the raw distribution, the grammar aside.
 llama_token request_sampler::draw(const float * logits, int32_t n_vocab, bool suppress_eog,
                                   const std::vector<int32_t> & eog) {
+    if (greedy_in_place_) {
+        // the chain's pick without loading the row into cur_ (12 bytes a token, the vocabulary
+        // for every sequence of every step); suppressing end-of-generation changes the pick only
+        // when the first highest is one of them, and then the chain decides as before
+        const int32_t token = first_highest(logits, n_vocab);
+        const bool suppressed = suppress_eog && std::binary_search(eog.begin(), eog.end(), token);
+        if (!suppressed) {
+            return logits[token] == -INFINITY ? LLAMA_TOKEN_NULL : token;
+        }
+    }
     load(logits, n_vocab);
     if (suppress_eog) {
         suppress(eog);

@@ -136,6 +136,7 @@ private:
     llama_sampler * pick_    = nullptr;   // greedy, or top-k, top-p, min-p, temperature, draw
     llama_sampler * grammar_ = nullptr;
     pick_filters filters_;
+    bool greedy_in_place_ = false;        // greedy with nothing to adjust: draw reads the row in place
     grammar_fallback fallback_;
     grammar_counts counts_;
     std::vector<llama_token_data> cur_;
