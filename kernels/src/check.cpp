@@ -317,6 +317,16 @@ std::vector<float> run_get_rows(const Problem &p, const std::vector<int32_t> &id
 
 }  // namespace
 
+// Whether quantize_row_k, on the path this CPU runs, gives quantize_row_k_scalar's bytes for the
+// k floats at x (k a multiple of 256): 1 if every byte of every super-block is the same.
+STACKD_API int stackd_kernels_quantize_k_matches(const float *x, int64_t k) {
+    const int64_t nb = k / kQK_K;
+    std::vector<ActKBlock> simd(nb), scalar(nb);
+    quantize_row_k(x, k, simd.data());
+    quantize_row_k_scalar(x, k, scalar.data());
+    return std::memcmp(simd.data(), scalar.data(), nb * sizeof(ActKBlock)) == 0;
+}
+
 // GET_ROWS on a repacked table of `type` (Q8_0, Q4_K, Q6_K: get_rows.h) against ggml's CPU
 // backend: `n_ids` row ids (the first and last row, a repeat, the rest random). Returns 1 when
 // every float is ggml's bit for bit, else 0.

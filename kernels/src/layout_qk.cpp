@@ -276,8 +276,9 @@ size_t repacked_size_k(int type, int64_t rows, int64_t k) {
 
 // Mirrors ggml's quantize_row_q8_K_ref operation for operation (the x86 build calls it): the
 // signed value of largest magnitude sets iscale = -127/max, q = min(127, nearest_int(iscale x)),
-// d = 1/iscale. Our 16- and 32-position sums are exact integers.
-void quantize_row_k(const float *x, int64_t k, ActKBlock *out) {
+// d = 1/iscale. Our 16- and 32-position sums are exact integers. The reference for
+// quantize_row_k's SIMD path (quantize.cpp), which must give the same bytes.
+void quantize_row_k_scalar(const float *x, int64_t k, ActKBlock *out) {
     for (int64_t b = 0; b < k / kQK_K; b++, x += kQK_K) {
         ActKBlock &y = out[b];
         float max = 0, amax = 0;

@@ -99,6 +99,8 @@ inline int32_t quad(const ActKBlock &a, int chunk) {
 
 // One row of k floats (k a multiple of 256) -> k/256 ActKBlocks, as ggml's quantize_row_q8_K.
 void quantize_row_k(const float *x, int64_t k, ActKBlock *out);
+// The same one value at a time: the reference the SIMD path is held to, byte for byte.
+void quantize_row_k_scalar(const float *x, int64_t k, ActKBlock *out);
 
 // Whether a type is a K-quant we repack, and the repacked bytes of a rows x k matrix of it.
 bool is_k_quant(int ggml_type_id);

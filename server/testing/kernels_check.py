@@ -35,6 +35,7 @@ def library() -> ctypes.CDLL:
         lib.stackd_kernels_time_ggml_repacked.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
             ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         lib.stackd_kernels_check_get_rows.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_uint32, ctypes.c_int]
+        lib.stackd_kernels_quantize_k_matches.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_int64]
         lib.stackd_kernels_accepts.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_int]
         lib.stackd_kernels_get_rows_nodes.restype = ctypes.c_uint64
         lib.stackd_kernels_check_attention.argtypes = [ctypes.c_int64] * 7 + [
@@ -108,6 +109,15 @@ def accepts(type_name: str, shape: tuple[int, int, int], op: str) -> bool:
     """Whether our device takes a weight of this type and shape for `op`, asked as llama.cpp's
     loader asks."""
     return bool(library().stackd_kernels_accepts(GGML_TYPE[type_name], *shape, OPS[op]))
+
+
+def quantize_k_matches_reference(row) -> bool:
+    """Whether the K-quant activation quantizer this CPU runs gives the scalar reference's bytes
+    for `row`, a contiguous float32 numpy array of a multiple of 256 values."""
+    if row.dtype.name != "float32" or not row.flags.c_contiguous or row.size % 256:
+        raise ValueError("a contiguous float32 row of a multiple of 256 values")
+    pointer = row.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    return bool(library().stackd_kernels_quantize_k_matches(pointer, row.size))
 
 
 def best_path() -> str:
