@@ -277,7 +277,19 @@ batch_plan scheduler::schedule() {
     }
     plan.n_tokens = params_.n_batch - budget;
     add_drafts(plan);
+    in_slot_order(plan);
     return plan;
+}
+
+// The items by slot, lowest first. Each slot is a KV stream of its own, and llama.cpp puts in one
+// ubatch (one pass over the weights) only sequences whose ids rise by one from item to item
+// (split_equal, sequential): in admission order, sixteen running slots could make two or more
+// passes a step (one request whose slot came back out of order: 0.6-0.75x the step rate,
+// bench/kernels_engine.py's 16 streams after a single one). Drafts were handed out in running
+// order before this, so which request drafts first does not change.
+void scheduler::in_slot_order(batch_plan & plan) {
+    std::stable_sort(plan.items.begin(), plan.items.end(),
+                     [](const plan_item & a, const plan_item & b) { return a.id_slot < b.id_slot; });
 }
 
 // Drafts never take a request past its max_tokens or its context: verified in full, a draft

@@ -100,6 +100,7 @@ private:
     void    suspend(sched_request & req, batch_plan & plan);
     void    admit(batch_plan & plan, bool respect_share);
     void    add_drafts(batch_plan & plan);
+    static void in_slot_order(batch_plan & plan);
     std::vector<bool> stepping();
     bool    may_admit(const sched_request & req, bool respect_share) const;
     void    release_finished(batch_plan & plan);

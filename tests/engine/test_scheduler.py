@@ -490,3 +490,24 @@ def test_owners_with_equal_loads_run_every_sequence_every_step(Scheduler):
     decoder = ChargingDecoder(sched, per_token_us=2000, sample_us={rid: 300 + j for rid, j in jitter.items()})
     plans = run_charged(sched, decoder, 40)[3:]
     assert all(len(plan["items"]) == 16 for plan in plans)
+
+
+def test_a_steps_items_come_in_slot_order_whatever_the_admission_order(Scheduler):
+    """llama.cpp puts in one ubatch only sequences whose ids rise by one from item to item: a
+    step's items go by slot, so running slots side by side decode in one pass."""
+    sched = Scheduler(n_slots=3, n_batch=64, n_ctx_seq=128)
+    decoder = FakeDecoder(sched, stop_after={1: 1, 2: 1, 3: 1})
+    for rid, prompt in ((1, [1, 1]), (2, [2, 2]), (3, [3, 3])):   # one cache per slot
+        sched.enqueue(rid, prompt, 4)
+    decoder.run()
+    slot_of = {}
+    for rid, prompt in ((4, [3, 3, 9]), (5, [1, 1, 9]), (6, [2, 2, 9])):   # admitted 2, 0, 1
+        sched.enqueue(rid, prompt, 8)
+    plans = [decoder.step() for _ in range(3)]
+    for plan in plans:
+        for item in plan["items"]:
+            slot_of[item[ITEM_ID]] = item[ITEM_SLOT]
+    assert [slot_of[rid] for rid in (4, 5, 6)] == [2, 0, 1], "each prompt found its own cache"
+    for plan in plans:
+        slots = [item[ITEM_SLOT] for item in plan["items"]]
+        assert slots == sorted(slots) and len(slots) == 3

@@ -100,6 +100,7 @@ class Scheduler:
                 req.step_last = self._steps
                 budget -= n
         plan["n_tokens"] = self.n_batch - budget
+        plan["items"].sort(key=lambda item: item[1])     # by slot: one ubatch for neighbouring slots
         self._last = plan
         return plan
 
