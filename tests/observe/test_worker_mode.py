@@ -38,9 +38,12 @@ def test_every_series_is_there_and_moves_with_each_request(worker_client):
     """A worker reports as it starts (a few ms after the daemon listens, for the last model
     loaded) and with every request's end, not only once a second: the same checks as with
     inline engines, where a request's counts are in /metrics as soon as it has been answered."""
-    gauge = series("stackd_slots_busy", EMBED)
-    for _ in range(600):
-        if gauge in worker_client.metrics():
+    # each model's worker loads and reports on its own: wait for both first reports (a busy
+    # machine once had the embedding worker's in /metrics before the chat worker's)
+    first_reports = [series("stackd_request_queue_time_seconds_count", model) for model in (CHAT, EMBED)]
+    for _ in range(1800):
+        samples = worker_client.metrics()
+        if all(report in samples for report in first_reports):
             break
         time.sleep(0.1)
     test_metrics.test_every_metric_is_there_for_every_model(worker_client)
