@@ -10,7 +10,7 @@ from ...http.validate import Body
 from ...store.defaults import CHAT_MODEL, EMBEDDING_MODEL
 from ..models import MODEL_LIST_SCHEMA, MODEL_SCHEMA
 from . import (anthropic_messages, chat, completions, dialect_schemas, embeddings, openai_responses, params,
-               schemas)
+               schemas, tokenize)
 
 INFERENCE = "inference"
 
@@ -36,6 +36,8 @@ MESSAGES_BODY = Body(anthropic_messages.FIELDS, example={
     "model": CHAT_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]})
 COUNT_TOKENS_BODY = Body(anthropic_messages.COUNT_FIELDS, example={
     "model": CHAT_MODEL, "messages": [{"role": "user", "content": "Say hello."}]})
+TOKENIZE_BODY = Body(tokenize.FIELDS, example={"model": CHAT_MODEL, "prompt": "Hello, world"})
+DETOKENIZE_BODY = Body(tokenize.DETOKENIZE_FIELDS, example={"model": CHAT_MODEL, "tokens": [19556, 28, 905]})
 # Anthropic's routes: its error shape, and the key also as x-api-key
 ANTHROPIC = {"error_shape": anthropic_messages.ERROR_SHAPE, "credential_header": b"x-api-key"}
 
@@ -65,6 +67,13 @@ ROUTES = {
     ("POST", "/v1/messages/count_tokens"): generation(
         anthropic_messages.count_tokens, COUNT_TOKENS_BODY, "Anthropic token count",
         dialect_schemas.TOKEN_COUNT, **ANTHROPIC),
+    ("POST", "/tokenize"): generation(
+        tokenize.tokenize, TOKENIZE_BODY, "Tokenize a text or a conversation", schemas.TOKENIZED),
+    ("POST", "/detokenize"): generation(
+        tokenize.detokenize, DETOKENIZE_BODY, "Token ids back to text", schemas.DETOKENIZED),
+    ("GET", "/tokenizer_info"): Endpoint(tokenize.tokenizer_info, perm.INFERENCE, INFERENCE, summary=(
+        "The tokenizer's special tokens, chat template and context (vLLM's, for lm-eval's remote "
+        "tokenizer)"), responses={200: schemas.TOKENIZER_INFO, **schemas.MODEL_ERRORS}),
     # Anthropic-style clients list models with x-api-key too
     ("GET", "/v1/models"): Endpoint(list_models, perm.INFERENCE, INFERENCE, responses={
         200: json_answer(MODEL_LIST_SCHEMA, "The models of the store.")},

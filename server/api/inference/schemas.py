@@ -100,3 +100,18 @@ MODEL_ERRORS = {
     507: "Loading the model on demand does not fit in memory.",
     429: "The key already holds its share (inference.limits.key_share) of the model's queue.",
 }
+
+# /tokenize, /detokenize, /tokenizer_info
+_PIECE = {"anyOf": [STR, {"type": "array", "items": INT, "description": "bytes that are not UTF-8"}]}
+TOKENIZED = json_answer(obj({
+    "count": INT, "max_model_len": INT,
+    "tokens": {"type": "array", "items": {"anyOf": [INT, obj({"id": INT, "piece": _PIECE})]},
+               "description": "ids; with with_pieces, {id, piece} objects"}},
+    {"token_strs": {"type": "array", "items": STR}}), "The tokens (vLLM's shape; llama-server's `tokens`).")
+DETOKENIZED = json_answer(obj({"prompt": STR, "content": STR}),
+                          "The text (`prompt` as vLLM answers it, `content` as llama-server does).")
+_MAYBE_STR = nullable(STR)
+TOKENIZER_INFO = json_answer(obj({
+    "tokenizer_class": STR, "model": STR, "bos_token": _MAYBE_STR, "eos_token": _MAYBE_STR,
+    "pad_token": _MAYBE_STR, "chat_template": _MAYBE_STR, "model_max_length": INT,
+    "max_model_len": INT, "vocab_size": INT}), "The model's tokenizer facts.")
