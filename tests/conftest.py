@@ -23,7 +23,8 @@ SLOW = ("blackbox/", "placement/", "openapi/", "observe/test_metrics.py", "obser
         "observe/test_worker_mode.py", "observe/test_dashboard.py", "cluster/test_membership.py",
         "cluster/test_netns.py", "console/", "kernels/", "engine/test_engine.py",
         "engine/test_hardening.py", "engine/test_lanes.py", "engine/test_frame_sink.py",
-        "engine/test_grammar_fallback.py", "store/test_oci.py", "store/test_vocab_check.py")
+        "engine/test_grammar_fallback.py", "store/test_oci.py", "store/test_vocab_check.py",
+        "image/test_cross_build.py", "image/test_boot.py")
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
