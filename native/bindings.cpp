@@ -172,13 +172,14 @@ struct stopped_trace {
 engine_event make_event(int64_t id_request, int status, const std::string & text, int32_t n_tokens,
                         int32_t n_prompt, int32_t n_cached, int32_t n_generated, const std::string & error,
                         const py::object & logprobs, const py::object & embedding, const py::object & timings,
-                        const std::string & stop) {
+                        const std::string & stop, const py::object & prompt_logprobs) {
     if (status < REQUEST_STATUS_WAITING || status > REQUEST_STATUS_FINISHED_ERROR) {
         throw std::invalid_argument("unknown request status");
     }
     engine_event ev{.id_request = id_request, .text = text, .n_tokens = n_tokens,
                     .status = (request_status) status, .n_prompt = n_prompt, .n_cached = n_cached,
                     .n_generated = n_generated, .logprobs = logprobs_from_python(logprobs),
+                    .prompt_logprobs = logprobs_from_python(prompt_logprobs),
                     .embedding = {}, .error = error, .stop = stop, .timings = {}};
     if (!embedding.is_none()) {
         const auto array = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(embedding);
@@ -346,7 +347,8 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("status") = (int) REQUEST_STATUS_RUNNING, py::arg("text") = std::string(),
              py::arg("n_tokens") = 0, py::arg("n_prompt") = 0, py::arg("n_cached") = 0,
              py::arg("n_generated") = 0, py::arg("error") = std::string(), py::arg("logprobs") = py::none(),
-             py::arg("embedding") = py::none(), py::arg("timings") = py::none(), py::arg("stop") = std::string())
+             py::arg("embedding") = py::none(), py::arg("timings") = py::none(), py::arg("stop") = std::string(),
+             py::arg("prompt_logprobs") = py::none())
         .def_readonly("id_request", &engine_event::id_request)
         .def_property_readonly("text", [](const engine_event & e) { return py::bytes(e.text); })
         .def_readonly("n_tokens", &engine_event::n_tokens)
@@ -355,6 +357,8 @@ PYBIND11_MODULE(_engine, m) {
         .def_readonly("n_cached", &engine_event::n_cached)
         .def_readonly("n_generated", &engine_event::n_generated)
         .def_property_readonly("logprobs", [](const engine_event & e) { return logprobs_to_python(e.logprobs); })
+        // the first sampled event of a request that asked for them: each prompt token's but the first
+        .def_property_readonly("prompt_logprobs", [](const engine_event & e) { return logprobs_to_python(e.prompt_logprobs); })
         .def_property_readonly("embedding", [](const engine_event & e) { return embedding_to_python(e.embedding); })
         .def_property_readonly("error", [](const engine_event & e) {
             return e.error.empty() ? py::object(py::none()) : py::object(py::str(e.error));

@@ -83,6 +83,7 @@ class Event:
     n_cached: int                      # prompt tokens reused from the KV cache
     n_generated: int
     logprobs: list[LogprobEntry] | None
+    prompt_logprobs: list[LogprobEntry] | None   # the first sample's event, when asked: prompt tokens 2..
     embedding: np.ndarray | None       # embedding requests: n_inputs * n_embd floats
     error: str | None
     timings: Timings | None            # the finishing event only
@@ -90,7 +91,8 @@ class Event:
     def __init__(self, *, id_request: int, status: int = ..., text: bytes = b"", n_tokens: int = 0,
                  n_prompt: int = 0, n_cached: int = 0, n_generated: int = 0, error: str = "",
                  logprobs: list[LogprobEntry] | None = None, embedding: np.ndarray | None = None,
-                 timings: Timings | None = None, stop: str = "") -> None: ...
+                 timings: Timings | None = None, stop: str = "",
+                 prompt_logprobs: list[LogprobEntry] | None = None) -> None: ...
 
 class SamplingParams:
     temperature: float
@@ -114,6 +116,7 @@ class SamplingParams:
     reasoning_open: bool
     logprobs: bool
     n_top_logprobs: int
+    prompt_logprobs: bool        # every prompt token's log-probability too (echo)
     min_tokens: int
     ignore_eos: bool
     speculative: bool            # false: this request is never drafted for

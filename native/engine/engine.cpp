@@ -502,6 +502,14 @@ void engine::step_generate(lane & ln) {
         }
         llama_memory_seq_rm(llama_get_memory(ln.ctx), adm.id_slot, adm.n_keep, -1);
     }
+    for (const plan_admission & adm : plan.admissions) {
+        const int32_t rc = recompute_prefix(ln, adm);
+        if (rc != 0) {
+            publish(ln, events);
+            fail_plan(ln, plan, rc == 1 ? "no room left in the KV cache" : "llama_decode failed");
+            return;
+        }
+    }
     for (int64_t id : plan.released_waiting) {
         if (!ln.sched.find(id)->preempted) {
             leave_queue();
@@ -522,8 +530,8 @@ void engine::step_generate(lane & ln) {
         publish(ln, events);
         return;
     }
-    std::vector<int32_t> logit_index;
-    decode_plan(ln, plan, logit_index);
+    std::vector<int32_t> logit_index, prompt_rows_at;
+    decode_plan(ln, plan, logit_index, prompt_rows_at);
     uint64_t t2 = now_us();
     delta.t_batch_us = t2 - t1;
     int32_t rc = -1;
@@ -542,6 +550,13 @@ void engine::step_generate(lane & ln) {
         return;
     }
 
+    for (size_t i = 0; i < plan.items.size(); ++i) {   // before the first sample takes them
+        if (prompt_rows_at[i] >= 0) {
+            const plan_item & item = plan.items[i];
+            take_prompt_rows(ln, ln.live.at(item.id_request), ln.sched.find(item.id_request)->prompt,
+                             item.pos0, item.n_tokens, prompt_rows_at[i]);
+        }
+    }
     std::vector<step_outcome> outcomes;
     std::vector<int64_t> sample_us(plan.items.size(), 0);
     uint64_t t_item = t3;
@@ -615,26 +630,96 @@ int32_t engine::decode(lane & ln) {
     return rc;
 }
 
-void engine::decode_plan(lane & ln, const batch_plan & plan, std::vector<int32_t> & logit_index) {
+void engine::decode_plan(lane & ln, const batch_plan & plan, std::vector<int32_t> & logit_index,
+                         std::vector<int32_t> & prompt_rows_at) {
     llama_batch & batch = ln.batch;
     batch.n_tokens = 0;
     logit_index.assign(plan.items.size(), -1);
+    prompt_rows_at.assign(plan.items.size(), -1);
     for (size_t i = 0; i < plan.items.size(); ++i) {
         const plan_item & item = plan.items[i];
         const sched_request * req = ln.sched.find(item.id_request);
         // a drafted item samples at every position: its rows start at its first token
         const int32_t first_sampled = item.n_draft > 0 ? batch.n_tokens : batch.n_tokens + item.n_tokens - 1;
+        // a prompt chunk whose log-probabilities were asked for: a row at every token, in the
+        // prefill the request does anyway
+        const bool every_row = item.is_prompt && ln.live.at(item.id_request).wants_prompt_rows();
+        if (every_row) {
+            prompt_rows_at[i] = batch.n_tokens;
+        }
         for (int32_t k = 0; k < item.n_tokens; ++k) {
             const int32_t token = item.is_prompt ? req->prompt[item.pos0 + k]
                                 : k == 0         ? req->last_token
                                                  : req->draft[k - 1];
             const bool last = k == item.n_tokens - 1;
-            batch_add(batch, token, item.pos0 + k, item.id_slot, item.want_logits && (last || item.n_draft > 0));
+            batch_add(batch, token, item.pos0 + k, item.id_slot,
+                      every_row || (item.want_logits && (last || item.n_draft > 0)));
         }
         if (item.want_logits) {
             logit_index[i] = first_sampled;
         }
     }
+}
+
+// A request that wants its prompt's log-probabilities was admitted into a slot whose cache
+// holds part of its prompt: those tokens are decoded again (their KV replaced), in batches of
+// the context's size, since their logits were never kept. vLLM skips the prefix cache for such
+// a request the same way. What a preempted request found already is not computed twice.
+// Returns llama_decode's code (0: done).
+int32_t engine::recompute_prefix(lane & ln, const plan_admission & adm) {
+    live_request & live = ln.live.at(adm.id_request);
+    if (!live.wants_prompt_rows()) {
+        return 0;
+    }
+    const int32_t from = (int32_t) live.prompt_rows.size();   // the next position whose row is missing
+    if (from >= adm.n_keep) {
+        return 0;
+    }
+    sched_request * req = ln.sched.find(adm.id_request);
+    if (!req->preempted) {
+        req->n_cached = from;              // decoded again: not read from the cache
+    }
+    llama_memory_seq_rm(llama_get_memory(ln.ctx), adm.id_slot, from, -1);
+    const int32_t n_batch = (int32_t) llama_n_batch(ln.ctx);
+    for (int32_t pos = from; pos < adm.n_keep;) {
+        const int32_t n = std::min(n_batch, adm.n_keep - pos);
+        ln.batch.n_tokens = 0;
+        for (int32_t k = 0; k < n; ++k) {
+            batch_add(ln.batch, req->prompt[pos + k], pos + k, adm.id_slot, true);
+        }
+        const int32_t rc = decode(ln);
+        if (rc != 0) {
+            return rc;
+        }
+        take_prompt_rows(ln, live, req->prompt, pos, n, 0);
+        pos += n;
+    }
+    return 0;
+}
+
+// Prompt token k + 1's log-probability comes from the logits at position k; the chunk at
+// [pos0, pos0 + n_tokens) has its rows from batch row `first` on. The last prompt token's row
+// is the first sample's.
+void engine::take_prompt_rows(lane & ln, live_request & live, const std::vector<int32_t> & prompt,
+                              int32_t pos0, int32_t n_tokens, int32_t first) {
+    const int32_t n_top = live.request->sampling.n_top_logprobs;
+    for (int32_t k = 0; k < n_tokens; ++k) {
+        const int32_t pos = pos0 + k;
+        if (pos + 1 >= (int32_t) prompt.size() || pos != (int32_t) live.prompt_rows.size()) {
+            continue;                      // the last token, or a row found before
+        }
+        live.prompt_rows.push_back(logprob_entry_of(llama_get_logits_ith(ln.ctx, first + k), prompt[pos + 1], n_top));
+    }
+}
+
+logprob_entry engine::logprob_entry_of(const float * logits, int32_t token, int32_t n_top) const {
+    const logit_stats stats = logit_stats_of(logits, llama_vocab_n_tokens(vocab_), n_top);
+    logprob_entry entry{{token, logits[token] - stats.log_sum_exp, token_piece(vocab_, token)}, {}};
+    entry.top.reserve(stats.top.size());
+    for (const auto & [t, logit] : stats.top) {
+        entry.top.push_back({t, logit - stats.log_sum_exp, token_piece(vocab_, t)});
+    }
+    return entry;
 }
 
 // One request's failure in sampling (a grammar that throws, a bad state in llama.cpp) ends
@@ -711,6 +796,11 @@ step_outcome engine::sample(lane & ln, int64_t id_request, int32_t index, engine
     ev.id_request = id_request;
     ev.n_tokens = 1;
     ev.n_prompt = live.n_prompt;
+    if (live.wants_prompt_rows()) {        // the prompt's rows go out with the first sample
+        ev.prompt_logprobs = std::move(live.prompt_rows);
+        live.prompt_rows.clear();
+        live.prompt_rows_sent = true;
+    }
     ev.n_cached = req.n_cached;
     ev.n_generated = n_generated + 1;
     if (token == LLAMA_TOKEN_NULL) {
@@ -721,21 +811,23 @@ step_outcome engine::sample(lane & ln, int64_t id_request, int32_t index, engine
     }
     live.sampler->accept(token);
     request_status status = REQUEST_STATUS_RUNNING;
+    const std::string piece = token_piece(vocab_, token);   // an end token's is empty: not text
     if (llama_vocab_is_eog(vocab_, token)) {
-        status = REQUEST_STATUS_FINISHED_STOPPED;    // the end token itself is not text
+        status = REQUEST_STATUS_FINISHED_STOPPED;
     } else {
-        const std::string piece = token_piece(vocab_, token);
         ev.text = live.stream.push(piece);
         if (live.stream.stopped()) {
             status = REQUEST_STATUS_FINISHED_STOPPED;
         }
-        if (sp.logprobs) {
-            logprob_entry entry{{token, logits[token] - stats.log_sum_exp, piece}, {}};
-            for (const auto & [t, logit] : stats.top) {
-                entry.top.push_back({t, logit - stats.log_sum_exp, token_piece(vocab_, t)});
-            }
-            ev.logprobs.push_back(std::move(entry));
+    }
+    // The end token has its log-probability too (as vLLM and OpenAI list it): a harness that
+    // scores a prompt by echo with one generated token counts on that last entry being there.
+    if (sp.logprobs) {
+        logprob_entry entry{{token, logits[token] - stats.log_sum_exp, piece}, {}};
+        for (const auto & [t, logit] : stats.top) {
+            entry.top.push_back({t, logit - stats.log_sum_exp, token_piece(vocab_, t)});
         }
+        ev.logprobs.push_back(std::move(entry));
     }
     return {id_request, token, status};
 }

@@ -79,6 +79,9 @@ struct engine_event {
     int32_t                    n_cached   = 0;    // prompt tokens reused from the KV cache
     int32_t                    n_generated = 0;
     std::vector<logprob_entry> logprobs;
+    // sampling.prompt_logprobs: the request's first sampled event carries the log-probability of
+    // each prompt token after the first (which has none), with n_top_logprobs alternatives
+    std::vector<logprob_entry> prompt_logprobs;
     std::vector<float>         embedding;         // embedding requests: n_inputs * n_embd
     std::string                error;
     std::string                stop;              // the finishing event: the stop string that ended it
@@ -162,6 +165,12 @@ private:
         std::unique_ptr<request_sampler> sampler;
         text_stream stream;
         int32_t n_prompt = 0;
+        // sampling.prompt_logprobs: the rows found so far (prompt token k + 1 from the logits
+        // at position k), until the first sample takes them out with its event
+        std::vector<logprob_entry> prompt_rows;
+        bool prompt_rows_sent = false;
+
+        bool wants_prompt_rows() const { return request->sampling.prompt_logprobs && !prompt_rows_sent; }
     };
 
     struct embed_job {
@@ -200,7 +209,14 @@ private:
     void step_generate(lane & ln);
     void step_embed(lane & ln);
     int32_t decode(lane & ln);
-    void decode_plan(lane & ln, const batch_plan & plan, std::vector<int32_t> & logit_index);
+    void decode_plan(lane & ln, const batch_plan & plan, std::vector<int32_t> & logit_index,
+                     std::vector<int32_t> & prompt_rows_at);
+    // Prompt log-probabilities (sampling.prompt_logprobs): the rows of a prompt chunk decoded
+    // from batch row `first`, and the prefix the slot's cache held, computed again at admission
+    int32_t recompute_prefix(lane & ln, const plan_admission & adm);
+    void take_prompt_rows(lane & ln, live_request & live, const std::vector<int32_t> & prompt,
+                          int32_t pos0, int32_t n_tokens, int32_t first);
+    logprob_entry logprob_entry_of(const float * logits, int32_t token, int32_t n_top) const;
     step_outcome sample(lane & ln, int64_t id_request, int32_t index, engine_event & event, int32_t n_before);
     step_outcome sample_guarded(lane & ln, int64_t id_request, int32_t index, engine_event & event,
                                 int32_t n_before = 0);

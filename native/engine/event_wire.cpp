@@ -22,6 +22,19 @@ void put_alt(std::string & out, const token_logprob & t) {
     put_str(out, t.piece);
 }
 
+constexpr size_t k_alt_min = 4 + 4 + 4;
+
+void put_entries(std::string & out, const std::vector<logprob_entry> & entries) {
+    put<uint32_t>(out, (uint32_t) entries.size());
+    for (const logprob_entry & e : entries) {
+        put_alt(out, e.chosen);
+        put<uint32_t>(out, (uint32_t) e.top.size());
+        for (const token_logprob & t : e.top) {
+            put_alt(out, t);
+        }
+    }
+}
+
 class reader {
 public:
     reader(const char * data, size_t size) : at_(data), end_(data + size) {}
@@ -52,6 +65,21 @@ public:
         t.piece = get_str();
         return t;
     }
+    std::vector<logprob_entry> get_entries() {
+        std::vector<logprob_entry> entries;
+        const uint32_t n_entries = get_count(k_alt_min + 4);
+        entries.reserve(n_entries);
+        for (uint32_t i = 0; i < n_entries; ++i) {
+            logprob_entry e{get_alt(), {}};
+            const uint32_t n_top = get_count(k_alt_min);
+            e.top.reserve(n_top);
+            for (uint32_t k = 0; k < n_top; ++k) {
+                e.top.push_back(get_alt());
+            }
+            entries.push_back(std::move(e));
+        }
+        return entries;
+    }
     void get_floats(float * dst, size_t n) {
         std::memcpy(dst, take(n * sizeof(float)), n * sizeof(float));
     }
@@ -69,8 +97,6 @@ private:
     const char * at_;
     const char * end_;
 };
-
-constexpr size_t k_alt_min = 4 + 4 + 4;
 
 }  // namespace
 
@@ -94,14 +120,8 @@ void encode_events(const std::vector<engine_event> & events, std::string & out) 
             put<int64_t>(out, ev.timings.n_drafted);
             put<int64_t>(out, ev.timings.n_draft_accepted);
         }
-        put<uint32_t>(out, (uint32_t) ev.logprobs.size());
-        for (const logprob_entry & e : ev.logprobs) {
-            put_alt(out, e.chosen);
-            put<uint32_t>(out, (uint32_t) e.top.size());
-            for (const token_logprob & t : e.top) {
-                put_alt(out, t);
-            }
-        }
+        put_entries(out, ev.logprobs);
+        put_entries(out, ev.prompt_logprobs);
         put<uint32_t>(out, (uint32_t) ev.embedding.size());
         out.append(reinterpret_cast<const char *>(ev.embedding.data()), ev.embedding.size() * sizeof(float));
     }
@@ -148,17 +168,8 @@ std::vector<engine_event> decode_events(const char * data, size_t size) {
             ev.timings.n_drafted = in.get<int64_t>();
             ev.timings.n_draft_accepted = in.get<int64_t>();
         }
-        const uint32_t n_logprobs = in.get_count(k_alt_min + 4);
-        ev.logprobs.reserve(n_logprobs);
-        for (uint32_t i = 0; i < n_logprobs; ++i) {
-            logprob_entry e{in.get_alt(), {}};
-            const uint32_t n_top = in.get_count(k_alt_min);
-            e.top.reserve(n_top);
-            for (uint32_t k = 0; k < n_top; ++k) {
-                e.top.push_back(in.get_alt());
-            }
-            ev.logprobs.push_back(std::move(e));
-        }
+        ev.logprobs = in.get_entries();
+        ev.prompt_logprobs = in.get_entries();
         const uint32_t n_floats = in.get_count(sizeof(float));
         ev.embedding.resize(n_floats);
         in.get_floats(ev.embedding.data(), n_floats);

@@ -4,7 +4,7 @@
 //
 //   event:    i64 id_request, i32 n_tokens, i32 status, i32 n_prompt, i32 n_cached,
 //             i32 n_generated, str text, str error, str stop, u8 has_timings [4 x i64 timings],
-//             u32 n_logprobs x logprob, u32 n_floats x f32 embedding
+//             u32 n_logprobs x logprob, u32 n_prompt_logprobs x logprob, u32 n_floats x f32 embedding
 //   logprob:  alt chosen, u32 n_top x alt        alt: i32 token, f32 logprob, str piece
 //   str:      u32 length, bytes
 //

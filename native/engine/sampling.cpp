@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <stdexcept>
 
@@ -501,21 +502,68 @@ void request_sampler::accept(llama_token token) {
     llama_sampler_accept(pick_, token);
 }
 
+namespace {
+
+// e^x for x <= 0, without a call into libm: the loop over a row of logits vectorizes. x = n ln2
+// + r with |r| <= ln2/2; e^r by its Taylor polynomial to degree 6 (relative error under 2e-7),
+// 2^n put into the exponent bits. Below -87, e^x is under FLT_MIN: 0 is close enough.
+inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float round = 12582912.0f;                     // 1.5 * 2^23: adding it rounds to integer
+    const float n = (x * 1.44269504088896341f + round) - round;
+    const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;   // ln2, hi + lo
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t bits = ((int32_t) n + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+}  // namespace
+
+// One pass for the maximum, one for the sum of exponentials (in 16 float lanes, added in double
+// at the end), one for the top n (a short sorted list: most logits are below its last entry).
+// A prompt's log-probabilities run this once per prompt token, so it is kept to a few passes
+// over the row with no allocation the size of the vocabulary.
 logit_stats logit_stats_of(const float * logits, int32_t n_vocab, int32_t n_top) {
     const float max = *std::max_element(logits, logits + n_vocab);
+    constexpr int32_t k_lanes = 16;
+    float lanes[k_lanes] = {};
+    int32_t i = 0;
+    for (; i + k_lanes <= n_vocab; i += k_lanes) {
+        for (int32_t l = 0; l < k_lanes; ++l) {
+            lanes[l] += exp_nonpositive(logits[i + l] - max);
+        }
+    }
     double sum = 0.0;
-    for (int32_t i = 0; i < n_vocab; ++i) {
-        sum += std::exp((double) (logits[i] - max));
+    for (; i < n_vocab; ++i) {
+        sum += exp_nonpositive(logits[i] - max);
+    }
+    for (float lane : lanes) {
+        sum += lane;
     }
     logit_stats stats{max + (float) std::log(sum), {}};
-    if (n_top > 0) {
-        std::vector<int32_t> ids(n_vocab);
-        std::iota(ids.begin(), ids.end(), 0);
-        const int32_t n = std::min(n_top, n_vocab);
-        std::partial_sort(ids.begin(), ids.begin() + n, ids.end(),
-                          [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-        for (int32_t i = 0; i < n; ++i) {
-            stats.top.emplace_back(ids[i], logits[ids[i]]);
+    const int32_t n = std::min(std::max(n_top, 0), n_vocab);
+    if (n > 0) {
+        std::vector<std::pair<int32_t, float>> & top = stats.top;
+        top.reserve(n + 1);
+        for (int32_t t = 0; t < n_vocab; ++t) {
+            const float logit = logits[t];
+            if ((int32_t) top.size() == n && logit <= top.back().second) {
+                continue;                                // ties keep the lower id
+            }
+            auto at = std::upper_bound(top.begin(), top.end(), logit,
+                                       [](float v, const std::pair<int32_t, float> & e) { return v > e.second; });
+            top.insert(at, {t, logit});
+            if ((int32_t) top.size() > n) {
+                top.pop_back();
+            }
         }
     }
     return stats;

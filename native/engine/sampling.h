@@ -38,6 +38,7 @@ using logit_bias_list = std::vector<std::pair<int32_t, float>>;
     X(bool,            reasoning_open,    false)        /* the prompt opened the thinking */ \
     X(bool,            logprobs,          false)                                         \
     X(int32_t,         n_top_logprobs,    0)                                             \
+    X(bool,            prompt_logprobs,   false)        /* every prompt token's too (echo) */ \
     X(int32_t,         min_tokens,        0)            /* end of generation waits */    \
     X(bool,            ignore_eos,        false)                                         \
     X(bool,            speculative,       true)         /* false: no drafting (opt-out) */
