@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from ..system.files import write_private_file
 from .accounts import Accounts
 from .authn import ConsoleAuthenticator
+from .dashboard.fleet import Fleet
+from .dashboard.history import History
 from .db.database import migrate, open_engine, resolve_url
 from .devices import Devices
 from .directory import Directory
@@ -25,6 +27,9 @@ ADMIN_NAME = "admin"
 ADMIN_PASSWORD_FILE = "console-admin.password"
 NODE_KEY_FILE = "console-node.key"
 DIRECTORY_RELOAD = 5.0          # seconds: changes made by another process show up within this
+# The dashboard's bounds (docs/console.md): setting -> (lowest, highest) accepted.
+DASHBOARD_LIMITS = {"dashboard_interval": (0.5, 60.0), "dashboard_samples": (10, 100_000),
+                    "dashboard_devices": (1, 1000), "dashboard_days": (1, 90)}
 
 
 @dataclass
@@ -37,13 +42,24 @@ class ConsoleSettings:
     refresh_token_days: int = 30
     upstream_timeout: float = 5.0
     device_check_interval: float = 30.0
+    dashboard_interval: float = 2.0     # seconds between two polls of each device
+    dashboard_samples: int = 450        # per device, in memory: 15 minutes at 2 s
+    dashboard_devices: int = 100        # devices polled (the first, by creation)
+    dashboard_days: int = 7             # one-minute history kept in the database
+
+    def __post_init__(self):
+        for name, (low, high) in DASHBOARD_LIMITS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise ValueError(f"setting console.{name}: {value!r} is not between {low} and {high}")
 
     @classmethod
     def from_config(cls, settings) -> "ConsoleSettings":
         c = settings["console"]
         return cls(settings.data_dir, c["database_url"], c["coordinator"].rstrip("/"),
                    c["coordinator_key_file"], c["login_rate_limit"], c["refresh_token_days"],
-                   c["upstream_timeout"], c["device_check_interval"])
+                   c["upstream_timeout"], c["device_check_interval"],
+                   **{name: c[name] for name in DASHBOARD_LIMITS if name in c})
 
     @property
     def key_file(self) -> str:
@@ -63,6 +79,10 @@ class Console:
         self.devices = Devices(self.engine, Vault(settings.data_dir))
         self.throttle = LoginThrottle(settings.login_rate_limit)
         self.upstream: Upstream | None = None
+        self.history = History(self.engine, settings.dashboard_samples, settings.dashboard_days)
+        self.fleet = Fleet(self.devices, lambda: self.upstream, self.history,
+                           interval=settings.dashboard_interval, max_devices=settings.dashboard_devices,
+                           timeout=min(settings.upstream_timeout, max(1.0, 2 * settings.dashboard_interval)))
         self.started = time.monotonic()
         self._timers: list[asyncio.Task] = []
         self._jobs: set[asyncio.Task] = set()
@@ -76,8 +96,11 @@ class Console:
         await self.accounts.reload_directory()
         self._timers = [asyncio.create_task(self._every(DIRECTORY_RELOAD, self.accounts.reload_directory)),
                         asyncio.create_task(self._every(self.settings.device_check_interval,
-                                                        self.check_devices))]
+                                                        self.check_devices)),
+                        asyncio.create_task(self._every(self.settings.dashboard_interval,
+                                                        self.fleet.tick))]
         self.spawn(self.check_devices())
+        self.spawn(self.fleet.tick())
         return password_path
 
     async def close(self) -> None:
@@ -89,6 +112,11 @@ class Console:
         await asyncio.gather(*self._timers, return_exceptions=True)
         while self._jobs:
             await asyncio.gather(*self._jobs, return_exceptions=True)
+        await self.fleet.wait()
+        try:                        # the minutes under way, so a restart's charts have them
+            await self.history.write(self.history.pending())
+        except Exception:
+            log.exception("console: the dashboard's last minutes could not be written")
         if self.upstream is not None:
             await self.upstream.close()
         await self.engine.dispose()

@@ -44,6 +44,19 @@ class Upstream:
         return Response(response.status_code, response.content, _content_type(response),
                         _headers_of(response))
 
+    async def read(self, url: str, key: str, timeout: float) -> bytes:
+        """GET a resource for the dashboard's sampler: its body when the answer is 200; a
+        refusal (UNAVAILABLE) saying why otherwise, within `timeout` whatever the device does."""
+        try:
+            response = await self.client.get(url, headers={"authorization": f"Bearer {key}"},
+                                             timeout=httpx.Timeout(timeout))
+        except httpx.HTTPError as exc:
+            raise Refused(Code.UNAVAILABLE, f"no answer within {timeout:g} s "
+                          f"({type(exc).__name__})") from None
+        if response.status_code != 200:
+            raise Refused(Code.UNAVAILABLE, f"HTTP {response.status_code}")
+        return response.content
+
     async def healthy(self, cluster_url: str, key: str) -> bool:
         try:
             response = await self.client.get(cluster_url + "/v1/health",

@@ -13,7 +13,7 @@ from ...http.routing import Endpoint
 from ...observe import prometheus, trace
 from ...system import readings
 from ..contexts import ClusterContext
-from . import gate
+from . import gate, recent
 from ...cluster import views
 
 CLUSTER = "cluster"
@@ -172,6 +172,7 @@ ROUTES = {
         debug_trace, perm.CLUSTER_WRITE, CLUSTER, summary="Record an engine trace",
         body=Body(doc='{"seconds": 1..60, "model"?}: record for that long, one trace at a time.'),
         responses=_answers({"type": "object"}, "Chrome trace event JSON ({\"traceEvents\": [...]})")),
+    **recent.ROUTES,
 }
 
 

@@ -14,7 +14,9 @@ import uvloop
 
 from ...auth.guard import Guard
 from ...http.access_log import AccessLog
+from ...http import openapi
 from ...http.routing import App
+from ... import __version__
 from ...http.server import HttpServer
 from ...observe.metrics import Metrics
 from ...system import logs
@@ -26,7 +28,9 @@ log = logging.getLogger("stackd.console")
 
 
 def build_app(console: Console, max_body: int) -> App:
-    return App("console", [routes.ROUTES], ctx=console,
+    document = openapi.routes("stackd console API", [routes.ROUTES], group=None, version=__version__,
+                              description="The console's /api group (docs/console.md).")
+    return App("console", [routes.ROUTES, document], ctx=console,
                guard=Guard(console.authenticator, None), max_body=max_body, errors=to_api_error)
 
 

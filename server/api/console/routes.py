@@ -15,9 +15,10 @@ from ...auth import levels
 from ...auth.permissions import PUBLIC
 from ...http import validate as v
 from ...http.errors import ApiError, ErrorKind, invalid
+from ...http.openapi import json_answer
 from ...http.response import Response, json_response
 from ...http.routing import Endpoint
-from . import static
+from . import dashboard, static
 from ...console.accounts import MAX_REASON, profile
 from ...console.devices import PAIRING_TTL, PAIRING_TTL_RANGE
 from ...console.directory import APPROVED, PENDING, REJECTED
@@ -112,6 +113,16 @@ async def device_models(console, request) -> Response:
     device = await _visible_device(console, request, request.params["id"])
     return await console.upstream.get(device.inference_url + "/v1/models",
                                       console.devices.api_key(device), f"device {device.name}")
+
+
+async def device_metrics(console, request) -> Response:
+    return await dashboard.device_metrics(console, request,
+                                          await _visible_device(console, request, request.params["id"]))
+
+
+async def device_requests(console, request) -> Response:
+    return await dashboard.device_requests(console, request,
+                                           await _visible_device(console, request, request.params["id"]))
 
 
 async def exec_token(console, request) -> Response:
@@ -210,6 +221,19 @@ ROUTES = {
     ("POST", "/api/devices"): Endpoint(create_device, ADMIN),
     ("POST", "/api/devices/enroll"): Endpoint(enroll, PUBLIC),
     ("GET", "/api/devices/:id/models"): Endpoint(device_models, VIEWER),
+    ("GET", "/api/devices/:id/metrics"): Endpoint(
+        device_metrics, VIEWER, summary="A device's sampled metrics since `since` (epoch s; default "
+        "15 minutes ago): full resolution from memory, one a minute from the database before that",
+        responses={200: json_answer(dashboard.METRICS, "The samples."), 400: "'since' is not a time.",
+                   404: "No device with that id."}),
+    ("GET", "/api/devices/:id/requests"): Endpoint(
+        device_requests, VIEWER, summary="A device's recent requests (no prompt or answer text)",
+        responses={200: json_answer(dashboard.REQUESTS, "The device's answer, as it is."),
+                   **dashboard.ERRORS}),
+    ("GET", "/api/cluster"): Endpoint(
+        dashboard.clusters, VIEWER, summary="The clusters, nodes, links and models, as the devices' "
+        "last polls saw them",
+        responses={200: json_answer(dashboard.CLUSTER, "The clusters and devices.")}),
     ("POST", "/api/devices/:id/exec-token"): Endpoint(exec_token, OPERATOR),
     ("POST", "/api/inference"): Endpoint(inference, VIEWER),
     ("GET", "/api/admin/users"): Endpoint(list_users, ADMIN),

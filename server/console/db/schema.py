@@ -4,8 +4,10 @@ The migrations in `migrations/versions` create exactly these; a test compares th
 """
 from __future__ import annotations
 
-from sqlalchemy import (BigInteger, Column, ForeignKey, Index, LargeBinary, MetaData, String,
+from sqlalchemy import (BigInteger, Column, Float, ForeignKey, Index, LargeBinary, MetaData, String,
                         Table)
+
+from ..dashboard.samples import NAMES as SAMPLE_FIELDS
 
 metadata = MetaData()
 
@@ -57,4 +59,14 @@ pairing_tokens = Table(
     Column("expires_at", BigInteger, nullable=False),
     Column("used_at", BigInteger),
     Column("device_id", String(32), ForeignKey("devices.id", ondelete="SET NULL")),
+)
+
+# The dashboard's history at one-minute resolution (console.dashboard_days of it): one row per
+# device and minute, a column per sample field (dashboard/samples.py FIELDS), NULL where unknown.
+device_minutes = Table(
+    "device_minutes", metadata,
+    Column("device_id", String(32), ForeignKey("devices.id", ondelete="CASCADE"), primary_key=True),
+    Column("minute", BigInteger, primary_key=True),             # epoch seconds at the minute's start
+    *(Column(name, Float) for name in SAMPLE_FIELDS),
+    Index("ix_device_minutes_minute", "minute"),
 )
