@@ -167,13 +167,23 @@ CHAT = COMMON + [
               doc="Alternatives per token; requires logprobs: true."),
     *tool_fields.FIELDS,
 ]
-COMPLETION = COMMON + [
-    V.Integer("logprobs", lo=0, hi=5, doc="Alternatives per token to return log probabilities for."),
+SUFFIX = V.String("suffix", max_len=None, allow_empty=True,
+                  doc="Text after the insertion (fill-in-the-middle): the prompt is the text before "
+                      "it, and the two are put together as llama-server's /infill does; only for "
+                      "models with FIM tokens (else a 400).")
+# Completions take max_tokens 0 with echo: the prompt's log-probabilities alone (a harness
+# scoring a text); completions.py refuses 0 without echo.
+COMPLETION_MAX_TOKENS = V.Integer(
+    "max_tokens", lo=0, hi=_MAX_TOKENS,
+    doc="Tokens to generate at most (default 16); 0 only with echo (the prompt alone, scored with logprobs).")
+COMPLETION = [COMPLETION_MAX_TOKENS if spec.name == "max_tokens" else spec for spec in COMMON] + [
+    V.Integer("logprobs", lo=0, hi=5,
+              doc="Alternatives per token to return log probabilities for; with echo, the "
+                  "prompt's tokens get theirs too (the first null)."),
     V.Integer("best_of", lo=1, hi=MAX_N,
               doc="Candidates generated per prompt, at least n; the n with the highest mean log "
                   "probability per token are returned. More than n cannot be streamed."),
-    V.String("suffix", max_len=None, allow_empty=True,
-             doc="Text after the insertion: only null or empty (no fill-in-the-middle; any other is a 400)."),
+    SUFFIX,
 ]
 CHAT_FIELDS = V.Fields(CHAT)
 COMPLETION_FIELDS = V.Fields(COMPLETION)
@@ -220,7 +230,6 @@ def parse(body: dict, *, n_vocab: int, chat: bool) -> GenerationParams:
         top_logprobs = v["logprobs"]             # legacy: an integer
         logprobs = top_logprobs is not None
         top_logprobs = top_logprobs or 0
-        _no_suffix(v["suffix"])
     best_of = 0 if chat else _best_of(v["best_of"], v["n"], stream)
 
     seed = v["seed"]
@@ -260,14 +269,6 @@ def _best_of(best_of: int | None, n: int, stream: bool) -> int:
         raise invalid("'best_of' greater than 'n' cannot be streamed: the best candidates are "
                       "known only once all of them end", "best_of")
     return best_of
-
-
-def _no_suffix(suffix: str | None) -> None:
-    """`suffix` asks for text inserted before it (fill-in-the-middle): a prompt format only
-    code models trained for it have, so it is refused rather than ignored."""
-    if suffix:
-        raise invalid("'suffix' is not supported: the completion is always appended to the "
-                      "prompt (put any fill-in-the-middle markers in the prompt itself)", "suffix")
 
 
 def _at_most(value: int, hi: int, name: str) -> int:

@@ -1,6 +1,7 @@
 """Response bodies and stream chunks in OpenAI's exact shapes, and what they are built from."""
 from __future__ import annotations
 
+import codecs
 import os
 import time
 
@@ -25,7 +26,7 @@ class Choice:
     """What one choice has produced so far."""
 
     __slots__ = ("text", "finish_reason", "logprobs", "n_prompt", "n_cached", "n_generated", "error",
-                 "timings", "stop")
+                 "timings", "stop", "prompt_logprobs")
 
     def __init__(self):
         self.text: list[bytes] = []
@@ -35,12 +36,16 @@ class Choice:
         self.error: str | None = None
         self.timings = None               # server._engine.Timings, from the finishing event
         self.stop: str | None = None      # the stop string that ended the text, if one did
+        self.prompt_logprobs: list | None = None   # asked for (echo): prompt tokens 2.., from the engine
 
     def add(self, event) -> None:
         self.text.append(event.text)
         entries = event.logprobs
         if entries:
             self.logprobs.extend(entries)
+        prompt = getattr(event, "prompt_logprobs", None)     # an ended-by-the-runner event has none
+        if prompt:
+            self.prompt_logprobs = prompt
         self.n_prompt, self.n_cached, self.n_generated = event.n_prompt, event.n_cached, event.n_generated
         reason = finish_reason(event.status)
         if reason is not None:
@@ -81,15 +86,31 @@ def chat_logprobs(entries: list) -> dict:
     } for _, logprob, piece, top in entries], "refusal": None}
 
 
-def completion_logprobs(entries: list, offset: int = 0) -> dict:
+def completion_logprobs(entries: list, offset: int = 0, prompt: tuple | None = None) -> dict:
+    """OpenAI's legacy `logprobs` of a choice: its tokens, their log probabilities, the top
+    alternatives and where each token starts in the choice's text (`offset`: the characters
+    before the first). `prompt` (echo with logprobs): (the first prompt token's piece, the
+    engine's entries of the others), listed first; the first token has no log probability
+    (null), as OpenAI answered it. Offsets count the characters of the text as decoded, a
+    character split over tokens at the token that completes it."""
     tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
-    for _, logprob, piece, top in entries:
-        text = _piece(piece)
-        tokens.append(text)
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def add(piece: bytes, logprob, top) -> None:
+        nonlocal offset
+        tokens.append(_piece(piece))
         token_logprobs.append(logprob)
-        top_logprobs.append({_piece(p): lp for _, lp, p in top})
+        top_logprobs.append(top)
         offsets.append(offset)
-        offset += len(text)
+        offset += len(decoder.decode(piece))
+
+    if prompt is not None:
+        first, rows = prompt
+        add(first, None, None)
+        for _, logprob, piece, top in rows or ():
+            add(piece, logprob, {_piece(p): lp for _, lp, p in top})
+    for _, logprob, piece, top in entries:
+        add(piece, logprob, {_piece(p): lp for _, lp, p in top})
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": offsets}
 

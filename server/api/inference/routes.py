@@ -10,7 +10,7 @@ from ...http.validate import Body
 from ...store.defaults import CHAT_MODEL, EMBEDDING_MODEL
 from ..models import MODEL_LIST_SCHEMA, MODEL_SCHEMA
 from . import (anthropic_messages, chat, completions, dialect_schemas, embeddings, openai_responses, params,
-               schemas, tokenize)
+               infill, schemas, tokenize)
 
 INFERENCE = "inference"
 
@@ -37,6 +37,8 @@ MESSAGES_BODY = Body(anthropic_messages.FIELDS, example={
 COUNT_TOKENS_BODY = Body(anthropic_messages.COUNT_FIELDS, example={
     "model": CHAT_MODEL, "messages": [{"role": "user", "content": "Say hello."}]})
 TOKENIZE_BODY = Body(tokenize.FIELDS, example={"model": CHAT_MODEL, "prompt": "Hello, world"})
+INFILL_BODY = Body(infill.FIELDS, example={
+    "model": CHAT_MODEL, "input_prefix": "def add(a, b):\n    ", "input_suffix": "\n", "n_predict": 8})
 DETOKENIZE_BODY = Body(tokenize.DETOKENIZE_FIELDS, example={"model": CHAT_MODEL, "tokens": [19556, 28, 905]})
 # Anthropic's routes: its error shape, and the key also as x-api-key
 ANTHROPIC = {"error_shape": anthropic_messages.ERROR_SHAPE, "credential_header": b"x-api-key"}
@@ -71,6 +73,8 @@ ROUTES = {
         tokenize.tokenize, TOKENIZE_BODY, "Tokenize a text or a conversation", schemas.TOKENIZED),
     ("POST", "/detokenize"): generation(
         tokenize.detokenize, DETOKENIZE_BODY, "Token ids back to text", schemas.DETOKENIZED),
+    ("POST", "/infill"): generation(
+        infill.infill, INFILL_BODY, "Fill in the middle (llama-server's /infill)", schemas.INFILL_ANSWER),
     ("GET", "/tokenizer_info"): Endpoint(tokenize.tokenizer_info, perm.INFERENCE, INFERENCE, summary=(
         "The tokenizer's special tokens, chat template and context (vLLM's, for lm-eval's remote "
         "tokenizer)"), responses={200: schemas.TOKENIZER_INFO, **schemas.MODEL_ERRORS}),

@@ -45,8 +45,9 @@ CHAT_COMPLETION = obj({
 
 COMPLETION_LOGPROBS = nullable(obj({
     "tokens": {"type": "array", "items": STR},
-    "token_logprobs": {"type": "array", "items": NUM},
-    "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": NUM}},
+    "token_logprobs": {"type": "array", "items": nullable(NUM),
+                       "description": "with echo, the prompt's tokens first: the very first null"},
+    "top_logprobs": {"type": "array", "items": nullable({"type": "object", "additionalProperties": NUM})},
     "text_offset": {"type": "array", "items": INT}}))
 TEXT_COMPLETION = obj({
     **ENVELOPE,
@@ -115,3 +116,16 @@ TOKENIZER_INFO = json_answer(obj({
     "tokenizer_class": STR, "model": STR, "bos_token": _MAYBE_STR, "eos_token": _MAYBE_STR,
     "pad_token": _MAYBE_STR, "chat_template": _MAYBE_STR, "model_max_length": INT,
     "max_model_len": INT, "vocab_size": INT}), "The model's tokenizer facts.")
+
+# /infill: llama-server's own answer (not OpenAI's), and its stream of {content, stop} objects
+_INFILL_PART = obj({"index": INT, "content": STR, "stop": {"type": "boolean"}},
+                   {"tokens": {"type": "array", "items": INT}, "id_slot": INT, "tokens_predicted": INT,
+                    "tokens_evaluated": INT})
+INFILL = obj({**_INFILL_PART["properties"], "model": STR, "tokens_predicted": INT, "tokens_evaluated": INT,
+              "tokens_cached": INT, "truncated": {"type": "boolean"}, "has_new_line": {"type": "boolean"},
+              "stop_type": {"enum": ["eos", "word", "limit", "none"]}, "stopping_word": STR,
+              "timings": nullable({"type": "object"})})
+INFILL_ANSWER = json_answer(INFILL, "The text to insert at the cursor (`content`), llama-server's shape.")
+INFILL_ANSWER["content"].update(event_stream(
+    "llama-server's chunks: {content, stop: false}, the last the whole answer with stop: true",
+    {"anyOf": [_INFILL_PART, INFILL, ERROR_SCHEMA]}))
