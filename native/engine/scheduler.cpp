@@ -154,13 +154,17 @@ void scheduler::preempt(batch_plan & plan) {
             --n_free;
             continue;
         }
-        int64_t over = -1;              // the owner furthest over its share (the lowest id of equals)
+        // The owner furthest over its share (the lowest id of equals). An owner id is any
+        // int64 (a key's hash, negative for half of all keys), so no id can mean "none".
+        bool found = false;
+        int64_t over = 0;
         for (const auto & [owner, n] : held) {
-            if (n > cap && (over < 0 || n > held[over] || (n == held[over] && owner < over))) {
+            if (n > cap && (!found || n > held[over] || (n == held[over] && owner < over))) {
                 over = owner;
+                found = true;
             }
         }
-        if (over < 0) {
+        if (!found) {
             return;                     // nobody is over its share: wait for a slot to end
         }
         held[over] -= 1;

@@ -258,6 +258,22 @@ def test_an_owner_under_its_share_takes_a_slot_back_from_an_owner_over_it(Schedu
     assert decoder.finished[4] == STATUS_LENGTH
 
 
+# Owners are API keys' hashes (generate.owner_of: Python's str hash, seeded anew in every
+# process), so any int64 is an owner: about half of all keys hash below zero in a given run.
+@pytest.mark.parametrize("flood, bystander", [(-3130799525059436644, 6921847410374702581),
+                                              (-1, -2), (-(2 ** 63), 2 ** 63 - 1), (0, -7)])
+def test_preemption_holds_for_any_owner_id(Scheduler, flood, bystander):
+    sched = Scheduler(n_slots=4, n_batch=64, n_ctx_seq=128, n_max_slots_per_owner=2)
+    decoder = FakeDecoder(sched)
+    for rid in range(1, 9):                          # the flood: every slot and a queue behind
+        sched.enqueue(rid, [1, 2, 3], 50, owner=flood)
+    for _ in range(3):
+        decoder.step()
+    sched.enqueue(9, [4, 5], 3, owner=bystander)
+    plan = decoder.step()
+    assert len(plan["preempted"]) == 1 and [a[0] for a in plan["admissions"]] == [9]
+
+
 def test_owners_at_or_under_their_share_are_never_preempted(Scheduler):
     sched = Scheduler(n_slots=2, n_batch=64, n_ctx_seq=128, n_max_slots_per_owner=1)
     decoder = FakeDecoder(sched)
