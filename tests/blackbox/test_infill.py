@@ -177,6 +177,28 @@ def test_infill_answers_in_llama_servers_shape(daemon):
     assert answer["timings"]["predicted_n"] == answer["tokens_predicted"]
 
 
+def test_the_request_llama_vim_sends(daemon):
+    """llama.vim's body as it builds it (autoload/llama.vim, llama#fim): its extra fields are
+    taken (the time limits, samplers and n_indent are not applied), and the answer has the
+    flattened response_fields it reads."""
+    status, answer = post(daemon, "/infill", {
+        "model": FIM_MODEL, "input_prefix": PREFIX, "input_suffix": SUFFIX,
+        "input_extra": [{"text": "def add(a, b):\n    return a + b\n", "time": 1712345678.5,
+                         "filename": "util/math.py"}],
+        "prompt": "a, b", "n_predict": 16, "n_indent": 4, "top_k": 40, "top_p": 0.90, "stream": False,
+        "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "t_max_prompt_ms": 500,
+        "t_max_predict_ms": 250,
+        "response_fields": ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
+                            "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
+                            "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated",
+                            "tokens_cached"]})
+    assert status == 200, answer
+    assert isinstance(answer["content"], str) and answer["truncated"] is False
+    assert {"timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_second", "timings/predicted_n",
+            "timings/predicted_ms", "timings/predicted_per_second", "tokens_cached"} <= set(answer)
+    assert "model" not in answer                            # only what was asked for
+
+
 def test_infill_streams(daemon):
     import http.client
     import orjson

@@ -47,6 +47,9 @@ FIELDS = [
     V.Integer("seed", lo=-1, hi=params.SEED_RANGE[1], doc="-1: random."),
     params.STOP,
     V.Boolean("stream", doc="Server-sent events, llama-server's: {content, stop} each."),
+    V.Array("response_fields", V.String(max_len=256), max_items=64,
+            doc="Only these fields in the answer, each a path into it (`timings/prompt_n`), as "
+                "llama-server answers them (llama.vim asks so)."),
 ]
 READ = V.Fields(FIELDS)
 # the completion parameters these are, as params.parse reads them
@@ -126,7 +129,24 @@ async def infill(ctx, request) -> Response | StreamingResponse:
     if gen.stream:
         return StreamingResponse(_events(model, gen, stream), b"text/event-stream")
     (choice,) = await generate.collect(model.runner, stream, 1)
-    return json_response(_final(model, gen, choice, choice.joined()))
+    answer = _final(model, gen, choice, choice.joined())
+    return json_response(answer if v["response_fields"] is None else _picked(answer, v["response_fields"]))
+
+
+def _picked(answer: dict, paths: list[str]) -> dict:
+    """llama-server's response_fields: {path: the value at that path} for the paths found."""
+    out = {}
+    for path in paths:
+        value, found = answer, True
+        for part in path.split("/"):
+            if isinstance(value, dict) and part in value:
+                value = value[part]
+            else:
+                found = False
+                break
+        if found:
+            out[path] = value
+    return out
 
 
 def _final(model, gen, choice: responses.Choice, content: str) -> dict:

@@ -125,7 +125,9 @@ INFILL = obj({**_INFILL_PART["properties"], "model": STR, "tokens_predicted": IN
               "tokens_cached": INT, "truncated": {"type": "boolean"}, "has_new_line": {"type": "boolean"},
               "stop_type": {"enum": ["eos", "word", "limit", "none"]}, "stopping_word": STR,
               "timings": nullable({"type": "object"})})
-INFILL_ANSWER = json_answer(INFILL, "The text to insert at the cursor (`content`), llama-server's shape.")
+INFILL_ANSWER = json_answer({"anyOf": [INFILL, {
+    "type": "object", "description": "with response_fields: those found, keyed by their path"}]},
+    "The text to insert at the cursor (`content`), llama-server's shape.")
 INFILL_ANSWER["content"].update(event_stream(
     "llama-server's chunks: {content, stop: false}, the last the whole answer with stop: true",
     {"anyOf": [_INFILL_PART, INFILL, ERROR_SCHEMA]}))
