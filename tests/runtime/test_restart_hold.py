@@ -50,3 +50,20 @@ def test_no_more_than_max_held_requests_wait(loop):
         restart.cancel()
         await asyncio.gather(*waiting)
     loop.run_until_complete(run())
+
+
+def test_the_bound_ends_a_wait_for_a_restart_that_never_ends(loop):
+    """The restart never finishes: only the bound (engine.restart_hold) lets the request go.
+    The outer wait_for is a hang guard, far past the bound, never the measure."""
+    hold, states = hold_of(loop, seconds=0.05)
+
+    async def run():
+        restart = loop.create_future()                # a restart that never ends
+        hold.restarting("m", restart)
+        deadline = hold.deadline()
+        await asyncio.wait_for(hold.wait("m", deadline), 30.0)
+        gone_at = loop.time()
+        assert not restart.done() and gone_at >= deadline
+        restart.cancel()
+    loop.run_until_complete(run())
+    assert states["m"] == "restarting" and not hold.held
