@@ -137,6 +137,8 @@ def test_dashboard_routes_levels_errors_and_openapi(shared):
     assert status == 200 and body["fields"] == list(NAMES) and body["device_id"] == device["id"]
     status, _, body = shared.call("GET", paths[1], viewer)
     assert status == 200 and body["object"] == "cluster"
+    status, _, body = shared.call("GET", paths[2], viewer)      # the fake node has no such route
+    assert status == 503 and body["error"]["type"] == "service_unavailable_error"
     for since in ("abc", "-1", "nan", "inf"):
         status, _, body = shared.call("GET", f"{paths[0]}?since={since}", viewer)
         assert status == 400 and body["error"]["param"] == "since", since
@@ -173,11 +175,17 @@ class ScriptedNode:
             ("GET", "/metrics"): route(metrics),
             ("GET", "/v1/nodes"): route(json_response({"object": "list", "data": [NODE]})),
             ("GET", "/v1/cluster"): route(json_response({"status": "healthy", "leader": "n1", "reasons": []})),
+            ("GET", "/v1/requests/recent"): route(json_response({"object": "list", "recording": True,
+                                                                 "data": [RECENT_ROW]})),
             ("GET", "/v1/models"): route(json_response({"object": "list", "data": [
                 {"id": "tiny", "state": "loaded", "kind": "chat",
                  "placement": {"split_mode": "replica", "nodes": [{"id": "n1", "memory_bytes": 1}]}}]}),
                 perm.INFERENCE),
         }], ctx=self, guard=KeyGuard(keys, RateLimiter({})), max_body=1 << 20)
+
+
+RECENT_ROW = {"time": 1.0, "route": "/v1/chat/completions", "model": "tiny", "key": "k", "prompt_tokens": 3,
+              "generated_tokens": 4, "ttft_ms": 5.0, "duration_ms": 6.0, "status": 200}
 
 
 def samples_of(harness, token, device_id):
@@ -215,6 +223,8 @@ def test_sampler_charts_a_device_marks_its_silence_and_keeps_history_over_a_rest
     [cluster] = view["clusters"]
     assert cluster["leader"] == "n1" and cluster["nodes"][0]["leader"] is True
     assert cluster["nodes"][0]["placed"] == [{"model": "tiny", "split_mode": "replica", "state": "loaded"}]
+    status, _, recent = harness.call("GET", f"/api/devices/{device['id']}/requests", token)
+    assert status == 200 and recent["data"] == [RECENT_ROW] and recent["recording"] is True
 
     harness.call_soon(node.hang.clear)                   # the device stops answering
     eventually(lambda: samples_of(harness, token, device["id"])["samples"][-1][1:] == [None] * len(NAMES),
@@ -222,6 +232,8 @@ def test_sampler_charts_a_device_marks_its_silence_and_keeps_history_over_a_rest
     # the console still answers at once, from its memory: a silent device slows nothing
     status, _, view = harness.call("GET", "/api/cluster", token)
     assert status == 200 and view["devices"][0]["reachable"] is False
+    status, _, recent = harness.call("GET", f"/api/devices/{device['id']}/requests", token)
+    assert status == 200 and recent["reachable"] is False and recent["data"] == [RECENT_ROW]
     harness.call_soon(node.hang.set)
     eventually(lambda: rates()[-1] is not None, "samples again once it answers")
 

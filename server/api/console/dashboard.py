@@ -1,14 +1,14 @@
 """The dashboard's routes: a device's sampled history, the clusters as the devices last saw
 them, a device's recent requests. All at level viewer; what they answer comes from the
-console's own memory and database (console/dashboard), except the recent requests, which are
-the device's own (its GET /v1/requests/recent, with the device's key)."""
+console's own memory and database (console/dashboard): what its sampler read from each device,
+the recent requests included (the node's GET /v1/requests/recent), so no page waits on a device."""
 from __future__ import annotations
 
 import math
 import time
 from urllib.parse import parse_qs
 
-from ...http.errors import invalid
+from ...http.errors import ApiError, ErrorKind, invalid
 from ...http.openapi import json_answer
 from ...http.response import Response, json_response
 from ...console.dashboard import cluster as cluster_view
@@ -49,13 +49,16 @@ CLUSTER = {"type": "object", "required": ["object", "clusters", "devices"], "pro
         "models": {"type": "array", "items": {"type": "object", "properties": {
             "id": _STR, "state": _STR, "split_mode": {"type": ["string", "null"]},
             "slots_busy": _NULL_NUM, "degraded": {"type": "boolean"}}}}}}}}}
-REQUESTS = {"type": "object", "required": ["object", "data"], "properties": {
-    "object": {"const": "list"}, "data": {"type": "array", "items": {"type": "object", "properties": {
+REQUESTS = {"type": "object", "required": ["object", "recording", "data"], "properties": {
+    "object": {"const": "list"}, "recording": {"type": ["boolean", "null"]}, "sampled_at": _NULL_NUM,
+    "reachable": {"type": ["boolean", "null"], "description": "false: the last poll was not answered; "
+                  "these are the requests of the last one that was"},
+    "data": {"type": "array", "items": {"type": "object", "properties": {
         "time": _NUM, "model": {"type": ["string", "null"]}, "key": {"type": ["string", "null"]},
         "route": _STR, "prompt_tokens": {"type": ["integer", "null"]},
         "generated_tokens": {"type": ["integer", "null"]}, "ttft_ms": _NULL_NUM,
         "duration_ms": _NUM, "status": _INT}}}}}
-ERRORS = {404: "No device with that id.", 503: "The device did not answer."}
+ERRORS = {404: "No device with that id.", 503: "No poll of the device has read its requests yet."}
 
 
 def _since(request, days: int) -> float:
@@ -91,5 +94,11 @@ def clusters(console, request) -> Response:
 
 
 async def device_requests(console, request, device) -> Response:
-    return await console.upstream.get(device.cluster_url + "/v1/requests/recent",
-                                      console.devices.api_key(device), f"device {device.name}")
+    """From the last poll that answered: a page never waits on a device."""
+    view = console.fleet.views.get(device.id)
+    if view is None or view.requests is None:
+        why = "it has not been polled yet" if view is None or view.reachable is None else \
+            (view.error or "it does not serve GET /v1/requests/recent")
+        raise ApiError(ErrorKind.UNAVAILABLE, f"device {device.name}'s recent requests are not known: {why}")
+    return json_response({"object": "list", "recording": view.recording, "sampled_at": view.sampled_at,
+                          "reachable": view.reachable, "data": view.requests})

@@ -1,5 +1,5 @@
-"""The sampler: every `interval` seconds, each device's /metrics, /v1/nodes and /v1/cluster
-(cluster port) and /v1/models (inference port), read with the device's key through the
+"""The sampler: every `interval` seconds, each device's /metrics, /v1/nodes, /v1/cluster and
+/v1/requests/recent (cluster port) and /v1/models (inference port), read with the device's key through the
 console's one client. Each device is polled on its own: one that does not answer costs its own
 sample (a gap on its charts), never the others' or the page's, which read only from here.
 
@@ -21,6 +21,7 @@ from .history import History
 from .samples import GAP, Reading, values
 
 log = logging.getLogger("stackd.console")
+RECENT = 50                 # recent requests read per poll
 PRUNE_EVERY = 600.0         # seconds between deletions of minutes older than the retention
 
 
@@ -39,6 +40,8 @@ class DeviceView:
     cluster: dict | None = None
     models: list = field(default_factory=list)
     slots_busy: dict = field(default_factory=dict)
+    requests: list | None = None         # its /v1/requests/recent, newest first
+    recording: bool | None = None
     reading: Reading | None = None       # the previous answer, for rates
     busy: asyncio.Task | None = None     # its poll still running
 
@@ -120,9 +123,10 @@ class Fleet:
             upstream.read(cluster_url + "/v1/nodes", key, self.timeout),
             upstream.read(cluster_url + "/v1/cluster", key, self.timeout),
             upstream.read(inference_url + "/v1/models", key, self.timeout),
+            upstream.read(cluster_url + f"/v1/requests/recent?limit={RECENT}", key, self.timeout),
             return_exceptions=True)
         view.polled_at = t
-        metrics, nodes, cluster, models = answers
+        metrics, nodes, cluster, models, recent = answers
         if isinstance(metrics, BaseException):
             view.reachable = False
             view.error = str(metrics) if isinstance(metrics, Refused) else type(metrics).__name__
@@ -133,6 +137,9 @@ class Fleet:
         view.nodes = _json(nodes, {}).get("data", view.nodes)
         view.cluster = _json(cluster, None)
         view.models = [m for m in _json(models, {}).get("data", []) if m.get("state") != "available"]
+        recent = _json(recent, None)
+        view.requests = recent.get("data") if recent else None     # None: a node without the route
+        view.recording = recent.get("recording") if recent else None
         view.node = _own_entry(view.nodes, view.cluster_url, view.cluster)
         reading = Reading(t, prom.parse(metrics.decode("utf-8", "replace")), view.node)
         view.slots_busy = prom.by_label(reading.series, "stackd_slots_busy", "model")

@@ -51,6 +51,7 @@ async function refresh() {
 // ---- logging in ---------------------------------------------------------------------------
 
 function showLogin(message = "") {
+  if (typeof stopDashboard === "function") stopDashboard();
   $("login-view").hidden = false;
   $("app-view").hidden = true;
   $("who").hidden = true;
@@ -79,6 +80,7 @@ async function signup() {
 }
 
 async function logout() {
+  stopDashboard();
   if (session) await api("POST", "/api/auth/logout", { refresh_token: session.refresh_token }).catch(() => {});
   keep(null);
   showLogin();
@@ -103,6 +105,10 @@ async function showApp() {
   $("devices-card").hidden = rank < RANK.user;
   $("topology-card").hidden = rank < RANK.user;
   $("chat-card").hidden = rank < RANK.viewer;
+  $("cluster-card").hidden = rank < RANK.viewer;
+  $("dashboard-card").hidden = rank < RANK.viewer;
+  if (rank >= RANK.viewer) startDashboard();
+  else stopDashboard();
   const loads = [];
   if (rank >= RANK.admin) loads.push(loadPending());
   if (rank >= RANK.user) loads.push(loadDevices(), loadTopology());
