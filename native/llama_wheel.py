@@ -10,7 +10,15 @@ CPU features are read from /proc/cpuinfo and passed explicitly instead of
 crash (SIGSEGV in ggml_backend_amx_mul_mat) on virtual machines that report AMX.
 AMX is therefore never enabled; AVX2/AVX-512 and their extensions are, where present.
 
+The portable build (`--portable`, what `make wheels` ships) runs on any CPU of its
+architecture: ggml's CPU backend is built once per CPU generation as llama.cpp's releases
+do (GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS: libggml-cpu-haswell.so, -skylakex.so, ...,
+each a module that scores the CPU it runs on) and the best one is loaded at run time. The
+variant with AMX (sapphirerapids) is left out of the wheel, for the reason above. It is
+cached beside the native one, under its own flags digest.
+
     python native/llama_wheel.py            # prints the wheel's path, building it if needed
+    python native/llama_wheel.py --portable # the same for the portable build
 """
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import zipfile
 
 VERSION = "0.3.36"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,8 +61,17 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def cmake_args() -> list[str]:
+# The CPU variants a portable wheel leaves out: AMX (see above)
+DROPPED_VARIANTS = ("libggml-cpu-sapphirerapids.so",)
+
+
+def cmake_args(portable: bool = False) -> list[str]:
     args = ["-DGGML_RPC=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
+    if portable:
+        # every backend a module; the CPU one per generation; installed (ggml installs
+        # modules to the bin dir) beside libllama, where the package's libraries are
+        return args + ["-DGGML_NATIVE=OFF", "-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON",
+                       "-DCMAKE_INSTALL_BINDIR=llama_cpp/lib"]
     if platform.machine() not in ("x86_64", "AMD64"):
         return args + ["-DGGML_NATIVE=ON"]
     flags = cpu_flags()
@@ -70,6 +88,22 @@ def wheel_dir(args: list[str]) -> str:
     return os.path.join(WHEELHOUSE, f"llama-cpp-python-{VERSION}-{digest}")
 
 
+def drop_variants(wheel: str) -> None:
+    """Rewrite `wheel` without the DROPPED_VARIANTS (and their RECORD lines)."""
+    with zipfile.ZipFile(wheel) as src:
+        names = [n for n in src.namelist() if os.path.basename(n) not in DROPPED_VARIANTS]
+        if len(names) == len(src.namelist()):
+            return
+        with zipfile.ZipFile(wheel + ".tmp", "w", zipfile.ZIP_DEFLATED) as out:
+            for name in names:
+                data = src.read(name)
+                if name.endswith(".dist-info/RECORD"):
+                    data = b"".join(line for line in data.splitlines(keepends=True)
+                                    if os.path.basename(line.split(b",")[0].decode()) not in DROPPED_VARIANTS)
+                out.writestr(src.getinfo(name), data)
+    os.replace(wheel + ".tmp", wheel)
+
+
 def build(args: list[str], out_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     env = {**os.environ, "CMAKE_ARGS": " ".join(args),
@@ -82,13 +116,14 @@ def build(args: list[str], out_dir: str) -> None:
                         f"llama-cpp-python=={VERSION}"], check=True, env=env,
                        stdout=sys.stderr)      # stdout carries only the wheel's path
         for path in glob.glob(os.path.join(tmp, "*.whl")):
+            drop_variants(path)
             os.replace(path, os.path.join(out_dir, os.path.basename(path)))
     with open(os.path.join(out_dir, "CMAKE_ARGS"), "w") as f:
         f.write(" ".join(args) + "\n")
 
 
 def main() -> None:
-    args = cmake_args()
+    args = cmake_args(portable="--portable" in sys.argv[1:])
     out_dir = wheel_dir(args)
     wheels = glob.glob(os.path.join(out_dir, "llama_cpp_python-*.whl"))
     if not wheels:

