@@ -58,7 +58,7 @@ from stackd.system import relay
 from stackd.testing import netns as topology
 from stackd.testing.cluster_nodes import Node
 from stackd.testing.netns import CLUSTER_PORT, INFERENCE_PORT
-from stackd.testing.processes import pin_tree, rpc_server_pids
+from stackd.testing.processes import cpu_seconds, pin_tree, process_tree, rpc_server_pids
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -255,10 +255,78 @@ def start_llama_server_rpc(binary: str, slots: int, context: int, threads: int, 
                   port, "smollm2")
 
 
-def measure(server: Server, clients: int, seconds: float, max_tokens: int) -> loadgen.LoadResult:
+class CpuUse:
+    """Where the cores go during a measurement (--replicas): CPU seconds (user + system, every
+    thread, from /proc) of each process of the leader's tree (its daemon, its engine worker), of
+    the follower's (daemon, worker) and of this process (the load generator), as shares of one
+    core over the wall time and per 1,000 tokens decoded."""
+
+    def __init__(self, roots: dict[str, int]):
+        self.roots = roots                      # name -> a daemon's pid
+
+    def processes(self) -> dict[str, int]:
+        """{'leader daemon': pid, 'leader worker': pid, ..., 'load generator': pid}"""
+        out = {}
+        for name, root in self.roots.items():
+            tree = process_tree(root)
+            out[f"{name} daemon"] = root
+            for i, child in enumerate(tree[1:]):
+                out[f"{name} worker" + (f" {i + 1}" if i else "")] = child
+        out["load generator"] = os.getpid()
+        return out
+
+    def start(self) -> None:
+        self.pids = self.processes()
+        self.before = {name: self._cpu(pid) for name, pid in self.pids.items()}
+        self.machine = machine_ticks()
+        self.t0 = time.monotonic()
+
+    def stop(self, tokens: int) -> dict[str, tuple[float, float]]:
+        """name -> (share of a core, CPU seconds per 1,000 tokens); then the machine's: 'other
+        processes' (every core's busy time not ours: the other jobs on this machine) and
+        'steal' (time the hypervisor gave the cores to other guests)."""
+        wall = time.monotonic() - self.t0
+        out, ours = {}, 0.0
+        for name, pid in self.pids.items():
+            used = self._cpu(pid) - self.before[name]
+            ours += used
+            out[name] = (used / wall, used / max(tokens, 1) * 1000)
+        busy, steal = (after - before for after, before in zip(machine_ticks(), self.machine))
+        others = busy / os.sysconf("SC_CLK_TCK") - ours
+        out["other processes"] = (others / wall, others / max(tokens, 1) * 1000)
+        out["steal"] = (steal / os.sysconf("SC_CLK_TCK") / wall, 0.0)
+        return out
+
+    @staticmethod
+    def _cpu(pid: int) -> float:
+        try:
+            return cpu_seconds([pid])
+        except OSError:
+            return 0.0
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, steal) clock ticks of every core so far, from /proc/stat's `cpu` line."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return user + nice + system + irq + softirq, steal
+
+
+def cpu_line(use: dict[str, tuple[float, float]]) -> str:
+    return ", ".join(f"{name} {share:.0%} ({per_k:.2f} s/1k tok)" for name, (share, per_k) in use.items())
+
+
+def measure(server: Server, clients: int, seconds: float, max_tokens: int,
+            cpu: CpuUse | None = None) -> loadgen.LoadResult:
     # warm up, two clients: with replicas, one request each way (one client warms the leader's alone)
     asyncio.run(loadgen.run(server.port, body(server.model, 8), 2, 2.0, server.key))
-    return asyncio.run(loadgen.run(server.port, body(server.model, max_tokens), clients, seconds, server.key))
+    if cpu is not None:
+        cpu.start()
+    result = asyncio.run(loadgen.run(server.port, body(server.model, max_tokens), clients, seconds, server.key))
+    if cpu is not None:
+        result.cpu = cpu.stop(result.tokens)
+    return result
 
 
 def time_to_first_503(server: Server, lose) -> float:
@@ -353,6 +421,8 @@ def main() -> None:
     parser.add_argument("--rows", default="", help="only these rows, by name, comma-separated "
                                                    "('1 node,2 nodes layer,2 nodes layer 1 lane')")
     parser.add_argument("--no-node-loss", action="store_true", help="skip the node loss timings")
+    parser.add_argument("--speculative", choices=("ngram", "off"), default=None,
+                        help="--replicas: engine.speculative on both nodes (default: the engine's, ngram)")
     parser.add_argument("--replicas", type=int, default=0, metavar="ROUNDS",
                         help="only the rows '1 node' and '2 nodes replicas' (split_mode replica), in ROUNDS "
                              "alternating rounds on the same two daemons, medians; then a replica node's death")
@@ -464,21 +534,28 @@ def run_replicas(args, net: Namespaces | None) -> None:
     c = args.clients
     if args.followers != "real":
         sys.exit("--replicas needs a real follower")
+    speculative = {"STACKD_ENGINE_SPECULATIVE": args.speculative} if args.speculative else {}
+    if net is not None and speculative:
+        sys.exit("--speculative is not passed into namespaces")
     if net is not None:
         server = NamespacedLeader(net, c, args.context, args.threads, args.kernels)
     else:
-        server = start_stackd(c, args.context, args.threads, args.kernels, "", {"STACKD_CLUSTER_SECRET": SECRET})
+        server = start_stackd(c, args.context, args.threads, args.kernels, "",
+                              {"STACKD_CLUSTER_SECRET": SECRET, **speculative})
     follower = None
     try:
         follower = RealFollower(server, args.threads, net)
         follower.node.env.update({"STACKD_ENGINE_SLOTS": str(c), "STACKD_ENGINE_CONTEXT_LENGTH": str(args.context),
-                                  "STACKD_ENGINE_KERNELS": args.kernels})
+                                  "STACKD_ENGINE_KERNELS": args.kernels, **speculative})
         follower.node.kill()                  # again, with the leader's engine settings
         follower.node.start()
         placed = time.monotonic() + 60
         while statuses_of(server).get(follower.id) != "up" and time.monotonic() < placed:
             time.sleep(0.05)
         rows = {"1 node": {c: [], 1: []}, "2 nodes replicas": {c: [], 1: []}}
+        cpu = CpuUse({"leader": (server.proc if hasattr(server, "proc") else server.node.proc).pid,
+                      "follower": follower.node.proc.pid})
+        uses = {name: {c: [], 1: []} for name in rows}
         for round_ in range(args.replicas):
             for name, count in (("1 node", 1), ("2 nodes replicas", "all")):
                 answer = load(server, split_mode="replica", replicas=count)
@@ -488,18 +565,37 @@ def run_replicas(args, net: Namespaces | None) -> None:
                     pin_tree((server.proc if hasattr(server, "proc") else server.node.proc).pid, LEADER_CPUS)
                     pin_tree(follower.node.proc.pid, FOLLOWER_CPUS)
                 for n in (c, 1):
-                    result = measure(server, n, args.seconds, args.max_tokens)
+                    result = measure(server, n, args.seconds, args.max_tokens, cpu)
                     rows[name][n].append(result.tokens_per_second())
-                    print(f"  round {round_ + 1} {name:18s} c={n:<3d} {result.tokens_per_second():7.1f} tok/s", flush=True)
+                    uses[name][n].append(result.cpu)
+                    print(f"  round {round_ + 1} {name:18s} c={n:<3d} {result.tokens_per_second():7.1f} tok/s   "
+                          f"{cpu_line(result.cpu)}", flush=True)
         print(f"\nSmolLM2-135M Q4_1, {args.threads} thread(s) per node, {c} slots, {args.max_tokens} tokens per "
               f"request, {args.seconds:g} s closed loop, medians of {args.replicas} alternating rounds, "
               f"{'network namespaces on a veth link' if net else 'loopback'}{', a core per node' if args.pin else ''}, "
-              f"kernels {args.kernels}")
+              f"kernels {args.kernels}, speculative {args.speculative or 'default (ngram)'}")
         one = {n: statistics.median(rows["1 node"][n]) for n in (c, 1)}
         for name, runs in rows.items():
             med = {n: statistics.median(runs[n]) for n in (c, 1)}
-            print(f"  {name:18s} c={c}: {med[c]:7.1f} tok/s ({med[c] / one[c]:.2f}x one node, target 1.7x)   "
-                  f"c=1: {med[1]:6.1f} tok/s ({med[1] / one[1]:.2f}x, target 0.95x)")
+            spread = {n: f"{min(runs[n]):.1f}-{max(runs[n]):.1f}" for n in (c, 1)}
+            print(f"  {name:18s} c={c}: {med[c]:7.1f} tok/s [{spread[c]}] ({med[c] / one[c]:.2f}x one node, "
+                  f"target 1.7x)   c=1: {med[1]:6.1f} tok/s [{spread[1]}] ({med[1] / one[1]:.2f}x, target 0.95x)")
+        # what the engines would give with a whole core each: tokens per CPU second of the
+        # engine workers, times the workers (at c clients every worker is busy: CPU-bound)
+        per_core = {name: statistics.median(
+            1000 / sum(per_k for p, (_, per_k) in use.items() if " worker" in p and per_k > 0)
+            for use in uses[name][c]) for name in rows}
+        workers = {"1 node": 1, "2 nodes replicas": 2}
+        print(f"  at a whole core per engine (tokens per worker CPU second x workers, c={c}): " + ", ".join(
+            f"{name} {per_core[name] * workers[name]:.0f} tok/s "
+            f"({per_core[name] * workers[name] / per_core['1 node']:.2f}x)" for name in rows))
+        print("  where the cores went (median share of one core, CPU seconds per 1,000 tokens):")
+        for name, by_clients in uses.items():
+            for n in (c, 1):
+                names = by_clients[n][0].keys() if by_clients[n] else ()
+                med = {p: (statistics.median(u[p][0] for u in by_clients[n] if p in u),
+                           statistics.median(u[p][1] for u in by_clients[n] if p in u)) for p in names}
+                print(f"    {name:18s} c={n:<3d} {cpu_line(med)}")
         load(server, split_mode="replica", replicas="all")
         took, errors = death_to_next_answer(server, follower)
         print(f"  replica node killed (kill -9 of the follower daemon and its worker) -> next answered "
