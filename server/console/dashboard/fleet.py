@@ -141,7 +141,8 @@ class Fleet:
         view.requests = recent.get("data") if recent else None     # None: a node without the route
         view.recording = recent.get("recording") if recent else None
         view.node = _own_entry(view.nodes, view.cluster_url, view.cluster)
-        reading = Reading(t, prom.parse(metrics.decode("utf-8", "replace")), view.node)
+        # rates over the times the answers came (the round's time is the sample's place on the chart)
+        reading = Reading(time.time(), prom.parse(metrics.decode("utf-8", "replace")), view.node)
         view.slots_busy = prom.by_label(reading.series, "stackd_slots_busy", "model")
         sample = values(view.reading, reading)
         view.reading = reading
