@@ -3,7 +3,8 @@ unloaded and while each attack of the hostile-request review runs beside it (goa
 2x of unloaded). Also the worst /v1/health latency seen on the other port during each attack.
 
     .venv/bin/python bench/hostile.py [--seconds 10] [--sampler-only] [--rate-limits default|off]
-                                      [--attacker-nice 19] [--flood-rounds 3]
+                                      [--attacker-nice 19]
+    .venv/bin/python bench/hostile.py --flood-rounds 10 [--flood-unread] [--flood-busy 2]
 
 `--flood-rounds N` measures instead a bystander's time to first token behind a single-key flood
 (issue 24; target <= 2 s), on a daemon with the default engine settings (16 slots, a queue of
@@ -11,7 +12,10 @@ unloaded and while each attack of the hostile-request review runs beside it (goa
 ignore_eos (8 fit its key_share, 9 get 429), then a second key's two-token chat (time to its whole answer). Each
 round runs after other hostile traffic on the same daemon (streams hung up mid-way, requests
 cancelled while queued, n > 1 requests, a prompt past the context), the state that once let a
-ninth request in.
+ninth request in. `--flood-unread`: nobody reads the flood's streams past their heads (issue 40's
+attacker); `--flood-busy N`: N processes spin beside the daemon for the whole run (a busy
+machine). Prints the bystander's time per round, then p50 and max over the rounds (a round with
+no answer in 60 s counts as 60 s).
 
 First, without a daemon: what one sampled token costs the engine thread under a grammar that
 keeps rejecting the model's picks, with the walk by logit (what the engine does) and with the
@@ -170,9 +174,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def stream_head(port: int, key: str, path: str, body: dict):
-    """A streaming POST: its status and the open connection (None if refused); a thread reads
-    the body."""
+def stream_head(port: int, key: str, path: str, body: dict, read: bool = True):
+    """A streaming POST: its status and the open connection (None if refused). With `read`, a
+    thread reads the body; without it nobody reads past the head (a client that stalls: its
+    socket's buffers fill, then the daemon's)."""
     import http.client
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     conn.request("POST", path, orjson.dumps(body), {"Authorization": f"Bearer {key}",
@@ -182,7 +187,8 @@ def stream_head(port: int, key: str, path: str, body: dict):
         response.read()
         conn.close()
         return response.status, None
-    threading.Thread(target=lambda: _drain(response), daemon=True).start()
+    if read:
+        threading.Thread(target=lambda: _drain(response), daemon=True).start()
     return 200, conn
 
 
@@ -192,6 +198,13 @@ def _drain(response) -> None:
             pass
     except Exception:
         pass
+
+
+def busy_loops(n: int) -> list:
+    """n processes that spin at normal priority (a machine busy with other work)."""
+    import subprocess
+    import sys
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
 def other_hostile_traffic(port: int, key: str) -> None:
@@ -209,31 +222,41 @@ def other_hostile_traffic(port: int, key: str) -> None:
     post(port, "/v1/completions", key, {"model": CHAT, "prompt": "word " * 5000, "max_tokens": 8})
 
 
-def flood_ttft(rounds: int) -> None:
+def flood_ttft(rounds: int, unread: bool = False, busy: int = 0) -> dict:
+    """The bystander's time to its whole two-token answer behind one key's flood, per round;
+    `unread`: nobody reads the flood's streams; `busy`: that many spinning processes beside
+    the daemon for the whole run. Returns p50 and max in seconds (an unanswered round counts
+    as its 60 s limit)."""
     body = {"model": CHAT, "prompt": "Write a long story.", "n": 16, "max_tokens": 2000,
             "ignore_eos": True, "stream": True}
     chat_body = {"model": CHAT, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    times = []
     with tempfile.TemporaryDirectory(prefix="stackd-flood-") as tmp:
         data_dir = os.path.join(tmp, "data")
         os.makedirs(data_dir, mode=0o700)
         node = Daemon(data_dir, models=True)
+        spinners = []
         try:
             attacker = create_key(data_dir, "attacker", "inference")
             bystander = create_key(data_dir, "bystander", "inference")
             time.sleep(1.5)
             started = time.perf_counter()          # the same answer with nothing else running
             post(node.inference_port, "/v1/chat/completions", bystander, chat_body)
-            print(f"bystander answer alone: {time.perf_counter() - started:.2f}s")
+            print(f"bystander answer alone: {time.perf_counter() - started:.2f}s "
+                  f"(flood streams {'unread' if unread else 'read'}, {busy} busy loops)")
+            spinners = busy_loops(busy)
             print(f"{'round':>5s} {'admitted':>8s} {'429':>4s} {'bystander answer':>17s}")
             for n in range(rounds):
                 other_hostile_traffic(node.inference_port, attacker)
                 with concurrent.futures.ThreadPoolExecutor(17) as pool:
                     floods = list(pool.map(lambda _: stream_head(node.inference_port, attacker,
-                                                                 "/v1/completions", body), range(17)))
+                                                                 "/v1/completions", body, read=not unread),
+                                           range(17)))
                 time.sleep(0.5)
                 started = time.perf_counter()          # its whole answer: first token and one more
-                status = post(node.inference_port, "/v1/chat/completions", bystander, chat_body)
-                ttft = time.perf_counter() - started
+                status = bystander_post(node.inference_port, bystander, chat_body, limit=60.0)
+                ttft = time.perf_counter() - started if status == 200 else 60.0
+                times.append(ttft)
                 statuses = [s for s, _ in floods]
                 print(f"{n + 1:5d} {statuses.count(200):8d} {statuses.count(429):4d} "
                       f"{ttft:16.2f}s {'' if status == 200 else status}", flush=True)
@@ -243,7 +266,30 @@ def flood_ttft(rounds: int) -> None:
                 time.sleep(2.0)                   # the flood's cancellations land
             assert node.proc.poll() is None, "the daemon died"
         finally:
+            for p in spinners:
+                p.kill()
+                p.wait()
             node.stop()
+    times.sort()
+    summary = {"p50": times[len(times) // 2], "max": times[-1]}
+    print(f"bystander answer over {rounds} rounds: p50 {summary['p50']:.2f}s, max {summary['max']:.2f}s")
+    return summary
+
+
+def bystander_post(port: int, key: str, body: dict, limit: float):
+    """The bystander's chat, waiting at most `limit` seconds (then 'timeout')."""
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=limit)
+    try:
+        conn.request("POST", "/v1/chat/completions", orjson.dumps(body),
+                     {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    except (socket.timeout, TimeoutError):
+        return "timeout"
+    finally:
+        conn.close()
 
 
 def measure(node: Daemon, key: str, seconds: float, attack=None, attacker_nice: int = 0) -> dict:
@@ -301,9 +347,13 @@ def main() -> None:
     parser.add_argument("--flood-rounds", type=int, default=0,
                         help="only the bystander's time to first token behind a single-key flood, "
                              "this many rounds")
+    parser.add_argument("--flood-unread", action="store_true",
+                        help="with --flood-rounds: nobody reads the flood's streams past their head")
+    parser.add_argument("--flood-busy", type=int, default=0,
+                        help="with --flood-rounds: this many spinning processes beside the daemon")
     args = parser.parse_args()
     if args.flood_rounds:
-        flood_ttft(args.flood_rounds)
+        flood_ttft(args.flood_rounds, args.flood_unread, args.flood_busy)
         return
     if not args.only:
         sampler_costs()
