@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from ..errors import Code, DomainError, invalid
 from . import views
 from .heartbeat import Heartbeat
+from .links import LinkProbe, checked_links
 from .node_facts import LocalState, NodeFacts, NothingYet
 from .peers import PeerClient, PeerError
 
@@ -132,6 +133,7 @@ class Membership(NodeEvents):
         self.client = PeerClient(secret, self.self_id) if secret else None
         self.loop = None
         self.heartbeat: Heartbeat | None = None
+        self.links = LinkProbe(self)  # this node's round trip to each peer (links.py)
         self.rpc_state = None       # () -> JSON-able: the RPC children, carried by heartbeats
         self.placements_on = None   # (node_id) -> placement ids a leader holds RPC servers for there
         self._listed_callbacks: list = []
@@ -156,6 +158,8 @@ class Membership(NodeEvents):
         if not self.address:
             self.address = f"http://{host}:{cluster_port}"
         self.inference_url = f"http://{host}:{inference_port}"
+        if self.client is not None:
+            self.links.start(loop)
         if self.follower is not None:
             self._arm_fence()
             if heartbeat:
@@ -164,6 +168,7 @@ class Membership(NodeEvents):
 
     async def aclose(self) -> None:
         """A follower stops heartbeating and tells its leader it leaves."""
+        await self.links.stop()
         if self.heartbeat is not None:
             await self.heartbeat.stop()
             await self.leave()
@@ -461,6 +466,8 @@ def _checked_entry(sender: str, body: dict, leader_id: str) -> dict:
     compute = entry.get("compute", 0)
     if type(compute) not in (int, float) or not 0 <= compute < 1e9:
         raise invalid("'entry.compute' must be a non-negative number (GFLOP/s)", "entry.compute")
+    if checked_links(entry) is None:
+        raise invalid("'entry.links' must map node ids to round trips in microseconds", "entry.links")
     budget = entry.get("power_budget")
     if not (isinstance(budget, dict) and all(type(budget.get(k)) is int and budget[k] > 0
                                              for k in ("idle_mw", "max_mw"))):

@@ -10,6 +10,7 @@ import os
 import socket
 
 from ..system import readings
+from .links import cluster_links
 
 MIB = 1 << 20
 
@@ -31,6 +32,7 @@ def own_entry(membership) -> dict:
         "cpu_cores": os.cpu_count(),
         "threads": settings["engine.threads"] or os.cpu_count() or 1,
         "compute": round(facts.compute.value, 3),   # GFLOP/s measured (compute_speed.py); 0: not yet
+        "links": membership.links.entry(),           # {peer: round trip in us} (links.py)
         "load_average": readings.load_average(),
         "memory_total_bytes": memory["MemTotal"],
         "memory_available_bytes": memory["MemAvailable"],
@@ -89,7 +91,8 @@ def _cluster(membership, entries: list[dict]) -> dict:
     return {"status": "degraded" if reasons else "healthy",
             "total_ram_gb": readings.ram_gb(sum(e["memory_total_bytes"] for e in up)),
             "active_model": membership.local.active_model(), "node_count": len(entries),
-            "nodes_up": len(up), "leader": membership.self_id, "reasons": reasons}
+            "nodes_up": len(up), "leader": membership.self_id, "reasons": reasons,
+            "links": cluster_links(entries)}
 
 
 # ---- what a route answers, on either role ---------------------------------------------------------
