@@ -43,7 +43,8 @@ def node_main(args) -> None:
     vector = np.random.default_rng(index).standard_normal(args.floats).astype(np.float32)
     out = {}
     if args.mode == "exchange":
-        mesh = Mesh(index, addresses, bytes.fromhex(args.secret), "bench", listener, deadline=10.0)
+        mesh = Mesh(index, addresses, bytes.fromhex(args.secret), "bench", listener, deadline=10.0,
+                    spin_us=args.spin)
         mesh.connect(timeout=30.0)
         times = []
         for step in range(WARMUP + args.count):
@@ -144,7 +145,7 @@ def run_round(links: Links, mode: str, args) -> list[float]:
         command = [sys.executable, os.path.abspath(__file__), "--node", str(i), "--mode", mode,
                    "--addresses", ",".join(f"{h}:{p}" for h, p in links.views[i][:nodes]),
                    "--bind", links.bind[i], "--secret", secret, "--floats", str(args.floats),
-                   "--count", str(args.count)]
+                   "--count", str(args.count), "--spin", str(args.spin)]
         if args.pin:
             command += ["--cpu", str(i % os.cpu_count())]
         if links.netns[i] is not None:
@@ -164,6 +165,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--links", default="loopback,netns")
     parser.add_argument("--pin", action="store_true")
+    parser.add_argument("--spin", type=float, default=0.0,
+                        help="microseconds an exchange tries its sockets before sleeping in poll")
     # a node's own arguments (the driver starts it)
     parser.add_argument("--node", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="exchange", help=argparse.SUPPRESS)
@@ -192,7 +195,7 @@ def main() -> None:
             link.close()
     print(f"\nall-reduce of {args.floats} float32 ({args.floats * 4} bytes each way) over {args.nodes} nodes, "
           f"{args.count} exchanges a round, medians of {args.rounds} alternating rounds"
-          f"{', a core per node' if args.pin else ''}; ping-pong: the same bytes there and back, plain TCP, 2 nodes")
+          f"{', a core per node' if args.pin else ''}{f', spinning {args.spin:g} us' if args.spin else ''}; ping-pong: the same bytes there and back, plain TCP, 2 nodes")
     for (kind, mode), rows in results.items():
         medians = [m for m, _ in rows]
         print(f"  {kind:9s} {mode:9s} {statistics.median(medians):7.1f} us [{min(medians):.1f}-{max(medians):.1f}]"

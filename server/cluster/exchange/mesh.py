@@ -68,13 +68,15 @@ class Mesh:
     """This node's links to its peers; `addresses[i]` is node i's (host, port)."""
 
     def __init__(self, index: int, addresses: list[tuple[str, int]], secret: bytes, mesh_id: str,
-                 listener: socket.socket | None = None, deadline: float = EXCHANGE_DEADLINE):
+                 listener: socket.socket | None = None, deadline: float = EXCHANGE_DEADLINE,
+                 spin_us: float = 0.0):
         if not 0 <= index < len(addresses) or len(addresses) > 1 << 15:
             raise ValueError("a node's index is its place among the mesh's addresses")
         self.index, self.addresses, self.n = index, addresses, len(addresses)
         self.secret, self.mesh_id = secret, mesh_id.encode()
         self.listener = listener
         self.deadline = deadline
+        self.spin_us = spin_us                # try the sockets this long before sleeping in poll
         self.links: dict[int, Link] = {}
         self.lost: set[int] = set()
         self.refused = 0                      # connections that did not prove the secret
@@ -204,6 +206,7 @@ class Mesh:
     def _run(self, step: int, length: int, size: int, until: float) -> dict[int, str]:
         """Send and receive until every live link is done or failed, or the deadline passes."""
         failed: dict[int, str] = {}
+        spin_until = time.perf_counter() + self.spin_us / 1e6 if self.spin_us else 0.0
         sending = {link.sock.fileno(): link for link in self.links.values()}
         receiving = dict(sending)
         poller = select.poll()
@@ -245,6 +248,8 @@ class Mesh:
                 progressed = True
             if progressed or not (sending or receiving):
                 continue
+            if spin_until and time.perf_counter() < spin_until:
+                continue                       # spinning: try the sockets again at once
             left = until - time.monotonic()
             if left <= 0:
                 for link in {**sending, **receiving}.values():
