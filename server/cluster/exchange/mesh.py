@@ -172,7 +172,8 @@ class Mesh:
 
     def allreduce(self, step: int, partial: np.ndarray, deadline: float | None = None) -> np.ndarray:
         """The sum over the nodes, in node order, of every node's `partial` (float32, the same
-        length everywhere) for exchange number `step` (each step once, counting up)."""
+        shape everywhere: a token's vector or a batch's rows) for exchange number `step` (each
+        step once, counting up)."""
         if self.lost:
             raise ExchangeError(f"the mesh lost nodes {sorted(self.lost)}", set(self.lost))
         mine = np.ascontiguousarray(partial, dtype=np.float32)
@@ -196,7 +197,8 @@ class Mesh:
         total = None
         for node in range(self.n):             # node order, on every node alike
             part = mine if node == self.index else np.frombuffer(
-                self.links[node].inbox, dtype=np.float32, count=len(mine), offset=frames.HEADER_BYTES)
+                self.links[node].inbox, dtype=np.float32, count=mine.size,
+                offset=frames.HEADER_BYTES).reshape(mine.shape)
             if total is None:
                 total = part.copy()
             else:
