@@ -302,3 +302,19 @@ def test_recorder_keeps_counts_and_times_never_text():
     for _ in range(5):
         asyncio.run(table[("POST", "/v1/chat/completions")].handler(None, FakeRequest(prompt)))
     assert len(recent.newest(10)) == 3                             # bounded
+
+
+def test_recent_requests_route_takes_a_limit_in_range():
+    from stackd.api.cluster.recent import recent_requests
+    from stackd.http.errors import ApiError
+
+    class Query:
+        def __init__(self, query):
+            self.query = query
+
+    assert orjson.loads(recent_requests(None, Query("limit=200")).body)["object"] == "list"
+    assert orjson.loads(recent_requests(None, Query("")).body)["data"] is not None
+    for wrong in ("limit=0", "limit=201", "limit=abc", "limit=1.5"):
+        with pytest.raises(ApiError) as refused:
+            recent_requests(None, Query(wrong))
+        assert refused.value.param == "limit", wrong
