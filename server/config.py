@@ -121,6 +121,10 @@ DEFAULTS: dict = {
         "refresh_token_days": 30, # a refresh token (and its rotations) lives this long at most
         "upstream_timeout": 5.0,  # seconds for a device's answer (topology, models, health checks)
         "device_check_interval": 30.0,  # seconds between health checks of each device
+        "dashboard_interval": 2.0,  # seconds between two samples of each device's /metrics
+        "dashboard_samples": 450,   # per device, in memory (15 minutes at 2 s)
+        "dashboard_devices": 100,   # devices sampled (the first, by creation)
+        "dashboard_days": 7,        # one-minute history kept in the console's database
     },
     # Fault injection (server/faults.py): empty in every shipped configuration; only the
     # test suite and bench/ set these.
@@ -359,6 +363,10 @@ def _check_console(console: dict) -> None:
     for name in ("refresh_token_days", "upstream_timeout", "device_check_interval"):
         if console[name] <= 0:
             raise ConfigError(f"setting console.{name}: must be positive")
+    from .console.limits import DASHBOARD_LIMITS
+    for name, (low, high) in DASHBOARD_LIMITS.items():
+        if not low <= console[name] <= high:
+            raise ConfigError(f"setting console.{name}: must be between {low} and {high}")
     url = console["database_url"]
     if url and not url.startswith(("sqlite", "postgres")):
         raise ConfigError("setting console.database_url: must be a sqlite:// or postgresql:// URL")

@@ -90,14 +90,17 @@ def node_compute(settings: config.Settings) -> ComputeSpeed:
 def build_apps(max_body: int, guard, membership: Membership | None, contexts: Contexts) -> tuple[App, App]:
     """The inference port's app and the cluster port's; a follower's refuse what the leader serves."""
     from .api import models as model_routes
-    from .api.cluster import gate, internal
+    from .api.cluster import gate, internal, recent
     from .api.cluster import routes as cluster_routes
     from .api.errors import to_api_error
     from .api.inference import routes as inference_routes
     from .http import openapi
     from .http.routing import App
 
-    inference_tables = [(inference_routes.ROUTES, contexts.inference), (model_routes.ROUTES, contexts.models)]
+    # Each answered inference request leaves its counts and times (never its text) in
+    # observe.recent, for GET /v1/requests/recent and the console's dashboard.
+    inference_tables = [(recent.recording(inference_routes.ROUTES), contexts.inference),
+                        (model_routes.ROUTES, contexts.models)]
     cluster_tables = [(cluster_routes.ROUTES, contexts.cluster), (model_routes.ROUTES, contexts.models)]
     if membership is not None and not membership.is_leader:      # the leader serves these
         inference_tables = [(gate.leader_only(table, membership), ctx) for table, ctx in inference_tables]

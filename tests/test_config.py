@@ -95,3 +95,17 @@ def test_a_kernel_path_can_be_forced(tmp_path):
     settings = config.load({"config": write(tmp_path, "[engine]\nkernels = 'avx2'\n"),
                             "data_dir": str(tmp_path)}, environ={})
     assert settings["engine.kernels"] == "avx2"
+
+
+@pytest.mark.parametrize("name, low, high", [("dashboard_interval", 0.5, 60.0), ("dashboard_samples", 10, 100_000),
+                                             ("dashboard_devices", 1, 1000), ("dashboard_days", 1, 90)])
+def test_the_console_dashboards_bounds_hold_at_their_edges(tmp_path, name, low, high):
+    for edge in (low, high):
+        settings = config.load({"config": write(tmp_path, f"[console]\n{name} = {edge}\n"),
+                                "data_dir": str(tmp_path)}, environ={})
+        assert settings[f"console.{name}"] == edge
+    step = 0.1 if isinstance(low, float) else 1
+    for past in (low - step, high + step):
+        with pytest.raises(config.ConfigError, match=f"console.{name}"):
+            config.load({"config": write(tmp_path, f"[console]\n{name} = {past}\n"),
+                         "data_dir": str(tmp_path)}, environ={})

@@ -15,6 +15,7 @@ from .dashboard.fleet import Fleet
 from .dashboard.history import History
 from .db.database import migrate, open_engine, resolve_url
 from .devices import Devices
+from .limits import DASHBOARD_LIMITS
 from .directory import Directory
 from .signing import SigningKeys
 from .throttle import LoginThrottle
@@ -27,9 +28,7 @@ ADMIN_NAME = "admin"
 ADMIN_PASSWORD_FILE = "console-admin.password"
 NODE_KEY_FILE = "console-node.key"
 DIRECTORY_RELOAD = 5.0          # seconds: changes made by another process show up within this
-# The dashboard's bounds (docs/console.md): setting -> (lowest, highest) accepted.
-DASHBOARD_LIMITS = {"dashboard_interval": (0.5, 60.0), "dashboard_samples": (10, 100_000),
-                    "dashboard_devices": (1, 1000), "dashboard_days": (1, 90)}
+
 
 
 @dataclass

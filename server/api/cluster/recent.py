@@ -20,6 +20,7 @@ from ...observe.recent import CAPACITY, RECENT, Finished, RecentRequests
 from ..errors import to_api_error
 
 TAIL = 4096         # bytes of a stream's end kept to find its last usage / timings
+PARSE_AT_MOST = 256 * 1024   # bytes of a whole answer read back for its counts
 
 
 def _counts(answer: dict) -> tuple[int | None, int | None, float | None]:
@@ -108,7 +109,9 @@ def _recorded(handler, path: str, recent: RecentRequests):
             result.chunks = _Watched(result.chunks, lambda tail: note(status, _from_events(tail)))
         elif isinstance(result, Response):
             counts = (None, None, None)
-            if result.content_type.startswith(b"application/json") and result.status == 200:
+            # a large answer (thousands of embeddings) is not parsed again on the loop for counts
+            if result.content_type.startswith(b"application/json") and result.status == 200 \
+                    and len(result.body) <= PARSE_AT_MOST:
                 try:
                     counts = _counts(orjson.loads(result.body))
                 except (orjson.JSONDecodeError, AttributeError):

@@ -126,6 +126,9 @@ CLUSTER_STATUS = _obj({"status": {"enum": ["healthy", "degraded", "unavailable"]
                        "leader": {"type": ["string", "null"]},
                        "reasons": {"type": "array", "items": _STR}})
 CLUSTER_STATUS["properties"]["view_age_ms"] = _AGE
+CLUSTER_STATUS["properties"]["links"] = {
+    "type": "array", "description": "each measured link: round trip in microseconds, best of 3 TCP connects",
+    "items": _obj({"from": _STR, "to": _STR, "rtt_us": _NUM})}
 NODE = _obj({
     "id": _STR, "role": _ROLE, "status": _STATUS, "address": _STR, "last_seen_ago_ms": _INT,
     "hostname": _STR, "ram_gb": _INT, "cpu_cores": {"type": ["integer", "null"]}, "threads": _INT,
@@ -138,6 +141,8 @@ NODE = _obj({
     "system_uptime_seconds": _INT, "loaded_models": {"type": "array", "items": _STR},
     "power": {"type": ["object", "null"]},
     "power_budget": _obj({"idle_mw": _INT, "max_mw": _INT})})
+NODE["properties"]["links"] = {"type": "object", "additionalProperties": _NUM,
+                               "description": "round trip to each peer (µs), best of 3 TCP connects"}
 NODES = _obj({"object": {"const": "list"}, "data": {"type": "array", "items": NODE}})
 NODES["properties"]["view_age_ms"] = _AGE
 METRICS = {"description": "Prometheus text exposition (version 0.0.4).",
