@@ -35,6 +35,9 @@ struct sched_request {
     std::vector<token_t> draft;             // this step's drafted tokens (plan_item::n_draft)
     int32_t              n_drafted    = 0;  // drafted tokens verified, over the request's life
     int32_t              n_draft_accepted = 0;
+    int32_t              n_draft_recent = 0;           // drafted since drafting was last judged
+    int32_t              n_draft_recent_accepted = 0;
+    int32_t              n_draft_rest_until = 0;       // drafts nothing until it has generated this many
 };
 
 struct slot_info {

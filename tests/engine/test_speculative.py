@@ -200,3 +200,27 @@ def test_a_full_step_gets_no_drafts():
         assert len({results[rid]["text"] for rid in ids}) == 1   # one prompt, one greedy text
     finally:
         engine.close()
+
+
+def test_a_sequence_whose_drafts_keep_failing_stops_drafting_for_a_while(engines):
+    # A sampled poem repeats words (drafts found) but not what followed them (drafts rejected):
+    # 369 tokens drafted, 16 % accepted, in 200 generated before drafting was judged. Judged every
+    # 16 drafted tokens and resting 64 tokens under a quarter accepted while other sequences share
+    # the steps, it drafts at most 23 tokens (16, and a draft of up to 7 past them) per 64
+    # generated, and one window more. A companion that never drafts and outlasts it shares every
+    # one of its steps: alone, a sequence always drafts.
+    on, off = engines
+    prompt = chat_prompt(on.engine, "Write a poem about the sea, the sky and the sea again.")
+    companion = chat_prompt(on.engine, "Tell me a long story.")
+
+    def poem(driver):
+        rid = driver.submit(prompt, max_tokens=200, temperature=0.8, seed=3)
+        beside = driver.submit(companion, max_tokens=400, ignore_eos=True, speculative=False)
+        return driver.wait([rid, beside])[rid]
+
+    drafted, plain = poem(on), poem(off)
+    n_drafted, n_accepted = drafts(drafted)
+    n_generated = drafted["events"][-1].n_generated
+    assert n_drafted > 0 and n_accepted * 4 < n_drafted          # it tried, and it did not pay
+    assert n_drafted <= 23 * (n_generated // 64 + 2)
+    assert drafted["text"] == plain["text"]                      # the same draws either way
