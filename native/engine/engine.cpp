@@ -700,15 +700,40 @@ int32_t engine::recompute_prefix(lane & ln, const plan_admission & adm) {
 // Prompt token k + 1's log-probability comes from the logits at position k; the chunk at
 // [pos0, pos0 + n_tokens) has its rows from batch row `first` on. The last prompt token's row
 // is the first sample's.
+// The rows go over the lane's threads (idle between two decodes): a row is a few passes over
+// the vocabulary, and a chunk has up to a batch of them.
 void engine::take_prompt_rows(lane & ln, live_request & live, const std::vector<int32_t> & prompt,
                               int32_t pos0, int32_t n_tokens, int32_t first) {
     const int32_t n_top = live.request->sampling.n_top_logprobs;
-    for (int32_t k = 0; k < n_tokens; ++k) {
-        const int32_t pos = pos0 + k;
-        if (pos + 1 >= (int32_t) prompt.size() || pos != (int32_t) live.prompt_rows.size()) {
-            continue;                      // the last token, or a row found before
+    const int32_t n_have = (int32_t) live.prompt_rows.size();
+    // positions pos0 + k from k_from on are new (rows before were found earlier); the last
+    // prompt token's row is the first sample's
+    const int32_t k_from = std::max(0, n_have - pos0);
+    const int32_t k_to = std::min(n_tokens, (int32_t) prompt.size() - 1 - pos0);
+    if (pos0 > n_have || k_from >= k_to) {
+        return;
+    }
+    std::vector<const float *> logits(k_to - k_from);
+    for (int32_t k = k_from; k < k_to; ++k) {
+        logits[k - k_from] = llama_get_logits_ith(ln.ctx, first + k);   // not thread-safe: here
+    }
+    std::vector<logprob_entry> & out = live.prompt_rows;
+    out.resize(n_have + (k_to - k_from));
+    auto work = [&](int32_t from, int32_t to) {
+        for (int32_t k = from; k < to; ++k) {
+            out[n_have + k - k_from] = logprob_entry_of(logits[k - k_from], prompt[pos0 + k + 1], n_top);
         }
-        live.prompt_rows.push_back(logprob_entry_of(llama_get_logits_ith(ln.ctx, first + k), prompt[pos + 1], n_top));
+    };
+    const int32_t n_rows = k_to - k_from;
+    const int32_t n_threads = std::max(1, std::min(n_threads_full_, n_rows / 16));
+    std::vector<std::thread> helpers;
+    const int32_t per = (n_rows + n_threads - 1) / n_threads;
+    for (int32_t t = 1; t < n_threads; ++t) {
+        helpers.emplace_back(work, k_from + t * per, std::min(k_to, k_from + (t + 1) * per));
+    }
+    work(k_from, std::min(k_to, k_from + per));
+    for (std::thread & helper : helpers) {
+        helper.join();
     }
 }
 
