@@ -156,8 +156,9 @@ class Worker:
         ids = array("i")
         ids.frombytes(tail)
         n_vocab = self.engine.n_vocab
+        special = bool(message.get("special", False))
         return {"op": "text", "seq": message["seq"]}, b"".join(
-            self.engine.piece(t) for t in ids if 0 <= t < n_vocab)
+            self.engine.piece(t, special) for t in ids if 0 <= t < n_vocab)
 
     def submit(self, message: dict) -> None:
         from .core import SamplingParams

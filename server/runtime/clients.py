@@ -159,9 +159,10 @@ class WorkerEngine:
             at += n
         return out
 
-    async def text_of(self, tokens: list[int]) -> bytes:
-        """The tokens' pieces, joined, from the worker's vocabulary."""
-        _, tail = await self._call({"op": "detokenize"}, array("i", tokens).tobytes())
+    async def text_of(self, tokens: list[int], special: bool = False) -> bytes:
+        """The tokens' pieces, joined, from the worker's vocabulary (`special`: control tokens
+        rendered as their text, as /detokenize shows them; else as nothing)."""
+        _, tail = await self._call({"op": "detokenize", "special": special}, array("i", tokens).tobytes())
         return tail
 
     # ---- work ---------------------------------------------------------------------------------------

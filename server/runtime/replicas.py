@@ -123,8 +123,8 @@ class ReplicaSet:
     async def tokenize(self, texts: list[str], add_special: bool, parse_special: bool) -> list[list[int]]:
         return await self.local.runner.tokenize(texts, add_special, parse_special)
 
-    async def detokenize(self, tokens: list[int]) -> bytes:
-        return await self.local.runner.detokenize(tokens)
+    async def detokenize(self, tokens: list[int], special: bool = False) -> bytes:
+        return await self.local.runner.detokenize(tokens, special)
 
     def check_open(self) -> None:
         if self.closing:

@@ -214,13 +214,14 @@ class ModelRunner:
         return await self._off_loop_if_long(sum(map(len, texts)), lambda engine: [
             engine.tokenize(text, add_special, parse_special) for text in texts])
 
-    async def detokenize(self, tokens: list[int]) -> bytes:
-        """The tokens' pieces, joined (ids checked against the vocabulary by the caller)."""
+    async def detokenize(self, tokens: list[int], special: bool = False) -> bytes:
+        """The tokens' pieces, joined (ids checked against the vocabulary by the caller);
+        `special`: control tokens as their text (/detokenize), else as nothing."""
         self.check_open()
         if self.engine.isolation == "worker":
-            return await self.engine.text_of(tokens)
+            return await self.engine.text_of(tokens, special)
         return await self._off_loop_if_long(len(tokens) * 4, lambda engine: b"".join(
-            engine.piece(t) for t in tokens))
+            engine.piece(t, special) for t in tokens))
 
     async def _off_loop_if_long(self, size: int, work):
         if size <= ON_LOOP_CHARS:

@@ -46,6 +46,8 @@ def test_vllm_shape_and_round_trip(daemon):
     assert marked[-1] == 2                         # <|im_end|> parsed as the special token it is
     back = ok(post(daemon, "/detokenize", {"model": CHAT, "tokens": got["tokens"]}))
     assert back["prompt"] == back["content"] == TEXT
+    # control tokens come back as their text, so a tokenized chat prompt reads as it was written
+    assert ok(post(daemon, "/detokenize", {"tokens": marked}))["prompt"] == "a<|im_end|>"
 
 
 def test_the_same_tokens_as_a_completion_prompt(daemon):

@@ -87,7 +87,8 @@ async def detokenize(ctx, request) -> Response:
     for i, token in enumerate(tokens):
         if token >= n_vocab:
             raise invalid(f"'tokens[{i}]' ({token}) is outside the vocabulary (0..{n_vocab - 1})", "tokens")
-    text = (await model.runner.detokenize(tokens)).decode("utf-8", "replace") if tokens else ""
+    # control tokens as their text (<|im_end|>), as vLLM and llama-server give them back
+    text = (await model.runner.detokenize(tokens, special=True)).decode("utf-8", "replace") if tokens else ""
     return json_response({"prompt": text, "content": text})
 
 
