@@ -19,6 +19,7 @@ power contract's compute scale is applied by whoever reads it (not measured into
 from __future__ import annotations
 
 import ctypes
+import glob
 import importlib.util
 import logging
 import os
@@ -79,7 +80,7 @@ def _ggml() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     spec = importlib.util.find_spec("llama_cpp")      # found, not imported: ggml alone is needed
     lib_dir = os.path.join(list(spec.submodule_search_locations)[0], "lib")
     base = ctypes.CDLL(os.path.join(lib_dir, "libggml-base.so"))
-    cpu = ctypes.CDLL(os.path.join(lib_dir, "libggml-cpu.so"))
+    cpu = ctypes.CDLL(cpu_library(lib_dir))
     base.ggml_init.argtypes, base.ggml_init.restype = [_InitParams], ctypes.c_void_p
     base.ggml_new_tensor_2d.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     base.ggml_new_tensor_2d.restype = ctypes.c_void_p
@@ -92,6 +93,27 @@ def _ggml() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     base.ggml_free.argtypes = [ctypes.c_void_p]
     cpu.ggml_graph_compute_with_ctx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     return base, cpu
+
+
+def cpu_library(lib_dir: str) -> str:
+    """ggml's CPU backend: the one library of a build for this machine, or, in a portable build
+    (GGML_CPU_ALL_VARIANTS: libggml-cpu-haswell.so, -icelake, ...), the variant that scores
+    highest here, as ggml's own loader picks it (a variant this CPU cannot run scores 0)."""
+    single = os.path.join(lib_dir, "libggml-cpu.so")
+    if os.path.exists(single):
+        return single
+    ctypes.CDLL(os.path.join(lib_dir, "libggml-base.so"))    # what each variant links to
+    best, best_score = None, 0
+    for path in sorted(glob.glob(os.path.join(lib_dir, "libggml-cpu-*.so"))):
+        score = getattr(ctypes.CDLL(path), "ggml_backend_score", None)
+        if score is None:
+            continue
+        score.restype = ctypes.c_int
+        if score() > best_score:
+            best, best_score = path, score()
+    if best is None:
+        raise OSError(f"no CPU backend of ggml runs on this machine in {lib_dir}")
+    return best
 
 
 def measure(threads: int) -> float:

@@ -2,6 +2,8 @@
 the daemon reports and the leader accepts of it."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from stackd.cluster import compute_speed
@@ -42,3 +44,21 @@ def test_simulated_peers_take_a_compute_figure():
     assert parse_test_computes("f1=512,f2=256@2.5") == {"f2": 2.5}
     with pytest.raises(ValueError):
         parse_test_peers("f1=512@fast")
+
+
+def test_a_portable_build_measures_with_the_best_cpu_variant(tmp_path):
+    """make wheels' llama-cpp-python (ggml's CPU variants, no libggml-cpu.so): the variant that
+    scores highest on this machine is the one measured with."""
+    import glob
+    import zipfile
+    from stackd.cluster import compute_speed
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    wheels = glob.glob(os.path.join(root, "dist", "llama_cpp_python-*.whl"))
+    if not wheels:
+        pytest.skip("no portable wheel in dist/ (make wheels writes it; make test runs it first)")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        wheel.extractall(tmp_path, [n for n in wheel.namelist() if n.startswith("llama_cpp/lib/")])
+    lib_dir = str(tmp_path / "llama_cpp" / "lib")
+    chosen = compute_speed.cpu_library(lib_dir)
+    assert os.path.basename(chosen).startswith("libggml-cpu-") and chosen.endswith(".so")
+    assert not os.path.exists(os.path.join(lib_dir, "libggml-cpu.so"))
