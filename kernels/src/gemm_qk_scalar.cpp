@@ -102,8 +102,13 @@ KQuantKernels scalar_kquant_kernels() {
 
 KQuantKernels kquant_kernels_for(Path path) {
     switch (path) {
+#if defined(__x86_64__) || defined(__i386__)
         case Path::Avx512: return avx512_kquant_kernels();
         case Path::Avx2: return avx2_kquant_kernels();
+#else
+        case Path::Avx512:
+        case Path::Avx2:      // the SIMD bodies are x86's (cpu_supports says no)
+#endif
         case Path::Scalar: break;
     }
     return scalar_kquant_kernels();

@@ -84,9 +84,15 @@ Kernels scalar_kernels() {
 }
 
 Kernels kernels_for(Path path) {
+#if defined(__x86_64__) || defined(__i386__)
     Kernels kernels = path == Path::Avx512 ? avx512_kernels() : path == Path::Avx2 ? avx2_kernels() : scalar_kernels();
     kernels.kquants = kquant_kernels_for(path);
     kernels.attend = path == Path::Avx512 ? attend_avx512 : path == Path::Avx2 ? attend_avx2 : attend_scalar;
+#else
+    Kernels kernels = scalar_kernels();   // the SIMD bodies are x86's (cpu_supports says no)
+    kernels.kquants = kquant_kernels_for(path);
+    kernels.attend = attend_scalar;
+#endif
     return kernels;
 }
 

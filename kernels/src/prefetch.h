@@ -1,7 +1,9 @@
 // Software prefetch of repacked weight blocks, shared by the SIMD paths (plain SSE: any target).
 #pragma once
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
+#endif
 
 #include <cstddef>
 #include <cstdint>
@@ -22,7 +24,11 @@ inline void prefetch_ahead(const Block *group, int64_t nb, int64_t b) {
     const uintptr_t p = reinterpret_cast<uintptr_t>(group) +
                         (uintptr_t)(kPrefetchGroupsAhead * nb + b) * sizeof(Block);
     for (size_t offset = 0; offset < sizeof(Block); offset += 64)
+#if defined(__x86_64__) || defined(__i386__)
         _mm_prefetch(reinterpret_cast<const char *>(p + offset), _MM_HINT_T0);
+#else
+        __builtin_prefetch(reinterpret_cast<const char *>(p + offset), 0, 3);
+#endif
 }
 
 }  // namespace stackd

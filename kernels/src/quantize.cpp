@@ -1,4 +1,6 @@
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <cstring>
@@ -32,6 +34,7 @@ void quantize_row_scalar(const float *x, int64_t k, ActBlock *out) {
     }
 }
 
+#if defined(__x86_64__) || defined(__i386__)
 // A float rounded to fp16 (to nearest even, as ggml's F16C conversion) and back, inline: the
 // ggml-base functions cost a call through the PLT each, two per block.
 __attribute__((target("f16c")))
@@ -77,12 +80,18 @@ void quantize_row_avx2(const float *x, int64_t k, ActBlock *out) {
     }
 }
 
+#endif
+
 using QuantizeRow = void (*)(const float *, int64_t, ActBlock *);
 
 QuantizeRow chosen_quantize_row() {
-    return cpu_supports(Path::Avx2) ? quantize_row_avx2 : quantize_row_scalar;
+#if defined(__x86_64__) || defined(__i386__)
+    if (cpu_supports(Path::Avx2)) return quantize_row_avx2;
+#endif
+    return quantize_row_scalar;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
 // quantize_row_k_scalar (layout_qk.cpp) with AVX2, byte for byte: the first value of the
 // largest magnitude found by a max over lanes (a NaN never wins, as in the scalar comparison)
 // and then the first lane equal to it; ggml's nearest_int through the float adder, lane by
@@ -143,10 +152,15 @@ void quantize_row_k_avx2(const float *x, int64_t k, ActKBlock *out) {
     }
 }
 
+#endif
+
 using QuantizeRowK = void (*)(const float *, int64_t, ActKBlock *);
 
 QuantizeRowK chosen_quantize_row_k() {
-    return cpu_supports(Path::Avx2) ? quantize_row_k_avx2 : quantize_row_k_scalar;
+#if defined(__x86_64__) || defined(__i386__)
+    if (cpu_supports(Path::Avx2)) return quantize_row_k_avx2;
+#endif
+    return quantize_row_k_scalar;
 }
 
 }  // namespace

@@ -15,11 +15,6 @@ import pybind11
 import pytest
 
 pytestmark = [pytest.mark.cross,
-              # kernels/src still includes x86 intrinsics headers outside the SIMD files
-              # (prefetch.h, quantize.cpp) and names the SIMD paths' tables unguarded
-              # (gemm_scalar.cpp, gemm_qk_scalar.cpp): issue 37's report has the change.
-              # Strict: once they are guarded this passes, and the mark must go.
-              pytest.mark.xfail(strict=True, reason="kernels/src: x86 code outside #if guards"),
               pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None,
                                  reason="g++-aarch64-linux-gnu missing (make test-deps installs it)")]
 
