@@ -33,7 +33,7 @@ import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGING = os.path.join(ROOT, "packaging")
-SUITE, MIRROR = "bookworm", "http://deb.debian.org/debian"
+SUITE = "bookworm"                          # from mmdebstrap's default Debian mirror
 PACKAGES = ("systemd", "systemd-sysv", "udev", "dbus", "linux-image-amd64", "initramfs-tools",
             "zstd", "python3", "python3-venv", "libgomp1", "grub-pc-bin", "e2fsprogs", "kmod")
 PART_OFFSET = 1 << 20                       # the partition starts at 1 MiB (the gap holds GRUB)
@@ -76,14 +76,14 @@ def digest(paths: list[str], extra: str = "") -> str:
 
 def base_tree(out_dir: str) -> str:
     """Debian's packages, once per package list."""
-    key = hashlib.sha256(" ".join((SUITE, MIRROR) + PACKAGES).encode()).hexdigest()[:12]
+    key = hashlib.sha256(" ".join((SUITE,) + PACKAGES).encode()).hexdigest()[:12]
     tree = os.path.join(out_dir, f"base-{key}")
     if not os.path.exists(os.path.join(tree, ".complete")):
         shutil.rmtree(tree, ignore_errors=True)
         run("mmdebstrap", "--mode=root", "--variant=minbase", "--include=" + ",".join(PACKAGES),
             "--aptopt=Acquire::Retries \"3\"", "--dpkgopt=path-exclude=/usr/share/man/*",
             "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-include=/usr/share/doc/*/copyright",
-            "--dpkgopt=path-exclude=/usr/share/locale/*", SUITE, tree, MIRROR)
+            "--dpkgopt=path-exclude=/usr/share/locale/*", SUITE, tree)
         open(os.path.join(tree, ".complete"), "w").close()
     return tree
 
