@@ -1,7 +1,8 @@
 """Install the dashboard's chart library: uPlot, a pinned version from the npm registry.
 
-Downloads the package's tarball (registry.npmjs.org), checks it against the sha512 the registry
-publishes for that version (pinned here, so a changed tarball is refused), and writes the two
+Fetches the package's tarball with npm (`npm pack`, from the registry npm is configured with),
+checks it against the sha512 the registry publishes for that version (pinned here, so a changed
+tarball is refused), and writes the two
 files the page loads into server/console/static/ (served as static assets: no CDN, works
 offline). `make setup` runs it once (stamped); it does nothing when the files are there and
 match. Run by hand: `.venv/bin/python server/console/fetch_uplot.py`.
@@ -12,12 +13,13 @@ import base64
 import hashlib
 import io
 import os
+import shutil
+import subprocess
 import sys
 import tarfile
-import urllib.request
+import tempfile
 
 VERSION = "1.6.32"
-TARBALL = f"https://registry.npmjs.org/uplot/-/uplot-{VERSION}.tgz"
 SHA512 = "KIMVnG68zvu5XXUbC4LQEPnhwOxBuLyW1AHtpm6IKTXImkbLgkMy+jabjLgSLMasNuGGzQm/ep3tOkyTxpiQIw=="
 FILES = {"package/dist/uPlot.iife.min.js": "uplot.iife.min.js",
          "package/dist/uPlot.min.css": "uplot.min.css",
@@ -36,8 +38,14 @@ def installed() -> bool:
 
 
 def fetch() -> bytes:
-    with urllib.request.urlopen(TARBALL, timeout=60) as response:
-        data = response.read()
+    npm = shutil.which("npm")
+    if npm is None:
+        raise SystemExit("uplot: npm is needed to fetch the dashboard's chart library (Node.js's npm)")
+    with tempfile.TemporaryDirectory(prefix="uplot-") as tmp:
+        subprocess.run([npm, "pack", "--silent", "--pack-destination", tmp, f"uplot@{VERSION}"],
+                       check=True, stdout=subprocess.DEVNULL, timeout=300)
+        with open(os.path.join(tmp, f"uplot-{VERSION}.tgz"), "rb") as f:
+            data = f.read()
     got = base64.b64encode(hashlib.sha512(data).digest()).decode()
     if got != SHA512:
         raise SystemExit(f"uplot {VERSION}: the tarball's sha512 is {got}, expected {SHA512}")
