@@ -21,7 +21,7 @@ NATIVE_INPUTS := setup.py server/compiled.py $(wildcard server/*.py server/http/
                  kernels/CMakeLists.txt kernels/fetch_ggml_source.py $(wildcard packaging/native/*.cpp)
 MINILM := $(VENV)/share/stackd/models/all-minilm-l6-v2.gguf
 
-.PHONY: setup run test test-deps bench fuzz clean mutate wheels image
+.PHONY: setup run test test-deps bench fuzz clean mutate wheels image test-image test-image-stage
 
 # uPlot, the console dashboard's charts: a pinned version from the npm registry, its published
 # sha512 checked, served by the console as a static file (no CDN: the console works offline)
@@ -107,9 +107,32 @@ FAST_SUITES := tests/http tests/auth tests/api tests/chat tests/runtime tests/sy
                tests/store/test_minilm_gguf.py tests/cluster/test_power.py \
                tests/observe/test_metrics_render.py tests/engine/test_native_surface.py \
                tests/test_compiled.py tests/test_config.py tests/test_startup_imports.py
-test: setup test-deps image
-	STACKD_FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) $(PY) -m pytest $(PYTEST_ARGS)
+#
+# Then the device image's stage (tests/image: the aarch64 cross build; `make image` and its boot
+# under qemu). From nothing it costs ~25-35 min on two cores (llama.cpp's portable build, the
+# wheels, Debian's packages, two boots under TCG), so in CI (CI set), which has 90 minutes in
+# all, it runs within what is left of CI_MINUTES since `make test` began: skipped, or cut, with
+# a line that says so, rather than costing the whole run. Elsewhere it always runs to the end.
+TEST_STARTED := $(shell date +%s)
+CI_MINUTES ?= 84
+IMAGE_STAGE_MIN_SECONDS ?= 900
+
+test: setup test-deps
+	STACKD_FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) $(PY) -m pytest -m "not image and not cross" $(PYTEST_ARGS)
 	STACKD_PURE_PYTHON=1 $(PY) -m pytest $(FAST_SUITES) $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-image-stage TEST_STARTED=$(TEST_STARTED)
+
+test-image-stage:
+	@if [ -z "$$CI" ]; then exec $(MAKE) --no-print-directory test-image; fi; \
+	left=$$(( $(CI_MINUTES) * 60 - ($$(date +%s) - $(TEST_STARTED)) )); \
+	if [ $$left -lt $(IMAGE_STAGE_MIN_SECONDS) ]; then \
+	  echo "make test: the device image stage skipped, $$left s of CI's $(CI_MINUTES) min left"; exit 0; fi; \
+	timeout -k 30 $$left $(MAKE) --no-print-directory test-image; status=$$?; \
+	if [ $$status = 124 ] || [ $$status = 137 ]; then \
+	  echo "make test: the device image stage cut at CI's $(CI_MINUTES) min"; exit 0; fi; exit $$status
+
+test-image: image
+	$(PY) -m pytest tests/image -m "image or cross" $(PYTEST_ARGS)
 
 # Fuzzing on demand: the hypothesis targets of tests/fuzz for FUZZ_SECONDS in all, then the
 # atheris targets (GGUF bytes, manifests, request JSON) for FUZZ_SECONDS / 3 each. A crash
