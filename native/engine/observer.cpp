@@ -141,17 +141,21 @@ void engine_observer::after_step(int32_t lane, const scheduler & sched, int32_t 
         }
     }
     mine.n_running = sched.n_running();
+    mine.n_preempted = sched.n_waiting_preempted();
     std::lock_guard<std::mutex> hooks(mu_hooks_);
     lanes_[lane] = mine;
     lane_gauges sum;
     for (const lane_gauges & g : lanes_) {
         sum.n_running += g.n_running;
+        sum.n_preempted += g.n_preempted;
         sum.n_busy += g.n_busy;
         sum.n_cells += g.n_cells;
     }
     const double n_total = embeddings_ ? 0.0 : (double) n_slots_ * n_ctx_seq_;
     gauges_.num_requests_running.store(sum.n_running + n_embed_jobs, std::memory_order_relaxed);
-    gauges_.num_requests_waiting.store(std::max(0, n_queued - n_embed_jobs), std::memory_order_relaxed);
+    // the engine's queue, and what preemption put back in a lane's (no longer in that queue)
+    gauges_.num_requests_waiting.store(std::max(0, n_queued - n_embed_jobs) + sum.n_preempted,
+                                       std::memory_order_relaxed);
     gauges_.slots_busy.store(sum.n_busy + n_embed_jobs, std::memory_order_relaxed);
     gauges_.kv_cache_usage_ratio.store(n_total > 0 ? (double) sum.n_cells / n_total : 0.0, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(mu_);

@@ -44,7 +44,7 @@ private:
     const int32_t n_slots_, n_ctx_seq_;
     const bool embeddings_;
 
-    struct lane_gauges { int32_t n_running = 0, n_busy = 0; size_t n_cells = 0; };
+    struct lane_gauges { int32_t n_running = 0, n_busy = 0, n_preempted = 0; size_t n_cells = 0; };
 
     std::mutex mu_hooks_;                                  // the hooks' state below
     std::unordered_map<int64_t, request_clock> clocks_;

@@ -31,6 +31,14 @@ sched_request * scheduler::find(int64_t id_request) {
     return it == requests_.end() ? nullptr : it->second.get();
 }
 
+int32_t scheduler::n_waiting_preempted() const {
+    int32_t n = 0;
+    for (int64_t id : waiting_) {
+        n += requests_.at(id)->preempted ? 1 : 0;
+    }
+    return n;
+}
+
 int32_t scheduler::n_running() const {
     return (int32_t) running_.size();
 }

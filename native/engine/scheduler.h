@@ -93,6 +93,9 @@ public:
     sched_request *       find(int64_t id_request);
     const slot_info &     slot(int32_t id_slot) const { return slots_[id_slot]; }
     int32_t               n_waiting() const { return (int32_t) waiting_.size(); }
+    // Waiting again after giving their slot back (preempted): the engine's queue count no
+    // longer has them, the waiting gauge must.
+    int32_t               n_waiting_preempted() const;
     int32_t               n_running() const;
     bool                  idle() const { return waiting_.empty() && n_running() == 0; }
     const scheduler_params & params() const { return params_; }

@@ -140,6 +140,24 @@ def test_a_bystander_is_not_stuck_behind_a_key_that_took_every_slot():
         engine.close()
 
 
+def test_a_preempted_request_counts_as_waiting():
+    """The waiting gauge counts a request that gave its slot back: it waits again, though no
+    longer in the engine's queue (every request is running or waiting, none in between)."""
+    engine = Engine(defaults.smollm2_path(), slots=2, context_length=512, key_share=0.5)
+    driver = Driver(engine)
+    try:
+        prompt = chat_prompt(engine, "Tell me a long story.")
+        flood = [driver.submit(prompt, max_tokens=300, ignore_eos=True, owner=1) for _ in range(2)]
+        for rid in flood:
+            assert _first_event(driver, rid).status == STATUS_RUNNING
+        bystander = driver.submit(prompt, max_tokens=300, ignore_eos=True, owner=2)
+        assert _first_event(driver, bystander).status == STATUS_RUNNING
+        gauges = engine.metrics()["gauges"]
+        assert (gauges["num_requests_running"], gauges["num_requests_waiting"]) == (2, 1)
+    finally:
+        engine.close()
+
+
 @pytest.fixture(scope="module")
 def embed_engine():
     engine = Engine(defaults.minilm_path(), embeddings=True, slots=16, context_length=512)
