@@ -64,12 +64,13 @@ def tune(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS)
 
 
-def recv_exactly(sock: socket.socket, n: int) -> bytes:
+def recv_exactly(sock: socket.socket, n: int, error: type[Exception] | None = None) -> bytes:
+    """n bytes of a handshake; a connection that closes first raises `error` (RelayError)."""
     data = bytearray()
     while len(data) < n:
         chunk = sock.recv(n - len(data))
         if not chunk:
-            raise RelayError("the connection closed during the handshake")
+            raise (error or RelayError)("the connection closed during the handshake")
         data += chunk
     return bytes(data)
 

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from ...system.relay import tune
+from ...system.relay import recv_exactly, tune
 from . import frames
 from .frames import FrameError
 
@@ -114,13 +114,13 @@ class Mesh:
         sock = socket.create_connection(self.addresses[peer], timeout=max(0.1, min(HANDSHAKE_TIMEOUT,
                                                                                   until - time.monotonic())))
         try:
-            hello = _recv_exactly(sock, len(frames.HELLO) + frames.NONCE_BYTES)
+            hello = recv_exactly(sock, len(frames.HELLO) + frames.NONCE_BYTES, FrameError)
             if not hello.startswith(frames.HELLO):
                 raise FrameError("the peer's greeting is not the exchange's")
             nonce_a, nonce_d = hello[len(frames.HELLO):], os.urandom(frames.NONCE_BYTES)
             ctx = frames.context(self.mesh_id, nonce_a, nonce_d, self.index, peer)
             sock.sendall(frames.PROOF.pack(self.index) + nonce_d + frames.mac(self.secret, frames.DIAL, ctx))
-            answer = _recv_exactly(sock, frames.MAC_BYTES)
+            answer = recv_exactly(sock, frames.MAC_BYTES, FrameError)
             if not _equal(answer, frames.mac(self.secret, frames.ACCEPT, ctx)):
                 raise FrameError(f"node {peer} does not hold the cluster secret")
         except BaseException:
@@ -147,7 +147,7 @@ class Mesh:
             sock.settimeout(HANDSHAKE_TIMEOUT)
             nonce_a = os.urandom(frames.NONCE_BYTES)
             sock.sendall(frames.HELLO + nonce_a)
-            proof = _recv_exactly(sock, frames.PROOF_BYTES)
+            proof = recv_exactly(sock, frames.PROOF_BYTES, FrameError)
             (peer,) = frames.PROOF.unpack_from(proof)
             nonce_d = proof[frames.PROOF.size:frames.PROOF.size + frames.NONCE_BYTES]
             ctx = frames.context(self.mesh_id, nonce_a, nonce_d, peer, self.index)
@@ -276,16 +276,6 @@ class Mesh:
             _close(self.links.pop(peer).sock)
         if self.listener is not None:
             _close(self.listener)
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise FrameError("the connection closed during the handshake")
-        data += chunk
-    return bytes(data)
 
 
 def _equal(a: bytes, b: bytes) -> bool:
