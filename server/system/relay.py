@@ -75,7 +75,8 @@ def recv_exactly(sock: socket.socket, n: int, error: type[Exception] | None = No
     return bytes(data)
 
 
-def _close(sock: socket.socket) -> None:
+def close_quietly(sock: socket.socket) -> None:
+    """Shut both ways and close; a socket already gone is no error."""
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
@@ -91,8 +92,8 @@ def pipe(a: socket.socket, b: socket.socket, on_b_closed=None, splice=None) -> N
         try:
             b_first = splice(a.fileno(), b.fileno())[0] == 1
         finally:
-            _close(a)
-            _close(b)
+            close_quietly(a)
+            close_quietly(b)
         if b_first and on_b_closed is not None:
             on_b_closed()
         return
@@ -114,8 +115,8 @@ def pipe(a: socket.socket, b: socket.socket, on_b_closed=None, splice=None) -> N
         if first:
             if is_b and on_b_closed is not None:
                 on_b_closed()
-            _close(a)
-            _close(b)
+            close_quietly(a)
+            close_quietly(b)
 
     threading.Thread(target=copy, args=(b, a, True), daemon=True).start()
     copy(a, b, False)
@@ -151,7 +152,7 @@ class Relay:
                 raise RelayError("wrong proof")
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=HANDSHAKE_TIMEOUT)
         except (OSError, RelayError):
-            _close(conn)
+            close_quietly(conn)
             return
         tune(upstream)
         conn.settimeout(None)
@@ -159,8 +160,8 @@ class Relay:
         try:
             conn.sendall(OK)
         except OSError:
-            _close(conn)
-            _close(upstream)
+            close_quietly(conn)
+            close_quietly(upstream)
             return
         pipe(conn, upstream, splice=self.splice)
 
@@ -212,7 +213,7 @@ class Dialer:
     def probe(self) -> None:
         """Raise RelayError unless the remote relay answers and accepts us (ggml's RPC client
         aborts the process on an endpoint it cannot reach)."""
-        _close(dial(*self.remote, self.secret, self.placement_id))
+        close_quietly(dial(*self.remote, self.secret, self.placement_id))
 
     def start(self) -> "Dialer":
         threading.Thread(target=self._accept, daemon=True, name=f"dialer {self.remote}").start()
@@ -239,7 +240,7 @@ class Dialer:
         try:
             remote = dial(*self.remote, self.secret, self.placement_id)
         except RelayError:
-            _close(local)
+            close_quietly(local)
             self._lost()
             return
         pipe(local, remote, on_b_closed=self._lost, splice=self.splice)
@@ -263,6 +264,6 @@ def greets(host: str, port: int, timeout: float) -> bool:
 def dial_direct(host: str, port: int) -> None:
     """Check that an RPC server reached without a relay (a leader's own, on loopback) answers."""
     try:
-        _close(socket.create_connection((host, port), timeout=HANDSHAKE_TIMEOUT))
+        close_quietly(socket.create_connection((host, port), timeout=HANDSHAKE_TIMEOUT))
     except OSError as exc:
         raise RelayError(f"cannot reach the RPC server at {host}:{port}: {exc.strerror or exc}") from None

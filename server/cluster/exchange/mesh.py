@@ -18,6 +18,7 @@ with 503, place the model again) is its caller's.
 """
 from __future__ import annotations
 
+import hmac
 import os
 import select
 import socket
@@ -26,7 +27,7 @@ import time
 
 import numpy as np
 
-from ...system.relay import recv_exactly, tune
+from ...system.relay import close_quietly, recv_exactly, tune
 from . import frames
 from .frames import FrameError
 
@@ -121,7 +122,7 @@ class Mesh:
             ctx = frames.context(self.mesh_id, nonce_a, nonce_d, self.index, peer)
             sock.sendall(frames.PROOF.pack(self.index) + nonce_d + frames.mac(self.secret, frames.DIAL, ctx))
             answer = recv_exactly(sock, frames.MAC_BYTES, FrameError)
-            if not _equal(answer, frames.mac(self.secret, frames.ACCEPT, ctx)):
+            if not hmac.compare_digest(answer, frames.mac(self.secret, frames.ACCEPT, ctx)):
                 raise FrameError(f"node {peer} does not hold the cluster secret")
         except BaseException:
             sock.close()
@@ -152,7 +153,7 @@ class Mesh:
             nonce_d = proof[frames.PROOF.size:frames.PROOF.size + frames.NONCE_BYTES]
             ctx = frames.context(self.mesh_id, nonce_a, nonce_d, peer, self.index)
             if peer not in wanted or \
-                    not _equal(proof[-frames.MAC_BYTES:], frames.mac(self.secret, frames.DIAL, ctx)):
+                    not hmac.compare_digest(proof[-frames.MAC_BYTES:], frames.mac(self.secret, frames.DIAL, ctx)):
                 raise FrameError("a connection that does not prove the cluster secret")
             with self._adding:
                 if peer in self.links:
@@ -269,23 +270,10 @@ class Mesh:
         link = self.links.pop(peer, None)
         self.lost.add(peer)
         if link is not None:
-            _close(link.sock)
+            close_quietly(link.sock)
 
     def close(self) -> None:
         for peer in list(self.links):
-            _close(self.links.pop(peer).sock)
+            close_quietly(self.links.pop(peer).sock)
         if self.listener is not None:
-            _close(self.listener)
-
-
-def _equal(a: bytes, b: bytes) -> bool:
-    import hmac
-    return hmac.compare_digest(a, b)
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()
+            close_quietly(self.listener)
