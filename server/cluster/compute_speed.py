@@ -109,8 +109,9 @@ def cpu_library(lib_dir: str) -> str:
         if score is None:
             continue
         score.restype = ctypes.c_int
-        if score() > best_score:
-            best, best_score = path, score()
+        here = score()
+        if here > best_score:
+            best, best_score = path, here
     if best is None:
         raise OSError(f"no CPU backend of ggml runs on this machine in {lib_dir}")
     return best

@@ -20,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import orjson
 import pytest
@@ -163,18 +164,11 @@ def test_a_stream_nobody_reads_gives_its_slots_back_after_the_write_timeout(tmp_
     node = Daemon(data_dir, "[http]\nwrite_timeout = 1\n", models=True)
     try:
         key = create_key(data_dir, "reader", "inference,cluster:read")
-        node.bystander = key
+        node.bystander = key                     # engine_holds reads /metrics with it
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # a small window fills soon
         sock.settimeout(CLIENT_TIMEOUT)
-        deadline_checks = 0
-        for _ in range(100):                     # the daemon picks a new key up within 0.5 s
-            probe = node.request("GET", "/metrics", key=key)[0]
-            if probe == 200:
-                break
-            deadline_checks += 1
-            import time
-            time.sleep(0.1)
+        wait_until(lambda: node.request("GET", "/metrics", key=key)[0] == 200)   # the new key, seen
         sock.connect(("127.0.0.1", node.inference_port))
         # twenty alternatives a token: ~1.5 KB an event, so the buffers between fill in seconds
         body = orjson.dumps({"model": CHAT, "messages": [{"role": "user", "content": "Write a long story."}],
@@ -204,7 +198,6 @@ def test_a_stream_nobody_reads_gives_its_slots_back_after_the_write_timeout(tmp_
 
 def wait_until(condition, attempts: int = 1200) -> None:
     """Polls `condition` every 0.25 s; the bound is a hang guard (five minutes), not a measure."""
-    import time
     for _ in range(attempts):
         if condition():
             return
