@@ -247,6 +247,7 @@ def attach_cluster(registry, membership: Membership, settings: config.Settings) 
     """Placement over the cluster: the membership and this node's RPC server children."""
     from .api.cluster import replica as replica_routes
     from .api.cluster import rpc as rpc_routes
+    from .api.cluster import tensor as tensor_routes
     from .cluster.rpc_server import RpcServers
 
     placing_over = membership
@@ -258,11 +259,12 @@ def attach_cluster(registry, membership: Membership, settings: config.Settings) 
                      settings["cluster.rpc_port"], placing_over.secret, kernels=settings["engine.kernels"],
                      batch_invariant=settings["engine.batch_invariant"],
                      kv_commit=settings["engine.kv_commit"])
-    registry.attach_cluster(placing_over, rpc)
+    registry.attach_cluster(placing_over, rpc, settings["host"])
     supervisor = registry.supervisor
     placing_over.on_node_down(supervisor.node_down)
     placing_over.on_fenced(rpc.stop_all)
     placing_over.on_fenced(registry.replica_host.stop_all)      # the leader's replicas here
+    placing_over.on_fenced(registry.tensor_host.stop_all)       # and its tensor shards
     if membership.is_leader and placing_over is membership:
         membership.on_change(registry.grow_replicas)             # a follower joins or comes back
         membership.on_offer_grown(registry.grow_replicas)        # or gains room or the model file
@@ -271,8 +273,10 @@ def attach_cluster(registry, membership: Membership, settings: config.Settings) 
                                   + registry.replica_ids_on(node_id))   # a leader's answers list them
     membership.on_placements_listed(rpc.keep_only)               # a follower stops the rest
     membership.on_placements_listed(registry.replica_host.keep_only)
+    membership.on_placements_listed(registry.tensor_host.keep_only)
     rpc_routes.register()
     replica_routes.register()
+    tensor_routes.register()
 
 
 async def load_models(loop, settings: config.Settings, membership: Membership,

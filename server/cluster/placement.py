@@ -10,9 +10,11 @@ starts the RPC servers and the engine from it.
   models; no node past what it offers. The leader keeps the first layers on its
   own CPU; each follower takes a run of the following ones (llama.cpp's layer split over
   RPC devices, in the order given).
-- `tensor` split: every weight matrix is cut in rows across the nodes, in proportion to
-  their memory. The leader's CPU is not a member of llama.cpp's tensor group, so a leader
-  that computes joins through an RPC server of its own on loopback.
+- `tensor` split: every node runs an engine on its shard of every layer (cluster/shard.py:
+  attention heads by whole KV groups, FFN rows), the leader first (it schedules and samples);
+  shares follow each node's measured compute (memory when a node is unmeasured), at most one
+  node per KV-head group, no node past what it offers. Partial sums are exchanged node to node
+  inside each step (docs/cluster.md, "Tensor parallelism").
 - `nodes` pins the placement to those nodes (in that order after the leader).
 - `lanes` (layer split over several nodes): the engine's lanes, contexts stepping in turn so
   that one lane's step runs on a follower while another's runs on the leader. Worth it when
@@ -65,6 +67,7 @@ class Need:
     n_layer: int
     output_layers: float = 0.0   # the output layer's work in layers' worth (its weight bytes
                                  # over a layer's): the last node of a layer split computes it
+    kv_groups: int = 0           # KV heads: a tensor split's most nodes (0: unknown, no tensor split)
 
     @property
     def layered(self) -> int:
@@ -100,6 +103,7 @@ class Placement:
                                  # llama.cpp overlaps micro-batches across the devices
     lanes: int = 1               # the engine's lanes (native/engine/engine.h): with a layer split
                                  # over several nodes, steps in flight at once, each on a node
+    reason: str = ""             # why this split (a tensor split: its basis, the planner's verdict)
 
     @property
     def node_ids(self) -> list[str]:
@@ -124,6 +128,8 @@ class Placement:
             out["pipeline"] = True
         if self.lanes > 1:
             out["lanes"] = self.lanes
+        if self.reason:
+            out["reason"] = self.reason
         return out
 
 
@@ -169,7 +175,10 @@ def _place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str,
         if pinned is None and leader is not None and need.alone <= leader.memory_bytes:
             return Placement("layer", (Share(leader_id, need.alone, layers=need.n_layer),))
         return _layer_split(need, candidates, every_node=pinned is not None)
-    return _tensor_split(need, candidates)
+    if not candidates or candidates[0].id != leader_id:
+        raise PlacementError("invalid", "a tensor split includes the leader (it schedules and samples): "
+                                        "name it in 'options.nodes'", "options.nodes")
+    return _tensor_split(need, candidates, pinned is not None)
 
 
 def _given_layers(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str,
@@ -272,16 +281,29 @@ def _proportional(total: int, weights: list[int], capacity: list[int]) -> list[i
     return out
 
 
-def _tensor_split(need: Need, nodes: list[NodeOffer]) -> Placement:
-    room = [max(0, n.memory_bytes - need.buffers) for n in nodes]
-    if sum(room) < need.layered:
+def _tensor_split(need: Need, nodes: list[NodeOffer], pinned: bool = False) -> Placement:
+    if need.kv_groups <= 0:
+        raise PlacementError("invalid", "a tensor split needs a model whose KV heads are known", "options.split_mode")
+    if len(nodes) > need.kv_groups:
+        if pinned:
+            raise PlacementError("invalid", f"a tensor split of this model takes at most {need.kv_groups} nodes "
+                                            f"(one per KV-head group)", "options.nodes")
+        nodes = nodes[:1] + sorted(nodes[1:], key=lambda n: (-n.compute, -n.memory_bytes))[:need.kv_groups - 1]
+    measured = all(n.compute > 0 for n in nodes)
+    weights = [n.compute if measured else max(0, n.memory_bytes - need.buffers) for n in nodes]
+    total = sum(weights)
+    if total <= 0:
         raise _insufficient(need, nodes, "the model")
-    # Proportional to room; a node whose share would overflow it takes its room and the rest
-    # is spread again (units of 1/1000 of the model).
-    units = _proportional(1000, room, [r * 1000 // max(1, need.layered) for r in room])
-    shares = tuple(Share(n.id, u * need.layered // 1000 + need.buffers, share=u / 1000)
-                   for n, u in zip(nodes, units) if u > 0)
-    return Placement("tensor", shares)
+    shares = []
+    for node, weight in zip(nodes, weights):
+        share = weight / total
+        memory = int(need.layered * share) + need.buffers
+        if memory > node.memory_bytes:
+            raise PlacementError("insufficient", f"a {share:.0%} shard needs about {_mib(memory)} MiB on node "
+                                                 f"{node.id}, which offers {_mib(node.memory_bytes)} MiB")
+        shares.append(Share(node.id, memory, share=share))
+    basis = "measured compute" if measured else "memory (a node's compute is not measured yet)"
+    return Placement("tensor", tuple(shares), reason=f"shards in proportion to {basis}")
 
 
 def engine_split(placement: Placement, leader_id: str, n_layer: int) -> tuple[list[str], list[float], int]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -207,7 +208,7 @@ def write_shard(reader, hp: Hparams, cuts: list[Cut], index: int, path: str) -> 
         f"{SHARD_KEYS}.kv_groups": ([c.n_groups for c in cuts], gguf.GGUFValueType.ARRAY),
         f"{SHARD_KEYS}.ffn_rows": ([c.n_ff for c in cuts], gguf.GGUFValueType.ARRAY),
     }
-    temporary = f"{path}.partial"
+    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.partial"   # two cuts at once: their own
     writer = gguf.GGUFWriter(temporary, arch=arch, endianess=reader.endianess)
     for field in reader.fields.values():
         if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
@@ -243,6 +244,53 @@ def write_shards(model_path: str, weights: list[float], out_dir: str) -> tuple[l
     paths = [write_shard(reader, hp, cuts, i, os.path.join(out_dir, f"shard-{i}-of-{len(cuts)}.gguf"))
              for i in range(len(cuts))]
     return cuts, paths
+
+
+VOCAB_BLOCK = 64                  # the vocabulary projection is cut on multiples of this many rows
+
+
+def vocab_cut(n_vocab: int, weights: list[float], block: int = VOCAB_BLOCK) -> list[int]:
+    """Row boundaries (n + 1, from 0 to n_vocab) of the vocabulary projection over the nodes, in
+    proportion to `weights`, on multiples of `block` rows (the last node takes the rest)."""
+    if n_vocab < 1 or not weights or any(not w > 0 for w in weights):
+        raise ShardError("a vocabulary cut needs a vocabulary and a positive weight for every node")
+    n_blocks = -(-n_vocab // block)
+    if n_blocks < len(weights):
+        raise ShardError(f"a vocabulary of {n_vocab} does not cut into {len(weights)} parts of {block} rows")
+    counts = _largest_remainder([w / sum(weights) * n_blocks for w in weights], n_blocks, 1)
+    cut, at = [0], 0
+    for count in counts:
+        at = min(n_vocab, at + count * block)
+        cut.append(at)
+    cut[-1] = n_vocab
+    return cut
+
+
+def weights_key(weights: list[float]) -> str:
+    """The weights as a cut reads them (rounded, so the leader's and a follower's agree)."""
+    return ",".join(f"{w:.4f}" for w in weights)
+
+
+def shard_for(model_path: str, weights: list[float], index: int, cache_dir: str, digest: str) -> str:
+    """This node's shard (`index` of len(weights)) of the model whose file digest is `digest`,
+    cut once and kept in `cache_dir` under the digest and the weights: a follower cuts its own
+    from the file it holds, and a placement made again finds it there."""
+    import hashlib
+
+    import gguf
+    weights = [float(w) for w in weights_key(weights).split(",")]
+    plan = hashlib.sha256(weights_key(weights).encode()).hexdigest()[:12]
+    folder = os.path.join(cache_dir, f"{digest[:16]}-{plan}")
+    path = os.path.join(folder, f"shard-{index}-of-{len(weights)}.gguf")
+    if os.path.exists(path):
+        return path
+    if not 0 <= index < len(weights):
+        raise ShardError(f"shard {index} of {len(weights)} does not exist")
+    reader = gguf.GGUFReader(model_path, "r")
+    hp = hparams_of(reader)
+    cuts = plan_cuts(hp, weights, ffn_block_of(reader))
+    os.makedirs(folder, exist_ok=True)
+    return write_shard(reader, hp, cuts, index, path)
 
 
 def _field(reader, key: str, default=None):

@@ -70,6 +70,22 @@ class InlineEngine:
         await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
 
 
+async def send_start(loop, sock: socket.socket, message: dict, tensor: dict | None = None,
+                     listener: socket.socket | None = None) -> None:
+    """A worker's start message; a tensor split's worker also gets its mesh listener, passed as
+    a file descriptor on the same socket right after (SCM_RIGHTS: the port was bound, and told
+    to the peers, before the worker existed)."""
+    if tensor is not None:
+        message = {**message, "tensor": tensor}
+    await loop.sock_sendall(sock, frame(message))
+    if listener is not None:
+        sock.setblocking(True)          # one byte and a descriptor: the buffer is empty
+        try:
+            socket.send_fds(sock, [b"L"], [listener.fileno()])
+        finally:
+            sock.setblocking(False)
+
+
 class WorkerEngine:
     """The engine in a supervised child process, over a socketpair the loop watches."""
 
@@ -102,7 +118,8 @@ class WorkerEngine:
     async def start(cls, loop, params: dict, kernels: str = "off", kv_commit: str = "lazy",
                     batch_invariant: bool = False, omp_wait_policy: str = "inherit", nice: int = 0,
                     rpc: dict | None = None, faults: dict | None = None,
-                    process: tuple[subprocess.Popen, socket.socket] | None = None) -> "WorkerEngine":
+                    process: tuple[subprocess.Popen, socket.socket] | None = None,
+                    tensor: dict | None = None, listener: socket.socket | None = None) -> "WorkerEngine":
         """Start a worker for `params` (Engine's keyword arguments) and wait until it serves:
         `process`, one spawned ahead with this `omp_wait_policy` (worker_process.SpareWorker),
         or a new one. `omp_wait_policy` (engine.omp_wait_policy) is for libgomp, which reads it
@@ -110,12 +127,13 @@ class WorkerEngine:
         `kv_commit` is engine.kv_commit (accel.commit_on_write). `rpc` places layers on ggml RPC
         servers: {"secret": hex, "peers": [{"host", "port", "relay", "placement_id"}]}, in the
         order of params' tensor_split. `faults`: the test configuration's part for workers
-        (server/faults.py), empty otherwise."""
+        (server/faults.py), empty otherwise. `tensor` and `listener`: rank 0 of a tensor split
+        (runtime/tensor_group.py), the socket its peers dial."""
         proc, ours = process or spawn(omp_wait_policy)
         try:
-            await loop.sock_sendall(ours, frame({"op": "start", "engine": params, "kernels": kernels,
-                                                 "kv_commit": kv_commit, "batch_invariant": batch_invariant,
-                                                 "nice": nice, "rpc": rpc, "faults": faults or {}}))
+            await send_start(loop, ours, {"op": "start", "engine": params, "kernels": kernels,
+                                          "kv_commit": kv_commit, "batch_invariant": batch_invariant,
+                                          "nice": nice, "rpc": rpc, "faults": faults or {}}, tensor, listener)
             reader = FrameReader()
             while True:
                 data = await loop.sock_recv(ours, 1 << 16)

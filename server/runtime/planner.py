@@ -7,9 +7,10 @@ options that cannot be honoured are 400s naming the option.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
+from ..cluster.link_model import PAYS_AT, TensorCost, seconds_per_token, tensor_cost
 from ..cluster.placement import NodeOffer, Need, Placement, PlacementError, Share, place
 from ..engine.config import EngineConfig, kv_bytes
 from ..errors import Code, DomainError, invalid
@@ -179,21 +180,86 @@ class Planner:
         if manifest.kind != "chat" or not manifest.n_layer:
             raise invalid("only chat models with a known layer count are placed across nodes", "options")
         parts = self.estimate(manifest, context_length, kv_type)
+        tensor = options.split_mode == "tensor"
         need = Need(parts["weights"], parts["kv_cache"], parts["buffers"], manifest.n_layer,
-                    self.output_layers(manifest))
+                    self.output_layers(manifest),
+                    kv_groups=(manifest.n_head_kv or manifest.n_head or 0) if manifest.architecture == "llama" else 0)
+        if tensor:
+            if self.config.kernels == "off" or self.config.isolation != "worker":
+                raise invalid("a tensor split runs in our kernels' workers: it needs engine.kernels = auto "
+                              "and engine.isolation = worker", "options.split_mode")
+            holding = self._holding(manifest, others, options.nodes)
+            left_out, others = len(others) - len(holding), holding
         offers = [NodeOffer(self.self_id, self.own_offer(), self.own_compute())] + [
             NodeOffer(n.id, n.model_memory_bytes, n.compute) for n in others]
         nodes = list(options.nodes) if options.nodes is not None else None
         layers = list(options.layers) if options.layers is not None else None
+        split_mode, verdict = options.split_mode or "layer", ""
+        if split_mode == "tensor" or (options.split_mode is None and nodes is None and layers is None):
+            split_mode, verdict = self._tensor_or_layer(manifest, offers, others, split_mode)
         try:
-            return place(need, offers, self.self_id, options.split_mode or "layer", nodes,
-                         options.pipeline, layers, options.lanes, max(1, self.config.slots))
+            placement = place(need, offers, self.self_id, split_mode, nodes,
+                              options.pipeline, layers, options.lanes, max(1, self.config.slots))
+            if verdict:
+                placement = replace(placement, reason="; ".join(r for r in (placement.reason, verdict) if r))
+            return placement
         except PlacementError as exc:
             if exc.kind == "invalid":
                 raise invalid(str(exc), exc.param) from None
+            without = (f" ({left_out} follower(s) could not take part: their stores do not hold this model file)"
+                       if tensor and left_out else "")
             raise DomainError(Code.INSUFFICIENT_MEMORY,
-                              f"loading '{manifest.id}' with a context of {context_length}: {exc}; "
+                              f"loading '{manifest.id}' with a context of {context_length}: {exc}{without}; "
                               "nothing was changed") from None
+
+    def _tensor_or_layer(self, manifest: Manifest, offers: list[NodeOffer], others: list,
+                         asked: str) -> tuple[str, str]:
+        """The split for a model that does not fit the leader alone (or a tensor split asked for),
+        and why: tensor where the link model (cluster/link_model.py) predicts it at least
+        PAYS_AT times as fast as the layer split, from each node's measured compute and the
+        leader's measured round trip to each follower; layer otherwise."""
+        cost = self.tensor_cost(manifest, offers)
+        if asked == "tensor":
+            return "tensor", (f"asked for; predicted {cost.speedup:.2f}x one node" if cost else
+                              "asked for; no prediction (a node's compute or link is not measured)")
+        holding = {n.id for n in self._holding(manifest, others, None)}
+        if (cost is None or self.config.kernels == "off" or self.config.isolation != "worker"
+                or not manifest.n_head_kv or manifest.architecture != "llama"
+                or any(o.id not in holding for o in offers[1:])):
+            return "layer", ""
+        layer_us = cost.one_node_us + (len(offers) - 1) * max(self._rtts([o.id for o in offers[1:]]) or [0.0])
+        speedup = layer_us / cost.tensor_us if cost.tensor_us > 0 else 0.0
+        why = (f"predicted {cost.speedup:.2f}x one node, {speedup:.2f}x the layer split (exchange "
+               f"{cost.exchange_us:.1f} us x {cost.exchanges} a token)")
+        if speedup >= PAYS_AT:
+            return "tensor", f"tensor chosen: {why}"
+        return "layer", f"layer chosen: tensor {why}, under {PAYS_AT}x"
+
+    def tensor_cost(self, manifest: Manifest, offers: list[NodeOffer]) -> TensorCost | None:
+        """The link model's prediction for a tensor split over `offers` (the leader first); None
+        while a node's compute or a link's round trip is not measured."""
+        rtts = self._rtts([o.id for o in offers[1:]])
+        if len(offers) < 2 or any(o.compute <= 0 for o in offers) or rtts is None or not manifest.n_embd:
+            return None
+        one_node_us = seconds_per_token(manifest.size, offers[0].compute) * 1e6
+        return tensor_cost(one_node_us, [o.compute for o in offers], rtts, manifest.n_layer, manifest.n_embd)
+
+    def _rtts(self, node_ids: list[str]) -> list[float] | None:
+        links = getattr(getattr(self.membership, "links", None), "entry", lambda: {})()
+        rtts = [links.get(node_id) for node_id in node_ids]
+        return None if any(r is None for r in rtts) else [float(r) for r in rtts]
+
+    @staticmethod
+    def _holding(manifest: Manifest, others: list, pinned: tuple[str, ...] | None) -> list:
+        """The followers that hold the very model file (a tensor split's follower cuts its shard
+        from its own copy); a pinned node without it is a 400 naming it."""
+        holding = [n for n in others if manifest.sha256 in ((n.detail.get("replicas") or {}).get("store") or ())]
+        if pinned is not None:
+            lacking = sorted(set(pinned) & {n.id for n in others} - {n.id for n in holding})
+            if lacking:
+                raise invalid(f"'options.nodes' names {lacking[0]}, whose store does not hold '{manifest.id}' "
+                              f"(sha256 {manifest.sha256[:12]}...): pull it there first", "options.nodes")
+        return holding
 
     def replicated(self, manifest: Manifest, options: PlacementOptions) -> bool:
         """Whether a model this node holds alone runs as a replica set: when the load asks

@@ -25,6 +25,7 @@ from ..store.store import Manifest, ModelStore, valid_model_id
 from .planner import MIB, Planner, PlacementOptions
 from .remote_replica import RemoteReplica
 from .replica_host import ReplicaHost
+from .tensor_host import TensorHost
 from .replicas import LocalReplica, ReplicaSet
 from .restart_hold import RestartHold
 from .runner import ModelRunner
@@ -106,13 +107,16 @@ class ModelRegistry:
         self.supervisor.registry = self
         self.hold = RestartHold(loop, config.restart_hold, config.max_queue, self.state)
         self.replica_host = ReplicaHost(self)     # replicas this node runs for its leader
+        self.tensor_host = TensorHost(self)       # tensor shards this node runs for its leader
         self._growing: set[str] = set()           # models whose replicas are being added
         self._claimed: dict[str, str] = {}        # replica id -> node, while it starts there
 
-    def attach_cluster(self, membership, rpc) -> None:
-        """Placement over the cluster: its membership and this node's RPC server children."""
+    def attach_cluster(self, membership, rpc, host: str = "127.0.0.1") -> None:
+        """Placement over the cluster: its membership, this node's RPC server children, and the
+        address this node's tensor-split workers listen on for their peers (`host`)."""
         self.planner.membership = self.supervisor.membership = membership
         self.supervisor.rpc = rpc
+        self.supervisor.bind_host = self.tensor_host.host = host
 
     # ---- what is there -------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from ..store.store import Manifest, ModelStore
 from .clients import InlineEngine, WorkerEngine, describe_exit, exit_record
 from .worker_process import SpareWorker
 from .runner import ModelRunner
+from .tensor_group import TensorGroups
 
 if TYPE_CHECKING:
     from .registry import LoadedModel, ModelRegistry
@@ -55,7 +56,8 @@ class Supervisor:
         self.registry: ModelRegistry | None = None   # the registry that owns it sets itself here
         self.membership = None          # the cluster; None: this node alone
         self.rpc = None                 # this node's RPC server children (cluster.rpc_server.RpcServers)
-        self.placements = PlacementLedger()          # what RPC servers it holds
+        self.placements = PlacementLedger()          # what RPC servers and tensor shards it holds
+        self.bind_host = "127.0.0.1"                 # where a tensor split's mesh listens (attach_cluster)
         self.crashes: dict[str, list[float]] = {}    # id -> monotonic crash times
         self.compute_scale = 1.0                     # the power contract's share
         self.closing = False
@@ -90,8 +92,12 @@ class Supervisor:
                 return engine, chat_template(engine.template_facts)
             client, template = await self.loop.run_in_executor(None, construct)
         else:                                              # over RPC always a worker: a lost peer aborts
-            rpc = None
-            if placement is not None:
+            rpc = tensor = listener = None
+            if placement is not None and placement.split_mode == "tensor":
+                placement_id, shard, tensor, listener = await self._tensor_groups().start(
+                    placement, manifest, path, params)
+                params.update(model_path=shard, tp_rank=0, tp_size=len(placement.shares))
+            elif placement is not None:
                 placement_id, rpc, split = await self._devices().start(placement, manifest.n_layer)
                 params.update(split)
             try:
@@ -102,11 +108,15 @@ class Supervisor:
                                                   omp_wait_policy=policy,
                                                   nice=config.embedding_nice if embeddings else 0, rpc=rpc,
                                                   faults=self.faults.for_worker(),
-                                                  process=self.spare and self.spare.take(policy))
+                                                  process=self.spare and self.spare.take(policy),
+                                                  tensor=tensor, listener=listener)
             except BaseException:
                 if placement is not None:
                     await self.stop_rpc(placement, placement_id)
                 raise
+            finally:
+                if listener is not None:
+                    listener.close()                      # the worker holds its own copy
             try:             # compiling a template takes milliseconds: off the loop
                 template = await self.loop.run_in_executor(None, chat_template, client.template_facts)
             except BaseException:
@@ -125,8 +135,16 @@ class Supervisor:
         return RpcDevices(self.membership, self.rpc, self.config.threads or (os.cpu_count() or 1),
                           self.placements)
 
+    def _tensor_groups(self) -> TensorGroups:
+        return TensorGroups(self.membership, self.store, self.placements, self.bind_host)
+
     async def stop_rpc(self, placement: Placement | None, placement_id: str | None) -> None:
-        if placement is not None and placement_id is not None:
+        """Free what a placement holds on other nodes: RPC servers, or tensor shards."""
+        if placement is None or placement_id is None:
+            return
+        if placement.split_mode == "tensor":
+            await self._tensor_groups().stop(placement.node_ids, placement_id)
+        else:
             await self._devices().stop(placement.node_ids, placement_id)
 
     async def stop(self, model: "LoadedModel") -> None:

@@ -7,7 +7,7 @@ from stackd.cluster.placement import (NodeOffer, Need, Placement, PlacementError
 
 MIB = 1 << 20
 # 30 layers of 10 MiB each (weights + KV), 20 MiB of buffers per node: 320 MiB alone
-NEED = Need(weights=240 * MIB, kv_cache=60 * MIB, buffers=20 * MIB, n_layer=30)
+NEED = Need(weights=240 * MIB, kv_cache=60 * MIB, buffers=20 * MIB, n_layer=30, kv_groups=3)
 
 
 def nodes(**offers_mib) -> list[NodeOffer]:
@@ -75,6 +75,41 @@ def test_tensor_split(offers, expected):
     assert placement.split_mode == "tensor"
     assert [(s.node_id, s.share) for s in placement.shares] == expected
     assert sum(s.share for s in placement.shares) == pytest.approx(1.0)
+
+
+def test_tensor_split_follows_measured_compute():
+    offers = [NodeOffer("L", 4000 * MIB, compute=10.0), NodeOffer("F1", 4000 * MIB, compute=30.0)]
+    placement = place(NEED, offers, "L", "tensor")
+    assert [(s.node_id, s.share) for s in placement.shares] == [("L", 0.25), ("F1", 0.75)]
+    assert "measured compute" in placement.describe()["reason"]
+    unmeasured = [NodeOffer("L", 4000 * MIB, compute=10.0), NodeOffer("F1", 4000 * MIB)]
+    assert "memory" in place(NEED, unmeasured, "L", "tensor").describe()["reason"]
+
+
+def test_tensor_split_takes_one_node_per_kv_group_at_most():
+    offers = [NodeOffer(i, 4000 * MIB, compute=c) for i, c in (("L", 1), ("F1", 5), ("F2", 9), ("F3", 7))]
+    placement = place(NEED, offers, "L", "tensor")
+    assert placement.node_ids == ["L", "F2", "F3"]                 # the leader, then the fastest
+    with pytest.raises(PlacementError) as caught:
+        place(NEED, offers, "L", "tensor", ["L", "F1", "F2", "F3"])
+    assert caught.value.kind == "invalid" and caught.value.param == "options.nodes"
+
+
+def test_tensor_split_needs_the_leader_and_known_kv_heads():
+    with pytest.raises(PlacementError) as caught:
+        place(NEED, nodes(L=4000, F1=4000), "L", "tensor", ["F1"])
+    assert caught.value.param == "options.nodes" and "leader" in str(caught.value)
+    unknown = Need(weights=240 * MIB, kv_cache=60 * MIB, buffers=20 * MIB, n_layer=30)
+    with pytest.raises(PlacementError) as caught:
+        place(unknown, nodes(L=4000, F1=4000), "L", "tensor")
+    assert caught.value.param == "options.split_mode"
+
+
+def test_tensor_split_refuses_a_shard_past_a_nodes_memory():
+    offers = [NodeOffer("L", 4000 * MIB, compute=1.0), NodeOffer("F1", 100 * MIB, compute=9.0)]
+    with pytest.raises(PlacementError) as caught:
+        place(NEED, offers, "L", "tensor")
+    assert caught.value.kind == "insufficient" and "F1" in str(caught.value)
 
 
 def test_describe_has_the_spec_fields():

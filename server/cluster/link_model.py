@@ -1,0 +1,84 @@
+"""What a tensor split costs per token, from what the cluster measures: each node's compute and
+each link's round trip (docs/cluster.md, "Where tensor parallelism pays").
+
+A token of a tensor split is every node's share of the weights, computed at once, plus the
+exchanges: after each layer's attention and FFN every node sends its partial sum to every peer
+and waits for theirs (2 x n_layer), and the vocabulary projection's rows go to the leader (one
+more). Each exchange costs about half a round trip (the frames cross at once, both ways) plus
+the time to put the bytes on the link plus a fixed cost of the two ends (system calls, a
+thread woken, the sum): EXCHANGE_FIXED_US, measured on loopback where the link itself costs
+nothing (bench/tp_exchange.py --native).
+
+    one node:  t1 = work / compute_leader
+    tensor:    tp = work / sum(compute)  + (2 L + 1) x (rtt / 2 + bytes / rate + fixed)
+
+`work` is the model's decode work in the compute figure's unit; it cancels out of the ratio
+t1 / tp only if its absolute scale is known, which is what `seconds_per_token` provides: the
+leader's own single-stream figure when it has one, else an estimate from the weights.
+The planner asks `pays` (speedup at least PAYS_AT); bench/cluster.py's link table is checked
+against the same function.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXCHANGE_FIXED_US = 12.0        # both ends of one exchange on loopback, the link's time aside
+DEFAULT_RATE_GBIT = 1.0         # a link's rate when nothing says otherwise (a device's Ethernet)
+PAYS_AT = 1.15                  # a tensor split is chosen when it predicts this speedup or more
+BYTES_PER_FLOAT = 4             # partial sums travel as float32
+
+
+@dataclass(frozen=True)
+class TensorCost:
+    one_node_us: float          # a token on the leader alone
+    compute_us: float           # the tensor split's share of compute (the slowest node's)
+    exchange_us: float          # one exchange
+    exchanges: int              # per token
+
+    @property
+    def tensor_us(self) -> float:
+        return self.compute_us + self.exchanges * self.exchange_us
+
+    @property
+    def speedup(self) -> float:
+        return self.one_node_us / self.tensor_us if self.tensor_us > 0 else 0.0
+
+    def describe(self) -> dict:
+        return {"one_node_us": round(self.one_node_us, 1), "tensor_us": round(self.tensor_us, 1),
+                "exchange_us": round(self.exchange_us, 2), "exchanges": self.exchanges,
+                "speedup": round(self.speedup, 3)}
+
+
+def exchange_us(rtt_us: float, n_embd: int, rate_gbit: float = DEFAULT_RATE_GBIT,
+                fixed_us: float = EXCHANGE_FIXED_US) -> float:
+    """One exchange of a single token's partial sum (n_embd floats) over a link with this round
+    trip: half the round trip, the bytes at the link's rate, the fixed cost of both ends."""
+    wire_us = n_embd * BYTES_PER_FLOAT * 8 / (rate_gbit * 1e3)
+    return rtt_us / 2 + wire_us + fixed_us
+
+
+def tensor_cost(one_node_us: float, computes: list[float], rtts_us: list[float], n_layer: int,
+                n_embd: int, rate_gbit: float = DEFAULT_RATE_GBIT,
+                fixed_us: float = EXCHANGE_FIXED_US) -> TensorCost:
+    """`computes`: every node's figure, the leader's first; the split follows them, so each
+    node's share takes about as long: the work over their sum. `rtts_us`: the leader's round
+    trip to each other node; the slowest link sets every exchange's pace (all wait for all)."""
+    leader = computes[0] if computes and computes[0] > 0 else 0.0
+    total = sum(c for c in computes if c > 0)
+    compute_us = one_node_us * leader / total if leader and total else one_node_us
+    worst = max(rtts_us) if rtts_us else 0.0
+    return TensorCost(one_node_us, compute_us, exchange_us(worst, n_embd, rate_gbit, fixed_us),
+                      2 * n_layer + 1 if len(computes) > 1 else 0)
+
+
+def pays(cost: TensorCost, at: float = PAYS_AT) -> bool:
+    return cost.exchanges > 0 and cost.speedup >= at
+
+
+def seconds_per_token(weight_bytes: int, compute_gflops: float) -> float:
+    """A single stream's token on one node, estimated from its weights when no figure is measured:
+    a decode step reads every weight once, about two operations per weight byte of a 4-bit file
+    (the compute figure is a 4-bit matmul's GFLOP/s, compute_speed.py)."""
+    if compute_gflops <= 0:
+        return 0.0
+    return 2.0 * weight_bytes * 2 / (compute_gflops * 1e9)
