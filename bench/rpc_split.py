@@ -8,15 +8,17 @@ one thread per node, loopback, the rows of bench/cluster_pipeline.py's `measure`
                        cost is measured against: no relay at all)
   layer, native relay  through the relay and the dialer, bytes pumped by native/splice.cpp
   layer, python relay  the same with STACKD_RELAY=python: Python threads copy (before)
-  tensor, native relay llama.cpp's tensor split, the leader through its own loopback server
+
+(llama.cpp's tensor split over RPC, measured here until 2026-11-28 at 0.05x one node, is gone: a
+tensor split is now a shard per node with its own exchange, bench/cluster.py's tensor rows.)
 
     .venv/bin/python bench/rpc_split.py [--rounds 3] [--pin] [--follower-layers 11]
-                                        [--rows layer-direct,layer-native,...] [--tap layer|tensor]
+                                        [--rows layer-direct,layer-native,...] [--tap]
 
 --pingpong: no engine; the relay alone, in one process: a layer split's per-step exchange (5 KiB
-to the follower, 198 KiB of logits back, bench --tap layer) through dialer and relay to an
+to the follower, 198 KiB of logits back, bench --tap) through dialer and relay to an
 answering server, direct / Python pump / native pump, medians of 400 exchanges.
---tap MODE: no timing table; one stream of 32 tokens through a Python tap in front of each RPC
+--tap: no timing table; one stream of 32 tokens through a Python tap in front of each RPC
 server that parses ggml's RPC protocol, and per decode step: commands by type, round trips
 (commands the client waits an answer for), bytes each way. --pin: the leader's processes on
 CPU 0, the follower's on CPU 1 (as cluster_pipeline.py). Figures on a shared machine move by
@@ -50,9 +52,7 @@ NO_ANSWER = {"SET_TENSOR", "GRAPH_COMPUTE", "GRAPH_RECOMPUTE", "FREE_BUFFER", "B
              "MEMSET_TENSOR"}
 
 
-def split_params(mode: str, follower_layers: int) -> dict:
-    if mode == "tensor":
-        return dict(split_mode=3, tensor_split=[0.5, 0.5], n_gpu_layers=N_LAYER + 1, flash_attn=1)
+def split_params(follower_layers: int) -> dict:
     return dict(split_mode=1, tensor_split=[float(follower_layers + 1)], n_gpu_layers=follower_layers + 1)
 
 
@@ -127,13 +127,13 @@ class Tap:
         self._end(src, dst)
 
 
-async def tap(mode: str, follower_layers: int, tokens: int = 32) -> None:
+async def tap(follower_layers: int, tokens: int = 32) -> None:
     loop = asyncio.get_running_loop()
     peers = Peers(loop, tempfile.mkdtemp(prefix="stackd-rpc-tap-"), kernels="auto")
-    children = [await peers.start(direct=True)] + ([await peers.start(direct=True)] if mode == "tensor" else [])
+    children = [await peers.start(direct=True)]
     taps = [Tap(c.port) for c in children]
     rpc = {"secret": "", "peers": [{"host": "127.0.0.1", "port": t.port, "relay": False} for t in taps]}
-    runner = await start_worker(loop, engine_params(**split_params(mode, follower_layers)), rpc, kernels="auto")
+    runner = await start_worker(loop, engine_params(**split_params(follower_layers)), rpc, kernels="auto")
     try:
         sampling = SamplingParams()
         sampling.temperature, sampling.ignore_eos = 0.0, True
@@ -148,7 +148,7 @@ async def tap(mode: str, follower_layers: int, tokens: int = 32) -> None:
         start = time.monotonic()
         n = await one(1 + tokens)
         wall = time.monotonic() - start
-        print(f"{mode} split, one stream, {tokens} decode steps (+ the prompt's), {wall / n * 1e3:.1f} ms/token:")
+        print(f"layer split, one stream, {tokens} decode steps (+ the prompt's), {wall / n * 1e3:.1f} ms/token:")
         for i, (t, (c0, o0, i0, b0)) in enumerate(zip(taps, before)):
             c1, o1, i1, b1 = t.snapshot()
             per = {k: (c1[k] - c0[k]) / tokens for k in c1 if c1[k] - c0[k]}
@@ -234,11 +234,8 @@ async def main(rounds: int, follower_layers: int, rows: list[str]) -> None:
                 os.environ["STACKD_RELAY"] = "python"          # read by the child and the worker
             started = []
             try:
-                if mode == "tensor":
-                    started.append(await peers.start(direct=True))
-                    pipeline.pin_to(started[0].proc.pid, pipeline.LEADER_CPU)
                 started.append(await peers.start(direct=relay == "direct"))
-                return await pipeline.measure(loop, engine_params(**split_params(mode, follower_layers)),
+                return await pipeline.measure(loop, engine_params(**split_params(follower_layers)),
                                               [peers.rpc(started)], started[-1:])
             finally:
                 os.environ.pop("STACKD_RELAY", None)
@@ -249,9 +246,7 @@ async def main(rounds: int, follower_layers: int, rows: list[str]) -> None:
     table = {"one-node": ("1 node", one_node),
              "layer-direct": ("layer, direct", split("layer", "direct")),
              "layer-native": ("layer, native relay", split("layer", "native")),
-             "layer-python": ("layer, python relay", split("layer", "python")),
-             "tensor-native": ("tensor, native relay", split("tensor", "native")),
-             "tensor-python": ("tensor, python relay", split("tensor", "python"))}
+             "layer-python": ("layer, python relay", split("layer", "python"))}
     chosen = [table[r] for r in ["one-node"] + [r for r in rows if r != "one-node"]]
     try:
         results = await pipeline.in_rounds(chosen, rounds)
@@ -271,7 +266,7 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--follower-layers", type=int, default=15)
     parser.add_argument("--rows", default="layer-direct,layer-native,layer-python")
-    parser.add_argument("--tap", choices=["layer", "tensor"])
+    parser.add_argument("--tap", action="store_true")
     parser.add_argument("--pingpong", action="store_true")
     parser.add_argument("--pin", nargs="?", const="all", default="", choices=["all", "compute"])
     args = parser.parse_args()
@@ -279,6 +274,6 @@ if __name__ == "__main__":
     if args.pingpong:
         pingpong(args.rounds)
     elif args.tap:
-        uvloop.run(tap(args.tap, args.follower_layers))
+        uvloop.run(tap(args.follower_layers))
     else:
         uvloop.run(main(args.rounds, args.follower_layers, [r for r in args.rows.split(",") if r]))

@@ -307,15 +307,14 @@ def _tensor_split(need: Need, nodes: list[NodeOffer], pinned: bool = False) -> P
 
 
 def engine_split(placement: Placement, leader_id: str, n_layer: int) -> tuple[list[str], list[float], int]:
-    """What the engine gets: the nodes behind its RPC devices (in order), the tensor_split
-    shares for them, and llama.cpp's n_gpu_layers.
+    """What the engine of a layer split gets: the nodes behind its RPC devices (in order), the
+    tensor_split shares for them, and llama.cpp's n_gpu_layers. (A tensor split has no RPC
+    devices: runtime/tensor_group.py.)
 
     llama.cpp offloads the last n_gpu_layers of the n_layer + 1 "layers" (the output layer
     counts as one) and cuts them over the devices by cumulative share; giving each follower
     its layer count, the last one +1 for the output, lands every layer where the placement
     says."""
-    if placement.split_mode == "tensor":
-        return ([s.node_id for s in placement.shares], [s.share for s in placement.shares], n_layer + 1)
     remote = [s for s in placement.shares if s.node_id != leader_id or placement.pipeline]
     if not remote:
         return [], [], 0

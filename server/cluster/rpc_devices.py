@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 
-from ..engine.core import SPLIT_MODE_LAYER, SPLIT_MODE_TENSOR
+from ..engine.core import SPLIT_MODE_LAYER
 from .placement import Placement, engine_split
 
 # Seconds the leader waits for a follower to start an RPC server child (a Python process that
@@ -74,11 +74,8 @@ class RpcDevices:
         except BaseException:
             await self.stop(started, placement_id)
             raise
-        tensor = placement.split_mode == "tensor"
-        split = {"split_mode": SPLIT_MODE_TENSOR if tensor else SPLIT_MODE_LAYER,
-                 "tensor_split": tensor_split, "n_gpu_layers": n_gpu_layers, "n_lanes": placement.lanes}
-        if tensor:
-            split["flash_attn"] = 1                      # llama.cpp's tensor split needs it
+        split = {"split_mode": SPLIT_MODE_LAYER, "tensor_split": tensor_split, "n_gpu_layers": n_gpu_layers,
+                 "n_lanes": placement.lanes}
         secret = self.membership.secret
         return placement_id, {"secret": secret.hex() if secret else "", "peers": peers}, split
 

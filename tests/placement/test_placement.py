@@ -153,11 +153,6 @@ def test_engine_split_lands_each_layer_where_placed(shares, remote, split, n_gpu
         assert counts == [k for n, k in shares if n != "L"]
 
 
-def test_engine_split_for_tensor_mode():
-    placement = Placement("tensor", (Share("L", 0, share=0.25), Share("F1", 0, share=0.75)))
-    assert engine_split(placement, "L", 30) == (["L", "F1"], [0.25, 0.75], 31)
-
-
 def test_pipeline_puts_the_leaders_layers_on_its_own_rpc_device_too():
     placement = place(NEED, nodes(L=319, F1=319), "L", "layer", pipeline=True)
     assert placement.pipeline and placement.describe()["pipeline"] is True
