@@ -2,7 +2,6 @@
 the same greedy output as one node. (A tensor split runs no RPC: tests/cluster/test_tensor_split.py.)"""
 from __future__ import annotations
 
-
 from stackd.cluster.placement import NodeOffer, Need, engine_split, place
 
 from .conftest import PROMPTS, engine_params, generate, run, start_worker
