@@ -8,6 +8,7 @@ server), and from its freezing (SIGSTOP of both) to that 503.
 
     .venv/bin/python bench/cluster.py [--clients 16] [--seconds 20] [--threads 1] [--followers real] [--netns]
                                       [--pin] [--balanced 18,12] [--rows '1 node,2 nodes layer'] [--no-node-loss]
+    .venv/bin/python bench/cluster.py --tensor 5 --pin --seconds 10 --kernels auto [--netns]
 
 One thread per node. The follower is a second daemon on this machine (`--followers real`, the
 default: its own data dir, on 127.0.0.2, the cluster secret; it starts its RPC server child when
@@ -426,6 +427,9 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=0, metavar="ROUNDS",
                         help="only the rows '1 node' and '2 nodes replicas' (split_mode replica), in ROUNDS "
                              "alternating rounds on the same two daemons, medians; then a replica node's death")
+    parser.add_argument("--tensor", type=int, default=0, metavar="ROUNDS",
+                        help="only the rows '1 node' and '2 nodes tensor' (split_mode tensor over both), in "
+                             "ROUNDS alternating rounds on the same two daemons, medians")
     args = parser.parse_args()
     if (args.netns or args.pin) and args.followers != "real":
         parser.error("--netns and --pin place the model over a real follower")
@@ -433,7 +437,7 @@ def main() -> None:
         parser.error("--pin needs two cores")
     net = Namespaces() if args.netns else None
     with in_leader_namespace(net):
-        if args.replicas:
+        if args.replicas or args.tensor:
             run_replicas(args, net)
         else:
             run(args, net)
@@ -530,10 +534,14 @@ def run(args, net: Namespaces | None) -> None:
 def run_replicas(args, net: Namespaces | None) -> None:
     """The same two daemons throughout (each pinned to its core with --pin, one engine thread
     each): the model loaded with one replica (the leader's: "1 node") and with a replica on each
-    node ("2 nodes replicas"), alternately, ROUNDS times; medians of the rounds."""
+    node ("2 nodes replicas"), alternately, ROUNDS times; medians of the rounds. --tensor: the
+    second row is a tensor split over both nodes ("2 nodes tensor") instead."""
     c = args.clients
+    tensor = bool(args.tensor)
+    rounds = args.tensor or args.replicas
+    second = "2 nodes tensor" if tensor else "2 nodes replicas"
     if args.followers != "real":
-        sys.exit("--replicas needs a real follower")
+        sys.exit("--replicas and --tensor need a real follower")
     speculative = {"STACKD_ENGINE_SPECULATIVE": args.speculative} if args.speculative else {}
     if net is not None and speculative:
         sys.exit("--speculative is not passed into namespaces")
@@ -552,15 +560,18 @@ def run_replicas(args, net: Namespaces | None) -> None:
         placed = time.monotonic() + 60
         while statuses_of(server).get(follower.id) != "up" and time.monotonic() < placed:
             time.sleep(0.05)
-        rows = {"1 node": {c: [], 1: []}, "2 nodes replicas": {c: [], 1: []}}
+        rows = {"1 node": {c: [], 1: []}, second: {c: [], 1: []}}
         cpu = CpuUse({"leader": (server.proc if hasattr(server, "proc") else server.node.proc).pid,
                       "follower": follower.node.proc.pid})
         uses = {name: {c: [], 1: []} for name in rows}
-        for round_ in range(args.replicas):
-            for name, count in (("1 node", 1), ("2 nodes replicas", "all")):
-                answer = load(server, split_mode="replica", replicas=count)
+        both = {"nodes": [leader_id(server), follower.id], "split_mode": "tensor"} if tensor else \
+            {"split_mode": "replica", "replicas": "all"}
+        for round_ in range(rounds):
+            for name, options in (("1 node", {"split_mode": "replica", "replicas": 1}), (second, both)):
+                answer = load(server, **options)
                 if round_ == 0:
-                    print(f"{name}: replicas {[(r['node'], r['pid']) for r in answer.get('replicas', [])]}", flush=True)
+                    print(f"{name}: replicas {[(r['node'], r['pid']) for r in answer.get('replicas', [])]} "
+                          f"placement {answer.get('placement')}", flush=True)
                 if args.pin:
                     pin_tree((server.proc if hasattr(server, "proc") else server.node.proc).pid, LEADER_CPUS)
                     pin_tree(follower.node.proc.pid, FOLLOWER_CPUS)
@@ -571,24 +582,27 @@ def run_replicas(args, net: Namespaces | None) -> None:
                     print(f"  round {round_ + 1} {name:18s} c={n:<3d} {result.tokens_per_second():7.1f} tok/s   "
                           f"{cpu_line(result.cpu)}", flush=True)
         print(f"\nSmolLM2-135M Q4_1, {args.threads} thread(s) per node, {c} slots, {args.max_tokens} tokens per "
-              f"request, {args.seconds:g} s closed loop, medians of {args.replicas} alternating rounds, "
+              f"request, {args.seconds:g} s closed loop, medians of {rounds} alternating rounds, "
               f"{'network namespaces on a veth link' if net else 'loopback'}{', a core per node' if args.pin else ''}, "
               f"kernels {args.kernels}, speculative {args.speculative or 'default (ngram)'}")
         one = {n: statistics.median(rows["1 node"][n]) for n in (c, 1)}
         for name, runs in rows.items():
             med = {n: statistics.median(runs[n]) for n in (c, 1)}
             spread = {n: f"{min(runs[n]):.1f}-{max(runs[n]):.1f}" for n in (c, 1)}
+            targets = ("1.5x", "1.3x") if tensor else ("1.7x", "0.95x")
             print(f"  {name:18s} c={c}: {med[c]:7.1f} tok/s [{spread[c]}] ({med[c] / one[c]:.2f}x one node, "
-                  f"target 1.7x)   c=1: {med[1]:6.1f} tok/s [{spread[1]}] ({med[1] / one[1]:.2f}x, target 0.95x)")
-        # what the engines would give with a whole core each: tokens per CPU second of the
-        # engine workers, times the workers (at c clients every worker is busy: CPU-bound)
-        per_core = {name: statistics.median(
-            1000 / sum(per_k for p, (_, per_k) in use.items() if " worker" in p and per_k > 0)
-            for use in uses[name][c]) for name in rows}
-        workers = {"1 node": 1, "2 nodes replicas": 2}
-        print(f"  at a whole core per engine (tokens per worker CPU second x workers, c={c}): " + ", ".join(
-            f"{name} {per_core[name] * workers[name]:.0f} tok/s "
-            f"({per_core[name] * workers[name] / per_core['1 node']:.2f}x)" for name in rows))
+                  f"target {targets[0]})   c=1: {med[1]:6.1f} tok/s [{spread[1]}] ({med[1] / one[1]:.2f}x, "
+                  f"target {targets[1]})")
+        if not tensor:   # replicas: each engine's own tokens (a tensor split's workers share theirs)
+            # what the engines would give with a whole core each: tokens per CPU second of the
+            # engine workers, times the workers (at c clients every worker is busy: CPU-bound)
+            per_core = {name: statistics.median(
+                1000 / sum(per_k for p, (_, per_k) in use.items() if " worker" in p and per_k > 0)
+                for use in uses[name][c]) for name in rows}
+            workers = {"1 node": 1, second: 2}
+            print(f"  at a whole core per engine (tokens per worker CPU second x workers, c={c}): " + ", ".join(
+                f"{name} {per_core[name] * workers[name]:.0f} tok/s "
+                f"({per_core[name] * workers[name] / per_core['1 node']:.2f}x)" for name in rows))
         print("  where the cores went (median share of one core, CPU seconds per 1,000 tokens):")
         for name, by_clients in uses.items():
             for n in (c, 1):
@@ -596,6 +610,8 @@ def run_replicas(args, net: Namespaces | None) -> None:
                 med = {p: (statistics.median(u[p][0] for u in by_clients[n] if p in u),
                            statistics.median(u[p][1] for u in by_clients[n] if p in u)) for p in names}
                 print(f"    {name:18s} c={n:<3d} {cpu_line(med)}")
+        if tensor or args.no_node_loss:
+            return
         load(server, split_mode="replica", replicas="all")
         took, errors = death_to_next_answer(server, follower)
         print(f"  replica node killed (kill -9 of the follower daemon and its worker) -> next answered "
