@@ -92,7 +92,8 @@ def _cluster(membership, entries: list[dict]) -> dict:
             "total_ram_gb": readings.ram_gb(sum(e["memory_total_bytes"] for e in up)),
             "active_model": membership.local.active_model(), "node_count": len(entries),
             "nodes_up": len(up), "leader": membership.self_id, "reasons": reasons,
-            "links": cluster_links(entries)}
+            "links": cluster_links(entries),
+            "placements": getattr(membership.local, "placements", list)()}   # splits, and why
 
 
 # ---- what a route answers, on either role ---------------------------------------------------------

@@ -30,6 +30,13 @@ class RunningNode:
     def active_model(self) -> str | None:
         return self.registry.active_chat_model()
 
+    def placements(self) -> list[dict]:
+        """The models placed over several nodes: each one's split, nodes and why (a tensor
+        split's planner verdict among them)."""
+        return [{"model": model_id, **model.placement.describe()}
+                for model_id, model in self.registry.loaded.items()
+                if model.placement is not None and len(model.placement.shares) > 1]
+
     def degraded_reasons(self) -> list[str]:
         return self.registry.degraded_reasons()
 

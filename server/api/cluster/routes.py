@@ -129,6 +129,12 @@ CLUSTER_STATUS["properties"]["view_age_ms"] = _AGE
 CLUSTER_STATUS["properties"]["links"] = {
     "type": "array", "description": "each measured link: round trip in microseconds, best of 3 TCP connects",
     "items": _obj({"from": _STR, "to": _STR, "rtt_us": _NUM})}
+CLUSTER_STATUS["properties"]["placements"] = {
+    "type": "array", "description": "models placed over several nodes: the split, its nodes and why "
+                                    "(a tensor split: its basis and the link model's prediction)",
+    "items": {"type": "object", "required": ["model", "split_mode", "nodes"],
+              "properties": {"model": _STR, "split_mode": {"enum": ["layer", "tensor"]},
+                             "nodes": {"type": "array"}, "reason": _STR}}}
 NODE = _obj({
     "id": _STR, "role": _ROLE, "status": _STATUS, "address": _STR, "last_seen_ago_ms": _INT,
     "hostname": _STR, "ram_gb": _INT, "cpu_cores": {"type": ["integer", "null"]}, "threads": _INT,
