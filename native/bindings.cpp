@@ -411,6 +411,50 @@ PYBIND11_MODULE(_engine, m) {
              },
              py::arg("n"));
 
+    // The lockstep's control message (native/engine/lockstep.h), for tests: a dict of the
+    // fields, and its check against a follower's context (ValueError with the reason).
+    m.def("lockstep_encode", [](const py::dict & d) {
+        control_message msg;
+        msg.kind = d.contains("kind") ? d["kind"].cast<uint16_t>() : lockstep_wire::kKindStep;
+        msg.index = d.contains("index") ? d["index"].cast<uint32_t>() : 0;
+        msg.prev_rc = d.contains("prev_rc") ? d["prev_rc"].cast<int32_t>() : 0;
+        if (d.contains("ops")) {
+            for (const auto & t : d["ops"].cast<std::vector<std::vector<int32_t>>>()) {
+                if (t.size() != 6) {
+                    throw py::value_error("an op is (op, seq, seq_dst, p0, p1, delta)");
+                }
+                msg.ops.push_back({t[0], t[1], t[2], t[3], t[4], t[5]});
+            }
+        }
+        if (d.contains("tokens")) msg.tokens = d["tokens"].cast<std::vector<int32_t>>();
+        if (d.contains("pos")) msg.pos = d["pos"].cast<std::vector<int32_t>>();
+        if (d.contains("seq")) msg.seq = d["seq"].cast<std::vector<int32_t>>();
+        if (d.contains("logits")) msg.logits = d["logits"].cast<std::vector<uint8_t>>();
+        return py::bytes(encode_control(msg));
+    }, py::arg("message"));
+    m.def("lockstep_decode", [](const py::bytes & data, int32_t n_batch, int32_t n_seq_max, int32_t n_vocab,
+                                int32_t n_ctx_seq) {
+        const std::string_view view = data;
+        control_message msg;
+        const std::string why = decode_control(view.data(), view.size(), {n_batch, n_seq_max, n_vocab, n_ctx_seq}, msg);
+        if (!why.empty()) {
+            throw py::value_error(why);
+        }
+        py::list ops;
+        for (const kv_op & op : msg.ops) {
+            ops.append(py::make_tuple(op.op, op.seq, op.seq_dst, op.p0, op.p1, op.delta));
+        }
+        py::dict out;
+        out["kind"] = msg.kind; out["index"] = msg.index; out["prev_rc"] = msg.prev_rc; out["ops"] = ops;
+        out["tokens"] = msg.tokens; out["pos"] = msg.pos; out["seq"] = msg.seq; out["logits"] = msg.logits;
+        return out;
+    }, py::arg("data"), py::arg("n_batch"), py::arg("n_seq_max"), py::arg("n_vocab"), py::arg("n_ctx_seq"));
+    m.def("lockstep_channel_send", [](const std::string & name, const py::bytes & data) {
+        memory_channel_send(name, std::string(data));
+    }, py::arg("name"), py::arg("data"), "Tests: a raw control payload into the in-process channel `name`.");
+    m.def("lockstep_channel_close", &memory_channel_close, py::arg("name"),
+          "Tests: the in-process channel `name` fails (a lost link).");
+
     py::class_<engine>(m, "Engine")
         // The settings' keywords are their names in the daemon's config (engine_params).
         .def(py::init([](const std::string & model_path, bool embeddings, int32_t slots,
@@ -419,7 +463,7 @@ PYBIND11_MODULE(_engine, m) {
                          std::vector<std::string> rpc_endpoints, int32_t split_mode,
                          std::vector<float> tensor_split, int32_t n_gpu_layers, int32_t n_ubatch,
                          int32_t n_lanes, int32_t speculative_draft_max, int32_t speculative_step_tokens,
-                         int32_t kv_type) {
+                         int32_t kv_type, int32_t tp_rank, int32_t tp_size, std::string tp_transport) {
                  // Named fields, in engine_params' order (GCC checks both).
                  const engine_params p{
                      .model_path = model_path, .embeddings = embeddings, .slots = slots,
@@ -428,7 +472,8 @@ PYBIND11_MODULE(_engine, m) {
                      .key_share = key_share, .n_lanes = n_lanes,
                      .speculative_draft_max = speculative_draft_max,
                      .speculative_step_tokens = speculative_step_tokens, .quiet = quiet,
-                     .placement = {std::move(rpc_endpoints), split_mode, std::move(tensor_split), n_gpu_layers}};
+                     .placement = {std::move(rpc_endpoints), split_mode, std::move(tensor_split), n_gpu_layers},
+                     .tp_rank = tp_rank, .tp_size = tp_size, .tp_transport = std::move(tp_transport)};
                  py::gil_scoped_release release;
                  return std::make_unique<engine>(p);
              }),
@@ -440,7 +485,8 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("tensor_split") = std::vector<float>{}, py::arg("n_gpu_layers") = 0,
              py::arg("n_ubatch") = 0, py::arg("n_lanes") = 1, py::arg("speculative_draft_max") = 8,
              py::arg("speculative_step_tokens") = 16,
-             py::arg("kv_type") = (int32_t) GGML_TYPE_F16)
+             py::arg("kv_type") = (int32_t) GGML_TYPE_F16, py::arg("tp_rank") = -1, py::arg("tp_size") = 0,
+             py::arg("tp_transport") = std::string())
         .def("submit",
              [](engine & e, int64_t id, std::vector<int32_t> prompt, int32_t max_tokens,
                 std::vector<std::string> stop, const sampling_params & sampling, int64_t owner) {
@@ -488,6 +534,10 @@ PYBIND11_MODULE(_engine, m) {
         .def("sink_pending", [](engine & e) { return sink_of(e).pending(); })
         .def("sink_broken", [](engine & e) { return sink_of(e).broken(); })
         .def("fileno", &engine::event_fd)
+        // Tensor parallelism (native/engine/lockstep.h): a follower's loop, and the leader's loss.
+        .def("follow", &engine::follow, py::call_guard<py::gil_scoped_release>(),
+             "A follower mirrors its leader's decodes until a stop, a lost link or close(); the reason.")
+        .def_property_readonly("tensor_lost", &engine::tensor_lost)
         .def("close", &engine::close, py::call_guard<py::gil_scoped_release>())
         .def("stats", [](const engine & e) { return stats_to_python(e.stats()); })
         .def("metrics", [](engine & e) { return metrics_to_python(e.observer()); })

@@ -70,9 +70,9 @@ scheduler_params scheduler_params_of(const engine_params & p, int32_t index) {
     return sp;
 }
 
-// Embedding models and a single slot get one lane; never more lanes than slots.
+// Embedding models, a single slot and tensor parallelism get one lane; never more lanes than slots.
 engine_params with_lanes_resolved(engine_params p) {
-    p.n_lanes = p.embeddings ? 1 : std::max(1, std::min(p.n_lanes, p.slots));
+    p.n_lanes = p.embeddings || p.tp_rank >= 0 ? 1 : std::max(1, std::min(p.n_lanes, p.slots));
     return p;
 }
 
@@ -95,6 +95,17 @@ engine::engine(const engine_params & params)
         quiet_llama_log();
     }
     llama_backend_init();
+    if (params_.tp_rank >= 0) {
+        if (params_.embeddings) {
+            throw std::invalid_argument("tensor parallelism does not split embedding models");
+        }
+        if (params_.tp_size < 2 || params_.tp_rank >= params_.tp_size) {
+            throw std::invalid_argument("tensor parallelism: rank " + std::to_string(params_.tp_rank) + " of " +
+                                        std::to_string(params_.tp_size) + " nodes (at least 2)");
+        }
+    }
+    tp_ = std::make_unique<lockstep>(params_.tp_rank, params_.tp_rank >= 0 ? make_transport(params_.tp_transport)
+                                                                           : nullptr);
 
     llama_model_params mp = llama_model_default_params();
     model_devices devices(params_.placement);
@@ -146,6 +157,9 @@ engine::engine(const engine_params & params)
         }
         llama_model_free(model_);
         throw;
+    }
+    if (params_.tp_rank > 0) {
+        return;                        // a follower schedules nothing: follow() drives its context
     }
     for (auto & ln : lanes_) {
         lane * mine = ln.get();
@@ -200,10 +214,17 @@ void engine::close() {
         stop_ = true;
     }
     cv_.notify_all();
+    follow_stop_ = true;
+    { std::lock_guard<std::mutex> following(mu_follow_); }   // a follow() in progress has returned
     for (auto & ln : lanes_) {
         if (ln->thread.joinable()) {
             ln->thread.join();
         }
+    }
+    if (tp_) {
+        tp_->stop();                   // a leader's followers stop (their follow() returns "stop")
+    }
+    for (auto & ln : lanes_) {
         unload_lane(*ln);
     }
     if (model_ != nullptr) {
@@ -252,6 +273,9 @@ void engine::leave_queue_and_engine(int64_t id_owner) {
 submit_result engine::submit(generation_request req) {
     if (params_.embeddings) {
         throw std::invalid_argument("this is an embedding model: it does not generate");
+    }
+    if (params_.tp_rank > 0) {
+        throw std::runtime_error("a tensor-parallel follower takes no requests: its leader's engine does");
     }
     const submit_result admitted = enter_queue(req.id_owner);
     if (admitted != SUBMIT_ACCEPTED) {
@@ -443,6 +467,12 @@ void engine::take_tasks(lane & ln, std::vector<task> & incoming) {
             embed_jobs_.push_back({t.id_request, t.id_owner, std::move(t.inputs), {}, 0, 0});
             continue;
         }
+        if (tp_->lost()) {             // the group is gone: no request can run here any more
+            leave_queue_and_engine(t.id_owner);
+            release_held(ln, t.id_owner);
+            events.push_back(failed_event(t.id_request, tensor_lost()));
+            continue;
+        }
         auto req = std::make_unique<sched_request>();
         req->id_request = t.id_request;
         req->id_owner = t.id_owner;
@@ -500,13 +530,13 @@ void engine::step_generate(lane & ln) {
             leave_queue();
             obs_.admitted(adm);
         }
-        llama_memory_seq_rm(llama_get_memory(ln.ctx), adm.id_slot, adm.n_keep, -1);
+        tp_->seq_rm(ln.ctx, adm.id_slot, adm.n_keep, -1);
     }
     for (const plan_admission & adm : plan.admissions) {
         const int32_t rc = recompute_prefix(ln, adm);
         if (rc != 0) {
             publish(ln, events);
-            fail_plan(ln, plan, rc == 1 ? "no room left in the KV cache" : "llama_decode failed");
+            fail_plan(ln, plan, decode_error(rc, ""));
             return;
         }
     }
@@ -545,8 +575,7 @@ void engine::step_generate(lane & ln) {
     delta.t_decode_us = t3 - t2;
     if (rc != 0) {
         publish(ln, events);
-        fail_plan(ln, plan, rc == 1 ? "no room left in the KV cache"
-                                : "llama_decode failed" + (failure.empty() ? "" : ": " + failure));
+        fail_plan(ln, plan, decode_error(rc, failure));
         return;
     }
 
@@ -621,13 +650,49 @@ int32_t engine::decode(lane & ln) {
         // again while the other lane's replaced it. What runs in here is this node's layers
         // and the queueing of the rest; the other lanes' steps on other nodes go on meanwhile.
         std::lock_guard<std::mutex> submitting(mu_decode_);
-        rc = llama_decode(ln.ctx, ln.batch);
+        rc = tp_->decode(ln.ctx, ln.batch);
     }
     // Wait for the step here, not in the first logits read. The RPC backend has one queue per
     // server for every context of the model, and a wait is a marker queued behind all that is
     // there: a lane that waited later would wait for the other lane's step, queued meanwhile.
     llama_synchronize(ln.ctx);
     return rc;
+}
+
+// Why a plan's decode failed: the tensor group's loss first (every node's step failed with it).
+std::string engine::decode_error(int32_t rc, const std::string & failure) const {
+    if (tp_->lost()) {
+        return tensor_lost();
+    }
+    return rc == 1 ? "no room left in the KV cache" : "llama_decode failed" + (failure.empty() ? "" : ": " + failure);
+}
+
+std::string engine::tensor_lost() const {
+    return tp_ && tp_->lost() ? "the tensor-parallel group was lost (a node holding part of the model is gone): " +
+                                    tp_->lost_reason()
+                              : "";
+}
+
+std::string engine::follow() {
+    if (params_.tp_rank <= 0) {
+        throw std::logic_error("only a tensor-parallel follower (tp_rank > 0) follows");
+    }
+    std::lock_guard<std::mutex> following(mu_follow_);
+    {
+        std::lock_guard<std::mutex> lock(mu_tasks_);
+        if (stop_) {
+            return "closed";
+        }
+    }
+    lane & ln = *lanes_.front();
+    const control_limits limits{(int32_t) llama_n_batch(ln.ctx), (int32_t) llama_n_seq_max(ln.ctx), n_vocab(),
+                                params_.context_length};
+    return tp_->follow(ln.ctx, ln.batch, limits, follow_stop_, [this](int32_t n_tokens, uint64_t us) {
+        std::lock_guard<std::mutex> lock(mu_stats_);
+        stats_.n_steps += 1;
+        stats_.n_tokens_decoded += n_tokens;
+        stats_.t_decode_us += us;
+    });
 }
 
 void engine::decode_plan(lane & ln, const batch_plan & plan, std::vector<int32_t> & logit_index,
@@ -679,7 +744,7 @@ int32_t engine::recompute_prefix(lane & ln, const plan_admission & adm) {
     if (!req->preempted) {
         req->n_cached = from;              // decoded again: not read from the cache
     }
-    llama_memory_seq_rm(llama_get_memory(ln.ctx), adm.id_slot, from, -1);
+    tp_->seq_rm(ln.ctx, adm.id_slot, from, -1);
     const int32_t n_batch = (int32_t) llama_n_batch(ln.ctx);
     for (int32_t pos = from; pos < adm.n_keep;) {
         const int32_t n = std::min(n_batch, adm.n_keep - pos);
@@ -794,7 +859,7 @@ step_outcome engine::sample_drafted(lane & ln, const plan_item & item, int32_t i
         }
     }
     if (out.n_accepted < item.n_draft) {
-        llama_memory_seq_rm(llama_get_memory(ln.ctx), item.id_slot, item.pos0 + 1 + out.n_accepted, -1);
+        tp_->seq_rm(ln.ctx, item.id_slot, item.pos0 + 1 + out.n_accepted, -1);
     }
     obs_.drafted(item.id_request, item.n_draft, out.n_accepted);
     return out;
@@ -906,13 +971,12 @@ void engine::release_held(lane & ln, int64_t id_owner) {
 // no longer hold what it thinks. llama.cpp leaves the sequences outside the batch untouched.
 void engine::fail_plan(lane & ln, const batch_plan & plan, const std::string & error) {
     std::vector<engine_event> events;
-    llama_memory_t mem = llama_get_memory(ln.ctx);
     for (const plan_item & item : plan.items) {
         if (ln.live.count(item.id_request) == 0) {
             continue;                  // several items of one request: handled at the first
         }
         events.push_back(failed_event(item.id_request, error));
-        llama_memory_seq_rm(mem, item.id_slot, -1, -1);
+        tp_->seq_rm(ln.ctx, item.id_slot, -1, -1);
         ln.sched.fail(item.id_request);
         forget(ln, item.id_request);
     }
@@ -954,9 +1018,7 @@ void engine::fail_everything(lane & ln, const std::string & error) {
     }
     ln.sched = scheduler(scheduler_params_of(params_, ln.index));
     ln.compute_scale_applied = 1.0f;   // the new scheduler admits every slot: apply the scale again
-    if (llama_memory_t mem = llama_get_memory(ln.ctx)) {
-        llama_memory_clear(mem, true);
-    }
+    tp_->clear(ln.ctx);
     publish(ln, events);
 }
 
@@ -1011,9 +1073,7 @@ void engine::step_embed(lane & ln) {
         publish(ln, events);
         return;
     }
-    if (llama_memory_t mem = llama_get_memory(ln.ctx)) {
-        llama_memory_clear(mem, true);
-    }
+    tp_->clear(ln.ctx);
     const uint64_t t0 = now_us();
     const int32_t rc = decode(ln);
     const uint64_t t1 = now_us();

@@ -30,6 +30,7 @@
 #include "devices.h"
 #include "event_sink.h"
 #include "llama.h"
+#include "lockstep.h"
 #include "observer.h"
 #include "sampling.h"
 #include "scheduler.h"
@@ -59,6 +60,12 @@ struct engine_params {
     int32_t     speculative_step_tokens = 16;  // a step's tokens that drafts may fill up to
     bool        quiet          = true;   // silence llama.cpp's own logging
     placement_params placement;          // empty: every layer on this CPU
+    // Tensor parallelism (lockstep.h): this engine's rank in its group of tp_size nodes, each on
+    // its shard; -1 off. Rank 0 schedules and samples, ranks > 0 only follow(). One lane, no
+    // embeddings. tp_transport: "" the kernels' library (stackd_tp_*), "memory:<name>" tests.
+    int32_t     tp_rank        = -1;
+    int32_t     tp_size        = 0;
+    std::string tp_transport;
 };
 
 struct generation_request {
@@ -147,6 +154,14 @@ public:
     int32_t              token_eos() const { return llama_vocab_eos(vocab_); }
     const engine_params & params() const { return params_; }
     int32_t              n_lanes() const { return (int32_t) lanes_.size(); }
+
+    // Tensor parallelism. A follower (tp_rank > 0) takes no requests: it mirrors the leader's
+    // decodes and KV operations until the leader's stop, a lost link or close(); the reason
+    // ("stop", "closed", "lost: ...", "error: ..."). Blocks: call it on a thread of its own.
+    std::string follow();
+    // The leader's group was lost (a follower gone, a link cut): why, else "". Every plan then
+    // fails, and every later request ends at once with this error.
+    std::string tensor_lost() const;
 
 private:
     struct task {
@@ -260,6 +275,11 @@ private:
     int32_t n_threads_full_ = 1;
     void apply_compute_scale(lane & ln);
     void unload_lane(lane & ln);
+    // every llama_decode and KV operation goes through it (lockstep.h); pass-through when tp is off
+    std::unique_ptr<lockstep> tp_;
+    std::string decode_error(int32_t rc, const std::string & failure) const;
+    std::atomic<bool> follow_stop_{false};
+    std::mutex mu_follow_;                // held by follow(): close() waits for it to return
 
     mutable std::mutex mu_events_;
     std::vector<engine_event> events_;
