@@ -27,6 +27,7 @@
 #include "layout.h"
 #include "matmul.h"
 #include "repack.h"
+#include "tp.h"
 
 namespace stackd {
 
@@ -355,6 +356,71 @@ void mul_mat_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
     mul_mat_share(dst, kernels_of(ctx), ctx->act, ctx->epoch, ith, nth);
 }
 
+// ---- tensor parallelism (tp.h; kernels/README.md, "Tensor parallelism") ----
+// While this process is in a tensor-parallel group, a graph's residual adds whose first operand
+// is this node's partial sum (attn_output's, ffn_down's) exchange it with every peer first, and
+// the vocabulary projection computes this rank's rows only, gathered to rank 0.
+
+// Thread 0 only (n_tasks 1); ggml's barrier after the node holds the others.
+void allreduce_task(ggml_tensor *dst, int ith, int, void *) {
+    if (ith != 0) return;
+    tp::allreduce_add(static_cast<const float *>(dst->src[0]->data), static_cast<const float *>(dst->src[1]->data),
+                      static_cast<float *>(dst->data), (size_t)ggml_nelements(dst));
+}
+
+// Every thread computes its share of this rank's rows; then thread 0 gathers them to rank 0.
+void logits_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    auto *ctx = static_cast<BackendContext *>(userdata);
+    int64_t begin = 0, end = 0;
+    tp::vocab_rows(dst->ne[0], &begin, &end);   // checked when the node was swapped in
+    mul_mat_share(dst, kernels_of(ctx), ctx->act, ctx->epoch, ith, nth, begin, end);
+#pragma omp barrier
+    if (ith == 0) tp::gather_logits(static_cast<float *>(dst->data), dst->ne[1], dst->nb[1] / sizeof(float));
+}
+
+// `ffn_inp-<il>` or `l_out-<il>`: llama.cpp's names (cb) for a layer's two residual adds.
+bool residual_add_name(const char *name) {
+    const char *digits = std::strncmp(name, "ffn_inp-", 8) == 0 ? name + 8
+                       : std::strncmp(name, "l_out-", 6) == 0  ? name + 6
+                                                               : nullptr;
+    if (digits == nullptr || *digits == '\0') return false;
+    for (; *digits; digits++) {
+        if (*digits < '0' || *digits > '9') return false;
+    }
+    return true;
+}
+
+// "" when a residual add can be exchanged as it is, else why not.
+std::string residual_add_problem(const ggml_tensor *node) {
+    const ggml_tensor *a = node->src[0], *b = node->src[1];
+    if (node->op != GGML_OP_ADD) return std::string("is a ") + ggml_op_name(node->op) + ", not an ADD";
+    if (a == nullptr || b == nullptr || !ggml_are_same_shape(a, b) || !ggml_are_same_shape(a, node)) {
+        return "adds tensors of different shapes";
+    }
+    if (a->type != GGML_TYPE_F32 || b->type != GGML_TYPE_F32 || node->type != GGML_TYPE_F32) return "is not f32";
+    if (!ggml_is_contiguous(a) || !ggml_is_contiguous(b) || !ggml_is_contiguous(node)) return "is not contiguous";
+    return "";
+}
+
+bool ours(const BackendContext *ctx, const ggml_tensor *node);
+
+// "" when the vocabulary projection can be cut by rows, else why not.
+std::string logits_problem(const BackendContext *ctx, const ggml_tensor *node) {
+    int64_t begin, end;
+    if (node->op != GGML_OP_MUL_MAT) return std::string("is a ") + ggml_op_name(node->op) + ", not a MUL_MAT";
+    if (!ours(ctx, node)) {
+        return std::string("is not on our kernels (its weight is ") + ggml_type_name(node->src[0]->type) +
+               ", which we do not repack)";
+    }
+    if (node->ne[2] != 1 || node->ne[3] != 1 || node->nb[0] != sizeof(float) || node->nb[1] % sizeof(float) != 0) {
+        return "has an output of an unexpected shape";
+    }
+    if (!tp::vocab_rows(node->ne[0], &begin, &end)) {
+        return "has " + std::to_string(node->ne[0]) + " rows, where the group's vocab_cut ends elsewhere";
+    }
+    return "";
+}
+
 const char *backend_name(ggml_backend_t) { return "STACKD"; }
 
 void backend_free(ggml_backend_t backend) {
@@ -414,11 +480,33 @@ void advise_buffer(BackendContext *ctx, const ggml_tensor *t) {
 // Ours become custom ops (op and op_params kept to put back); the scratch is sized first.
 // Attention is ours on the steps ggml would compute one row at a time (per_row: its reference
 // path, which ours replaces, so a row's numbers still depend on nothing else in its step).
-void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row) {
+// In a tensor-parallel group (tp) the residual adds and the vocabulary projection become
+// exchanges too; a node of those names that is not what they should be refuses the whole graph
+// (returns why: the caller fails the group) rather than compute numbers that mean nothing.
+std::string swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row, bool tp) {
     ctx->swapped.clear();
     const bool attention = per_row && g_attention.load(std::memory_order_relaxed);
     for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
         ggml_tensor *node = ggml_graph_node(graph, i);
+        if (tp) {
+            const bool residual = residual_add_name(node->name);
+            const bool logits = !residual && std::strcmp(node->name, "result_output") == 0;
+            if (residual || logits) {
+                const std::string problem = residual ? residual_add_problem(node) : logits_problem(ctx, node);
+                if (!problem.empty()) return std::string(node->name) + " " + problem;
+                ctx->swapped.push_back({node, node->op, {}});
+                std::memcpy(ctx->swapped.back().params.data(), node->op_params, sizeof(node->op_params));
+                ggml_custom_op_params task = {allreduce_task, 1, ctx};
+                if (logits) {
+                    advise_buffer(ctx, node->src[0]);
+                    reserve_activations(ctx->act, node);
+                    task = {logits_task, GGML_N_TASKS_MAX, ctx};
+                }
+                node->op = GGML_OP_CUSTOM;
+                std::memcpy(node->op_params, &task, sizeof(task));
+                continue;
+            }
+        }
         const bool attend = attention && node->op == GGML_OP_FLASH_ATTN_EXT && can_attend(node);
         if (!attend && ((node->op != GGML_OP_MUL_MAT && node->op != GGML_OP_GET_ROWS) || !ours(ctx, node))) continue;
         ctx->swapped.push_back({node, node->op, {}});
@@ -440,6 +528,7 @@ void swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row) {
         std::memcpy(node->op_params, &task, sizeof(task));
         if (attend) std::memcpy((char *)node->op_params + kAttentionScaleAt, ctx->swapped.back().params.data(), sizeof(float));
     }
+    return "";
 }
 
 void swap_back(BackendContext *ctx) {
@@ -495,11 +584,20 @@ ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     auto *ctx = static_cast<BackendContext *>(backend->context);
     ctx->epoch++;  // what the scratch held belongs to the last computation
     if (ctx->served) unpack_what_ggml_reads(graph);
+    // a failed tensor-parallel group fails every graph until detached (llama_decode fails)
+    const bool tp = !ctx->served && tp::attached();
+    if (tp && tp::failed()) return GGML_STATUS_FAILED;
     const bool per_row = per_row_graph(graph);  // before the swap: it reads the attention nodes
-    swap_in_tasks(ctx, graph, per_row);
+    const std::string problem = swap_in_tasks(ctx, graph, per_row, tp);
+    if (!problem.empty()) {
+        swap_back(ctx);
+        tp::fail(("tensor parallelism: this graph cannot be split: " + problem).c_str());
+        return GGML_STATUS_FAILED;
+    }
     follow_invariance(ctx->cpu, per_row);
-    const ggml_status status = ggml_backend_graph_compute(ctx->cpu, graph);
+    ggml_status status = ggml_backend_graph_compute(ctx->cpu, graph);
     swap_back(ctx);
+    if (tp && tp::failed()) status = GGML_STATUS_FAILED;   // an exchange failed: the rest was skipped
     return status;
 }
 
@@ -674,6 +772,20 @@ void *reg_proc_address(ggml_backend_reg_t, const char *name) {
     // llama.cpp sets every backend's thread count to the context's before each compute.
     if (std::strcmp(name, "ggml_backend_set_n_threads") == 0) return (void *)backend_set_n_threads;
     if (std::strcmp(name, kGetRowsNodesProc) == 0) return (void *)get_rows_nodes;
+    // tensor parallelism's C API (tp.h), so native/engine finds it without linking us
+    static const std::pair<const char *, void *> tp_api[] = {
+        {"stackd_tp_attach", (void *)stackd_tp_attach},
+        {"stackd_tp_detach", (void *)stackd_tp_detach},
+        {"stackd_tp_active", (void *)stackd_tp_active},
+        {"stackd_tp_failed", (void *)stackd_tp_failed},
+        {"stackd_tp_error", (void *)stackd_tp_error},
+        {"stackd_tp_send_control", (void *)stackd_tp_send_control},
+        {"stackd_tp_recv_control", (void *)stackd_tp_recv_control},
+        {"stackd_tp_counters", (void *)stackd_tp_counters},
+    };
+    for (const auto &[tp_name, fn] : tp_api) {
+        if (std::strcmp(name, tp_name) == 0) return fn;
+    }
     return nullptr;
 }
 
@@ -741,6 +853,12 @@ ggml_backend_t new_backend(Path path, ggml_backend_dev_t device, bool served) {
     ctx->cpu = ggml_backend_dev_init(cpu_device(), nullptr);
     ggml_backend_t backend = new ggml_backend{backend_guid(), kBackendInterface, device, ctx};
     backend_set_n_threads(backend, threads);
+    if (!served) {
+        // a tensor-parallel exchange that fails skips the rest of its graph (tp.h)
+        static const auto set_abort = (ggml_backend_set_abort_callback_t)ggml_backend_reg_get_proc_address(
+            ggml_backend_dev_backend_reg(cpu_device()), "ggml_backend_set_abort_callback");
+        if (set_abort != nullptr) set_abort(ctx->cpu, [](void *) { return tp::failed(); }, nullptr);
+    }
     return backend;
 }
 }  // namespace

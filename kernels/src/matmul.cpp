@@ -99,15 +99,20 @@ void run_planes(ggml_tensor *dst, Gemm gemm, const ActType *act, int64_t g_begin
 
 }  // namespace
 
-void mul_mat_share(ggml_tensor *dst, Kernels kernels, Activations &act, uint64_t epoch, int ith, int nth) {
+void mul_mat_share(ggml_tensor *dst, Kernels kernels, Activations &act, uint64_t epoch, int ith, int nth,
+                   int64_t row_begin, int64_t row_end) {
     const ggml_type type = dst->src[0]->type;
     const bool k_quant = is_k_quant(type);
     const ActBlock *blocks = nullptr;
     const ActKBlock *kblocks = nullptr;
     if (k_quant) kblocks = quantized(dst, act.kblocks, act.held_k, act.held_k_epoch, epoch, ith, nth);
     else blocks = quantized(dst, act.blocks, act.held, act.held_epoch, epoch, ith, nth);
+    const int64_t first = row_begin / kRowsPerGroup;
+    const int64_t last = row_end < 0 ? row_groups(dst->src[0]->ne[1]) : row_groups(row_end);
     int64_t g_begin, g_end;
-    share(row_groups(dst->src[0]->ne[1]), ith, nth, &g_begin, &g_end);
+    share(last - first, ith, nth, &g_begin, &g_end);
+    g_begin += first;
+    g_end += first;
     if (g_begin >= g_end) return;
     switch (type) {
         case GGML_TYPE_Q8_0: run_planes<Q8x8Block>(dst, kernels.q8_0, blocks, g_begin, g_end); break;

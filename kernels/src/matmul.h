@@ -53,7 +53,11 @@ void reserve_activations(Activations &act, const ggml_tensor *dst);
 
 // Thread ith of nth's part of dst = mul_mat(src[0] (repacked Q4_1 or Q8_0), src[1]). Consecutive
 // nodes reading the same activations in one computation (q, k, v; gate, up) quantize them
-// once. Must be called by all nth threads of the enclosing OpenMP team.
-void mul_mat_share(ggml_tensor *dst, Kernels kernels, Activations &act, uint64_t epoch, int ith, int nth);
+// once. Must be called by all nth threads of the enclosing OpenMP team. Only the weight's rows
+// [row_begin, row_end) are computed when given (row_end -1: all; both multiples of 8 but the
+// last row): a tensor-parallel rank's part of the vocabulary projection (tp.h); dst's other
+// rows are left as they were.
+void mul_mat_share(ggml_tensor *dst, Kernels kernels, Activations &act, uint64_t epoch, int ith, int nth,
+                   int64_t row_begin = 0, int64_t row_end = -1);
 
 }  // namespace stackd

@@ -124,3 +124,123 @@ def report() -> dict:
     """What a loaded model's description says of the kernels: the path, and the weights on
     ours per type (tensors()); {"path": None, "tensors": {}} when they are off."""
     return {"path": _registered, "tensors": tensors()}
+
+
+# ---- tensor parallelism (kernels/src/tp.h; kernels/README.md, "Tensor parallelism") ----------
+
+VOCAB_BLOCK = 64      # the vocabulary projection is cut on multiples of this many rows
+
+
+class TensorParallelError(RuntimeError):
+    """The tensor-parallel group could not be joined, or has failed (the library's reason)."""
+
+
+def _tp_library() -> ctypes.CDLL:
+    lib = library()
+    if not getattr(lib, "_tp_declared", False):
+        lib.stackd_tp_attach.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                                         ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
+                                         ctypes.c_int]
+        lib.stackd_tp_detach.restype = None
+        lib.stackd_tp_error.restype = ctypes.c_char_p
+        lib.stackd_tp_send_control.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.stackd_tp_recv_control.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t),
+                                               ctypes.c_int]
+        lib.stackd_tp_counters.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 3
+        lib.stackd_tp_counters.restype = None
+        lib._tp_declared = True
+    return lib
+
+
+def tp_attach(rank: int, socks_or_fds: list, keys: list, vocab_cut: list[int], deadline_ms: int = 2000,
+              spin_us: int = 0) -> None:
+    """Join a tensor-parallel group as `rank` of len(socks_or_fds): entry i is the connected,
+    authenticated socket (or its fd) to node i, None at `rank` (a Mesh's links: mesh.links[i].sock);
+    keys[i] its link's 32-byte session key (mesh.links[i].key). The library takes the sockets
+    over: a socket object is detached here, so Python never closes them. vocab_cut: n + 1 row
+    boundaries of the vocabulary projection (vocab_cut()). Needs register() first (the kernels
+    run the exchanges inside their graphs) and must come before the graphs that exchange run.
+    TensorParallelError with the library's reason when refused (the fds are closed then)."""
+    n = len(socks_or_fds)
+    if len(keys) != n or len(vocab_cut) != n + 1:
+        raise ValueError("tp_attach: one socket and one key per node, n + 1 vocabulary boundaries")
+    fds = (ctypes.c_int * n)()
+    key_bytes = bytearray(32 * n)
+    for i, (sock, key) in enumerate(zip(socks_or_fds, keys)):
+        if i == rank:
+            fds[i] = -1
+            continue
+        if key is None or len(key) != 32:
+            raise ValueError(f"tp_attach: the session key of the link to node {i} is 32 bytes")
+        fds[i] = sock if isinstance(sock, int) else sock.detach()
+        key_bytes[32 * i:32 * (i + 1)] = key
+    cut = (ctypes.c_int64 * (n + 1))(*vocab_cut)
+    if _tp_library().stackd_tp_attach(rank, n, fds, bytes(key_bytes), cut, int(deadline_ms), int(spin_us)) != 0:
+        raise TensorParallelError(tp_error())
+
+
+def tp_detach() -> None:
+    """Leave the group: links closed, graphs computed on this node alone again."""
+    _tp_library().stackd_tp_detach()
+
+
+def tp_active() -> bool:
+    return bool(_tp_library().stackd_tp_active())
+
+
+def tp_failed() -> bool:
+    """Whether an exchange failed (a peer lost, a bad frame, the deadline): decodes fail from then on."""
+    return bool(_tp_library().stackd_tp_failed())
+
+
+def tp_error() -> str:
+    return (_tp_library().stackd_tp_error() or b"").decode(errors="replace")
+
+
+def tp_send_control(payload: bytes) -> None:
+    """Leader: `payload` to every follower (a KIND_CONTROL frame)."""
+    if _tp_library().stackd_tp_send_control(payload, len(payload)) != 0:
+        raise TensorParallelError(tp_error())
+
+
+def tp_recv_control(timeout_ms: int = -1) -> bytes | None:
+    """Follower: the leader's next control payload, or None when `timeout_ms` passes first."""
+    data, size = ctypes.c_void_p(), ctypes.c_size_t()
+    got = _tp_library().stackd_tp_recv_control(ctypes.byref(data), ctypes.byref(size), int(timeout_ms))
+    if got == 1:
+        return None
+    if got != 0:
+        raise TensorParallelError(tp_error())
+    return ctypes.string_at(data.value, size.value) if size.value else b""
+
+
+def tp_counters() -> dict[str, int]:
+    """Exchanges done (partial sums and logits), bytes sent, control frames, since attach."""
+    values = [ctypes.c_uint64() for _ in range(3)]
+    _tp_library().stackd_tp_counters(*(ctypes.byref(v) for v in values))
+    return dict(zip(("exchanges", "bytes_sent", "control_frames"), (v.value for v in values)))
+
+
+def vocab_cut(n_vocab: int, weights: list[float], block: int = VOCAB_BLOCK) -> list[int]:
+    """Row boundaries (n + 1, 0 ... n_vocab) of the vocabulary projection over nodes weighted by
+    `weights` (their compute), each cut on a multiple of `block` rows, every node at least one
+    block; the last node takes the rest. ValueError when the vocabulary has too few blocks."""
+    n = len(weights)
+    if n_vocab < 1 or n < 1 or any(not w > 0 for w in weights):
+        raise ValueError("a vocabulary cut needs a vocabulary and a positive weight per node")
+    blocks = -(-n_vocab // block)
+    if blocks < n:
+        raise ValueError(f"a vocabulary of {n_vocab} rows does not cut into {n} parts of {block}")
+    total = float(sum(weights))
+    want = [w / total * blocks for w in weights]
+    counts = [max(1, int(x)) for x in want]                # floors, at least one block each
+    while sum(counts) > blocks:                            # too many: take from the largest
+        counts[max(range(n), key=lambda i: counts[i])] -= 1
+    order = sorted(range(n), key=lambda i: want[i] - int(want[i]), reverse=True)
+    for k in range(blocks - sum(counts)):                  # the rest by largest remainder
+        counts[order[k % n]] += 1
+    cut = [0]
+    for count in counts:
+        cut.append(min(n_vocab, cut[-1] + count * block))
+    cut[-1] = n_vocab
+    return cut

@@ -24,6 +24,12 @@ header that differs in any of them (or a magic, a kind it does not know) is refu
 payload is read, so nothing is ever allocated from a count on the wire; a tag that does not
 match is refused after. Each step is sent once, so a frame replayed on its link has a step
 that is no longer awaited; a frame reflected back to its sender names the wrong sender.
+
+Kinds: partial sums (1) and logits rows (3) have a length both sides know; a control message
+(2, the leader's batch and KV operations for the followers' lockstep) is the one frame whose
+length the receiver learns from the header, bounded by MAX_CONTROL before anything is allocated.
+One step counter numbers every frame of a placement, whatever its kind. The engine's exchange
+runs in C++ inside the kernels' backend (kernels/src/tp.h), on this same wire.
 """
 from __future__ import annotations
 
@@ -43,10 +49,13 @@ PROOF_BYTES = PROOF.size + NONCE_BYTES + MAC_BYTES
 
 MAGIC = 0x31585453                            # "STX1"
 KIND_PARTIAL = 1                              # a node's partial sum, float32
-KINDS = frozenset({KIND_PARTIAL})
+KIND_CONTROL = 2                              # the leader's lockstep message to a follower (opaque)
+KIND_LOGITS = 3                               # a follower's rows of the vocabulary projection, float32
+KINDS = frozenset({KIND_PARTIAL, KIND_CONTROL, KIND_LOGITS})
 HEADER = struct.Struct("<IHHQI")
 HEADER_BYTES = HEADER.size                    # 20
 MAX_PAYLOAD = 64 << 20                        # what any one frame may carry (an 8k hidden x 2k batch)
+MAX_CONTROL = 4 << 20                         # a control frame's length is not known in advance: at most this
 
 
 class FrameError(ValueError):

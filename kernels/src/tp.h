@@ -1,0 +1,76 @@
+// Tensor parallelism inside our backend (issue 36; kernels/README.md, "Tensor parallelism").
+//
+// A process joins a tensor-parallel group with stackd_tp_attach: rank r of n, one connected and
+// already authenticated TCP socket per peer (server/cluster/exchange/mesh.py made them) and the
+// link's session key. While attached, our backend's graphs exchange over those links:
+//   - every ADD named `ffn_inp-<il>` / `l_out-<il>` becomes "all-reduce src[0] with every peer,
+//     summed in node order 0, 1, ..., then + src[1]" (every node holds the same bits);
+//   - the MUL_MAT named `result_output` computes rows [vocab_cut[r], vocab_cut[r+1]) only, and
+//     followers send their block to rank 0, which holds the full logits.
+// The wire is server/cluster/exchange/frames.py's frame, byte for byte:
+//     u32 magic  u16 kind  u16 sender  u64 step  u32 length | payload | 16-byte tag
+//     tag = HMAC-SHA256(session key, header + payload)[:16]
+// One step counter for every exchange (partial sums, logits, control messages), the same on
+// every node. A frame with a wrong magic, kind, sender, step, length or tag, a peer that closes,
+// or an exchange past its deadline fails the group: every link is shut, graph_compute returns
+// GGML_STATUS_FAILED from then on (llama_decode fails), nothing waits forever, nothing crashes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#ifndef STACKD_API
+#define STACKD_API extern "C" __attribute__((visibility("default")))
+#endif
+
+// ---- the C API: exported by libstackd_kernels.so and returned by the STACKD registry's
+// ggml_backend_reg_get_proc_address under the same names ----
+
+// Join a tensor-parallel group. rank of n; fds[i]: a connected, already authenticated TCP
+// socket to peer i (fds[rank] = -1); keys: n x 32 bytes, keys[i] the session key of the link to
+// i (frames.session_key); the library owns the fds from then on (closed at detach, or by this
+// call when it fails). vocab_cut: n + 1 row boundaries (0 ... n_vocab), multiples of 64 but the
+// last. deadline_ms: one exchange at most. spin_us: poll the sockets this long before sleeping.
+// Needs the kernels registered (stackd_kernels_register): with them off no graph is ours.
+// Returns 0, or -1 (stackd_tp_error says why).
+STACKD_API int stackd_tp_attach(int rank, int n, const int *fds, const uint8_t *keys, const int64_t *vocab_cut,
+                                int deadline_ms, int spin_us);
+STACKD_API void stackd_tp_detach(void);   // close links; graphs run single-node again
+STACKD_API int stackd_tp_active(void);    // 1 while attached and healthy
+STACKD_API int stackd_tp_failed(void);    // 1 once any exchange failed (links shut); decodes then fail
+STACKD_API const char *stackd_tp_error(void);
+// Leader (rank 0) -> every follower, an opaque payload (KIND_CONTROL, at most kMaxControl bytes).
+STACKD_API int stackd_tp_send_control(const void *data, size_t size);
+// Follower: waits up to timeout_ms (-1 forever; wakes on link loss and on detach) for the
+// leader's next control payload; *data stays valid until the next call. 0, 1 timeout, -1 failed.
+STACKD_API int stackd_tp_recv_control(const void **data, size_t *size, int timeout_ms);
+STACKD_API void stackd_tp_counters(uint64_t *exchanges, uint64_t *bytes_sent, uint64_t *control_frames);
+// bench/tp_exchange.py --native: `count` all-reduces of `floats` floats, each one's microseconds in us[i].
+STACKD_API int stackd_tp_time_allreduce(int floats, int count, double *us);
+
+namespace stackd::tp {
+
+constexpr uint32_t kMagic = 0x31585453;     // "STX1"
+constexpr uint16_t kKindPartial = 1, kKindControl = 2, kKindLogits = 3;
+constexpr size_t kHeaderBytes = 20, kTagBytes = 16, kKeyBytes = 32;
+constexpr size_t kMaxPayload = size_t(64) << 20;   // frames.MAX_PAYLOAD
+constexpr size_t kMaxControl = size_t(4) << 20;    // frames.MAX_CONTROL
+constexpr int64_t kVocabBlock = 64;
+
+// What backend.cpp asks and calls (all on the thread computing the graph).
+bool attached();           // attached, failed or not
+bool failed();
+int rank();
+int size();
+// Rows [begin, end) of the vocabulary projection this rank computes; false if n_vocab is not the cut's end.
+bool vocab_rows(int64_t n_vocab, int64_t *begin, int64_t *end);
+// dst = (node 0's src0 + node 1's + ...) + src1, n floats each; this node's src0 is `mine`.
+// dst may alias mine or src1. False (the group failed; dst unwritten) on any failure.
+bool allreduce_add(const float *mine, const float *src1, float *dst, size_t n);
+// The logits rows [cut[r], cut[r+1]) of `tokens` rows of `stride` floats: a follower sends its
+// block to rank 0; rank 0 receives every follower's into logits. False when the group failed.
+bool gather_logits(float *logits, int64_t tokens, size_t stride);
+// Marks the group failed with this reason (a graph we cannot rewrite); shuts every link.
+void fail(const char *why);
+
+}  // namespace stackd::tp

@@ -1,0 +1,378 @@
+"""Tensor parallelism inside our backend (kernels/src/tp.h): the default chat model (SmolLM2) cut
+into shards (server/cluster/shard.py), one process per shard on loopback, the mesh formed by
+server/cluster/exchange/mesh.py and handed to the library (accel.tp_attach), every rank running
+the same llama.cpp calls in lockstep (llama-cpp-python's Llama, unpatched).
+
+- Rank 0's logits are the whole model's on one node within rounding: the partial sums are the
+  same terms added in another order (a node's share of a layer's K-blocks first), so the
+  first-token top-5 log-probabilities agree to TOP5_NATS and the greedy tokens are the same.
+- Run to run, the same bits (every node adds the partial sums in node order).
+- A follower lost mid-step (it exits, or it freezes) fails rank 0's decode within the exchange's
+  deadline, and rank 0's process lives on; its later decodes fail at once.
+- A frame with a bad tag or a wrong step closes the link; a good one is taken.
+Each rank is a process of its own (kernels register per process, before the model loads).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from stackd.cluster import shard
+from stackd.cluster.exchange import Mesh, frames, listen
+from stackd.engine import accel
+from stackd.store import defaults
+
+PROMPTS = ["Write a story about the sea.", "What is the capital of France?", "List three colours."]
+GREEDY = 4                      # tokens generated greedily after each prompt
+TOP5_NATS = 0.5                 # first-token top-5 log-probabilities against one node's (0.25 measured)
+TIE = 1.0                       # nats: where greedy texts part, the two choices' gap at one node
+N_VOCAB = 49152
+TIMEOUT = 240                   # seconds a whole multi-process run may take (the machine is shared)
+
+pytestmark = pytest.mark.skipif(not accel.cpu_supports("avx2"), reason="the exchange runs inside our kernels")
+
+
+def chat(text: str) -> bytes:
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n".encode()
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [listen("127.0.0.1", 0) for _ in range(n)]
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+# ---- one rank (a spawned process) ---------------------------------------------------------------
+
+def load(path: str):
+    from llama_cpp import Llama
+    return Llama(model_path=path, n_ctx=256, n_batch=64, n_threads=1, logits_all=True, verbose=False)
+
+
+def join(rank: int, ports: list[int], secret: bytes, cut: list[int], deadline_ms: int, spin_us: int = 50):
+    addresses = [("127.0.0.1", p) for p in ports]
+    listener = listen("127.0.0.1", ports[rank]) if rank < len(ports) - 1 else None
+    mesh = Mesh(rank, addresses, secret, "test-tp", listener)
+    mesh.connect(timeout=60)
+    socks = [mesh.links[i].sock if i != rank else None for i in range(len(ports))]
+    keys = [mesh.links[i].key if i != rank else None for i in range(len(ports))]
+    accel.tp_attach(rank, socks, keys, cut, deadline_ms=deadline_ms, spin_us=spin_us)
+    mesh.close()                # the sockets are the library's now; this closes the listener
+    return mesh
+
+
+def generate(model, rank: int, size: int) -> dict:
+    """Every prompt, twice: the logits after the prompt (rank 0) and GREEDY tokens, the next
+    token sent by rank 0 to the followers as a control message (they never sample)."""
+    out = {"logits": [], "tokens": [], "again": []}
+    for repeat in range(2):
+        for text in PROMPTS:
+            model.reset()
+            tokens = model.tokenize(chat(text), add_bos=False, special=True)
+            model.eval(tokens)
+            if repeat == 0:
+                out["logits"].append(np.array(model.scores[len(tokens) - 1], dtype=np.float32))
+            else:
+                out["again"].append(np.array(model.scores[len(tokens) - 1], dtype=np.float32))
+            generated = []
+            for _ in range(GREEDY):
+                if rank == 0:
+                    token = int(np.argmax(model.scores[model.n_tokens - 1]))
+                    if size > 1:
+                        accel.tp_send_control(token.to_bytes(4, "little"))
+                else:
+                    token = int.from_bytes(accel.tp_recv_control(10_000), "little")
+                generated.append(token)
+                model.eval([token])
+            if repeat == 0:
+                out["tokens"].append(generated)
+    return out
+
+
+def rank_main(rank: int, size: int, path: str, ports: list[int], secret: bytes, cut: list[int], queue,
+              alone: bool = False) -> None:
+    """One rank of a group of `size`; `alone`: a group of one (attached, no peers)."""
+    try:
+        accel.register("auto")                    # before the model loads
+        if size > 1:
+            join(rank, ports, secret, cut, deadline_ms=20_000)
+        elif alone:
+            accel.tp_attach(0, [None], [None], cut)
+        model = load(path)
+        out = generate(model, rank, size)
+        out["counters"] = accel.tp_counters()
+        out["failed"] = accel.tp_failed()
+        if rank != 0:
+            out["logits"] = out["again"] = []    # a follower's other rows are not written
+        queue.put((rank, out))
+    except BaseException as exc:                  # noqa: BLE001 - the parent reports it
+        queue.put((rank, {"error": repr(exc)}))
+
+
+def run_group(paths: list[str], cut: list[int], alone: bool = False, target=rank_main, extra=(),
+              need: int | None = None) -> list[dict]:
+    """Every rank's result (the first `need` ranks' when given: the others may die unheard)."""
+    need = len(paths) if need is None else need
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    ports, secret = free_ports(len(paths)), os.urandom(32)
+    procs = [ctx.Process(target=target, args=(r, len(paths), p, ports, secret, cut, queue, *extra),
+                         kwargs={"alone": alone} if alone else {})
+             for r, p in enumerate(paths)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        while not all(r in results for r in range(need)):
+            rank, out = queue.get(timeout=TIMEOUT)
+            results[rank] = out
+    finally:
+        for p in procs:
+            p.join(10 if len(results) < need else 2)
+            if p.is_alive():
+                p.kill()                          # a frozen follower (the failure tests)
+    for rank, out in results.items():
+        assert "error" not in out, f"rank {rank}: {out['error']}"
+    return [results[r] for r in range(need)]
+
+
+# ---- fixtures --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    out = {}
+    for n in (2, 3):
+        _, paths = shard.write_shards(defaults.smollm2_path(), [1.0] * n, str(tmp_path_factory.mktemp(f"tp{n}")))
+        out[n] = paths
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_node():
+    return run_group([defaults.smollm2_path()], [0, N_VOCAB])[0]
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+def top5_gap(whole: np.ndarray, split: np.ndarray) -> float:
+    a, b = log_softmax(whole), log_softmax(split)
+    top = np.argsort(a)[::-1][:5]
+    return float(np.abs(a[top] - b[top]).max())
+
+
+# ---- the model, split ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_rank_zero_gives_the_whole_models_logits_and_greedy_tokens(shards, one_node, n, capsys):
+    cut = accel.vocab_cut(N_VOCAB, [1.0] * n)
+    ranks = run_group(shards[n], cut)
+    leader = ranks[0]
+    gaps = [top5_gap(w, s) for w, s in zip(one_node["logits"], leader["logits"])]
+    same = sum(a == b for a, b in zip(leader["tokens"], one_node["tokens"]))
+    with capsys.disabled():
+        print(f"\n{n} nodes: first-token top-5 logprobs within {max(gaps):.4f} nats of one node's "
+              f"({', '.join(f'{g:.4f}' for g in gaps)}); greedy tokens equal on {same} of {len(PROMPTS)} prompts")
+    assert max(gaps) <= TOP5_NATS
+    for whole, split, a, b in zip(one_node["logits"], leader["logits"], one_node["tokens"], leader["tokens"]):
+        assert np.isfinite(split).all()
+        for r in range(n):                        # every node's block there, in its place
+            block = slice(cut[r], cut[r + 1])
+            assert np.abs(split[block] - whole[block]).max() < 2.0
+            assert np.corrcoef(split[block], whole[block])[0, 1] > 0.99   # a misplaced block: ~0
+        if a != b:                                # greedy parts only at a near tie
+            lp = log_softmax(whole)
+            if a[0] != b[0]:
+                assert lp[a[0]] - lp[b[0]] <= TIE
+    assert same >= len(PROMPTS) - 1
+    # the same bits run to run (here: the same process, the prompts again)
+    for first, again in zip(leader["logits"], leader["again"]):
+        assert first.tobytes() == again.tobytes()
+    for out in ranks:
+        assert not out["failed"]
+        c = out["counters"]
+        assert c["exchanges"] > 0 and c["bytes_sent"] > 0
+        assert c["control_frames"] == 2 * len(PROMPTS) * GREEDY
+    # every rank took part in the same exchanges: 2 per layer and the logits, per graph
+    assert len({out["counters"]["exchanges"] for out in ranks}) == 1
+    evals = 2 * len(PROMPTS) * (1 + GREEDY)       # each prompt is one graph (n_batch 64)
+    assert ranks[0]["counters"]["exchanges"] == evals * (2 * 30 + 1)
+
+
+def test_one_nodes_logits_are_the_same_run_to_run(one_node):
+    for first, again in zip(one_node["logits"], one_node["again"]):
+        assert first.tobytes() == again.tobytes()
+
+
+def test_a_group_of_one_computes_the_same_bits_as_no_group(one_node):
+    """The rewrite itself changes nothing: alone, the exchange adds no term (p0 + residual is
+    ggml's ADD) and the row cut is every row, so the logits are one node's, bit for bit."""
+    alone = run_group([defaults.smollm2_path()], [0, N_VOCAB], alone=True)[0]
+    for a, b in zip(one_node["logits"], alone["logits"]):
+        assert a.tobytes() == b.tobytes()
+    assert alone["tokens"] == one_node["tokens"]
+    assert alone["counters"]["exchanges"] == 2 * len(PROMPTS) * (1 + GREEDY) * 61
+
+
+# ---- a follower lost --------------------------------------------------------------------------------
+
+def lost_main(rank: int, size: int, path: str, ports: list[int], secret: bytes, cut: list[int], queue,
+              how: str) -> None:
+    """Rank 0 decodes a prompt with its follower, then again after the follower, told to go,
+    exits (`exit`) or freezes (`freeze`: it never answers, its link stays open)."""
+    try:
+        accel.register("auto")
+        join(rank, ports, secret, cut, deadline_ms=DEADLINE_MS)
+        model = load(path)
+        tokens = model.tokenize(chat(PROMPTS[0]), add_bos=False, special=True)
+        model.eval(tokens)
+        if rank != 0:
+            accel.tp_recv_control(30_000)
+            if how == "exit":
+                os._exit(3)
+            time.sleep(600)                       # frozen: the parent kills it
+            return
+        accel.tp_send_control(b"go")
+        out = {"first_ok": accel.tp_active()}
+        model.reset()
+        t0 = time.monotonic()
+        try:
+            model.eval(tokens)
+            out["second"] = "decoded"
+        except Exception as exc:                  # noqa: BLE001 - what llama_decode's failure raised
+            out["second"] = repr(exc)
+        out["seconds"] = time.monotonic() - t0
+        out["failed"], out["why"], out["active"] = accel.tp_failed(), accel.tp_error(), accel.tp_active()
+        model.reset()
+        try:                                      # a failed group fails every later decode at once
+            model.eval(tokens[:3])
+            out["third"] = "decoded"
+        except Exception as exc:                  # noqa: BLE001
+            out["third"] = repr(exc)
+        accel.tp_detach()
+        out["after_detach"] = accel.tp_failed()
+        queue.put((rank, out))
+    except BaseException as exc:                  # noqa: BLE001
+        queue.put((rank, {"error": repr(exc)}))
+
+
+DEADLINE_MS = 1500
+
+
+@pytest.mark.parametrize("how", ["exit", "freeze"])
+def test_a_follower_lost_mid_step_fails_the_leaders_decode_and_the_leader_lives(shards, how, capsys):
+    leader = run_group(shards[2], accel.vocab_cut(N_VOCAB, [1, 1]), target=lost_main, extra=(how,),
+                       need=1)[0]
+    with capsys.disabled():
+        print(f"\nfollower {how}: leader's decode failed after {leader['seconds'] * 1000:.0f} ms "
+              f"(deadline {DEADLINE_MS} ms): {leader['why']}")
+    assert leader["first_ok"]
+    assert leader["second"] != "decoded" and leader["third"] != "decoded"
+    assert leader["failed"] and not leader["active"]
+    assert "node 1" in leader["why"]
+    if how == "freeze":                           # alive but silent: only the deadline can tell
+        assert "deadline" in leader["why"]
+    else:
+        assert "closed" in leader["why"] or "reset" in leader["why"]
+    assert not leader["after_detach"]
+
+
+# ---- frames on the wire ------------------------------------------------------------------------------
+
+def frames_main(queue) -> None:
+    """This process is follower 1 of 2; the test speaks as the leader on the other end of a
+    loopback TCP connection, with frames.py."""
+    out = {}
+    try:
+        a, b = socket.socket(), None
+        try:                                      # refused before the kernels are registered
+            accel.tp_attach(1, [a, None], [b"k" * 32, None], [0, 64, 128])
+        except accel.TensorParallelError as exc:
+            out["unregistered"] = str(exc)
+        accel.register("auto")
+        key = os.urandom(32)
+
+        def pair():
+            server = listen("127.0.0.1", 0)
+            client = socket.create_connection(server.getsockname())
+            peer, _ = server.accept()
+            server.close()
+            accel.tp_attach(1, [client, None], [key, None], [0, 64, 128], deadline_ms=2000)
+            return peer
+
+        def refused(frame: bytes) -> tuple[str, bytes]:
+            leader = pair()
+            leader.sendall(frame)
+            try:
+                accel.tp_recv_control(5000)
+                why = "taken"
+            except accel.TensorParallelError as exc:
+                why = str(exc)
+            leader.settimeout(5)
+            closed = leader.recv(1)              # b"": the library shut the link
+            failed = accel.tp_failed()
+            accel.tp_detach()
+            leader.close()
+            return why if failed else "not failed: " + why, closed
+
+        leader = pair()
+        leader.sendall(frames.encode(key, 0, 0, b"hello", kind=frames.KIND_CONTROL) +
+                       frames.encode(key, 0, 1, b"", kind=frames.KIND_CONTROL))
+        out["good"] = [accel.tp_recv_control(5000), accel.tp_recv_control(5000), accel.tp_recv_control(50)]
+        out["counters"] = accel.tp_counters()
+        accel.tp_detach()
+        leader.close()
+        out["bad_tag"] = refused(frames.encode(os.urandom(32), 0, 0, b"hello", kind=frames.KIND_CONTROL))
+        out["wrong_step"] = refused(frames.encode(key, 0, 5, b"hello", kind=frames.KIND_CONTROL))
+        out["wrong_kind"] = refused(frames.encode(key, 0, 0, b"hello", kind=frames.KIND_PARTIAL))
+        out["wrong_sender"] = refused(frames.encode(key, 1, 0, b"hello", kind=frames.KIND_CONTROL))
+        too_long = frames.HEADER.pack(frames.MAGIC, frames.KIND_CONTROL, 0, 0, frames.MAX_CONTROL + 1)
+        out["too_long"] = refused(too_long)
+        out["bad_magic"] = refused(b"\0" * 64)
+        out["cut_short"] = refused(frames.encode(key, 0, 0, b"hello", kind=frames.KIND_CONTROL)[:30])
+    except BaseException as exc:                  # noqa: BLE001
+        out["error"] = repr(exc)
+    queue.put(out)
+
+
+def test_frames_are_checked_and_a_bad_one_closes_the_link():
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=frames_main, args=(queue,))
+    proc.start()
+    out = queue.get(timeout=TIMEOUT)
+    proc.join(10)
+    assert "error" not in out, out.get("error")
+    assert "kernels registered" in out["unregistered"]
+    assert out["good"] == [b"hello", b"", None]
+    assert out["counters"]["control_frames"] == 2
+    expected = {"bad_tag": "signature", "wrong_step": "step 5 where step 0", "wrong_kind": "kind 1 where kind 2",
+                "wrong_sender": "from node 1", "too_long": "bytes where", "bad_magic": "bad magic",
+                "cut_short": "deadline"}
+    for case, words in expected.items():
+        why, closed = out[case]
+        assert words in why, (case, why)
+        assert closed == b"", case
+
+
+def test_vocab_cut_is_weighted_on_blocks_of_64():
+    assert accel.vocab_cut(49152, [1, 1]) == [0, 24576, 49152]
+    assert accel.vocab_cut(49152, [1, 1, 1]) == [0, 16384, 32768, 49152]
+    assert accel.vocab_cut(49152, [3, 1]) == [0, 36864, 49152]
+    assert accel.vocab_cut(100, [1, 1]) == [0, 64, 100]
+    cut = accel.vocab_cut(32000, [2, 1, 1])
+    assert cut[0] == 0 and cut[-1] == 32000 and all(c % 64 == 0 for c in cut[:-1])
+    with pytest.raises(ValueError):
+        accel.vocab_cut(64, [1, 1])
+    with pytest.raises(ValueError):
+        accel.vocab_cut(49152, [1, 0])
