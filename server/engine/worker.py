@@ -11,7 +11,21 @@ itself (native/engine/frame_sink.h), and every frame of this process goes throug
 Stats go out at once, with every request's end, and at least once a second.
 
 It exits when the daemon says close (after closing the engine), when the daemon's end of the
-socket closes, or when the daemon dies (PR_SET_PDEATHSIG, set here at start). It imports only
+socket closes, or when the daemon dies (PR_SET_PDEATHSIG, set here at start).
+
+A tensor split's worker (issue 36; docs/cluster.md, "Tensor parallelism") has a `tensor` dict in
+its start message: {rank, size, addresses [[host, port], ...] (index = rank), mesh_id, secret
+(hex), deadline_ms, spin_us, vocab_cut}, and its mesh listener comes right after the start frame
+on the same socket (one byte b"L" carrying the descriptor, SCM_RIGHTS: the daemon bound it, so
+its port was told to the peers before this process existed). Before the engine loads, the worker
+forms the mesh (cluster/exchange/mesh.py: dial the lower ranks, accept the higher, each link
+proving the cluster secret), hands every link's socket and session key to the kernels
+(accel.tp_attach), then loads its shard with tp_rank/tp_size. Rank 0 serves as any worker; a
+follower (rank > 0) says ready, then only mirrors rank 0's steps (Engine.follow) and exits 0 on
+its leader's stop, EXIT_TENSOR_PEER_LOST on a lost link or a message out of step. A leader whose
+group fails exits EXIT_TENSOR_PEER_LOST at once, without relaying the failed requests' ends: the
+daemon ends every request in flight as it does for a lost node (503, worker_lost) and places the
+model again. It imports only
 what it needs: not llama-cpp-python, not the HTTP layer, not orjson (its frames go through the
 standard library's json, wire.use_standard_json).
 """
@@ -36,6 +50,89 @@ ON_LOOP_BYTES = 16 * 1024
 
 STATS_INTERVAL = 1.0
 EXIT_RPC_PEER_LOST = 75                # a node holding some of the model's layers went away
+EXIT_TENSOR_PEER_LOST = 76             # a tensor split's group failed (a node gone, a link cut)
+MESH_TIMEOUT = 30.0                    # seconds the mesh has to form (every peer's worker starting)
+LISTENER_TIMEOUT = 10.0                # seconds the mesh listener may come after the start frame
+
+
+def receive_start(sock) -> tuple[FrameReader, list, list[int]]:
+    """The start frame (and anything after it), and the descriptors that came with the bytes.
+    Read with room for descriptors: a plain recv would take the listener's marker byte with the
+    start frame and close the descriptor it carries. A chunk that brought descriptors ends with
+    their marker byte (the kernel ends a read after such a message), which is not frame data."""
+    reader, frames, fds = FrameReader(), [], []
+    while not frames:
+        data, got = recv_with_fds(sock)
+        if not data:
+            break
+        if got:
+            data = data[:-1]
+            fds.extend(got)
+        frames = reader.feed(data)
+    return reader, frames, fds
+
+
+def recv_with_fds(sock, size: int = 1 << 20) -> tuple[bytes, list[int]]:
+    data, ancillary, _flags, _addr = sock.recvmsg(size, _socket.CMSG_SPACE(4 * 4))
+    fds = array("i")
+    for level, kind, payload in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
+
+
+def mesh_listener(sock, tensor: dict, fds: list[int]) -> int | None:
+    """The listener the daemon passes after the start frame (receive_start may have it already)."""
+    if not fds and tensor["rank"] < tensor["size"] - 1:     # the last rank accepts no one
+        sock.settimeout(LISTENER_TIMEOUT)
+        try:
+            data, fds = recv_with_fds(sock, 1)
+        except TimeoutError:
+            data = b""
+        finally:
+            sock.settimeout(None)
+        if data != b"L" or not fds:
+            raise ValueError("a tensor split's worker needs its mesh listener right after its start frame")
+    for extra in fds[1:]:
+        os.close(extra)
+    return fds[0] if fds else None
+
+
+def join_tensor_group(tensor: dict, listener_fd: int | None) -> None:
+    """Form the mesh and hand its links to the kernels (accel.tp_attach), before the engine loads."""
+    import socket
+
+    from . import accel
+    from ..cluster.exchange.mesh import Mesh
+    rank, size = int(tensor["rank"]), int(tensor["size"])
+    addresses = [(str(host), int(port)) for host, port in tensor["addresses"]]
+    if len(addresses) != size or not 0 <= rank < size or len(tensor["vocab_cut"]) != size + 1:
+        raise ValueError("the tensor split's rank, addresses and vocab_cut do not agree on its size")
+    if accel.registered() is None:
+        raise ValueError("a tensor split needs our kernels (engine.kernels: auto) on a CPU with AVX2")
+    listener = socket.socket(fileno=listener_fd) if listener_fd is not None else None
+    deadline_ms, spin_us = int(tensor["deadline_ms"]), int(tensor.get("spin_us", 0))
+    try:
+        mesh = Mesh(rank, addresses, bytes.fromhex(tensor["secret"]), str(tensor["mesh_id"]), listener=listener,
+                    deadline=deadline_ms / 1000.0, spin_us=spin_us)
+        mesh.connect(MESH_TIMEOUT)
+    finally:
+        if listener is not None:
+            listener.close()
+    links = [mesh.links.get(i) for i in range(size)]
+    accel.tp_attach(rank, [None if link is None else link.sock for link in links],
+                    [None if link is None else link.key for link in links],
+                    [int(v) for v in tensor["vocab_cut"]], deadline_ms, spin_us)
+
+
+def follow(engine) -> int:
+    """A follower's life after ready: its leader's steps until a stop or a loss."""
+    reason = engine.follow()
+    print(f"stackd worker: tensor follower ends: {reason}", file=sys.stderr, flush=True)
+    engine.close()
+    from . import accel
+    accel.tp_detach()
+    return 0 if reason in ("stop", "closed") else EXIT_TENSOR_PEER_LOST
 
 
 def connect_devices(rpc: dict | None) -> list[str]:
@@ -79,6 +176,7 @@ class Worker:
         self.beside = None
         self.answers: collections.deque = collections.deque()
         self.wake_read, self.wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.tensor = False                    # the leader of a tensor split (check_tensor_group)
         engine.attach_sink(self.sock_fd)       # every frame from here on goes through the engine
 
     # ---- messages from the daemon --------------------------------------------------------------
@@ -188,8 +286,21 @@ class Worker:
     def forward_events(self) -> None:
         # Most steps' events left the engine thread on their own (frame_sink.h); what it left
         # here is a step that ended a request, or one behind bytes the socket had not taken.
+        if self.tensor:
+            self.check_tensor_group()
         if self.engine.relay_events():
             self.send_stats()                  # a request ended: its counts follow its end
+
+    def check_tensor_group(self) -> None:
+        """A tensor split's leader whose group failed ends here: its requests' error events stay
+        unsent, so the daemon ends them as a lost node's (503) and places the model again."""
+        from . import accel
+        lost = self.engine.tensor_lost or (accel.tp_failed() and f"the tensor-parallel group failed: "
+                                                                  f"{accel.tp_error()}")
+        if lost:
+            self.engine.flush_sink()           # the steps before the loss, as far as the socket takes them
+            print(f"stackd worker: {lost}", file=sys.stderr, flush=True)
+            os._exit(EXIT_TENSOR_PEER_LOST)
 
     def send_stats(self) -> None:
         self.send({"op": "stats", "stats": self.engine.stats(), "metrics": self.engine.metrics()})
@@ -209,6 +320,8 @@ class Worker:
         while self.running:
             now = time.monotonic()
             if now >= next_stats:              # the first at once: /metrics has every series
+                if self.tensor:
+                    self.check_tensor_group()  # a link may fail between requests too
                 self.send_stats()
                 next_stats = now + STATS_INTERVAL
             wanted = select.POLLIN | (select.POLLOUT if self.engine.sink_pending() else 0)
@@ -252,14 +365,14 @@ def main(fd: int, parent: int) -> int:
     # loaded by the time its model is chosen.
     from .core import Engine, template_facts
     from . import accel
-    reader = FrameReader()
-    frames = []
-    while not frames:
-        data = sock.recv(1 << 20)
-        if not data:
-            return 1
-        frames = reader.feed(data)
+    reader, frames, fds = receive_start(sock)
+    if not frames:
+        return 1
     config = frames[0][0]
+    tensor = config.get("tensor")
+    if not tensor:
+        for extra in fds:                          # none is expected: none is kept
+            os.close(extra)
     if Faults(**config.get("faults", {})).worker_crashes():
         os.abort()                                 # a test configuration's crash loop
 
@@ -269,12 +382,19 @@ def main(fd: int, parent: int) -> int:
         accel.commit_on_write(config.get("kv_commit", "lazy"))
         accel.register(config.get("kernels", "off"), config.get("batch_invariant", False))
         params = dict(config["engine"], rpc_endpoints=connect_devices(config.get("rpc")))
+        if tensor:
+            join_tensor_group(tensor, mesh_listener(sock, tensor, fds))
+            params.update(tp_rank=int(tensor["rank"]), tp_size=int(tensor["size"]))
         engine = Engine(**params)
     except Exception as exc:                        # a model that does not load: say why, exit
         failed = {"op": "failed", "error": str(exc)}
         if config.get("rpc"):                       # relay.py only where a placement dials one
             from ..system.relay import RelayError
             if isinstance(exc, RelayError):         # a node of the placement does not answer
+                failed["code"] = "peer_unreachable"
+        if tensor:
+            from ..cluster.exchange.mesh import ExchangeError
+            if isinstance(exc, ExchangeError):      # a peer of the group did not join the mesh
                 failed["code"] = "peer_unreachable"
         sock.sendall(frame(failed))
         return 2
@@ -284,8 +404,11 @@ def main(fd: int, parent: int) -> int:
         "kernels": accel.report(), **template_facts(engine)}}))
     from ..system.memory import release_free_heap
     release_free_heap()                            # what loading freed, once the model serves
+    if tensor and int(tensor["rank"]) > 0:
+        return follow(engine)                      # a follower has no requests: it mirrors rank 0
     sock.setblocking(False)
     worker = Worker(sock, engine)
+    worker.tensor = bool(tensor)
     worker.reader = reader
     for message, tail in frames[1:]:
         worker.handle(message, tail)
