@@ -6,10 +6,13 @@ protocol costs over the link itself. This is the link model the planner will use
 split's step costs 2 x layers + 2 of these exchanges on top of its compute.
 
     .venv/bin/python bench/tp_exchange.py [--nodes 2] [--floats 576] [--count 2000] [--rounds 3]
-                                          [--links loopback,netns] [--pin]
+                                          [--links loopback,netns] [--pin] [--native] [--spin US]
 
 Each node is a process of its own (python, server/cluster/exchange/mesh.py: the reference
-implementation, with Python's costs per exchange). Rounds alternate the links; each row gives
+implementation, with Python's costs per exchange). `--native` adds the rows of the exchange the
+engine runs: the same mesh handed to the kernels' library (accel.tp_attach), each all-reduce
+timed inside it in C++ (kernels/src/tp.h, stackd_tp_time_allreduce), with --spin microseconds of
+polling before it sleeps. Rounds alternate the links; each row gives
 the median over the rounds of each round's median and 99th percentile, with the range of the
 medians. `--pin` puts node i on CPU i (mod the cores). netns needs root.
 """
@@ -53,6 +56,26 @@ def node_main(args) -> None:
             times.append(time.perf_counter_ns() - t0)
         mesh.close()
         out["us"] = [t / 1000 for t in times[WARMUP:]]
+    elif args.mode == "native":
+        import ctypes
+
+        from stackd.engine import accel
+        mesh = Mesh(index, addresses, bytes.fromhex(args.secret), "bench", listener)
+        mesh.connect(timeout=30.0)
+        if accel.register("auto") is None:
+            sys.exit("--native: the kernels do not register on this CPU")
+        n = len(addresses)
+        accel.tp_attach(index, [mesh.links[i].sock if i != index else None for i in range(n)],
+                        [mesh.links[i].key if i != index else None for i in range(n)],
+                        accel.vocab_cut(49152, [1.0] * n), deadline_ms=10_000, spin_us=int(args.spin))
+        mesh.close()
+        lib = accel.library()
+        lib.stackd_tp_time_allreduce.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+        times = (ctypes.c_double * (WARMUP + args.count))()
+        if lib.stackd_tp_time_allreduce(args.floats, WARMUP + args.count, times) != 0:
+            sys.exit(f"--native: {accel.tp_error()}")
+        accel.tp_detach()
+        out["us"] = list(times)[WARMUP:]
     else:                                       # ping-pong: node 0 sends, node 1 echoes
         payload = vector.tobytes()
         if index == 0:
@@ -165,6 +188,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--links", default="loopback,netns")
     parser.add_argument("--pin", action="store_true")
+    parser.add_argument("--native", action="store_true",
+                        help="also the kernels' C++ exchange (the engine's), on the same mesh")
     parser.add_argument("--spin", type=float, default=0.0,
                         help="microseconds an exchange tries its sockets before sleeping in poll")
     # a node's own arguments (the driver starts it)
@@ -184,7 +209,7 @@ def main() -> None:
     try:
         for round_ in range(args.rounds):
             for kind in kinds:
-                for mode in ("pingpong", "exchange"):
+                for mode in ("pingpong", "exchange", *(("native",) if args.native else ())):
                     us = run_round(links[kind], mode, args)
                     q = statistics.quantiles(us, n=100, method="inclusive")
                     results.setdefault((kind, mode), []).append((statistics.median(us), q[98]))
