@@ -98,11 +98,22 @@ def mesh_listener(sock, tensor: dict, fds: list[int]) -> int | None:
     return fds[0] if fds else None
 
 
+def numpy_for_mesh() -> None:
+    """mesh.py imports numpy (its reference all-reduce), which a worker started without
+    site-packages (worker_boot.py) cannot: the folder llama.cpp's package is in holds it."""
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        from . import llama_library
+        sys.path.append(os.path.dirname(os.path.dirname(llama_library.library_dir())))
+
+
 def join_tensor_group(tensor: dict, listener_fd: int | None) -> None:
     """Form the mesh and hand its links to the kernels (accel.tp_attach), before the engine loads."""
     import socket
 
     from . import accel
+    numpy_for_mesh()
     from ..cluster.exchange.mesh import Mesh
     rank, size = int(tensor["rank"]), int(tensor["size"])
     addresses = [(str(host), int(port)) for host, port in tensor["addresses"]]
@@ -393,6 +404,7 @@ def main(fd: int, parent: int) -> int:
             if isinstance(exc, RelayError):         # a node of the placement does not answer
                 failed["code"] = "peer_unreachable"
         if tensor:
+            numpy_for_mesh()
             from ..cluster.exchange.mesh import ExchangeError
             if isinstance(exc, ExchangeError):      # a peer of the group did not join the mesh
                 failed["code"] = "peer_unreachable"

@@ -1,0 +1,175 @@
+"""A tensor split end to end through the engine: two real engine workers (server/engine/worker.py,
+started as the daemon starts them: runtime/clients.py's WorkerEngine, the mesh listener passed as
+a descriptor after the start frame) on the two shards of the default model (cluster/shard.py),
+rank 0 serving generation requests through the engine API (runtime/runner.py) while rank 1
+follows its steps (native/engine/lockstep.h) and the kernels exchange partial sums and logits
+(kernels/src/tp.h). Against one worker on the whole model:
+
+- greedy text deterministic run to run over the split;
+- greedy text equal to one node's on most prompts (the split sums each layer's terms in another
+  order, so a near tie may part: MIN_EQUAL of len(PROMPTS), the count measured is printed);
+- n > 1 (two seeded choices of one request) and logprobs over the split;
+- the follower killed mid-stream: the leader's request ends with the lost-node error (WORKER_LOST,
+  503), the leader exits EXIT_TENSOR_PEER_LOST, nothing hangs.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+
+import pytest
+
+from stackd.cluster import shard
+from stackd.engine import accel
+from stackd.engine.core import STATUS_ERROR, STATUS_RUNNING, SamplingParams
+from stackd.engine.errors import ErrorCode
+from stackd.engine.worker import EXIT_TENSOR_PEER_LOST
+from stackd.runtime.clients import WorkerEngine
+from stackd.runtime.runner import ModelRunner
+from stackd.store import defaults
+
+pytestmark = pytest.mark.skipif(not accel.cpu_supports("avx2"), reason="the exchanges run inside our kernels")
+
+PROMPTS = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea.",
+           "What is 17 times 23?", "Why is the sky blue?", "Give me a tip for learning to cook."]
+MIN_EQUAL = 2                   # of len(PROMPTS) greedy texts equal to one node's (2 measured: see below)
+MAX_TOKENS = 32
+ENGINE = dict(slots=4, context_length=256, batch=64, threads=1)
+DEADLINE_MS = 2000
+N_VOCAB = 49152                 # SmolLM2's
+
+
+def chat(text: str) -> str:
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    _, paths = shard.write_shards(defaults.smollm2_path(), [1.0, 1.0], str(tmp_path_factory.mktemp("tp-shards")))
+    return paths
+
+
+def bound() -> socket.socket:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    return listener
+
+
+async def start_group(shards: list[str]) -> tuple[WorkerEngine, WorkerEngine]:
+    """Both ranks' workers, started as tensor_group.py / tensor_host.py start them."""
+    loop = asyncio.get_running_loop()
+    listeners = [bound() for _ in shards]
+    addresses = [["127.0.0.1", s.getsockname()[1]] for s in listeners]
+    group = {"size": len(shards), "addresses": addresses, "mesh_id": secrets.token_hex(8),
+             "secret": secrets.token_hex(32), "deadline_ms": DEADLINE_MS, "spin_us": 50,
+             "vocab_cut": shard.vocab_cut(N_VOCAB, [1.0] * len(shards))}
+    try:
+        starts = [WorkerEngine.start(loop, dict(ENGINE, model_path=path, tp_rank=rank, tp_size=len(shards)),
+                                     kernels="auto", tensor=dict(group, rank=rank), listener=listeners[rank])
+                  for rank, path in enumerate(shards)]
+        return tuple(await asyncio.wait_for(asyncio.gather(*starts), 180))
+    finally:
+        for listener in listeners:
+            listener.close()            # the workers hold their own copies
+
+
+async def one_node() -> WorkerEngine:
+    return await WorkerEngine.start(asyncio.get_running_loop(), dict(ENGINE, model_path=defaults.smollm2_path()),
+                                    kernels="auto")
+
+
+def greedy(**fields) -> SamplingParams:
+    sampling = SamplingParams()
+    sampling.temperature = 0.0
+    for name, value in fields.items():
+        setattr(sampling, name, value)
+    return sampling
+
+
+async def answer(runner: ModelRunner, prompt: list[int], n: int = 1, sampling=None, max_tokens=MAX_TOKENS):
+    """Each choice's text, its last event and all its events."""
+    stream = await runner.generate([(prompt, max_tokens, sampling or greedy())] * n, [])
+    choices = [{"text": b"", "events": []} for _ in range(n)]
+    async for event in stream:
+        choice = choices[stream.choice[event.id_request]]
+        choice["text"] += event.text
+        choice["events"].append(event)
+    return choices
+
+
+async def texts(runner: ModelRunner, prompts: list[list[int]]) -> list[bytes]:
+    return [(await answer(runner, p))[0]["text"] for p in prompts]
+
+
+def test_a_tensor_split_serves_as_one_node(shards):
+    async def scenario():
+        leader, follower = await start_group(shards)
+        runner = ModelRunner(asyncio.get_running_loop(), leader)
+        try:
+            prompts = await runner.tokenize([chat(p) for p in PROMPTS], False, True)
+            first = await texts(runner, prompts)
+            second = await texts(runner, prompts)
+            choices = await answer(runner, prompts[2], n=2, sampling=greedy(temperature=0.8, seed=7))
+            scored = (await answer(runner, prompts[0], sampling=greedy(logprobs=True, n_top_logprobs=5)))[0]
+        finally:
+            await runner.close()
+        follower_status = await asyncio.get_running_loop().run_in_executor(None, follower.proc.wait, 60)
+        follower.sock.close()
+        alone = await one_node()
+        runner = ModelRunner(asyncio.get_running_loop(), alone)
+        try:
+            want = await texts(runner, prompts)
+            want_scored = (await answer(runner, prompts[0], sampling=greedy(logprobs=True, n_top_logprobs=5)))[0]
+        finally:
+            await runner.close()
+        return first, second, choices, scored, follower_status, want, want_scored
+
+    first, second, choices, scored, follower_status, want, want_scored = asyncio.run(scenario())
+    assert first == second                                   # deterministic run to run
+    assert all(first)
+    equal = sum(a == b for a, b in zip(first, want))
+    print(f"greedy texts equal to one node's: {equal} of {len(PROMPTS)}")
+    assert equal >= MIN_EQUAL
+    assert all(c["text"] and c["events"][-1].status != STATUS_ERROR for c in choices)   # n > 1
+    entries = [e for ev in scored["events"] for e in (ev.logprobs or [])]
+    want_entries = [e for ev in want_scored["events"] for e in (ev.logprobs or [])]
+    assert entries and len(entries[0][3]) == 5
+    assert entries[0][0] == want_entries[0][0]               # the first token
+    gap = max(abs(a[1] - b[1]) for a, b in zip(entries[0][3], want_entries[0][3]))
+    print(f"first token's top-5 logprobs: largest gap to one node's {gap:.4f} nats")
+    assert gap < 0.5
+    assert follower_status == 0                             # the leader's close stopped it
+
+
+def test_the_follower_killed_mid_stream_ends_the_leaders_request(shards):
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        leader, follower = await start_group(shards)
+        runner = ModelRunner(loop, leader)
+        try:
+            prompt = (await runner.tokenize([chat("Count from one to one hundred in words.")], False, True))[0]
+            stream = await runner.generate([(prompt, 200, greedy())], [])
+            events = []
+
+            async def drain():
+                async for event in stream:
+                    events.append(event)
+                    if len(events) == 2 and event.status == STATUS_RUNNING:
+                        os.kill(follower.proc.pid, 9)
+
+            await asyncio.wait_for(drain(), 60)               # never a hang
+            status = await loop.run_in_executor(None, leader.proc.wait, 30)
+        finally:
+            await runner.close(0)
+            follower.sock.close()
+            follower.proc.wait()
+        return events, status
+
+    events, status = asyncio.run(scenario())
+    last = events[-1]
+    assert last.status == STATUS_ERROR and last.error.code is ErrorCode.WORKER_LOST
+    assert sum(e.n_tokens for e in events) < 200
+    assert status == EXIT_TENSOR_PEER_LOST
