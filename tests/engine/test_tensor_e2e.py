@@ -9,14 +9,16 @@ follows its steps (native/engine/lockstep.h) and the kernels exchange partial su
 - greedy text equal to one node's on most prompts (the split sums each layer's terms in another
   order, so a near tie may part: MIN_EQUAL of len(PROMPTS), the count measured is printed);
 - n > 1 (two seeded choices of one request) and logprobs over the split;
-- the follower killed mid-stream: the leader's request ends with the lost-node error (WORKER_LOST,
-  503), the leader exits EXIT_TENSOR_PEER_LOST, nothing hangs.
+- the follower killed or frozen (SIGSTOP) mid-stream: the leader's request ends with the lost-node
+  error (WORKER_LOST, 503), the leader exits EXIT_TENSOR_PEER_LOST, nothing hangs; the leader
+  killed: the follower exits EXIT_TENSOR_PEER_LOST.
 """
 from __future__ import annotations
 
 import asyncio
 import os
 import secrets
+import signal
 import socket
 
 import pytest
@@ -34,7 +36,7 @@ pytestmark = pytest.mark.skipif(not accel.cpu_supports("avx2"), reason="the exch
 
 PROMPTS = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea.",
            "What is 17 times 23?", "Why is the sky blue?", "Give me a tip for learning to cook."]
-MIN_EQUAL = 2                   # of len(PROMPTS) greedy texts equal to one node's (2 measured: see below)
+MIN_EQUAL = 2                   # of len(PROMPTS) greedy texts equal to one node's (2 measured, 2026-11-28)
 MAX_TOKENS = 32
 ENGINE = dict(slots=4, context_length=256, batch=64, threads=1)
 DEADLINE_MS = 2000
@@ -144,32 +146,62 @@ def test_a_tensor_split_serves_as_one_node(shards):
     assert follower_status == 0                             # the leader's close stopped it
 
 
-def test_the_follower_killed_mid_stream_ends_the_leaders_request(shards):
+async def stream_until(runner: ModelRunner, fault, n_before: int = 2) -> list:
+    """A long greedy answer; `fault()` once `n_before` events came. Its events, to its end."""
+    prompt = (await runner.tokenize([chat("Count from one to one hundred in words.")], False, True))[0]
+    stream = await runner.generate([(prompt, 200, greedy())], [])
+    events = []
+
+    async def drain():
+        async for event in stream:
+            events.append(event)
+            if len(events) == n_before and event.status == STATUS_RUNNING:
+                fault()
+
+    await asyncio.wait_for(drain(), 60)               # never a hang
+    return events
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+def test_a_follower_lost_mid_stream_ends_the_leaders_request(shards, signal_number):
+    """Killed, its link closes; frozen, the exchange's deadline passes: either way the request
+    ends with the lost-node error and the leader's worker exits EXIT_TENSOR_PEER_LOST."""
     async def scenario():
         loop = asyncio.get_running_loop()
         leader, follower = await start_group(shards)
         runner = ModelRunner(loop, leader)
         try:
-            prompt = (await runner.tokenize([chat("Count from one to one hundred in words.")], False, True))[0]
-            stream = await runner.generate([(prompt, 200, greedy())], [])
-            events = []
-
-            async def drain():
-                async for event in stream:
-                    events.append(event)
-                    if len(events) == 2 and event.status == STATUS_RUNNING:
-                        os.kill(follower.proc.pid, 9)
-
-            await asyncio.wait_for(drain(), 60)               # never a hang
+            events = await stream_until(runner, lambda: os.kill(follower.proc.pid, signal_number))
             status = await loop.run_in_executor(None, leader.proc.wait, 30)
         finally:
             await runner.close(0)
-            follower.sock.close()
+            follower.proc.kill()
             follower.proc.wait()
+            follower.sock.close()
         return events, status
 
     events, status = asyncio.run(scenario())
     last = events[-1]
     assert last.status == STATUS_ERROR and last.error.code is ErrorCode.WORKER_LOST
     assert sum(e.n_tokens for e in events) < 200
+    assert status == EXIT_TENSOR_PEER_LOST
+
+
+def test_the_leader_lost_mid_stream_ends_the_follower(shards):
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        leader, follower = await start_group(shards)
+        runner = ModelRunner(loop, leader)
+        try:
+            events = await stream_until(runner, lambda: os.kill(leader.proc.pid, signal.SIGKILL))
+            status = await loop.run_in_executor(None, follower.proc.wait, 30)
+        finally:
+            await runner.close(0)
+            follower.proc.kill()
+            follower.proc.wait()
+            follower.sock.close()
+        return events, status
+
+    events, status = asyncio.run(scenario())
+    assert events[-1].status == STATUS_ERROR and events[-1].error.code is ErrorCode.WORKER_LOST
     assert status == EXIT_TENSOR_PEER_LOST
