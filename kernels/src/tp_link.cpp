@@ -379,7 +379,10 @@ STACKD_API int stackd_tp_attach(int rank, int n, const int *fds, const uint8_t *
         if (p == rank) continue;
         int type = 0;
         socklen_t len = sizeof type;
-        if (fds[p] < 0 || getsockopt(fds[p], SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) {
+        sockaddr_storage peer;
+        socklen_t peer_len = sizeof peer;
+        if (fds[p] < 0 || getsockopt(fds[p], SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM ||
+            getpeername(fds[p], reinterpret_cast<sockaddr *>(&peer), &peer_len) != 0) {
             return refuse("tensor parallelism: fds[" + std::to_string(p) + "] is not a connected stream socket");
         }
     }
@@ -468,7 +471,11 @@ STACKD_API int stackd_tp_recv_control(const void **data, size_t *size, int timeo
     do {
         ready = poll(&pfd, 1, timeout_ms < 0 ? -1 : timeout_ms);
     } while (ready < 0 && errno == EINTR && timeout_ms < 0);
-    if (ready == 0) return 1;
+    if (ready == 0 || (ready < 0 && errno == EINTR)) return 1;   // a signal: as a timeout, the caller asks again
+    if (ready < 0) {
+        fail_locked(g, std::string("waiting for the leader: poll: ") + std::strerror(errno));
+        return -1;
+    }
     if (!g.attached.load()) return -1;   // detached meanwhile
     stage_receive(leader, kKindControl, kAnyLength);
     if (!run(g, deadline(g), kKindControl)) return -1;   // a closed link fails here too

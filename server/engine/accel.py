@@ -164,14 +164,15 @@ def tp_attach(rank: int, socks_or_fds: list, keys: list, vocab_cut: list[int], d
     n = len(socks_or_fds)
     if len(keys) != n or len(vocab_cut) != n + 1:
         raise ValueError("tp_attach: one socket and one key per node, n + 1 vocabulary boundaries")
+    for i, key in enumerate(keys):
+        if i != rank and (key is None or len(key) != 32):
+            raise ValueError(f"tp_attach: the session key of the link to node {i} is 32 bytes")
     fds = (ctypes.c_int * n)()
     key_bytes = bytearray(32 * n)
     for i, (sock, key) in enumerate(zip(socks_or_fds, keys)):
         if i == rank:
             fds[i] = -1
             continue
-        if key is None or len(key) != 32:
-            raise ValueError(f"tp_attach: the session key of the link to node {i} is 32 bytes")
         fds[i] = sock if isinstance(sock, int) else sock.detach()
         key_bytes[32 * i:32 * (i + 1)] = key
     cut = (ctypes.c_int64 * (n + 1))(*vocab_cut)

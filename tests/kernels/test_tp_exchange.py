@@ -301,6 +301,17 @@ def frames_main(queue) -> None:
             out["unregistered"] = str(exc)
         accel.register("auto")
         key = os.urandom(32)
+        try:
+            accel.tp_attach(1, [socket.socket(), None], [key, None], [0, 64, 128])
+            out["unconnected"] = "attached"
+        except accel.TensorParallelError as exc:
+            out["unconnected"] = str(exc)
+        for name, cut in (("cut_not_on_64", [0, 100, 128]), ("cut_falling", [0, 128, 64]), ("cut_from_1", [1, 64, 128])):
+            try:
+                accel.tp_attach(1, [socket.socket(), None], [key, None], cut)
+                out[name] = "attached"
+            except accel.TensorParallelError as exc:
+                out[name] = str(exc)
 
         def pair():
             server = listen("127.0.0.1", 0)
@@ -354,6 +365,9 @@ def test_frames_are_checked_and_a_bad_one_closes_the_link():
     proc.join(10)
     assert "error" not in out, out.get("error")
     assert "kernels registered" in out["unregistered"]
+    assert "multiples of 64" in out["cut_not_on_64"] and "multiples of 64" in out["cut_falling"]
+    assert "starts at 0" in out["cut_from_1"]
+    assert "not a connected stream socket" in out["unconnected"]
     assert out["good"] == [b"hello", b"", None]
     assert out["counters"]["control_frames"] == 2
     expected = {"bad_tag": "signature", "wrong_step": "step 5 where step 0", "wrong_kind": "kind 1 where kind 2",
