@@ -419,10 +419,18 @@ void engine::loop(lane & ln) {
     while (true) {
         {
             std::unique_lock<std::mutex> lock(mu_tasks_);
-            cv_.wait(lock, [&] {
+            auto ready = [&] {
                 return stop_ || !ln.tasks.empty() || !ln.sched.idle() || (ln.index == 0 && !embed_jobs_.empty()) ||
                        n_to_take(ln) > 0;
-            });
+            };
+            // A tensor-parallel leader with nothing to do tells its followers it is there: a
+            // follower lost between requests is found then, not at the next request's step.
+            if (tp_->leader() && !cv_.wait_for(lock, std::chrono::milliseconds(lockstep::kKeepaliveMs), ready)) {
+                lock.unlock();
+                tp_->keepalive();
+                continue;
+            }
+            cv_.wait(lock, ready);
             if (stop_) {
                 return;
             }

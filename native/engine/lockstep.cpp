@@ -395,6 +395,19 @@ void lockstep::stop() {
     transport_->send(encode_control(msg));
 }
 
+void lockstep::keepalive() {
+    if (!leader() || stopped_ || lost()) {
+        return;
+    }
+    control_message msg;
+    msg.index = index_++;
+    msg.prev_rc = prev_rc_;
+    msg.ops.swap(pending_);
+    if (!transport_->send(encode_control(msg))) {
+        mark_lost(transport_->error());
+    }
+}
+
 std::string lockstep::follow(llama_context * ctx, llama_batch & batch, const control_limits & limits,
                              const std::atomic<bool> & stopping,
                              const std::function<void(int32_t, uint64_t)> & on_decode) {

@@ -7,7 +7,10 @@
 // exchanges (kernels/src/tp.h) then pair up. On the leader this class applies each KV operation
 // at once and records it; before each llama_decode it sends the followers one control message:
 // the operations since the last message and the batch. A follower (follow()) applies the
-// operations and decodes the batch, message after message, and never samples.
+// operations and decodes the batch, message after message, and never samples. An idle leader
+// sends a message without a batch every second (keepalive), so a follower lost between requests
+// is found then. Nothing in the engine decodes outside a plan's step (no warm-up): every decode
+// and every KV operation is the scheduler's, and all of them go through here.
 //
 // The control message (little-endian; a payload of the kernels' KIND_CONTROL frame, which
 // carries its length, step and tag):
@@ -115,6 +118,10 @@ public:
     std::string lost_reason() const;
     // Leader: the followers' last message (their follow() returns "stop"). Once.
     void stop();
+    // Leader, idle: a message without a batch (the KV operations since the last), every
+    // kKeepaliveMs, so that a follower gone between requests fails a send (lost()) then.
+    static constexpr int kKeepaliveMs = 1000;
+    void keepalive();
 
     // Follower: message after message until a stop, a failure or `stopping`. Returns "stop", or
     // "closed" (stopping), or "lost: ..." (the link), or "error: ..." (a message that does not

@@ -7,6 +7,7 @@ checks every batch against its own KV cells: a KV operation not mirrored makes i
 fail where the leader's did not, which the next message's prev_rc catches."""
 import random
 import threading
+import time
 import uuid
 
 import pytest
@@ -289,5 +290,34 @@ def test_leader_loses_its_group():
         assert again["status"] == STATUS_ERROR and again["events"][-1].error == error
         assert again["events"][0].n_generated == 0
         assert leader.submit(99, [1, 2], 4, [], SamplingParams()) == SUBMIT_ACCEPTED   # accepted, then ended
+    finally:
+        leader.close()
+
+
+def test_an_idle_leader_finds_its_group_lost_and_keeps_its_followers_in_step():
+    """Between requests the leader sends a message without a batch every second: the follower
+    stays in step across them, and a closed link is found without a request."""
+    name, leader, follower = pair()
+    following = Following(follower)
+    driver = Driver(leader)
+    rid = driver.submit([1, 2, 3], max_tokens=4)
+    driver.wait([rid])
+    time.sleep(2.5)                            # two keepalives at least
+    rid = driver.submit([1, 2, 3, 4], max_tokens=4)
+    assert driver.wait([rid])[rid]["status"] != STATUS_ERROR
+    leader.close()
+    assert following.result() == "stop"
+    follower.close()
+
+    name = uuid.uuid4().hex
+    leader = Engine(defaults.smollm2_path(), slots=2, context_length=128, tp_rank=0, tp_size=2,
+                    tp_transport=f"memory:{name}")
+    try:
+        _engine.lockstep_channel_close(name)
+        for _ in range(100):
+            if leader.tensor_lost:
+                break
+            time.sleep(0.1)
+        assert leader.tensor_lost.startswith("the tensor-parallel group was lost")
     finally:
         leader.close()

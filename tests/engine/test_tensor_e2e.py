@@ -207,3 +207,26 @@ def test_the_leader_lost_mid_stream_ends_the_follower(shards):
     events, status = asyncio.run(scenario())
     assert events[-1].status == STATUS_ERROR and events[-1].error.code is ErrorCode.WORKER_LOST
     assert status == EXIT_TENSOR_PEER_LOST
+
+
+def test_a_follower_lost_between_requests_ends_the_leader(shards):
+    """No request in flight: the idle leader's keepalive finds the link gone, and its worker
+    exits EXIT_TENSOR_PEER_LOST, so the daemon places the model again before anyone asks."""
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        leader, follower = await start_group(shards)
+        runner = ModelRunner(loop, leader)
+        try:
+            prompt = (await runner.tokenize([chat("Name three colors.")], False, True))[0]
+            answered = await answer(runner, prompt)
+            follower.proc.kill()
+            status = await loop.run_in_executor(None, leader.proc.wait, 30)
+        finally:
+            await runner.close(0)
+            follower.proc.wait()
+            follower.sock.close()
+        return answered, status
+
+    answered, status = asyncio.run(scenario())
+    assert answered[0]["text"] and answered[0]["events"][-1].status != STATUS_ERROR
+    assert status == EXIT_TENSOR_PEER_LOST
