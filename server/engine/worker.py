@@ -66,8 +66,12 @@ def receive_start(sock) -> tuple[FrameReader, list, list[int]]:
         if not data:
             break
         if got:
+            if data[-1:] != b"L":               # not the listener's marker: not ours to keep
+                for extra in got:
+                    os.close(extra)
+            else:
+                fds.extend(got)
             data = data[:-1]
-            fds.extend(got)
         frames = reader.feed(data)
     return reader, frames, fds
 
@@ -82,8 +86,9 @@ def recv_with_fds(sock, size: int = 1 << 20) -> tuple[bytes, list[int]]:
 
 
 def mesh_listener(sock, tensor: dict, fds: list[int]) -> int | None:
-    """The listener the daemon passes after the start frame (receive_start may have it already)."""
-    if not fds and tensor["rank"] < tensor["size"] - 1:     # the last rank accepts no one
+    """The listener the daemon passes after the start frame (receive_start may have it already);
+    the last rank accepts no one, but is given one all the same, and it is taken off the socket."""
+    if not fds:
         sock.settimeout(LISTENER_TIMEOUT)
         try:
             data, fds = recv_with_fds(sock, 1)

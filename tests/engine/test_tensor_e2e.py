@@ -230,3 +230,24 @@ def test_a_follower_lost_between_requests_ends_the_leader(shards):
     answered, status = asyncio.run(scenario())
     assert answered[0]["text"] and answered[0]["events"][-1].status != STATUS_ERROR
     assert status == EXIT_TENSOR_PEER_LOST
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(kernels="off"), "needs our kernels"),
+    (dict(tensor=dict(vocab_cut=[0, N_VOCAB])), "do not agree on its size"),
+    (dict(tensor=dict(secret="zz")), "non-hexadecimal"),
+], ids=["kernels-off", "cut-of-one", "bad-secret"])
+def test_a_worker_refuses_a_tensor_start_it_cannot_run(shards, change, words):
+    async def scenario():
+        listener = bound()
+        group = {"rank": 0, "size": 2, "addresses": [["127.0.0.1", listener.getsockname()[1]], ["127.0.0.1", 1]],
+                 "mesh_id": "m", "secret": secrets.token_hex(32), "deadline_ms": DEADLINE_MS, "spin_us": 0,
+                 "vocab_cut": shard.vocab_cut(N_VOCAB, [1.0, 1.0]), **change.get("tensor", {})}
+        try:
+            await WorkerEngine.start(asyncio.get_running_loop(), dict(ENGINE, model_path=shards[0], tp_rank=0, tp_size=2),
+                                     kernels=change.get("kernels", "auto"), tensor=group, listener=listener)
+        finally:
+            listener.close()
+
+    with pytest.raises(RuntimeError, match=words):
+        asyncio.run(scenario())
