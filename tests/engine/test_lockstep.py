@@ -321,3 +321,39 @@ def test_an_idle_leader_finds_its_group_lost_and_keeps_its_followers_in_step():
         assert leader.tensor_lost.startswith("the tensor-parallel group was lost")
     finally:
         leader.close()
+
+
+# ---- the worker's start: the mesh listener passed after the start frame -------------------------
+
+@pytest.mark.parametrize("glued", [True, False], ids=["read-together", "read-apart"])
+def test_the_listener_comes_off_the_socket_with_the_start_frame(glued):
+    """Whether the worker's first read takes the start frame and the listener's marker byte
+    together (the kernel ends that read after the descriptor) or apart, the frame is whole and
+    the descriptor is the listener's."""
+    import socket
+
+    from stackd.engine import worker
+    from stackd.engine.wire import frame
+
+    ours, theirs = socket.socketpair()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    tensor = {"rank": 0, "size": 2}
+    try:
+        ours.sendall(frame({"op": "start", "tensor": tensor}))
+        if glued:
+            socket.send_fds(ours, [b"L"], [listener.fileno()])
+        reader, frames, fds = worker.receive_start(theirs)
+        assert [m for m, _ in frames] == [{"op": "start", "tensor": tensor}]
+        if not glued:
+            assert fds == []
+            socket.send_fds(ours, [b"L"], [listener.fileno()])
+        got = worker.mesh_listener(theirs, tensor, fds)
+        passed = socket.socket(fileno=got)
+        assert passed.getsockname() == listener.getsockname()
+        passed.close()
+        ours.sendall(frame({"op": "next"}))                  # nothing of the marker is left behind
+        assert [m for m, _ in reader.feed(theirs.recv(1 << 16))] == [{"op": "next"}]
+    finally:
+        for s in (ours, theirs, listener):
+            s.close()
