@@ -336,6 +336,12 @@ class WorkerEngine:
         if future is not None and not future.done():
             future.set_result(result)
 
+    def _lost_because(self) -> str:
+        from ..engine.worker import EXIT_RPC_PEER_LOST, EXIT_TENSOR_PEER_LOST
+        if self.exit_status in (EXIT_RPC_PEER_LOST, EXIT_TENSOR_PEER_LOST):   # a node, not the process
+            return f"the model {describe_exit(self.exit_status)}; it is being placed again"
+        return f"the model's worker process died ({describe_exit(self.exit_status)}); it is being restarted"
+
     def _lose(self) -> list:
         self.lost = True
         self.loop.remove_reader(self.sock.fileno())
@@ -345,8 +351,7 @@ class WorkerEngine:
         if self.proc.poll() is None:               # closed its socket yet alive: of no use now
             self.proc.kill()
         self.exit_status = self.proc.wait()
-        error = EngineError(ErrorCode.WORKER_LOST, self.killed_for or "the model's worker process died "
-                            f"({describe_exit(self.exit_status)}); it is being restarted")
+        error = EngineError(ErrorCode.WORKER_LOST, self.killed_for or self._lost_because())
         for future in self.verdicts.values():
             if not future.done():
                 future.set_exception(error)
@@ -392,11 +397,13 @@ def _reap(proc: subprocess.Popen, wait: float = 5.0) -> int:
 
 
 def describe_exit(status: int | None) -> str:
-    from ..engine.worker import EXIT_RPC_PEER_LOST
+    from ..engine.worker import EXIT_RPC_PEER_LOST, EXIT_TENSOR_PEER_LOST
     if status is None:
         return "still running"
     if status == EXIT_RPC_PEER_LOST:
         return "lost its connection to a node holding part of the model"
+    if status == EXIT_TENSOR_PEER_LOST:
+        return "lost a node of its tensor split (a peer's exchange failed)"
     if status < 0:
         try:
             return f"killed by {signal.Signals(-status).name}"

@@ -93,8 +93,10 @@ class TensorHost:
             message = {"op": "start", "engine": params, "kernels": config.kernels, "kv_commit": config.kv_commit,
                        "batch_invariant": config.batch_invariant, "nice": 0, "rpc": None, "faults": {}}
             secret = getattr(registry.supervisor.membership, "secret", None) or b""
+            # the higher ranks dial this one: their addresses are never used here (not known yet)
+            higher = [[self.host, 0]] * (len(weights) - rank - 1)
             group = {**tensor, "secret": secret.hex(), "rank": rank, "size": len(weights),
-                     "addresses": [list(a) for a in addresses] + [[self.host, port]]}
+                     "addresses": [list(a) for a in addresses] + [[self.host, port]] + higher}
             proc, ours = spawn(config.omp_wait_policy_for(False))
             try:
                 await send_start(asyncio.get_running_loop(), ours, message, group, listener)
