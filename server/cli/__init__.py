@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = key_commands.add_parser("revoke", help="revoke a key by name or id")
     _common(revoke)
     revoke.add_argument("key", help="name or id of the key")
+    from .keys_import import add_command as add_key_import
+    add_key_import(key_commands, _common)
 
     models = commands.add_parser("models", help="manage the model store")
     model_commands = models.add_subparsers(dest="model_command", required=True)
@@ -114,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "pair":
         from ..auth.pairing import main as pair_main
         return pair_main(args, settings)
+    if args.command == "keys" and args.key_command == "import":
+        from .keys_import import main as keys_import_main
+        return keys_import_main(args, settings)
     return _keys(args, settings)
 
 

@@ -73,3 +73,11 @@ def test_a_cluster_secret_credential_is_used_where_systemd_put_it(tmp_path):
     done = run(tmp_path, {"stackd.cluster-secret": "a-secret-of-the-whole-cluster"})
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "state" / "cluster.secret").exists()
+
+
+def test_a_credential_the_key_import_refuses_stops_the_start_with_its_reason(tmp_path):
+    done = run(tmp_path, {"stackd.admin-key": "sk-short"})
+    assert done.returncode != 0
+    assert "at least 16" in done.stderr and "stackd.admin-key" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "state" / "keys.json").exists()
