@@ -301,6 +301,20 @@ def frames_main(queue) -> None:
             out["unregistered"] = str(exc)
         accel.register("auto")
         key = os.urandom(32)
+        # the C API through ggml's registry, as native/engine finds it (no link to us)
+        import ctypes
+        ggml = ctypes.CDLL("libggml.so.0")   # bound by soname: the copy our library loaded
+        ggml.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+        ggml.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+        ggml.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+        ggml.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        reg = ggml.ggml_backend_reg_by_name(b"STACKD")
+        lib = accel.library()
+        out["registry"] = {name: ggml.ggml_backend_reg_get_proc_address(reg, name.encode()) ==
+                           ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+                           for name in ("stackd_tp_attach", "stackd_tp_detach", "stackd_tp_active", "stackd_tp_failed",
+                                        "stackd_tp_error", "stackd_tp_send_control", "stackd_tp_recv_control",
+                                        "stackd_tp_counters")}
         try:
             accel.tp_attach(1, [socket.socket(), None], [key, None], [0, 64, 128])
             out["unconnected"] = "attached"
@@ -368,6 +382,7 @@ def test_frames_are_checked_and_a_bad_one_closes_the_link():
     assert "multiples of 64" in out["cut_not_on_64"] and "multiples of 64" in out["cut_falling"]
     assert "starts at 0" in out["cut_from_1"]
     assert "not a connected stream socket" in out["unconnected"]
+    assert out["registry"] and all(out["registry"].values()), out["registry"]
     assert out["good"] == [b"hello", b"", None]
     assert out["counters"]["control_frames"] == 2
     expected = {"bad_tag": "signature", "wrong_step": "step 5 where step 0", "wrong_kind": "kind 1 where kind 2",
