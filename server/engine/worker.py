@@ -319,7 +319,12 @@ class Worker:
             os._exit(EXIT_TENSOR_PEER_LOST)
 
     def send_stats(self) -> None:
-        self.send({"op": "stats", "stats": self.engine.stats(), "metrics": self.engine.metrics()})
+        stats = self.engine.stats()
+        if self.tensor:                        # the exchanges a tensor split's steps made (/metrics)
+            from . import accel
+            counters = accel.tp_counters()
+            stats.update(tensor_exchanges=counters["exchanges"], tensor_exchange_bytes=counters["bytes_sent"])
+        self.send({"op": "stats", "stats": stats, "metrics": self.engine.metrics()})
 
     def flush(self) -> None:
         self.engine.flush_sink()

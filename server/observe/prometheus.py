@@ -69,6 +69,24 @@ def _acceptance(out: list[str], stats: dict[str, dict]) -> None:
         out.append(f'{PREFIX}spec_decode_acceptance_ratio{{model="{model}"}} {_number(ratio)}')
 
 
+# A tensor split's leader worker adds these to its stats (engine/worker.py send_stats).
+TENSOR_COUNTERS = (
+    ("tensor_exchanges", "tensor_exchanges_total",
+     "Exchanges of a tensor split: partial sums all-reduced with every peer and vocabulary rows "
+     "gathered, 2 x layers + 1 per decode graph."),
+    ("tensor_exchange_bytes", "tensor_exchange_bytes_total",
+     "Bytes this node's worker sent to its tensor split's peers (frames, headers and tags included)."))
+
+
+def _tensor(out: list[str], stats: dict[str, dict]) -> None:
+    split = {model: s for model, s in stats.items() if "tensor_exchanges" in s}
+    if not split:
+        return
+    for field, name, help_text in TENSOR_COUNTERS:
+        _header(out, name, "counter", help_text)
+        out += [f'{PREFIX}{name}{{model="{m}"}} {s[field]}' for m, s in split.items()]
+
+
 def render(engines: dict) -> bytes:
     """engines: model id -> engine (inline, or a worker's client, whose figures are those of its
     last push, once a second). Every series is there for every model, even at zero, once the
@@ -83,6 +101,7 @@ def render(engines: dict) -> bytes:
     out: list[str] = []
     _counters(out, stats)
     _acceptance(out, stats)
+    _tensor(out, stats)
     _histograms(out, metrics)
     _gauges(out, metrics)
     return ("\n".join(out) + "\n").encode()

@@ -144,6 +144,15 @@ def test_streaming_n_grammar_and_logprobs_over_a_tensor_split(start_node):
     content = body["choices"][0]["logprobs"]["content"]
     assert content and all(len(e["top_logprobs"]) == 3 and e["logprob"] <= 0 for e in content)
 
+    # /metrics counts the exchanges (the leader's worker pushes its counters once a second)
+    def exchanges() -> dict[str, float]:
+        status, _, text = leader.request("GET", "/metrics")
+        assert status == 200
+        return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.decode().splitlines()
+                if line.startswith("stackd_tensor_exchange")}
+    eventually(lambda: exchanges().get("stackd_tensor_exchanges_total", 0) > 0)
+    assert exchanges()["stackd_tensor_exchange_bytes_total"] > 0
+
 
 @pytest.mark.parametrize("fault", ["kill", "stop"])
 def test_a_follower_lost_mid_stream_ends_it_with_503_and_the_model_is_placed_again(start_node, fault):
