@@ -261,6 +261,9 @@ def lost_main(rank: int, size: int, path: str, ports: list[int], secret: bytes, 
             out["third"] = repr(exc)
         accel.tp_detach()
         out["after_detach"] = accel.tp_failed()
+        model.reset()
+        model.eval(tokens[:3])                    # detached: this node's graphs alone again
+        out["fourth"] = "decoded"
         queue.put((rank, out))
     except BaseException as exc:                  # noqa: BLE001
         queue.put((rank, {"error": repr(exc)}))
@@ -284,7 +287,66 @@ def test_a_follower_lost_mid_step_fails_the_leaders_decode_and_the_leader_lives(
         assert "deadline" in leader["why"]
     else:
         assert "closed" in leader["why"] or "reset" in leader["why"]
-    assert not leader["after_detach"]
+    assert not leader["after_detach"] and leader["fourth"] == "decoded"
+
+
+def forged_main(queue, forgery: str) -> None:
+    """Rank 0 (the whole model) decodes; its "follower" is this process's thread speaking the
+    wire with frames.py, answering the first partial sum with a forged frame."""
+    import threading
+    try:
+        accel.register("auto")
+        server = listen("127.0.0.1", 0)
+        mine = socket.create_connection(server.getsockname())
+        theirs, _ = server.accept()
+        key = os.urandom(32)
+        accel.tp_attach(0, [None, mine], [None, key], [0, 24576, N_VOCAB], deadline_ms=5000)
+        model = load(defaults.smollm2_path())
+
+        def follower():
+            header = b""
+            while len(header) < frames.HEADER_BYTES:
+                header += theirs.recv(frames.HEADER_BYTES - len(header))
+            _, kind, sender, step, length = frames.HEADER.unpack(header)
+            payload = bytes(length)
+            if forgery == "tag":
+                frame = frames.encode(os.urandom(32), 1, step, payload)
+            elif forgery == "step":
+                frame = frames.encode(key, 1, step + 1, payload)
+            else:                                 # a frame one float short
+                frame = frames.encode(key, 1, step, payload[:-4])
+            theirs.sendall(frame)
+
+        thread = threading.Thread(target=follower, daemon=True)
+        thread.start()
+        try:
+            model.eval(model.tokenize(chat(PROMPTS[1]), add_bos=False, special=True))
+            out = {"decoded": True}
+        except Exception:                         # noqa: BLE001 - llama_decode's failure
+            out = {"decoded": False}
+        thread.join(10)
+        theirs.settimeout(10)
+        rest = b""
+        while chunk := theirs.recv(1 << 16):      # the leader's frame, then b"": the link was shut
+            rest += chunk
+        out.update(failed=accel.tp_failed(), why=accel.tp_error(), closed=True)
+        queue.put(out)
+    except BaseException as exc:                  # noqa: BLE001
+        queue.put({"error": repr(exc)})
+
+
+@pytest.mark.parametrize("forgery,words", [("tag", "signature"), ("step", "step 1 where step 0"),
+                                           ("length", "bytes where")])
+def test_a_forged_partial_sum_fails_the_decode_and_shuts_the_link(forgery, words):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=forged_main, args=(queue, forgery))
+    proc.start()
+    out = queue.get(timeout=TIMEOUT)
+    proc.join(10)
+    assert "error" not in out, out.get("error")
+    assert not out["decoded"] and out["failed"] and out["closed"]
+    assert "partial sum" in out["why"] and "node 1" in out["why"] and words in out["why"], out["why"]
 
 
 # ---- frames on the wire ------------------------------------------------------------------------------
