@@ -153,12 +153,15 @@ def _tp_library() -> ctypes.CDLL:
 
 
 def tp_attach(rank: int, socks_or_fds: list, keys: list, vocab_cut: list[int], deadline_ms: int = 2000,
-              spin_us: int = 0) -> None:
+              spin_us: int = 50) -> None:
     """Join a tensor-parallel group as `rank` of len(socks_or_fds): entry i is the connected,
     authenticated socket (or its fd) to node i, None at `rank` (a Mesh's links: mesh.links[i].sock);
     keys[i] its link's 32-byte session key (mesh.links[i].key). The library takes the sockets
     over: a socket object is detached here, so Python never closes them. vocab_cut: n + 1 row
-    boundaries of the vocabulary projection (vocab_cut()). Needs register() first (the kernels
+    boundaries of the vocabulary projection (vocab_cut()). deadline_ms bounds every exchange;
+    spin_us is how long one tries its sockets before sleeping in poll (on loopback, pinned: 7.2 us
+    an exchange spinning, 14.3 without: a wake-up costs what the exchange does; kernels/README.md,
+    "Tensor parallelism"). Needs register() first (the kernels
     run the exchanges inside their graphs) and must come before the graphs that exchange run.
     TensorParallelError with the library's reason when refused (the fds are closed then)."""
     n = len(socks_or_fds)
