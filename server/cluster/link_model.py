@@ -22,8 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-EXCHANGE_FIXED_US = 12.0        # both ends of one exchange on loopback, the link's time aside
+# Both ends of one exchange, the link's time aside: the two frames' tags (HMAC-SHA256 of 2.3 KiB,
+# ~1.1 us each with SHA-NI) and the system calls. Measured: 7.2 us for the whole exchange on
+# loopback, each node on its own core, spinning (kernels/README.md, "Tensor parallelism"; AMD
+# EPYC Zen 5), whose connect round trip (links.py) is ~15 us: half of it plus this.
+EXCHANGE_FIXED_US = 2.5
 DEFAULT_RATE_GBIT = 1.0         # a link's rate when nothing says otherwise (a device's Ethernet)
+LOOPBACK_RATE_GBIT = 100.0      # nodes on one machine (loopback): memory copies, not a wire
 PAYS_AT = 1.15                  # a tensor split is chosen when it predicts this speedup or more
 BYTES_PER_FLOAT = 4             # partial sums travel as float32
 

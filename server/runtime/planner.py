@@ -10,7 +10,8 @@ import functools
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
-from ..cluster.link_model import PAYS_AT, TensorCost, seconds_per_token, tensor_cost
+from ..cluster.link_model import (DEFAULT_RATE_GBIT, LOOPBACK_RATE_GBIT, PAYS_AT, TensorCost,
+                                  seconds_per_token, tensor_cost)
 from ..cluster.placement import NodeOffer, Need, Placement, PlacementError, Share, place
 from ..engine.config import EngineConfig, kv_bytes
 from ..errors import Code, DomainError, invalid
@@ -242,7 +243,14 @@ class Planner:
         if len(offers) < 2 or any(o.compute <= 0 for o in offers) or rtts is None or not manifest.n_embd:
             return None
         one_node_us = seconds_per_token(manifest.size, offers[0].compute) * 1e6
-        return tensor_cost(one_node_us, [o.compute for o in offers], rtts, manifest.n_layer, manifest.n_embd)
+        rate = LOOPBACK_RATE_GBIT if self._on_loopback([o.id for o in offers]) else DEFAULT_RATE_GBIT
+        return tensor_cost(one_node_us, [o.compute for o in offers], rtts, manifest.n_layer, manifest.n_embd,
+                           rate_gbit=rate)
+
+    def _on_loopback(self, node_ids: list[str]) -> bool:
+        """Every node on this machine's loopback (a test's or a benchmark's cluster)."""
+        hosts = {n.id: n.host for n in self.membership.nodes_up()} if self.membership is not None else {}
+        return all(str(hosts.get(i, "")).startswith("127.") or hosts.get(i) == "::1" for i in node_ids)
 
     def _rtts(self, node_ids: list[str]) -> list[float] | None:
         links = getattr(getattr(self.membership, "links", None), "entry", lambda: {})()
