@@ -55,6 +55,7 @@ import loadgen
 from inference import PROMPT, Server, body, free_port, row, spawn_stackd
 
 from stackd.store import defaults
+from stackd.store.store import ModelStore
 from stackd.system import relay
 from stackd.testing import netns as topology
 from stackd.testing.cluster_nodes import Node
@@ -64,6 +65,7 @@ from stackd.testing.processes import cpu_seconds, pin_tree, process_tree, rpc_se
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FOLLOWER = "f1"                        # the simulated follower's id
+MODEL_FILE_NAME = "bench-model"        # --model-file's name in both stores
 OFFER_MIB = 2000                       # leader and follower offer the same: a 15 / 15 layer split
 SECRET = os.urandom(16).hex()
 FOLLOWER_HOST = "127.0.0.2"
@@ -89,7 +91,7 @@ def call(server: Server, method: str, path: str, payload: dict | None = None) ->
 
 
 def load(server: Server, **options) -> dict:
-    status, answer = call(server, "POST", "/v1/models/load", {"model": defaults.CHAT_MODEL, "options": options})
+    status, answer = call(server, "POST", "/v1/models/load", {"model": server.model, "options": options})
     if status != 200:
         sys.exit(f"load {options}: {status} {answer}")
     return answer
@@ -430,6 +432,9 @@ def main() -> None:
     parser.add_argument("--tensor", type=int, default=0, metavar="ROUNDS",
                         help="only the rows '1 node' and '2 nodes tensor' (split_mode tensor over both), in "
                              "ROUNDS alternating rounds on the same two daemons, medians")
+    parser.add_argument("--model-file", default="",
+                        help="--replicas/--tensor: this GGUF (in both nodes' stores) instead of the default model, "
+                             "e.g. the 1B-class `python -m stackd.testing.random_model`")
     args = parser.parse_args()
     if (args.netns or args.pin) and args.followers != "real":
         parser.error("--netns and --pin place the model over a real follower")
@@ -560,6 +565,14 @@ def run_replicas(args, net: Namespaces | None) -> None:
         placed = time.monotonic() + 60
         while statuses_of(server).get(follower.id) != "up" and time.monotonic() < placed:
             time.sleep(0.05)
+        if args.model_file:                    # the same file in both stores, loaded by that name
+            for data in (server.data if hasattr(server, "data") else server.node.data_dir,
+                         follower.node.data_dir):
+                ModelStore(data).import_file(MODEL_FILE_NAME, args.model_file, source="local")
+            server.model = MODEL_FILE_NAME
+            deadline = time.monotonic() + 30          # the follower's next heartbeat lists it
+            while time.monotonic() < deadline and not follower_holds(server, follower.id):
+                time.sleep(0.2)
         rows = {"1 node": {c: [], 1: []}, second: {c: [], 1: []}}
         cpu = CpuUse({"leader": (server.proc if hasattr(server, "proc") else server.node.proc).pid,
                       "follower": follower.node.proc.pid})
@@ -581,7 +594,7 @@ def run_replicas(args, net: Namespaces | None) -> None:
                     uses[name][n].append(result.cpu)
                     print(f"  round {round_ + 1} {name:18s} c={n:<3d} {result.tokens_per_second():7.1f} tok/s   "
                           f"{cpu_line(result.cpu)}", flush=True)
-        print(f"\nSmolLM2-135M Q4_1, {args.threads} thread(s) per node, {c} slots, {args.max_tokens} tokens per "
+        print(f"\n{os.path.basename(args.model_file) or 'SmolLM2-135M Q4_1'}, {args.threads} thread(s) per node, {c} slots, {args.max_tokens} tokens per "
               f"request, {args.seconds:g} s closed loop, medians of {rounds} alternating rounds, "
               f"{'network namespaces on a veth link' if net else 'loopback'}{', a core per node' if args.pin else ''}, "
               f"kernels {args.kernels}, speculative {args.speculative or 'default (ngram)'}")
@@ -618,6 +631,18 @@ def run_replicas(args, net: Namespaces | None) -> None:
               f"request: {took * 1000:.0f} ms ({errors} requests failed)", flush=True)
     finally:
         stop_stackd(server, follower)
+
+
+def follower_holds(server: Server, follower_id: str) -> bool:
+    """Whether the follower's heartbeat lists the bench's model file in its store."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.cluster_port, timeout=60)
+    conn.request("GET", "/v1/nodes", headers={"Authorization": f"Bearer {server.key}"})
+    nodes = orjson.loads(conn.getresponse().read())["data"]
+    conn.close()
+    entry = next((n for n in nodes if n["id"] == follower_id), {})
+    status, described = call(server, "GET", f"/v1/models/{MODEL_FILE_NAME}")
+    digest = described.get("sha256") if status == 200 else None
+    return bool(digest) and digest in ((entry.get("replicas") or {}).get("store") or [])
 
 
 def death_to_next_answer(server: Server, follower: RealFollower) -> tuple[float, int]:
