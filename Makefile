@@ -118,8 +118,10 @@ CI_MINUTES ?= 84
 IMAGE_STAGE_MIN_SECONDS ?= 900
 
 test: setup test-deps
+	@echo "make test: set up in $$(( $$(date +%s) - $(TEST_STARTED) )) s"
 	STACKD_FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) $(PY) -m pytest -m "not image and not cross" $(PYTEST_ARGS)
 	STACKD_PURE_PYTHON=1 $(PY) -m pytest $(FAST_SUITES) $(PYTEST_ARGS)
+	@echo "make test: suites done at $$(( $$(date +%s) - $(TEST_STARTED) )) s"
 	@$(MAKE) --no-print-directory test-image-stage TEST_STARTED=$(TEST_STARTED)
 
 test-image-stage:
@@ -131,8 +133,20 @@ test-image-stage:
 	if [ $$status = 124 ] || [ $$status = 137 ]; then \
 	  echo "make test: the device image stage cut at CI's $(CI_MINUTES) min"; exit 0; fi; exit $$status
 
-test-image: image
-	$(PY) -m pytest tests/image -m "image or cross" $(PYTEST_ARGS)
+# Each step timed, so that a CI log says where the stage's minutes went (docs/deploying.md,
+# "CI's time").
+# Debian's packages (network and dpkg, little CPU) are fetched beside the wheels' compile.
+test-image: test-deps $(VENV)/.deps $(MINILM)
+	@mkdir -p build/image; started=$$(date +%s); \
+	  ( $(PY) packaging/image/build.py --base-only build/image > build/image/base.log 2>&1 || exit 1; \
+	    echo "make test-image: Debian's packages in $$(( $$(date +%s) - started )) s (build/image/base.log)" ) & base=$$!; \
+	  $(MAKE) --no-print-directory wheels; status=$$?; \
+	  echo "make test-image: wheels in $$(( $$(date +%s) - started )) s"; \
+	  wait $$base || { tail -20 build/image/base.log; exit 1; }; [ $$status = 0 ] || exit $$status
+	@started=$$(date +%s); $(MAKE) --no-print-directory image || exit $$?; \
+	  echo "make test-image: image in $$(( $$(date +%s) - started )) s"
+	@started=$$(date +%s); $(PY) -m pytest tests/image -m "image or cross" $(PYTEST_ARGS); status=$$?; \
+	  echo "make test-image: tests/image in $$(( $$(date +%s) - started )) s"; exit $$status
 
 # Fuzzing on demand: the hypothesis targets of tests/fuzz for FUZZ_SECONDS in all, then the
 # atheris targets (GGUF bytes, manifests, request JSON) for FUZZ_SECONDS / 3 each. A crash

@@ -1,6 +1,7 @@
 """`make image`: a bootable x86-64 disk image of a stackd device (Debian bookworm).
 
     python packaging/image/build.py DIST OUT_DIR      # prints the image's path on its last line
+    python packaging/image/build.py --base-only OUT_DIR   # only the Debian tree (cached), its path
 
 * The root file system: Debian bookworm's packages (mmdebstrap, minbase, plus a kernel, systemd,
   Python 3.11), cached under build/image/base-<digest of the package list>/.
@@ -260,4 +261,7 @@ def main(dist: str, out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1:2] == ["--base-only"]:     # Debian's packages alone (make test-image runs this
+        print(base_tree(os.path.abspath(sys.argv[2])))   # beside the wheels' compile)
+    else:
+        main(sys.argv[1], sys.argv[2])
