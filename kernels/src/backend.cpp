@@ -782,6 +782,7 @@ void *reg_proc_address(ggml_backend_reg_t, const char *name) {
         {"stackd_tp_send_control", (void *)stackd_tp_send_control},
         {"stackd_tp_recv_control", (void *)stackd_tp_recv_control},
         {"stackd_tp_counters", (void *)stackd_tp_counters},
+        {"stackd_tp_exchange_ns", (void *)stackd_tp_exchange_ns},
     };
     for (const auto &[tp_name, fn] : tp_api) {
         if (std::strcmp(name, tp_name) == 0) return fn;

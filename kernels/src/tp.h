@@ -45,6 +45,8 @@ STACKD_API int stackd_tp_send_control(const void *data, size_t size);
 // leader's next control payload; *data stays valid until the next call. 0, 1 timeout, -1 failed.
 STACKD_API int stackd_tp_recv_control(const void **data, size_t *size, int timeout_ms);
 STACKD_API void stackd_tp_counters(uint64_t *exchanges, uint64_t *bytes_sent, uint64_t *control_frames);
+// Nanoseconds inside the partial-sum and logits exchanges since attach (added after the contract).
+STACKD_API uint64_t stackd_tp_exchange_ns(void);
 // bench/tp_exchange.py --native: `count` all-reduces of `floats` floats, each one's microseconds in us[i].
 STACKD_API int stackd_tp_time_allreduce(int floats, int count, double *us);
 

@@ -58,6 +58,7 @@ struct Group {
     std::mutex error_mutex;
     std::string error;
     std::atomic<uint64_t> exchanges{0}, bytes_sent{0}, control_frames{0};
+    std::atomic<uint64_t> exchange_ns{0};   // time inside the partial-sum and logits exchanges
 };
 
 Group &group() {
@@ -157,7 +158,20 @@ const char *kind_name(uint16_t kind) {
 
 // Sends and receives every staged frame, until all are done or one fails or `until` passes.
 // On failure the group is failed (every link shut) and false returned.
+bool run_io(Group &g, Clock::time_point until, uint16_t kind);
+
+// run_io, its time counted for the exchanges a graph waits on (not a follower's idle wait).
 bool run(Group &g, Clock::time_point until, uint16_t kind) {
+    const auto t0 = Clock::now();
+    const bool ok = run_io(g, until, kind);
+    if (kind != kKindControl) {
+        g.exchange_ns.fetch_add((uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count(),
+                                std::memory_order_relaxed);
+    }
+    return ok;
+}
+
+bool run_io(Group &g, Clock::time_point until, uint16_t kind) {
     const auto spin_until = Clock::now() + std::chrono::microseconds(g.spin_us);
     std::vector<pollfd> fds;
     fds.reserve(g.links.size());
@@ -404,7 +418,7 @@ STACKD_API int stackd_tp_attach(int rank, int n, const int *fds, const uint8_t *
     g.deadline_ms = deadline_ms;
     g.spin_us = spin_us;
     g.step = 0;
-    g.exchanges = g.bytes_sent = g.control_frames = 0;
+    g.exchanges = g.bytes_sent = g.control_frames = g.exchange_ns = 0;
     g.failed = false;
     set_error(g, "");
     g.attached.store(true, std::memory_order_release);
@@ -494,6 +508,10 @@ STACKD_API void stackd_tp_counters(uint64_t *exchanges, uint64_t *bytes_sent, ui
     if (bytes_sent) *bytes_sent = g.bytes_sent.load();
     if (control_frames) *control_frames = g.control_frames.load();
 }
+
+// Nanoseconds spent in the partial-sum and logits exchanges since attach (sending, waiting for the
+// peers, checking): what tensor parallelism adds to a step beyond the compute it divides.
+STACKD_API uint64_t stackd_tp_exchange_ns(void) { return group().exchange_ns.load(); }
 
 // bench/tp_exchange.py --native: `count` all-reduces of `floats` floats over the attached group,
 // each one's wall time in microseconds into us[i]. 0, or -1 when an exchange failed.

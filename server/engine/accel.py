@@ -148,6 +148,7 @@ def _tp_library() -> ctypes.CDLL:
                                                ctypes.c_int]
         lib.stackd_tp_counters.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 3
         lib.stackd_tp_counters.restype = None
+        lib.stackd_tp_exchange_ns.restype = ctypes.c_uint64
         lib._tp_declared = True
     return lib
 
@@ -219,10 +220,14 @@ def tp_recv_control(timeout_ms: int = -1) -> bytes | None:
 
 
 def tp_counters() -> dict[str, int]:
-    """Exchanges done (partial sums and logits), bytes sent, control frames, since attach."""
+    """Exchanges done (partial sums and logits), bytes sent, control frames, and the microseconds
+    spent in the exchanges (sending, waiting for peers, checking), since attach."""
     values = [ctypes.c_uint64() for _ in range(3)]
-    _tp_library().stackd_tp_counters(*(ctypes.byref(v) for v in values))
-    return dict(zip(("exchanges", "bytes_sent", "control_frames"), (v.value for v in values)))
+    lib = _tp_library()
+    lib.stackd_tp_counters(*(ctypes.byref(v) for v in values))
+    counters = dict(zip(("exchanges", "bytes_sent", "control_frames"), (v.value for v in values)))
+    counters["exchange_us"] = lib.stackd_tp_exchange_ns() // 1000
+    return counters
 
 
 def vocab_cut(n_vocab: int, weights: list[float], block: int = VOCAB_BLOCK) -> list[int]:

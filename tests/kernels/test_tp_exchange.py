@@ -201,7 +201,7 @@ def test_rank_zero_gives_the_whole_models_logits_and_greedy_tokens(shards, one_n
     for out in ranks:
         assert not out["failed"]
         c = out["counters"]
-        assert c["exchanges"] > 0 and c["bytes_sent"] > 0
+        assert c["exchanges"] > 0 and c["bytes_sent"] > 0 and c["exchange_us"] > 0
         assert c["control_frames"] == 2 * len(PROMPTS) * GREEDY
     # every rank took part in the same exchanges: 2 per layer and the logits, per graph
     assert len({out["counters"]["exchanges"] for out in ranks}) == 1
@@ -376,7 +376,7 @@ def frames_main(queue) -> None:
                            ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
                            for name in ("stackd_tp_attach", "stackd_tp_detach", "stackd_tp_active", "stackd_tp_failed",
                                         "stackd_tp_error", "stackd_tp_send_control", "stackd_tp_recv_control",
-                                        "stackd_tp_counters")}
+                                        "stackd_tp_counters", "stackd_tp_exchange_ns")}
         try:
             accel.tp_attach(1, [socket.socket(), None], [key, None], [0, 64, 128])
             out["unconnected"] = "attached"
