@@ -242,7 +242,7 @@ class Planner:
         rtts = self._rtts([o.id for o in offers[1:]])
         if len(offers) < 2 or any(o.compute <= 0 for o in offers) or rtts is None or not manifest.n_embd:
             return None
-        one_node_us = seconds_per_token(manifest.size, offers[0].compute) * 1e6
+        one_node_us = seconds_per_token(manifest.parameter_count or 2 * manifest.size, offers[0].compute) * 1e6
         rate = LOOPBACK_RATE_GBIT if self._on_loopback([o.id for o in offers]) else DEFAULT_RATE_GBIT
         return tensor_cost(one_node_us, [o.compute for o in offers], rtts, manifest.n_layer, manifest.n_embd,
                            rate_gbit=rate)
