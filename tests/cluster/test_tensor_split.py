@@ -24,6 +24,7 @@ import pytest
 from stackd.engine import accel
 from stackd.testing.cluster_nodes import eventually, statuses
 from stackd.testing.daemon import free_port
+from stackd.testing.netns import CLUSTER_PORT, in_namespace
 from stackd.testing.two_daemons import MODEL, assert_stream_ends_unavailable, daemons, open_stream
 
 PROMPTS = ["Write a haiku about the sea.", "Count from one to ten.", "What is the capital of France?",
@@ -190,3 +191,32 @@ def signal_process(pid: int, signum: int) -> None:
         os.kill(pid, signum)
     except ProcessLookupError:
         pass
+
+
+@pytest.mark.netns
+def test_a_tensor_split_over_a_veth_link_and_the_link_cut_mid_stream(namespaces, start_node):
+    """Each node in a network namespace of its own; the mesh crosses the veth link. The answers
+    are the loopback split's (the same arithmetic); the link cut mid-stream ends the stream
+    with a 503 within the exchange's deadline and the model is placed again on the leader."""
+    leader_ns, follower_ns = namespaces.add_node("leader"), namespaces.add_node("follower")
+    leader_ip, follower_ip = namespaces.connect(leader_ns[0], follower_ns[0])
+    leader = start_node("leader", **in_namespace(leader_ns, leader_ip, env=ENV))
+    follower = start_node("follower", **in_namespace(follower_ns, follower_ip, role="follower",
+                                                     leader=f"http://{leader_ip}:{CLUSTER_PORT}", env=ENV))
+    eventually(lambda: statuses(leader).get(follower.node_id) == "up")
+    body = load(leader, [leader.node_id, follower.node_id])
+    assert body["placement"]["split_mode"] == "tensor"
+    split = texts(leader)
+    assert texts(leader) == split and all(split)
+
+    conn, response = open_stream(leader, max_tokens=400)
+    namespaces.set_link(leader_ns[0], follower_ns[0], up=False)
+    lost_at = time.monotonic()
+    try:
+        assert_stream_ends_unavailable(conn, response)
+        assert time.monotonic() - lost_at <= LOSS_DEADLINE + 2.0, "the stream's end took too long"
+    finally:
+        namespaces.set_link(leader_ns[0], follower_ns[0], up=True)
+    eventually(lambda: leader.request("GET", f"/v1/models/{MODEL}", port="inference")[2]["state"] == "loaded",
+               timeout=120)
+    assert chat(leader, PROMPTS[2])["choices"][0]["message"]["content"]
