@@ -323,7 +323,8 @@ class Worker:
         if self.tensor:                        # the exchanges a tensor split's steps made (/metrics)
             from . import accel
             counters = accel.tp_counters()
-            stats.update(tensor_exchanges=counters["exchanges"], tensor_exchange_bytes=counters["bytes_sent"])
+            stats.update(tensor_exchanges=counters["exchanges"], tensor_exchange_bytes=counters["bytes_sent"],
+                         tensor_exchange_seconds=counters["exchange_us"] / 1e6)
         self.send({"op": "stats", "stats": stats, "metrics": self.engine.metrics()})
 
     def flush(self) -> None:

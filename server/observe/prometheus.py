@@ -75,7 +75,10 @@ TENSOR_COUNTERS = (
      "Exchanges of a tensor split: partial sums all-reduced with every peer and vocabulary rows "
      "gathered, 2 x layers + 1 per decode graph."),
     ("tensor_exchange_bytes", "tensor_exchange_bytes_total",
-     "Bytes this node's worker sent to its tensor split's peers (frames, headers and tags included)."))
+     "Bytes this node's worker sent to its tensor split's peers (frames, headers and tags included)."),
+    ("tensor_exchange_seconds", "tensor_exchange_seconds_total",
+     "Time the leader's worker spent in exchanges (sending, waiting for its peers, checking): what "
+     "the split adds to its steps beyond their compute."))
 
 
 def _tensor(out: list[str], stats: dict[str, dict]) -> None:
@@ -84,7 +87,7 @@ def _tensor(out: list[str], stats: dict[str, dict]) -> None:
         return
     for field, name, help_text in TENSOR_COUNTERS:
         _header(out, name, "counter", help_text)
-        out += [f'{PREFIX}{name}{{model="{m}"}} {s[field]}' for m, s in split.items()]
+        out += [f'{PREFIX}{name}{{model="{m}"}} {_number(s.get(field, 0))}' for m, s in split.items()]
 
 
 def render(engines: dict) -> bytes:
