@@ -589,11 +589,14 @@ def run_replicas(args, net: Namespaces | None) -> None:
                     pin_tree((server.proc if hasattr(server, "proc") else server.node.proc).pid, LEADER_CPUS)
                     pin_tree(follower.node.proc.pid, FOLLOWER_CPUS)
                 for n in (c, 1):
+                    before = tensor_counters(server) if name == second and tensor else None
                     result = measure(server, n, args.seconds, args.max_tokens, cpu)
                     rows[name][n].append(result.tokens_per_second())
                     uses[name][n].append(result.cpu)
                     print(f"  round {round_ + 1} {name:18s} c={n:<3d} {result.tokens_per_second():7.1f} tok/s   "
                           f"{cpu_line(result.cpu)}", flush=True)
+                    if before is not None:
+                        print("    " + exchange_line(before, tensor_counters(server), result), flush=True)
         print(f"\n{os.path.basename(args.model_file) or 'SmolLM2-135M Q4_1'}, {args.threads} thread(s) per node, {c} slots, {args.max_tokens} tokens per "
               f"request, {args.seconds:g} s closed loop, medians of {rounds} alternating rounds, "
               f"{'network namespaces on a veth link' if net else 'loopback'}{', a core per node' if args.pin else ''}, "
@@ -631,6 +634,33 @@ def run_replicas(args, net: Namespaces | None) -> None:
               f"request: {took * 1000:.0f} ms ({errors} requests failed)", flush=True)
     finally:
         stop_stackd(server, follower)
+
+
+def tensor_counters(server: Server) -> dict[str, float]:
+    """The leader's /metrics counters of its tensor split's exchanges (pushed once a second)."""
+    time.sleep(1.2)                             # the worker's last push, after the load stopped
+    conn = http.client.HTTPConnection("127.0.0.1", server.cluster_port, timeout=60)
+    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {server.key}"})
+    text = conn.getresponse().read().decode()
+    conn.close()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("stackd_tensor_exchange"):
+            name = line.split("{")[0]
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def exchange_line(before: dict, after: dict, result: loadgen.LoadResult) -> str:
+    """Exchanges, bytes and exchange time per generated token over one measurement (a step of
+    several sequences, or of drafted tokens, makes several tokens: fewer exchanges each)."""
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+    tokens = max(1, result.tokens)
+    return (f"exchanges {delta('stackd_tensor_exchanges_total') / tokens:.1f} a token, "
+            f"{delta('stackd_tensor_exchange_bytes_total') / tokens / 1024:.1f} KiB sent a token, "
+            f"{delta('stackd_tensor_exchange_seconds_total') / tokens * 1e6:.0f} us in exchanges a token "
+            f"({delta('stackd_tensor_exchange_seconds_total') / result.seconds:.0%} of the wall time)")
 
 
 def follower_holds(server: Server, follower_id: str) -> bool:
