@@ -344,7 +344,15 @@ struct BackendContext {
     };
     std::vector<Swapped> swapped;
     std::set<ggml_backend_buffer_t> advised;  // buffers marked for huge pages (advise_buffer)
+    std::atomic<uint64_t> tp_generation{0};   // the tensor-parallel group the running graph began in (0: none)
 };
+
+// Whether the graph running on this backend belongs to a tensor-parallel group that failed or
+// was left meanwhile: ggml's abort callback then skips its remaining nodes.
+bool tp_lost(const BackendContext *ctx) {
+    const uint64_t generation = ctx->tp_generation.load(std::memory_order_relaxed);
+    return generation != 0 && (tp::failed() || tp::generation() != generation);
+}
 
 Kernels kernels_of(const BackendContext *ctx) {
     return kernels_for(ctx->fixed_path >= 0 ? (Path)ctx->fixed_path : current_path());
@@ -585,19 +593,23 @@ ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     ctx->epoch++;  // what the scratch held belongs to the last computation
     if (ctx->served) unpack_what_ggml_reads(graph);
     // a failed tensor-parallel group fails every graph until detached (llama_decode fails)
+    const uint64_t generation = tp::generation();
     const bool tp = !ctx->served && tp::attached();
     if (tp && tp::failed()) return GGML_STATUS_FAILED;
+    ctx->tp_generation.store(tp ? generation : 0, std::memory_order_relaxed);
     const bool per_row = per_row_graph(graph);  // before the swap: it reads the attention nodes
     const std::string problem = swap_in_tasks(ctx, graph, per_row, tp);
     if (!problem.empty()) {
         swap_back(ctx);
+        ctx->tp_generation.store(0, std::memory_order_relaxed);
         tp::fail(("tensor parallelism: this graph cannot be split: " + problem).c_str());
         return GGML_STATUS_FAILED;
     }
     follow_invariance(ctx->cpu, per_row);
     ggml_status status = ggml_backend_graph_compute(ctx->cpu, graph);
     swap_back(ctx);
-    if (tp && tp::failed()) status = GGML_STATUS_FAILED;   // an exchange failed: the rest was skipped
+    if (tp_lost(ctx)) status = GGML_STATUS_FAILED;   // an exchange failed (or the group was left): the rest was skipped
+    ctx->tp_generation.store(0, std::memory_order_relaxed);
     return status;
 }
 
@@ -858,7 +870,9 @@ ggml_backend_t new_backend(Path path, ggml_backend_dev_t device, bool served) {
         // a tensor-parallel exchange that fails skips the rest of its graph (tp.h)
         static const auto set_abort = (ggml_backend_set_abort_callback_t)ggml_backend_reg_get_proc_address(
             ggml_backend_dev_backend_reg(cpu_device()), "ggml_backend_set_abort_callback");
-        if (set_abort != nullptr) set_abort(ctx->cpu, [](void *) { return tp::failed(); }, nullptr);
+        if (set_abort != nullptr) {
+            set_abort(ctx->cpu, [](void *data) { return tp_lost(static_cast<const BackendContext *>(data)); }, ctx);
+        }
     }
     return backend;
 }

@@ -62,6 +62,9 @@ constexpr int64_t kVocabBlock = 64;
 // What backend.cpp asks and calls (all on the thread computing the graph).
 bool attached();           // attached, failed or not
 bool failed();
+// Changes at every attach and detach: a graph begun under one group that ends under another
+// (detached meanwhile) has lost exchanges and fails.
+uint64_t generation();
 int rank();
 int size();
 // Rows [begin, end) of the vocabulary projection this rank computes; false if n_vocab is not the cut's end.

@@ -55,6 +55,7 @@ struct Group {
     std::vector<uint8_t> control;  // the last control payload a follower received
     std::vector<float> sum;
     std::atomic<bool> attached{false}, failed{false};
+    std::atomic<uint64_t> generation{1};   // bumped by every attach and detach
     std::mutex error_mutex;
     std::string error;
     std::atomic<uint64_t> exchanges{0}, bytes_sent{0}, control_frames{0};
@@ -271,6 +272,7 @@ void close_links(Group &g) {
 
 bool attached() { return group().attached.load(std::memory_order_acquire); }
 bool failed() { return group().failed.load(std::memory_order_acquire); }
+uint64_t generation() { return group().generation.load(std::memory_order_acquire); }
 int rank() { return group().rank; }
 int size() { return group().n; }
 
@@ -421,6 +423,7 @@ STACKD_API int stackd_tp_attach(int rank, int n, const int *fds, const uint8_t *
     g.exchanges = g.bytes_sent = g.control_frames = g.exchange_ns = 0;
     g.failed = false;
     set_error(g, "");
+    g.generation.fetch_add(1);
     g.attached.store(true, std::memory_order_release);
     return 0;
 }
@@ -432,6 +435,7 @@ STACKD_API void stackd_tp_detach(void) {
         if (l.fd >= 0) shutdown(l.fd, SHUT_RDWR);
     }
     std::lock_guard<std::mutex> lock(g.io);
+    g.generation.fetch_add(1);   // a graph computing meanwhile fails (backend.cpp)
     g.attached.store(false, std::memory_order_release);
     close_links(g);
     g.cut.clear();
