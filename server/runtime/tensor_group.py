@@ -21,7 +21,6 @@ import asyncio
 import socket
 
 from ..cluster.rpc_devices import NodeUnreachable, PlacementLedger
-from ..cluster.shard import ShardError, shard_for, vocab_cut
 from ..errors import invalid
 from .tensor_host import ENGINE_FIELDS, shard_cache
 
@@ -44,6 +43,7 @@ class TensorGroups:
     async def start(self, placement, manifest, model_path: str, params: dict):
         """-> (group id, the leader's shard path, its worker's `tensor` message, its listener).
         `params`: the leader's engine parameters, which every follower's engine copies."""
+        from ..cluster.shard import ShardError, shard_for, vocab_cut   # numpy and gguf: on demand
         nodes = placement.node_ids
         weights = [round(s.share, 4) or 0.0001 for s in placement.shares]
         group_id = self.ledger.claim(self.me, nodes)
@@ -118,6 +118,8 @@ def _reachable(host: str) -> str:
 
 def _n_vocab(model_path: str) -> int:
     import gguf
+
+    from ..cluster.shard import ShardError
     reader = gguf.GGUFReader(model_path, "r")
     for name in ("tokenizer.ggml.tokens",):
         field = reader.get_field(name)

@@ -22,7 +22,6 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from ..cluster.shard import ShardError, shard_for
 from ..engine.wire import FrameReader
 from ..errors import Code, DomainError, invalid
 from .clients import send_start
@@ -75,6 +74,7 @@ class TensorHost:
         params = {name: kind(engine[name]) for name, kind in ENGINE_FIELDS.items() if name in engine}
         if params.get("embeddings"):
             raise invalid("embedding models are not split", "engine")
+        from ..cluster.shard import ShardError, shard_for      # numpy and gguf: on demand, not at start
         path = registry.store.model_path(manifest)
         cache = shard_cache(registry.store)
         try:
