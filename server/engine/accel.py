@@ -128,7 +128,6 @@ def report() -> dict:
 
 # ---- tensor parallelism (kernels/src/tp.h; kernels/README.md, "Tensor parallelism") ----------
 
-VOCAB_BLOCK = 64      # the vocabulary projection is cut on multiples of this many rows
 
 
 class TensorParallelError(RuntimeError):
@@ -159,7 +158,7 @@ def tp_attach(rank: int, socks_or_fds: list, keys: list, vocab_cut: list[int], d
     authenticated socket (or its fd) to node i, None at `rank` (a Mesh's links: mesh.links[i].sock);
     keys[i] its link's 32-byte session key (mesh.links[i].key). The library takes the sockets
     over: a socket object is detached here, so Python never closes them. vocab_cut: n + 1 row
-    boundaries of the vocabulary projection (vocab_cut()). deadline_ms bounds every exchange;
+    boundaries of the vocabulary projection (cluster/shard.py's vocab_cut()). deadline_ms bounds every exchange;
     spin_us is how long one tries its sockets before sleeping in poll (on loopback, pinned: 7.2 us
     an exchange spinning, 14.3 without: a wake-up costs what the exchange does; kernels/README.md,
     "Tensor parallelism"). Needs register() first (the kernels
@@ -229,27 +228,3 @@ def tp_counters() -> dict[str, int]:
     counters["exchange_us"] = lib.stackd_tp_exchange_ns() // 1000
     return counters
 
-
-def vocab_cut(n_vocab: int, weights: list[float], block: int = VOCAB_BLOCK) -> list[int]:
-    """Row boundaries (n + 1, 0 ... n_vocab) of the vocabulary projection over nodes weighted by
-    `weights` (their compute), each cut on a multiple of `block` rows, every node at least one
-    block; the last node takes the rest. ValueError when the vocabulary has too few blocks."""
-    n = len(weights)
-    if n_vocab < 1 or n < 1 or any(not w > 0 for w in weights):
-        raise ValueError("a vocabulary cut needs a vocabulary and a positive weight per node")
-    blocks = -(-n_vocab // block)
-    if blocks < n:
-        raise ValueError(f"a vocabulary of {n_vocab} rows does not cut into {n} parts of {block}")
-    total = float(sum(weights))
-    want = [w / total * blocks for w in weights]
-    counts = [max(1, int(x)) for x in want]                # floors, at least one block each
-    while sum(counts) > blocks:                            # too many: take from the largest
-        counts[max(range(n), key=lambda i: counts[i])] -= 1
-    order = sorted(range(n), key=lambda i: want[i] - int(want[i]), reverse=True)
-    for k in range(blocks - sum(counts)):                  # the rest by largest remainder
-        counts[order[k % n]] += 1
-    cut = [0]
-    for count in counts:
-        cut.append(min(n_vocab, cut[-1] + count * block))
-    cut[-1] = n_vocab
-    return cut

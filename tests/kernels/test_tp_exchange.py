@@ -175,7 +175,7 @@ def top5_gap(whole: np.ndarray, split: np.ndarray) -> float:
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_rank_zero_gives_the_whole_models_logits_and_greedy_tokens(shards, one_node, n, capsys):
-    cut = accel.vocab_cut(N_VOCAB, [1.0] * n)
+    cut = shard.vocab_cut(N_VOCAB, [1.0] * n)
     ranks = run_group(shards[n], cut)
     leader = ranks[0]
     gaps = [top5_gap(w, s) for w, s in zip(one_node["logits"], leader["logits"])]
@@ -274,7 +274,7 @@ DEADLINE_MS = 1500
 
 @pytest.mark.parametrize("how", ["exit", "freeze"])
 def test_a_follower_lost_mid_step_fails_the_leaders_decode_and_the_leader_lives(shards, how, capsys):
-    leader = run_group(shards[2], accel.vocab_cut(N_VOCAB, [1, 1]), target=lost_main, extra=(how,),
+    leader = run_group(shards[2], shard.vocab_cut(N_VOCAB, [1, 1]), target=lost_main, extra=(how,),
                        need=1)[0]
     with capsys.disabled():
         print(f"\nfollower {how}: leader's decode failed after {leader['seconds'] * 1000:.0f} ms "
@@ -457,13 +457,13 @@ def test_frames_are_checked_and_a_bad_one_closes_the_link():
 
 
 def test_vocab_cut_is_weighted_on_blocks_of_64():
-    assert accel.vocab_cut(49152, [1, 1]) == [0, 24576, 49152]
-    assert accel.vocab_cut(49152, [1, 1, 1]) == [0, 16384, 32768, 49152]
-    assert accel.vocab_cut(49152, [3, 1]) == [0, 36864, 49152]
-    assert accel.vocab_cut(100, [1, 1]) == [0, 64, 100]
-    cut = accel.vocab_cut(32000, [2, 1, 1])
+    assert shard.vocab_cut(49152, [1, 1]) == [0, 24576, 49152]
+    assert shard.vocab_cut(49152, [1, 1, 1]) == [0, 16384, 32768, 49152]
+    assert shard.vocab_cut(49152, [3, 1]) == [0, 36864, 49152]
+    assert shard.vocab_cut(100, [1, 1]) == [0, 64, 100]
+    cut = shard.vocab_cut(32000, [2, 1, 1])
     assert cut[0] == 0 and cut[-1] == 32000 and all(c % 64 == 0 for c in cut[:-1])
     with pytest.raises(ValueError):
-        accel.vocab_cut(64, [1, 1])
+        shard.vocab_cut(64, [1, 1])
     with pytest.raises(ValueError):
-        accel.vocab_cut(49152, [1, 0])
+        shard.vocab_cut(49152, [1, 0])
