@@ -432,6 +432,9 @@ def main() -> None:
     parser.add_argument("--tensor", type=int, default=0, metavar="ROUNDS",
                         help="only the rows '1 node' and '2 nodes tensor' (split_mode tensor over both), in "
                              "ROUNDS alternating rounds on the same two daemons, medians")
+    parser.add_argument("--link-delay-us", type=int, default=0,
+                        help="--tensor: each exchange's frames held this long (a slower link one way, where "
+                             "the kernel has no `tc netem`: kernels/src/tp_link.cpp)")
     parser.add_argument("--model-file", default="",
                         help="--replicas/--tensor: this GGUF (in both nodes' stores) instead of the default model, "
                              "e.g. the 1B-class `python -m stackd.testing.random_model`")
@@ -548,8 +551,10 @@ def run_replicas(args, net: Namespaces | None) -> None:
     if args.followers != "real":
         sys.exit("--replicas and --tensor need a real follower")
     speculative = {"STACKD_ENGINE_SPECULATIVE": args.speculative} if args.speculative else {}
+    if args.link_delay_us:                     # both nodes' workers hold each exchange's frames
+        speculative["STACKD_TESTING_LINK_DELAY_US"] = str(args.link_delay_us)
     if net is not None and speculative:
-        sys.exit("--speculative is not passed into namespaces")
+        sys.exit("--speculative and --link-delay-us are not passed into namespaces")
     if net is not None:
         server = NamespacedLeader(net, c, args.context, args.threads, args.kernels)
     else:
@@ -600,7 +605,8 @@ def run_replicas(args, net: Namespaces | None) -> None:
         print(f"\n{os.path.basename(args.model_file) or 'SmolLM2-135M Q4_1'}, {args.threads} thread(s) per node, {c} slots, {args.max_tokens} tokens per "
               f"request, {args.seconds:g} s closed loop, medians of {rounds} alternating rounds, "
               f"{'network namespaces on a veth link' if net else 'loopback'}{', a core per node' if args.pin else ''}, "
-              f"kernels {args.kernels}, speculative {args.speculative or 'default (ngram)'}")
+              f"kernels {args.kernels}, speculative {args.speculative or 'default (ngram)'}"
+              f"{f', link delay {args.link_delay_us} us' if args.link_delay_us else ''}")
         one = {n: statistics.median(rows["1 node"][n]) for n in (c, 1)}
         for name, runs in rows.items():
             med = {n: statistics.median(runs[n]) for n in (c, 1)}

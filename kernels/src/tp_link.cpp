@@ -13,10 +13,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -60,6 +62,7 @@ struct Group {
     std::string error;
     std::atomic<uint64_t> exchanges{0}, bytes_sent{0}, control_frames{0};
     std::atomic<uint64_t> exchange_ns{0};   // time inside the partial-sum and logits exchanges
+    int link_delay_us = 0;       // a benchmark's slower link (STACKD_TESTING_LINK_DELAY_US), 0: none
 };
 
 Group &group() {
@@ -164,6 +167,13 @@ bool run_io(Group &g, Clock::time_point until, uint16_t kind);
 // run_io, its time counted for the exchanges a graph waits on (not a follower's idle wait).
 bool run(Group &g, Clock::time_point until, uint16_t kind) {
     const auto t0 = Clock::now();
+    if (g.link_delay_us > 0 && kind != kKindControl) {
+        // A link this much slower one way (what `tc netem delay` would add, where the kernel
+        // has it): the frames are held before they go, the node waiting as it would for them.
+        const auto release = t0 + std::chrono::microseconds(g.link_delay_us);
+        while (Clock::now() < release) {
+        }
+    }
     const bool ok = run_io(g, until, kind);
     if (kind != kKindControl) {
         g.exchange_ns.fetch_add((uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count(),
@@ -419,6 +429,8 @@ STACKD_API int stackd_tp_attach(int rank, int n, const int *fds, const uint8_t *
     g.cut.assign(vocab_cut, vocab_cut + n + 1);
     g.deadline_ms = deadline_ms;
     g.spin_us = spin_us;
+    const char *delay = std::getenv("STACKD_TESTING_LINK_DELAY_US");   // bench/cluster.py --link-delay-us
+    g.link_delay_us = delay != nullptr ? std::max(0, std::min(1000000, std::atoi(delay))) : 0;
     g.step = 0;
     g.exchanges = g.bytes_sent = g.control_frames = g.exchange_ns = 0;
     g.failed = false;
