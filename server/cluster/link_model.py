@@ -10,7 +10,7 @@ thread woken, the sum): EXCHANGE_FIXED_US, measured on loopback where the link i
 nothing (bench/tp_exchange.py --native).
 
     one node:  t1 = work / compute_leader
-    tensor:    tp = work / sum(compute)  + (2 L + 1) x (rtt / 2 + bytes / rate + fixed)
+    tensor:    tp = work / sum(compute)  + L x serial  + (2 L + 1) x (rtt / 2 + bytes / rate + fixed)
 
 `work` is the model's decode work in the compute figure's unit; it cancels out of the ratio
 t1 / tp only if its absolute scale is known, which is what `seconds_per_token` provides: the
@@ -23,10 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Both ends of one exchange, the link's time aside: the two frames' tags (HMAC-SHA256 of 2.3 KiB,
-# ~1.1 us each with SHA-NI) and the system calls. Measured: 7.2 us for the whole exchange on
-# loopback, each node on its own core, spinning (kernels/README.md, "Tensor parallelism"; AMD
-# EPYC Zen 5), whose connect round trip (links.py) is ~15 us: half of it plus this.
-EXCHANGE_FIXED_US = 2.5
+# ~1.1 us each with SHA-NI), the system calls, and the wait for a peer whose share of the step
+# ran a little longer. Measured inside decode steps on loopback (bench/cluster.py --tensor, AMD
+# EPYC Zen 5, a core per node): ~18 us an exchange, where the connect round trip (links.py) is
+# ~15 us; 7.2 us in a loop of exchanges alone (bench/tp_exchange.py --native).
+EXCHANGE_FIXED_US = 10.0
+# What a layer costs on every node of a split whatever its share: its ~15 graph nodes' dispatch
+# and barriers, the norms, the residual adds. Fitted to bench/cluster.py --tensor (SmolLM2's
+# 30 layers and the 1B-class model's 16 on two Zen 5 cores): ~50 us a layer.
+LAYER_SERIAL_US = 50.0
 DEFAULT_RATE_GBIT = 1.0         # a link's rate when nothing says otherwise (a device's Ethernet)
 LOOPBACK_RATE_GBIT = 100.0      # nodes on one machine (loopback): memory copies, not a wire
 PAYS_AT = 1.15                  # a tensor split is chosen when it predicts this speedup or more
@@ -36,7 +41,8 @@ BYTES_PER_FLOAT = 4             # partial sums travel as float32
 @dataclass(frozen=True)
 class TensorCost:
     one_node_us: float          # a token on the leader alone
-    compute_us: float           # the tensor split's share of compute (the slowest node's)
+    compute_us: float           # the tensor split's share of compute (the slowest node's), with
+                                # what every node does whatever its share (LAYER_SERIAL_US a layer)
     exchange_us: float          # one exchange
     exchanges: int              # per token
 
@@ -71,6 +77,8 @@ def tensor_cost(one_node_us: float, computes: list[float], rtts_us: list[float],
     leader = computes[0] if computes and computes[0] > 0 else 0.0
     total = sum(c for c in computes if c > 0)
     compute_us = one_node_us * leader / total if leader and total else one_node_us
+    if len(computes) > 1:
+        compute_us += n_layer * LAYER_SERIAL_US
     worst = max(rtts_us) if rtts_us else 0.0
     return TensorCost(one_node_us, compute_us, exchange_us(worst, n_embd, rate_gbit, fixed_us),
                       2 * n_layer + 1 if len(computes) > 1 else 0)
