@@ -17,6 +17,7 @@ TEST_FUZZ_SECONDS ?= 60
 FUZZ_SECONDS ?= 600
 
 NATIVE_INPUTS := setup.py server/compiled.py $(wildcard server/*.py server/http/*.py server/auth/*.py) \
+                 server/observe/metrics.py \
                  CMakeLists.txt $(shell find native kernels -name '*.cpp' -o -name '*.h' 2>/dev/null) \
                  kernels/CMakeLists.txt kernels/fetch_ggml_source.py $(wildcard packaging/native/*.cpp)
 MINILM := $(VENV)/share/stackd/models/all-minilm-l6-v2.gguf
