@@ -8,7 +8,7 @@ split's step costs 2 x layers + 2 of these exchanges on top of its compute.
     .venv/bin/python bench/tp_exchange.py [--nodes 2] [--floats 576] [--count 2000] [--rounds 3]
                                           [--links loopback,netns] [--pin] [--native] [--spin US]
 
-Each node is a process of its own (python, server/cluster/exchange/mesh.py: the reference
+Each node is a process of its own (python, server/engine/exchange/mesh.py: the reference
 implementation, with Python's costs per exchange). `--native` adds the rows of the exchange the
 engine runs: the same mesh handed to the kernels' library (accel.tp_attach), each all-reduce
 timed inside it in C++ (kernels/src/tp.h, stackd_tp_time_allreduce), with --spin microseconds of
@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from stackd.cluster.exchange import Mesh, listen
+from stackd.engine.exchange import Mesh, listen
 
 PORT = 47611                      # in namespaces: every node listens here on its own addresses
 WARMUP = 200

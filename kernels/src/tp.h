@@ -1,13 +1,13 @@
 // Tensor parallelism inside our backend (issue 36; kernels/README.md, "Tensor parallelism").
 //
 // A process joins a tensor-parallel group with stackd_tp_attach: rank r of n, one connected and
-// already authenticated TCP socket per peer (server/cluster/exchange/mesh.py made them) and the
+// already authenticated TCP socket per peer (server/engine/exchange/mesh.py made them) and the
 // link's session key. While attached, our backend's graphs exchange over those links:
 //   - every ADD named `ffn_inp-<il>` / `l_out-<il>` becomes "all-reduce src[0] with every peer,
 //     summed in node order 0, 1, ..., then + src[1]" (every node holds the same bits);
 //   - the MUL_MAT named `result_output` computes rows [vocab_cut[r], vocab_cut[r+1]) only, and
 //     followers send their block to rank 0, which holds the full logits.
-// The wire is server/cluster/exchange/frames.py's frame, byte for byte:
+// The wire is server/engine/exchange/frames.py's frame, byte for byte:
 //     u32 magic  u16 kind  u16 sender  u64 step  u32 length | payload | 16-byte tag
 //     tag = HMAC-SHA256(session key, header + payload)[:16]
 // One step counter for every exchange (partial sums, logits, control messages), the same on

@@ -18,7 +18,7 @@ its start message: {rank, size, addresses [[host, port], ...] (index = rank), me
 (hex), deadline_ms, spin_us, vocab_cut}, and its mesh listener comes right after the start frame
 on the same socket (one byte b"L" carrying the descriptor, SCM_RIGHTS: the daemon bound it, so
 its port was told to the peers before this process existed). Before the engine loads, the worker
-forms the mesh (cluster/exchange/mesh.py: dial the lower ranks, accept the higher, each link
+forms the mesh (engine/exchange/mesh.py: dial the lower ranks, accept the higher, each link
 proving the cluster secret), hands every link's socket and session key to the kernels
 (accel.tp_attach), then loads its shard with tp_rank/tp_size. Rank 0 serves as any worker; a
 follower (rank > 0) says ready, then only mirrors rank 0's steps (Engine.follow) and exits 0 on
@@ -119,7 +119,7 @@ def join_tensor_group(tensor: dict, listener_fd: int | None) -> None:
 
     from . import accel
     numpy_for_mesh()
-    from ..cluster.exchange.mesh import Mesh
+    from .exchange.mesh import Mesh
     rank, size = int(tensor["rank"]), int(tensor["size"])
     addresses = [(str(host), int(port)) for host, port in tensor["addresses"]]
     if len(addresses) != size or not 0 <= rank < size or len(tensor["vocab_cut"]) != size + 1:
@@ -416,7 +416,7 @@ def main(fd: int, parent: int) -> int:
                 failed["code"] = "peer_unreachable"
         if tensor:
             numpy_for_mesh()
-            from ..cluster.exchange.mesh import ExchangeError
+            from .exchange.mesh import ExchangeError
             if isinstance(exc, ExchangeError):      # a peer of the group did not join the mesh
                 failed["code"] = "peer_unreachable"
         sock.sendall(frame(failed))

@@ -1,4 +1,4 @@
-"""The tensor split's exchange (server/cluster/exchange/): a mesh of real loopback sockets
+"""The tensor split's exchange (server/engine/exchange/): a mesh of real loopback sockets
 between nodes (threads of this process, each with its own sockets), the all-reduce's sums, the
 secret at both ends of the handshake, and what a bad frame, a silent peer and a closed one do."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from stackd.cluster.exchange import ExchangeError, Mesh, frames, listen
+from stackd.engine.exchange import ExchangeError, Mesh, frames, listen
 
 SECRET = os.urandom(32)
 HIDDEN = 576                           # SmolLM2's hidden size: one token's partial sum

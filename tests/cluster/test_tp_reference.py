@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from stackd.cluster import shard
-from stackd.cluster.exchange import Mesh, listen
+from stackd.engine.exchange import Mesh, listen
 from stackd.store import defaults
 
 from . import tp_reference as ref

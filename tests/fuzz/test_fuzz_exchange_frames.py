@@ -1,4 +1,4 @@
-"""Fuzz: the tensor split's exchange frames (server/cluster/exchange/frames.py) -> the reader a
+"""Fuzz: the tensor split's exchange frames (server/engine/exchange/frames.py) -> the reader a
 node applies to what a peer sends. A peer is another node of the cluster, but a link may carry
 anything (a bug, a cut-short write, a node that lost its way), so nothing is trusted.
 
@@ -13,7 +13,7 @@ import os
 import pytest
 from hypothesis import strategies as st
 
-from stackd.cluster.exchange import frames
+from stackd.engine.exchange import frames
 
 from .budget import fuzz
 from .test_fuzz_gguf import mutations

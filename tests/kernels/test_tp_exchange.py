@@ -1,6 +1,6 @@
 """Tensor parallelism inside our backend (kernels/src/tp.h): the default chat model (SmolLM2) cut
 into shards (server/cluster/shard.py), one process per shard on loopback, the mesh formed by
-server/cluster/exchange/mesh.py and handed to the library (accel.tp_attach), every rank running
+server/engine/exchange/mesh.py and handed to the library (accel.tp_attach), every rank running
 the same llama.cpp calls in lockstep (llama-cpp-python's Llama, unpatched).
 
 - Rank 0's logits are the whole model's on one node within rounding: the partial sums are the
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from stackd.cluster import shard
-from stackd.cluster.exchange import Mesh, frames, listen
+from stackd.engine.exchange import Mesh, frames, listen
 from stackd.engine import accel
 from stackd.store import defaults
 
