@@ -33,6 +33,7 @@ import os
 import subprocess
 import sys
 import zipfile
+from statistics import median
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -93,12 +94,6 @@ def run_child(build: str, lib: str, mode: str, streams: list[int], threads: int)
                           "--streams", ",".join(map(str, streams))],
                          check=True, capture_output=True, text=True, cwd=ROOT, env=env).stdout
     return json.loads(out.splitlines()[-1])
-
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def main() -> None:

@@ -164,25 +164,29 @@ async def stream_until(runner: ModelRunner, fault, n_before: int = 2) -> list:
     return events
 
 
+async def lose_mid_stream(shards, victim, signal_number: int, survivor):
+    """A group streaming one request; victim(leader, follower)'s pid gets signal_number after the
+    first tokens; -> (the request's events, survivor(leader, follower)'s exit status)."""
+    loop = asyncio.get_running_loop()
+    leader, follower = await start_group(shards)
+    runner = ModelRunner(loop, leader)
+    try:
+        events = await stream_until(runner, lambda: os.kill(victim(leader, follower), signal_number))
+        status = await loop.run_in_executor(None, survivor(leader, follower).wait, 30)
+    finally:
+        await runner.close(0)
+        follower.proc.kill()
+        follower.proc.wait()
+        follower.sock.close()
+    return events, status
+
+
 @pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
 def test_a_follower_lost_mid_stream_ends_the_leaders_request(shards, signal_number):
     """Killed, its link closes; frozen, the exchange's deadline passes: either way the request
     ends with the lost-node error and the leader's worker exits EXIT_TENSOR_PEER_LOST."""
-    async def scenario():
-        loop = asyncio.get_running_loop()
-        leader, follower = await start_group(shards)
-        runner = ModelRunner(loop, leader)
-        try:
-            events = await stream_until(runner, lambda: os.kill(follower.proc.pid, signal_number))
-            status = await loop.run_in_executor(None, leader.proc.wait, 30)
-        finally:
-            await runner.close(0)
-            follower.proc.kill()
-            follower.proc.wait()
-            follower.sock.close()
-        return events, status
-
-    events, status = asyncio.run(scenario())
+    events, status = asyncio.run(lose_mid_stream(shards, lambda leader, follower: follower.proc.pid,
+                                                 signal_number, lambda leader, follower: leader.proc))
     last = events[-1]
     assert last.status == STATUS_ERROR and last.error.code is ErrorCode.WORKER_LOST
     assert sum(e.n_tokens for e in events) < 200
@@ -190,21 +194,8 @@ def test_a_follower_lost_mid_stream_ends_the_leaders_request(shards, signal_numb
 
 
 def test_the_leader_lost_mid_stream_ends_the_follower(shards):
-    async def scenario():
-        loop = asyncio.get_running_loop()
-        leader, follower = await start_group(shards)
-        runner = ModelRunner(loop, leader)
-        try:
-            events = await stream_until(runner, lambda: os.kill(leader.proc.pid, signal.SIGKILL))
-            status = await loop.run_in_executor(None, follower.proc.wait, 30)
-        finally:
-            await runner.close(0)
-            follower.proc.kill()
-            follower.proc.wait()
-            follower.sock.close()
-        return events, status
-
-    events, status = asyncio.run(scenario())
+    events, status = asyncio.run(lose_mid_stream(shards, lambda leader, follower: leader.proc.pid,
+                                                 signal.SIGKILL, lambda leader, follower: follower.proc))
     assert events[-1].status == STATUS_ERROR and events[-1].error.code is ErrorCode.WORKER_LOST
     assert status == EXIT_TENSOR_PEER_LOST
 
