@@ -154,6 +154,15 @@ def test_streaming_n_grammar_and_logprobs_over_a_tensor_split(start_node):
     eventually(lambda: exchanges().get("stackd_tensor_exchanges_total", 0) > 0)
     assert exchanges()["stackd_tensor_exchange_bytes_total"] > 0
 
+    # a signed start with engine parameters of the wrong type: a 400 naming them, nothing started
+    for engine in ({"slots": "x"}, {"embeddings": "false"}, {"context_length": 1 << 30}, {"key_share": 2}):
+        body = orjson.dumps({"group_id": "g", "model": MODEL, "sha256": "0" * 64, "rank": 1, "weights": [1, 1],
+                             "addresses": [["127.0.0.1", 1]], "engine": engine,
+                             "tensor": {"mesh_id": "g", "deadline_ms": 100, "spin_us": 0, "vocab_cut": [0, 64, 128]}})
+        status, _, answer = follower.request("POST", "/internal/v1/tensor/start", key=None, body=body,
+                                             headers=follower.signed("POST", "/internal/v1/tensor/start", body))
+        assert status == 400 and answer["error"]["param"] == "engine", (engine, answer)
+
 
 @pytest.mark.parametrize("fault", ["kill", "stop"])
 def test_a_follower_lost_mid_stream_ends_it_with_503_and_the_model_is_placed_again(start_node, fault):

@@ -17,6 +17,7 @@ from ...http.routing import Endpoint
 
 MAX_NODES = 64                 # a group's nodes at most (a model has fewer KV-head groups)
 MAX_VOCAB = 1 << 22
+MAX_ENGINE_INT = 1 << 24       # an engine parameter's bound (a context length, a batch, a count)
 
 GROUP_ID = validate.String("group_id", required=True, max_len=128, doc="The leader's id for the group.")
 MODEL = validate.String("model", required=True, max_len=256, doc="The model's id in this node's store.")
@@ -56,14 +57,33 @@ def _tensor(body: dict, n: int) -> dict:
     return {"mesh_id": value["mesh_id"], "deadline_ms": deadline, "spin_us": spin, "vocab_cut": cut}
 
 
+def _engine(body: dict) -> dict:
+    """The leader's engine parameters a follower's engine copies (tensor_host.ENGINE_FIELDS), each
+    of its type and within MAX_ENGINE_INT (a count or a length: slots, context, batch, queue)."""
+    from ...runtime.tensor_host import ENGINE_FIELDS
+    value = body.get("engine")
+    if not isinstance(value, dict):
+        raise invalid("'engine' must be the leader's engine parameters", "engine")
+    out = {}
+    for name, kind in ENGINE_FIELDS.items():
+        if name not in value:
+            continue
+        v = value[name]
+        fits = (isinstance(v, bool) if kind is bool else
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 if kind is float else
+                isinstance(v, int) and not isinstance(v, bool) and -1 <= v <= MAX_ENGINE_INT)
+        if not fits:
+            raise invalid(f"'engine.{name}' is not a valid {kind.__name__} for it", "engine")
+        out[name] = v
+    return out
+
+
 async def start(ctx, request) -> Response:
     """Cut this node's shard of a model from its own store and start its engine worker."""
     body = request.json()
     rank = RANK.read(body)
     weights = _numbers(body, "weights", (int, float), 0.0001, 1e6, 2, MAX_NODES)
-    engine = body.get("engine")
-    if not isinstance(engine, dict):
-        raise invalid("'engine' must be the leader's engine parameters", "engine")
+    engine = _engine(body)
     follower = await ctx.models.tensor_host.start(
         GROUP_ID.read(body), MODEL.read(body), SHA256.read(body), rank, [float(w) for w in weights],
         _addresses(body, rank), engine, _tensor(body, len(weights)))
