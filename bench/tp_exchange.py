@@ -59,6 +59,7 @@ def node_main(args) -> None:
     elif args.mode == "native":
         import ctypes
 
+        from stackd.cluster.shard import vocab_cut
         from stackd.engine import accel
         mesh = Mesh(index, addresses, bytes.fromhex(args.secret), "bench", listener)
         mesh.connect(timeout=30.0)
@@ -67,7 +68,7 @@ def node_main(args) -> None:
         n = len(addresses)
         accel.tp_attach(index, [mesh.links[i].sock if i != index else None for i in range(n)],
                         [mesh.links[i].key if i != index else None for i in range(n)],
-                        accel.vocab_cut(49152, [1.0] * n), deadline_ms=10_000, spin_us=int(args.spin))
+                        vocab_cut(49152, [1.0] * n), deadline_ms=10_000, spin_us=int(args.spin))
         mesh.close()
         lib = accel.library()
         lib.stackd_tp_time_allreduce.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]

@@ -9,7 +9,7 @@
 //     followers send their block to rank 0, which holds the full logits.
 // The wire is server/engine/exchange/frames.py's frame, byte for byte:
 //     u32 magic  u16 kind  u16 sender  u64 step  u32 length | payload | 16-byte tag
-//     tag = HMAC-SHA256(session key, header + payload)[:16]
+//     tag = ChaCha20-Poly1305(session key, nonce = header[4:16], associated data = header + payload)
 // One step counter for every exchange (partial sums, logits, control messages), the same on
 // every node. A frame with a wrong magic, kind, sender, step, length or tag, a peer that closes,
 // or an exchange past its deadline fails the group: every link is shut, graph_compute returns

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "backend.h"
-#include "tp_hmac.h"
+#include "tp_tag.h"
 
 namespace stackd::tp {
 
@@ -35,7 +35,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Link {
     int fd = -1;
-    Hmac mac;
+    FrameTag mac;               // the link's session key
     std::vector<uint8_t> out;   // the frame being sent
     size_t sent = 0;
     std::vector<uint8_t> in;    // the frame being received
@@ -98,7 +98,9 @@ void stage_send(Group &g, Link &l, uint16_t kind, const void *payload, size_t le
     l.out.resize(kHeaderBytes + length + kTagBytes);
     put_header(l.out.data(), kind, (uint16_t)g.rank, g.step, (uint32_t)length);
     if (length) std::memcpy(l.out.data() + kHeaderBytes, payload, length);
-    l.mac.tag(l.out.data(), kHeaderBytes, l.out.data() + kHeaderBytes, length, l.out.data() + kHeaderBytes + length);
+    if (!l.mac.tag(l.out.data(), kHeaderBytes, l.out.data() + kHeaderBytes, length, l.out.data() + kHeaderBytes + length)) {
+        std::memset(l.out.data() + kHeaderBytes + length, 0, kTagBytes);   // libcrypto failed: the peer refuses it
+    }
     l.sent = 0;
     l.sending = true;
 }
@@ -150,7 +152,7 @@ std::string check_header(const Group &g, const Link &l, int peer) {
 bool tag_matches(const Link &l) {
     const size_t length = l.want - kHeaderBytes - kTagBytes;
     uint8_t tag[kTagBytes];
-    l.mac.tag(l.in.data(), kHeaderBytes, l.in.data() + kHeaderBytes, length, tag);
+    if (!l.mac.tag(l.in.data(), kHeaderBytes, l.in.data() + kHeaderBytes, length, tag)) return false;
     uint8_t diff = 0;   // constant time, as hmac.compare_digest
     for (size_t i = 0; i < kTagBytes; i++) diff |= tag[i] ^ l.in[kHeaderBytes + length + i];
     return diff == 0;
@@ -416,12 +418,16 @@ STACKD_API int stackd_tp_attach(int rank, int n, const int *fds, const uint8_t *
     if (g.attached.load()) return refuse("tensor parallelism: already attached (detach first)");
     g.rank = rank;
     g.n = n;
-    g.links.assign(n, Link{});
+    g.links.clear();
+    g.links.resize(n);
     for (int p = 0; p < n; p++) {
         if (p == rank) continue;
         Link &l = g.links[p];
         l.fd = fds[p];
-        l.mac.set_key(keys + (size_t)p * kKeyBytes, kKeyBytes);
+        if (!l.mac.set_key(keys + (size_t)p * kKeyBytes)) {
+            g.links.clear();
+            return refuse("tensor parallelism: libcrypto refused a link's key");
+        }
         const int one = 1;
         setsockopt(l.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);   // mesh.py set it; a raw fd may not have
         fcntl(l.fd, F_SETFL, fcntl(l.fd, F_GETFL) | O_NONBLOCK);

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Both ends of one exchange, the link's time aside: the two frames' tags (HMAC-SHA256 of 2.3 KiB,
-# ~1.1 us each with SHA-NI), the system calls, and the wait for a peer whose share of the step
-# ran a little longer. Measured inside decode steps on loopback (bench/cluster.py --tensor, AMD
-# EPYC Zen 5, a core per node): ~18 us an exchange, where the connect round trip (links.py) is
-# ~15 us; 7.2 us in a loop of exchanges alone (bench/tp_exchange.py --native).
+# Both ends of one exchange, the link's time aside: the two frames' tags (ChaCha20-Poly1305 over
+# 2.3 KiB, ~0.4 us each; the HMAC-SHA256 before it ~1.3), the system calls, and the wait for a
+# peer whose share of the step ran a little longer. Measured inside decode steps on loopback
+# (bench/cluster.py --tensor, AMD EPYC Zen 5, a core per node): ~18 us an exchange (HMAC), where
+# the connect round trip (links.py) is ~15 us; in a loop of exchanges alone 6.6 us (7.2 with
+# HMAC; bench/tp_exchange.py --native).
 EXCHANGE_FIXED_US = 10.0
 # What a layer costs on every node of a split whatever its share: its ~15 graph nodes' dispatch
 # and barriers, the norms, the residual adds. Fitted to bench/cluster.py --tensor (SmolLM2's

@@ -17,7 +17,14 @@ The link's frames are then signed with a session key, HMAC(secret, SESSION | con
 Frame, both ways (little endian):
 
     u32 magic  u16 kind  u16 sender  u64 step  u32 length | payload (length bytes) | tag (16 bytes)
-    tag = HMAC-SHA256(session key, header + payload)[:16]
+    tag = ChaCha20-Poly1305(session key, nonce = header[4:16], associated data = header + payload,
+                            nothing encrypted)  (RFC 8439; its 16-byte tag)
+
+Poly1305 rather than HMAC-SHA256: ~15 GB/s against ~1.8 on the CPUs measured (Zen 5, OpenSSL 3),
+a cost both ends of every exchange pay (kernels/src/tp_tag.h). Its one-time key needs a nonce
+that never repeats under a key: the nonce is the header's kind, sender and step; the session key
+is fresh per connection and tags one group's frames, whose step counter only rises, and a node
+sends one frame of a kind per step.
 
 The receiver knows what it waits for: the peer's index, the step, the payload's length. A
 header that differs in any of them (or a magic, a kind it does not know) is refused before the
@@ -33,9 +40,11 @@ runs in C++ inside the kernels' backend (kernels/src/tp.h), on this same wire.
 """
 from __future__ import annotations
 
-import hashlib
+import functools
 import hmac
 import struct
+
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 HELLO = b"stkx/1\n\0"
 NONCE_BYTES = 32
@@ -74,10 +83,14 @@ def session_key(secret: bytes, ctx: bytes) -> bytes:
     return mac(secret, SESSION, ctx)
 
 
-def tag(key: bytes, header: bytes, payload) -> bytes:
-    h = hmac.new(key, header, hashlib.sha256)
-    h.update(payload)
-    return h.digest()[:TAG_BYTES]
+@functools.lru_cache(maxsize=64)
+def _aead(key: bytes) -> ChaCha20Poly1305:
+    return ChaCha20Poly1305(key)
+
+
+def tag(key: bytes, header, payload) -> bytes:
+    header = bytes(header)
+    return _aead(bytes(key)).encrypt(header[4:HEADER_BYTES - 4], b"", header + bytes(payload))
 
 
 def encode(key: bytes, sender: int, step: int, payload, kind: int = KIND_PARTIAL) -> bytes:
