@@ -20,11 +20,17 @@ key / value lengths are set to its slice (the key and value lengths explicitly: 
 otherwise take embedding_length / head_count, which a slice of the heads changes), so llama.cpp
 loads it as it is, unpatched.
 
-Uneven cuts follow compute: `plan_cuts(weights=...)` gives each node its share of a layer's
-matmul work (weight elements, which is what a decode step reads). KV groups are whole, so they
-go by the largest remainder (SmolLM2's 3 groups over two equal nodes: 2 and 1); the FFN rows
-then make up each node's share, in blocks of the down projection's quant block (two equal
-nodes on SmolLM2: 672 and 864 of the 1,536 rows, so they read 49.5 % and 50.5 % of a layer).
+Uneven cuts follow compute, each half of a layer on its own: `plan_cuts(weights=...)` gives
+each node its share of the attention's KV groups and, separately, its share of the FFN rows.
+The two halves are not traded against each other, because each ends in an exchange every node
+waits at: a node with more attention and less FFN would first hold the others at the attention's
+exchange, then wait for them at the FFN's. KV groups are whole, so they go by the largest
+remainder; the FFN rows in blocks of the down projection's quant block (two equal nodes on
+SmolLM2: 768 and 768 of the 1,536 rows). A group or block two nodes want equally goes to the later
+node: the leader samples and serves the clients besides (SmolLM2's 3 groups over two equal nodes:
+1 to the leader, 2 to the follower).
+PLAN_VERSION names this rule in the shard cache, so a shard cut by an earlier rule is never
+paired with one cut by this.
 
 Shards are deterministic: the same model and plan give the same bytes (same sha256), so a
 follower can cut its own from the file it holds, or check the one the leader sends.
@@ -48,6 +54,7 @@ ROWS_BY_HEAD = {"attn_q.weight": "q", "attn_k.weight": "kv", "attn_v.weight": "k
 COLUMNS_BY_HEAD = {"attn_output.weight"}
 ROWS_BY_FFN = {"ffn_gate.weight", "ffn_up.weight"}
 COLUMNS_BY_FFN = {"ffn_down.weight"}
+PLAN_VERSION = 2                  # plan_cuts' rule (2: attention and FFN balanced each on its own)
 SHARD_KEYS = "stackd.shard"       # metadata this module adds: index, count, kv groups, ffn rows
 
 
@@ -119,13 +126,8 @@ def plan_cuts(hp: Hparams, weights: list[float], ffn_block: int) -> list[Cut]:
     if hp.n_ff % ffn_block or hp.n_ff // ffn_block < n:
         raise ShardError(f"feed_forward_length {hp.n_ff} does not cut into {n} parts of {ffn_block}-row blocks")
     share = [w / sum(weights) for w in weights]
-    groups = _largest_remainder([s * hp.n_head_kv for s in share], hp.n_head_kv, 1)
-    # a layer's weight elements per group (q, k, v rows and attn_output columns) and per FFN row
-    per_group = (2 * hp.gqa + 2) * hp.head_dim * hp.n_embd
-    per_row = 3 * hp.n_embd
-    total = hp.n_head_kv * per_group + hp.n_ff * per_row
-    want = [max(s * total - g * per_group, 0.0) / per_row / ffn_block for s, g in zip(share, groups)]
-    blocks = _largest_remainder(want, hp.n_ff // ffn_block, 1)
+    groups = _largest_remainder([s * hp.n_head_kv for s in share], hp.n_head_kv, 1, ties_to_last=True)
+    blocks = _largest_remainder([s * hp.n_ff / ffn_block for s in share], hp.n_ff // ffn_block, 1, ties_to_last=True)
     cuts, g0, f0 = [], 0, 0
     for i, (g, b) in enumerate(zip(groups, blocks)):
         cuts.append(Cut(i, (g0, g0 + g), (f0, f0 + b * ffn_block)))
@@ -133,16 +135,18 @@ def plan_cuts(hp: Hparams, weights: list[float], ffn_block: int) -> list[Cut]:
     return cuts
 
 
-def _largest_remainder(want: list[float], total: int, least: int) -> list[int]:
-    """Integers near `want` that add up to `total`, each at least `least`."""
+def _largest_remainder(want: list[float], total: int, least: int, ties_to_last: bool = False) -> list[int]:
+    """Integers near `want` that add up to `total`, each at least `least`; a unit two nodes want
+    equally goes to the earlier one, or with `ties_to_last` the later one."""
     scale = total / sum(want) if sum(want) > 0 else 0.0
     want = [w * scale for w in want] if scale else [total / len(want)] * len(want)
     out = [max(least, int(w)) for w in want]
+    order = 1 if ties_to_last else -1
     while sum(out) < total:
-        i = max(range(len(out)), key=lambda k: (want[k] - out[k], -k))
+        i = max(range(len(out)), key=lambda k: (round(want[k] - out[k], 9), order * k))
         out[i] += 1
     while sum(out) > total:
-        i = max((k for k in range(len(out)) if out[k] > least), key=lambda k: (out[k] - want[k], k))
+        i = max((k for k in range(len(out)) if out[k] > least), key=lambda k: (round(out[k] - want[k], 9), -order * k))
         out[i] -= 1
     return out
 
@@ -279,7 +283,7 @@ def shard_for(model_path: str, weights: list[float], index: int, cache_dir: str,
 
     import gguf
     weights = [float(w) for w in weights_key(weights).split(",")]
-    plan = hashlib.sha256(weights_key(weights).encode()).hexdigest()[:12]
+    plan = hashlib.sha256(f"{PLAN_VERSION}:{weights_key(weights)}".encode()).hexdigest()[:12]
     folder = os.path.join(cache_dir, f"{digest[:16]}-{plan}")
     path = os.path.join(folder, f"shard-{index}-of-{len(weights)}.gguf")
     if os.path.exists(path):
