@@ -47,6 +47,12 @@ struct Link {
 
 constexpr size_t kAnyLength = SIZE_MAX;
 
+// How long a follower polls for its leader's next control message before it sleeps in poll().
+// Between two steps of a stream the leader samples and plans (tens to a few hundred us); a wake
+// from poll() costs a virtual machine's vCPU ~25 us or more (bench/tp_exchange.py's ping-pong),
+// paid every step on the critical path. An idle follower spins this long once a message.
+constexpr int kControlSpinUs = 1000;
+
 struct Group {
     std::mutex io;               // one exchange at a time; attach and detach wait for it
     int rank = 0, n = 0;
@@ -503,10 +509,18 @@ STACKD_API int stackd_tp_recv_control(const void **data, size_t *size, int timeo
     }
     Link &leader = g.links[0];
     pollfd pfd = {leader.fd, POLLIN, 0};
-    int ready;
-    do {
-        ready = poll(&pfd, 1, timeout_ms < 0 ? -1 : timeout_ms);
-    } while (ready < 0 && errno == EINTR && timeout_ms < 0);
+    int ready = 0;
+    if (g.spin_us > 0) {   // a group that spins in its exchanges spins here too, a while longer
+        const auto spin_until = Clock::now() + std::chrono::microseconds(kControlSpinUs);
+        do {
+            ready = poll(&pfd, 1, 0);
+        } while (ready == 0 && Clock::now() < spin_until);
+    }
+    if (ready == 0) {
+        do {
+            ready = poll(&pfd, 1, timeout_ms < 0 ? -1 : timeout_ms);
+        } while (ready < 0 && errno == EINTR && timeout_ms < 0);
+    }
     if (ready == 0 || (ready < 0 && errno == EINTR)) return 1;   // a signal: as a timeout, the caller asks again
     if (ready < 0) {
         fail_locked(g, std::string("waiting for the leader: poll: ") + std::strerror(errno));
