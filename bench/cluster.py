@@ -8,7 +8,7 @@ server), and from its freezing (SIGSTOP of both) to that 503.
 
     .venv/bin/python bench/cluster.py [--clients 16] [--seconds 20] [--threads 1] [--followers real] [--netns]
                                       [--pin] [--balanced 18,12] [--rows '1 node,2 nodes layer'] [--no-node-loss]
-    .venv/bin/python bench/cluster.py --tensor 5 --pin --seconds 10 --kernels auto [--netns]
+    .venv/bin/python bench/cluster.py --tensor 5 --pin --seconds 10 --kernels auto [--netns] [--trace]
 
 One thread per node. The follower is a second daemon on this machine (`--followers real`, the
 default: its own data dir, on 127.0.0.2, the cluster secret; it starts its RPC server child when
@@ -28,7 +28,11 @@ also computes the output layer, several layers' worth on this model, so halves o
 not halves of the work. "2 nodes layer" is the default placement over the two nodes (real
 followers: once both have measured their compute, so its counts follow compute and it takes
 a lane per node, docs/cluster.md), "2 nodes layer 1 lane" the same counts with one lane.
-`--rows` runs only the rows named. Same
+`--rows` runs only the rows named. With --pin, each --replicas/--tensor round first says how
+fast CPUs 0 and 1 compute when both are busy, as a share of one alone (cores_together): a host
+that runs the two vCPUs on one physical core's two threads halves what two busy nodes get, and
+may do so in one round and not the next. `--trace` adds the leader engine's step phases (decode,
+sample, the gap between steps) for each c=1 row. Same
 model (SmolLM2-135M Q4_1, 30 layers), same requests as bench/inference.py (a fixed prompt,
 128 tokens each, end of generation suppressed, greedy).
 """
@@ -435,6 +439,9 @@ def main() -> None:
     parser.add_argument("--link-delay-us", type=int, default=0,
                         help="--tensor: each exchange's frames held this long (a slower link one way, where "
                              "the kernel has no `tc netem`: kernels/src/tp_link.cpp)")
+    parser.add_argument("--trace", action="store_true",
+                        help="--replicas/--tensor: the leader engine's step phases during each c=1 row "
+                             "(POST /v1/debug/trace)")
     parser.add_argument("--model-file", default="",
                         help="--replicas/--tensor: this GGUF (in both nodes' stores) instead of the default model, "
                              "e.g. the 1B-class `python -m stackd.testing.random_model`")
@@ -593,8 +600,11 @@ def run_replicas(args, net: Namespaces | None) -> None:
                 if args.pin:
                     pin_tree((server.proc if hasattr(server, "proc") else server.node.proc).pid, LEADER_CPUS)
                     pin_tree(follower.node.proc.pid, FOLLOWER_CPUS)
+                    print(f"  round {round_ + 1} {name:18s} CPUs 0 and 1 busy at once: each at "
+                          f"{cores_together():.0%} of one alone", flush=True)
                 for n in (c, 1):
                     before = tensor_counters(server) if name == second and tensor else None
+                    tracer = StepTrace(server, args.seconds) if args.trace and n == 1 else None
                     result = measure(server, n, args.seconds, args.max_tokens, cpu)
                     rows[name][n].append(result.tokens_per_second())
                     uses[name][n].append(result.cpu)
@@ -602,6 +612,8 @@ def run_replicas(args, net: Namespaces | None) -> None:
                           f"{cpu_line(result.cpu)}", flush=True)
                     if before is not None:
                         print("    " + exchange_line(before, tensor_counters(server), result), flush=True)
+                    if tracer is not None:
+                        print("    " + tracer.line(), flush=True)
         print(f"\n{os.path.basename(args.model_file) or 'SmolLM2-135M Q4_1'}, {args.threads} thread(s) per node, {c} slots, {args.max_tokens} tokens per "
               f"request, {args.seconds:g} s closed loop, medians of {rounds} alternating rounds, "
               f"{'network namespaces on a veth link' if net else 'loopback'}{', a core per node' if args.pin else ''}, "
@@ -640,6 +652,82 @@ def run_replicas(args, net: Namespaces | None) -> None:
               f"request: {took * 1000:.0f} ms ({errors} requests failed)", flush=True)
     finally:
         stop_stackd(server, follower)
+
+
+PROBE = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+import numpy as np
+a = np.ones((192, 192), dtype=np.float32)
+a @ a
+n, t0 = 0, time.perf_counter()
+while time.perf_counter() - t0 < float(sys.argv[2]):
+    a @ a
+    n += 1
+print(n / (time.perf_counter() - t0))
+"""
+
+
+def cores_together(seconds: float = 0.7) -> float:
+    """A small matmul's rate on CPUs 0 and 1 at once, as a share of CPU 0's alone (~1.0 on two
+    cores of their own; ~0.6 where the host runs both vCPUs on one physical core's two threads,
+    which a tensor split's two busy nodes then share). Taken before each --pin round: the host
+    may move the vCPUs between rounds."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+    def run(cpus: list[int]) -> list[float]:
+        procs = [subprocess.Popen([sys.executable, "-c", PROBE, str(cpu), str(seconds)], env=env,
+                                  stdout=subprocess.PIPE, text=True) for cpu in cpus]
+        return [float(p.communicate()[0]) for p in procs]
+
+    alone = run([0])[0]
+    return min(run([0, 1])) / alone
+
+
+class StepTrace:
+    """--trace: the leader engine's trace (POST /v1/debug/trace) over the middle of a row's
+    measurement, as one line: steps a second, the median step and its phases (schedule, batch,
+    decode with a tensor split's exchanges inside, sample, emit) and the median gap between steps
+    (what the engine thread did outside them: its own loop, the worker's Python)."""
+
+    def __init__(self, server: Server, seconds: float):
+        self.server, self.record = server, max(1.0, min(4.0, seconds - 3.0))
+        self.events: list[dict] = []
+        self.error = ""
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        time.sleep(3.0)                          # past measure()'s 2 s warm-up and the first steps
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", self.server.cluster_port, timeout=120)
+            conn.request("POST", "/v1/debug/trace", body=orjson.dumps({"seconds": self.record}),
+                         headers={"Authorization": f"Bearer {self.server.key}", "Content-Type": "application/json"})
+            answer = conn.getresponse()
+            data = answer.read()
+            conn.close()
+            if answer.status != 200:
+                self.error = f"trace: HTTP {answer.status} {data[:200]!r}"
+                return
+            self.events = orjson.loads(data).get("traceEvents", [])
+        except (OSError, ValueError) as exc:
+            self.error = f"trace: {exc}"
+
+    def line(self) -> str:
+        self.thread.join()
+        steps = sorted((e for e in self.events if e.get("name") == "step" and e.get("ph") == "X"),
+                       key=lambda e: e["ts"])
+        if self.error or len(steps) < 3:
+            return self.error or "trace: fewer than 3 steps recorded"
+        phases: dict[str, list[float]] = {}
+        for e in self.events:
+            if e.get("ph") == "X" and e.get("name") not in ("step", None) and e.get("tid") == steps[0]["tid"]:
+                phases.setdefault(e["name"], []).append(e["dur"])
+        gaps = [b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(steps, steps[1:])]
+        span = (steps[-1]["ts"] + steps[-1]["dur"] - steps[0]["ts"]) / 1e6
+        parts = ", ".join(f"{name} {statistics.median(d):.0f}" for name, d in phases.items())
+        return (f"leader engine trace: {len(steps) / span:.0f} steps/s, step {statistics.median(e['dur'] for e in steps):.0f} us "
+                f"({parts}), between steps {statistics.median(gaps):.0f} us (medians)")
 
 
 def tensor_counters(server: Server) -> dict[str, float]:
