@@ -418,6 +418,7 @@ PYBIND11_MODULE(_engine, m) {
         msg.kind = d.contains("kind") ? d["kind"].cast<uint16_t>() : lockstep_wire::kKindStep;
         msg.index = d.contains("index") ? d["index"].cast<uint32_t>() : 0;
         msg.prev_rc = d.contains("prev_rc") ? d["prev_rc"].cast<int32_t>() : 0;
+        msg.gather = d.contains("gather") ? d["gather"].cast<uint32_t>() : 0;
         if (d.contains("ops")) {
             for (const auto & t : d["ops"].cast<std::vector<std::vector<int32_t>>>()) {
                 if (t.size() != 6) {
@@ -445,7 +446,8 @@ PYBIND11_MODULE(_engine, m) {
             ops.append(py::make_tuple(op.op, op.seq, op.seq_dst, op.p0, op.p1, op.delta));
         }
         py::dict out;
-        out["kind"] = msg.kind; out["index"] = msg.index; out["prev_rc"] = msg.prev_rc; out["ops"] = ops;
+        out["kind"] = msg.kind; out["index"] = msg.index; out["prev_rc"] = msg.prev_rc; out["gather"] = msg.gather;
+        out["ops"] = ops;
         out["tokens"] = msg.tokens; out["pos"] = msg.pos; out["seq"] = msg.seq; out["logits"] = msg.logits;
         return out;
     }, py::arg("data"), py::arg("n_batch"), py::arg("n_seq_max"), py::arg("n_vocab"), py::arg("n_ctx_seq"));

@@ -35,6 +35,8 @@ class EngineStats(TypedDict):
     n_draft_accepted_tokens: int
     n_cancelled: int
     n_errors: int
+    n_tp_gather_full: int
+    n_tp_gather_candidates: int
 
 # (field, Prometheus name after "stackd_", help), from native/engine/timings.h
 HISTOGRAMS: list[tuple[str, str, str]]

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <algorithm>
 #include <cstring>
@@ -14,6 +15,10 @@
 
 #include <sys/mman.h>
 #include <unistd.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "ggml-backend-impl.h"
 #pragma GCC diagnostic push
@@ -345,6 +350,7 @@ struct BackendContext {
     std::vector<Swapped> swapped;
     std::set<ggml_backend_buffer_t> advised;  // buffers marked for huge pages (advise_buffer)
     std::atomic<uint64_t> tp_generation{0};   // the tensor-parallel group the running graph began in (0: none)
+    std::vector<tp::Candidate> candidates;    // a follower's picks of the logits rows (logits_task)
 };
 
 // Whether the graph running on this backend belongs to a tensor-parallel group that failed or
@@ -376,14 +382,107 @@ void allreduce_task(ggml_tensor *dst, int ith, int, void *) {
                       static_cast<float *>(dst->data), (size_t)ggml_nelements(dst));
 }
 
-// Every thread computes its share of this rank's rows; then thread 0 gathers them to rank 0.
+// ---- a follower's top candidates of a row (tp::set_gather's candidates path) ----
+// The order: by descending logit, equal logits by lower token, NaN as -inf (a NaN never wins
+// llama.cpp's greedy pick but at token 0, which is the leader's). A scan keeps a buffer of what
+// beat the k-th best so far: most logits are below it and cost one comparison (16 at a time on
+// AVX-512, 8 on AVX2); when the buffer fills, it is cut back to the best k.
+
+bool candidate_before(const tp::Candidate &a, const tp::Candidate &b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.token < b.token);
+}
+
+// The first index from `from` on whose value is above `floor` (NaN never is), or n.
+int64_t above_scalar(const float *x, int64_t from, int64_t n, float floor) {
+    for (int64_t i = from; i < n; i++) {
+        if (x[i] > floor) return i;
+    }
+    return n;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) int64_t above_avx512(const float *x, int64_t from, int64_t n, float floor) {
+    const __m512 f = _mm512_set1_ps(floor);
+    int64_t i = from;
+    for (; i + 16 <= n; i += 16) {
+        const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), f, _CMP_GT_OQ);
+        if (m) return i + __builtin_ctz(m);
+    }
+    return above_scalar(x, i, n, floor);
+}
+
+__attribute__((target("avx2"))) int64_t above_avx2(const float *x, int64_t from, int64_t n, float floor) {
+    const __m256 f = _mm256_set1_ps(floor);
+    int64_t i = from;
+    for (; i + 8 <= n; i += 8) {
+        const int m = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), f, _CMP_GT_OQ));
+        if (m) return i + __builtin_ctz(m);
+    }
+    return above_scalar(x, i, n, floor);
+}
+#endif
+
+using AboveFn = int64_t (*)(const float *, int64_t, int64_t, float);
+
+AboveFn above_fn() {
+    static const AboveFn chosen = [] {
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (__builtin_cpu_supports("avx512f")) return (AboveFn)above_avx512;
+        if (__builtin_cpu_supports("avx2")) return (AboveFn)above_avx2;
+#endif
+        return (AboveFn)above_scalar;
+    }();
+    return chosen;
+}
+
+// Row x[0, n) (tokens begin + i): its k highest into out[0, k), in the order above; 1 <= k <= n.
+// `buf` is scratch (4 k entries).
+void select_candidates(const float *x, int64_t n, int64_t begin, int k, tp::Candidate *out,
+                       std::vector<tp::Candidate> &buf) {
+    const AboveFn above = above_fn();
+    const size_t cap = 4 * (size_t)k;
+    buf.clear();
+    for (int64_t i = 0; i < k; i++) {
+        buf.push_back({(int32_t)(begin + i), x[i] == x[i] ? x[i] : -INFINITY});
+    }
+    auto cut_back = [&] {   // the best k, sorted; the floor is the k-th
+        std::partial_sort(buf.begin(), buf.begin() + k, buf.end(), candidate_before);
+        buf.resize((size_t)k);
+        return buf.back().logit;
+    };
+    float floor = cut_back();
+    // a later index with the floor's logit ranks below the k-th (a higher token): only "above" gets in
+    for (int64_t i = above(x, k, n, floor); i < n; i = above(x, i + 1, n, floor)) {
+        buf.push_back({(int32_t)(begin + i), x[i]});
+        if (buf.size() == cap) floor = cut_back();
+    }
+    cut_back();
+    std::copy(buf.begin(), buf.end(), out);
+}
+
+// Every thread computes its share of this rank's rows; then thread 0 gathers them to rank 0,
+// a follower on the candidates path having picked each output row's candidates first (its
+// threads a share of the rows each).
 void logits_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
     auto *ctx = static_cast<BackendContext *>(userdata);
     int64_t begin = 0, end = 0;
     tp::vocab_rows(dst->ne[0], &begin, &end);   // checked when the node was swapped in
     mul_mat_share(dst, kernels_of(ctx), ctx->act, ctx->epoch, ith, nth, begin, end);
+    float *logits = static_cast<float *>(dst->data);
+    const size_t stride = dst->nb[1] / sizeof(float);
+    const int k = (int)std::min<int64_t>(tp::gather_candidates(), end - begin);
+    const bool pick = tp::rank() != 0 && k > 0;
 #pragma omp barrier
-    if (ith == 0) tp::gather_logits(static_cast<float *>(dst->data), dst->ne[1], dst->nb[1] / sizeof(float));
+    if (pick) {
+        int64_t t0 = 0, t1 = 0;
+        share(dst->ne[1], ith, nth, &t0, &t1);
+        thread_local std::vector<tp::Candidate> buf;
+        for (int64_t t = t0; t < t1; t++) {
+            select_candidates(logits + t * stride + begin, end - begin, begin, k, ctx->candidates.data() + t * k, buf);
+        }
+#pragma omp barrier
+    }
+    if (ith == 0) tp::gather_logits(logits, dst->ne[1], stride, pick ? ctx->candidates.data() : nullptr);
 }
 
 // `ffn_inp-<il>` or `l_out-<il>`: llama.cpp's names (cb) for a layer's two residual adds.
@@ -508,6 +607,7 @@ std::string swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row,
                 if (logits) {
                     advise_buffer(ctx, node->src[0]);
                     reserve_activations(ctx->act, node);
+                    ctx->candidates.resize((size_t)node->ne[1] * tp::kMaxCandidates);   // a follower's picks
                     task = {logits_task, GGML_N_TASKS_MAX, ctx};
                 }
                 node->op = GGML_OP_CUSTOM;
@@ -795,6 +895,8 @@ void *reg_proc_address(ggml_backend_reg_t, const char *name) {
         {"stackd_tp_recv_control", (void *)stackd_tp_recv_control},
         {"stackd_tp_counters", (void *)stackd_tp_counters},
         {"stackd_tp_exchange_ns", (void *)stackd_tp_exchange_ns},
+        {"stackd_tp_set_gather", (void *)stackd_tp_set_gather},
+        {"stackd_tp_gather_counters", (void *)stackd_tp_gather_counters},
     };
     for (const auto &[tp_name, fn] : tp_api) {
         if (std::strcmp(name, tp_name) == 0) return fn;

@@ -6,7 +6,8 @@
 //   - every ADD named `ffn_inp-<il>` / `l_out-<il>` becomes "all-reduce src[0] with every peer,
 //     summed in node order 0, 1, ..., then + src[1]" (every node holds the same bits);
 //   - the MUL_MAT named `result_output` computes rows [vocab_cut[r], vocab_cut[r+1]) only, and
-//     followers send their block to rank 0, which holds the full logits.
+//     followers send rank 0 what sampling needs of their rows (stackd_tp_set_gather: the rows
+//     whole, or each row's top K candidates), which rank 0 writes into its full logits.
 // The wire is server/engine/exchange/frames.py's frame, byte for byte:
 //     u32 magic  u16 kind  u16 sender  u64 step  u32 length | payload | 16-byte tag
 //     tag = ChaCha20-Poly1305(session key, nonce = header[4:16], associated data = header + payload)
@@ -44,7 +45,19 @@ STACKD_API int stackd_tp_send_control(const void *data, size_t size);
 // Follower: waits up to timeout_ms (-1 forever; wakes on link loss and on detach) for the
 // leader's next control payload; *data stays valid until the next call. 0, 1 timeout, -1 failed.
 STACKD_API int stackd_tp_recv_control(const void **data, size_t *size, int timeout_ms);
+// bytes_sent: what this node sent, and on rank 0 also the logits frames its followers sent it
+// (rank 0's counters are the ones a daemon's /metrics shows; the gather goes one way only).
 STACKD_API void stackd_tp_counters(uint64_t *exchanges, uint64_t *bytes_sent, uint64_t *control_frames);
+// How the next graphs' logits are gathered to rank 0 (set by every node before each decode, the
+// same value on every node: the lockstep's control message carries it). 0: every follower sends
+// its rows whole (any request). 1..kMaxCandidates: each follower sends, per output row, its K
+// highest (token, logit) by descending logit, equal logits by lower token (min(K, its rows)),
+// and rank 0 writes them into its row with the rest of that follower's range at -inf; exact for
+// what depends only on a row's top K (greedy, top-k <= K: docs/cluster.md says which requests).
+// 0, or -1 when K is out of range (the mode is unchanged). Reset to 0 at attach.
+STACKD_API int stackd_tp_set_gather(int candidates);
+// Logits gathers by path since the process started (this node's graphs): rows whole, candidates.
+STACKD_API void stackd_tp_gather_counters(uint64_t *full, uint64_t *candidates);
 // Nanoseconds inside the partial-sum and logits exchanges since attach (added after the contract).
 STACKD_API uint64_t stackd_tp_exchange_ns(void);
 // bench/tp_exchange.py --native: `count` all-reduces of `floats` floats, each one's microseconds in us[i].
@@ -58,6 +71,16 @@ constexpr size_t kHeaderBytes = 20, kTagBytes = 16, kKeyBytes = 32;
 constexpr size_t kMaxPayload = size_t(64) << 20;   // frames.MAX_PAYLOAD
 constexpr size_t kMaxControl = size_t(4) << 20;    // frames.MAX_CONTROL
 constexpr int64_t kVocabBlock = 64;
+// Candidates per follower and row at most (stackd_tp_set_gather): top_k up to 64 (llama.cpp's
+// default 40, Hugging Face's 50) with room for a few banned tokens; 8 bytes each, 512 bytes a
+// row against 98 KiB for half of SmolLM2's vocabulary.
+constexpr int kMaxCandidates = 64;
+
+struct Candidate {   // on the wire: i32 token, f32 logit (little-endian, as every frame)
+    int32_t token;
+    float logit;
+};
+static_assert(sizeof(Candidate) == 8);
 
 // What backend.cpp asks and calls (all on the thread computing the graph).
 bool attached();           // attached, failed or not
@@ -72,9 +95,15 @@ bool vocab_rows(int64_t n_vocab, int64_t *begin, int64_t *end);
 // dst = (node 0's src0 + node 1's + ...) + src1, n floats each; this node's src0 is `mine`.
 // dst may alias mine or src1. False (the group failed; dst unwritten) on any failure.
 bool allreduce_add(const float *mine, const float *src1, float *dst, size_t n);
+// The gather's mode for the graph being computed (stackd_tp_set_gather): 0 rows whole, else K.
+int gather_candidates();
 // The logits rows [cut[r], cut[r+1]) of `tokens` rows of `stride` floats: a follower sends its
-// block to rank 0; rank 0 receives every follower's into logits. False when the group failed.
-bool gather_logits(float *logits, int64_t tokens, size_t stride);
+// block to rank 0, or with K candidates (K = gather_candidates() > 0) `candidates`, tokens x
+// min(K, its rows) of them row after row (backend.cpp's order: by descending logit, equal
+// logits by lower token, NaN as -inf); rank 0 receives every
+// follower's into logits, checking each candidate (in the sender's rows, in order, not NaN).
+// False when the group failed (then with the reason).
+bool gather_logits(float *logits, int64_t tokens, size_t stride, const Candidate *candidates);
 // Marks the group failed with this reason (a graph we cannot rewrite); shuts every link.
 void fail(const char *why);
 

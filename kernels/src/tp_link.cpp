@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -69,6 +70,8 @@ struct Group {
     std::atomic<uint64_t> exchanges{0}, bytes_sent{0}, control_frames{0};
     std::atomic<uint64_t> exchange_ns{0};   // time inside the partial-sum and logits exchanges
     int link_delay_us = 0;       // a benchmark's slower link (STACKD_TESTING_LINK_DELAY_US), 0: none
+    std::atomic<int> gather{0};  // stackd_tp_set_gather: 0 logits rows whole, else K candidates a row
+    std::atomic<uint64_t> gathers_full{0}, gathers_candidates{0};
 };
 
 Group &group() {
@@ -339,21 +342,36 @@ bool allreduce_add(const float *mine, const float *src1, float *dst, size_t n) {
     return true;
 }
 
-bool gather_logits(float *logits, int64_t tokens, size_t stride) {
+int gather_candidates() { return group().gather.load(std::memory_order_relaxed); }
+
+bool gather_logits(float *logits, int64_t tokens, size_t stride, const Candidate *candidates) {
     Group &g = group();
     std::lock_guard<std::mutex> lock(g.io);
     if (g.failed.load() || !g.attached.load()) return false;
-    auto block_bytes = [&](int r) { return (size_t)(g.cut[r + 1] - g.cut[r]) * (size_t)tokens * sizeof(float); };
+    const int64_t k_mode = g.gather.load(std::memory_order_relaxed);
+    auto rows_of = [&](int r) { return g.cut[r + 1] - g.cut[r]; };
+    // candidates per row a node sends: min(K, its rows); 0 on the full path (its rows whole)
+    auto k_of = [&](int r) { return k_mode > 0 ? std::min<int64_t>(k_mode, rows_of(r)) : 0; };
+    auto block_bytes = [&](int r) {
+        return k_mode > 0 ? (size_t)k_of(r) * (size_t)tokens * sizeof(Candidate)
+                          : (size_t)rows_of(r) * (size_t)tokens * sizeof(float);
+    };
     for (int r = 0; r < g.n; r++) {
         if (block_bytes(r) > kMaxPayload) {
             fail_locked(g, "a block of logits larger than a frame may carry (64 MiB): fewer outputs per step");
             return false;
         }
     }
+    if (g.rank != 0 && k_mode > 0 && candidates == nullptr) {
+        fail_locked(g, "the candidates path without candidates (the backend's logits node)");
+        return false;
+    }
     if (g.rank == 0) {
         for (int p = 1; p < g.n; p++) stage_receive(g.links[p], kKindLogits, block_bytes(p));
+    } else if (k_mode > 0) {
+        stage_send(g, g.links[0], kKindLogits, candidates, block_bytes(g.rank));
     } else {
-        const int64_t rows = g.cut[g.rank + 1] - g.cut[g.rank];
+        const int64_t rows = rows_of(g.rank);
         std::vector<float> &block = g.sum;
         block.resize((size_t)(rows * tokens));
         for (int64_t t = 0; t < tokens; t++) {
@@ -364,15 +382,53 @@ bool gather_logits(float *logits, int64_t tokens, size_t stride) {
     if (!run(g, deadline(g), kKindLogits)) return false;
     if (g.rank == 0) {
         for (int p = 1; p < g.n; p++) {
-            const int64_t rows = g.cut[p + 1] - g.cut[p];
-            const auto *block = reinterpret_cast<const float *>(g.links[p].in.data() + kHeaderBytes);
-            for (int64_t t = 0; t < tokens; t++) {
-                std::memcpy(logits + t * stride + g.cut[p], block + t * rows, rows * sizeof(float));
+            const uint8_t *payload = g.links[p].in.data() + kHeaderBytes;
+            if (k_mode == 0) {
+                const int64_t rows = rows_of(p);
+                const auto *block = reinterpret_cast<const float *>(payload);
+                for (int64_t t = 0; t < tokens; t++) {
+                    std::memcpy(logits + t * stride + g.cut[p], block + t * rows, rows * sizeof(float));
+                }
+                continue;
             }
+            // each row: node p's range at -inf but its candidates, each checked before it is written
+            const int64_t k = k_of(p);
+            for (int64_t t = 0; t < tokens; t++) {
+                float *row = logits + t * stride;
+                std::fill(row + g.cut[p], row + g.cut[p + 1], -INFINITY);
+                Candidate prev{};
+                for (int64_t i = 0; i < k; i++) {
+                    Candidate c;
+                    std::memcpy(&c, payload + ((size_t)(t * k + i)) * sizeof(Candidate), sizeof c);
+                    char why[192];
+                    if (c.token < g.cut[p] || c.token >= g.cut[p + 1]) {
+                        std::snprintf(why, sizeof why,
+                                      "exchange %llu (logits) failed: node %d: a candidate token %d outside its rows "
+                                      "[%lld, %lld)", (unsigned long long)g.step, p, c.token,
+                                      (long long)g.cut[p], (long long)g.cut[p + 1]);
+                    } else if (c.logit != c.logit || (i > 0 && !(c.logit < prev.logit ||
+                                                                   (c.logit == prev.logit && c.token > prev.token)))) {
+                        std::snprintf(why, sizeof why,
+                                      "exchange %llu (logits) failed: node %d: candidates out of order (or NaN) at "
+                                      "row %lld", (unsigned long long)g.step, p, (long long)t);
+                    } else {
+                        row[c.token] = c.logit;
+                        prev = c;
+                        continue;
+                    }
+                    fail_locked(g, why);
+                    return false;
+                }
+            }
+        }
+        // the gather's bytes are the followers': counted here too, where /metrics reads them
+        for (int p = 1; p < g.n; p++) {
+            g.bytes_sent.fetch_add(kHeaderBytes + block_bytes(p) + kTagBytes, std::memory_order_relaxed);
         }
     } else {
         g.bytes_sent.fetch_add(kHeaderBytes + block_bytes(g.rank) + kTagBytes, std::memory_order_relaxed);
     }
+    (k_mode > 0 ? g.gathers_candidates : g.gathers_full).fetch_add(1, std::memory_order_relaxed);
     g.exchanges.fetch_add(1, std::memory_order_relaxed);
     g.step++;
     return true;
@@ -445,6 +501,7 @@ STACKD_API int stackd_tp_attach(int rank, int n, const int *fds, const uint8_t *
     g.link_delay_us = delay != nullptr ? std::max(0, std::min(1000000, std::atoi(delay))) : 0;
     g.step = 0;
     g.exchanges = g.bytes_sent = g.control_frames = g.exchange_ns = 0;
+    g.gather = 0;
     g.failed = false;
     set_error(g, "");
     g.generation.fetch_add(1);
@@ -548,6 +605,23 @@ STACKD_API void stackd_tp_counters(uint64_t *exchanges, uint64_t *bytes_sent, ui
 // Nanoseconds spent in the partial-sum and logits exchanges since attach (sending, waiting for the
 // peers, checking): what tensor parallelism adds to a step beyond the compute it divides.
 STACKD_API uint64_t stackd_tp_exchange_ns(void) { return group().exchange_ns.load(); }
+
+STACKD_API int stackd_tp_set_gather(int candidates) {
+    Group &g = group();
+    if (candidates < 0 || candidates > kMaxCandidates) {
+        set_error(g, "tensor parallelism: a logits gather of " + std::to_string(candidates) +
+                         " candidates a row (0: rows whole, at most " + std::to_string(kMaxCandidates) + ")");
+        return -1;
+    }
+    g.gather.store(candidates, std::memory_order_relaxed);
+    return 0;
+}
+
+STACKD_API void stackd_tp_gather_counters(uint64_t *full, uint64_t *candidates) {
+    Group &g = group();
+    if (full) *full = g.gathers_full.load();
+    if (candidates) *candidates = g.gathers_candidates.load();
+}
 
 // bench/tp_exchange.py --native: `count` all-reduces of `floats` floats over the attached group,
 // each one's wall time in microseconds into us[i]. 0, or -1 when an exchange failed.

@@ -26,7 +26,11 @@
     X(n_draft_accepted_tokens, "spec_decode_num_accepted_tokens_total", "",                         \
       "Drafted tokens accepted (sampled as drafted).")                                              \
     X(n_cancelled, "requests_cancelled_total", "", "Requests cancelled before they finished.")      \
-    X(n_errors, "engine_errors_total", "", "Requests the engine failed (a decode error or a refused queue entry).")
+    X(n_errors, "engine_errors_total", "", "Requests the engine failed (a decode error or a refused queue entry).") \
+    X(n_tp_gather_full, "tensor_logits_gathers_total", "path=\"full\"",                              \
+      "A tensor split leader's decodes with output rows, by how the rows came: whole, or each follower's top candidates.") \
+    X(n_tp_gather_candidates, "tensor_logits_gathers_total", "path=\"candidates\"",                  \
+      "A tensor split leader's decodes with output rows, by how the rows came: whole, or each follower's top candidates.")
 
 // A snapshot of the counters (plain numbers), and the sum of two.
 struct engine_stats {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 
 namespace {
@@ -106,6 +107,8 @@ engine::engine(const engine_params & params)
     }
     tp_ = std::make_unique<lockstep>(params_.tp_rank, params_.tp_rank >= 0 ? make_transport(params_.tp_transport)
                                                                            : nullptr);
+    const char * full_rows = std::getenv("STACKD_TESTING_TP_FULL_ROWS");   // tests and bench: the old path
+    tp_full_rows_ = full_rows != nullptr && std::string(full_rows) == "1";
 
     llama_model_params mp = llama_model_default_params();
     model_devices devices(params_.placement);
@@ -393,6 +396,8 @@ engine_stats engine::stats() const {
     engine_stats s = obs_.counters();
     std::lock_guard<std::mutex> lock(mu_stats_);
     s += stats_;
+    s.n_tp_gather_full = tp_->n_gather_full();
+    s.n_tp_gather_candidates = tp_->n_gather_candidates();
     return s;
 }
 
@@ -490,6 +495,7 @@ void engine::take_tasks(lane & ln, std::vector<task> & incoming) {
         text_stream stream(t.request->stop);
         live_request live{std::move(t.request), std::move(t.sampler), std::move(stream),
                           (int32_t) req->prompt.size()};
+        live.candidates = candidates_needed(live.request->sampling, (int32_t) eog_tokens_.size());
         const int64_t id = t.id_request;
         if (!ln.sched.enqueue(std::move(req))) {
             leave_queue_and_engine(t.id_owner);
@@ -570,12 +576,13 @@ void engine::step_generate(lane & ln) {
     }
     std::vector<int32_t> logit_index, prompt_rows_at;
     decode_plan(ln, plan, logit_index, prompt_rows_at);
+    const uint32_t gather = tp_->active() ? gather_for(ln, plan) : 0;
     uint64_t t2 = now_us();
     delta.t_batch_us = t2 - t1;
     int32_t rc = -1;
     std::string failure;
     try {
-        rc = decode(ln);
+        rc = decode(ln, gather);
     } catch (const std::exception & e) {
         failure = e.what();
     }
@@ -646,7 +653,29 @@ void engine::apply_compute_scale(lane & ln) {
     ln.sched.set_active_slots(scale >= 1.0f ? 0 : std::max(1, (int32_t) std::lround(ln.n_slots * scale)));
 }
 
-int32_t engine::decode(lane & ln) {
+// Every output row of the step is sampled (sample(), sample_drafted(): a draft's rows each as
+// without the draft) or read for log-probabilities (those requests need whole rows), so the
+// step's rows can come as candidates when every request with a row allows it.
+uint32_t engine::gather_for(const lane & ln, const batch_plan & plan) const {
+    if (tp_full_rows_) {
+        return 0;
+    }
+    int32_t most = 0;
+    for (const plan_item & item : plan.items) {
+        const live_request & live = ln.live.at(item.id_request);
+        const bool rows = item.want_logits || (item.is_prompt && live.wants_prompt_rows());
+        if (!rows) {
+            continue;
+        }
+        if (live.candidates < 0 || live.candidates > (int32_t) lockstep_wire::kMaxGather) {
+            return 0;
+        }
+        most = std::max(most, live.candidates);
+    }
+    return (uint32_t) most;
+}
+
+int32_t engine::decode(lane & ln, uint32_t gather) {
     if (n_fail_decodes_.load(std::memory_order_relaxed) > 0) {
         n_fail_decodes_.fetch_sub(1);
         return -3;                     // what llama_decode answers when it aborts a batch
@@ -658,7 +687,7 @@ int32_t engine::decode(lane & ln) {
         // again while the other lane's replaced it. What runs in here is this node's layers
         // and the queueing of the rest; the other lanes' steps on other nodes go on meanwhile.
         std::lock_guard<std::mutex> submitting(mu_decode_);
-        rc = tp_->decode(ln.ctx, ln.batch);
+        rc = tp_->decode(ln.ctx, ln.batch, gather);
     }
     // Wait for the step here, not in the first logits read. The RPC backend has one queue per
     // server for every context of the model, and a wait is a marker queued behind all that is

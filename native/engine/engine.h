@@ -184,6 +184,8 @@ private:
         // at position k), until the first sample takes them out with its event
         std::vector<logprob_entry> prompt_rows;
         bool prompt_rows_sent = false;
+        // a tensor split's rows for it: each follower's top `candidates` suffice, -1 whole (sampling.h)
+        int32_t candidates = -1;
 
         bool wants_prompt_rows() const { return request->sampling.prompt_logprobs && !prompt_rows_sent; }
     };
@@ -223,7 +225,11 @@ private:
     void cancel_embedding(int64_t id_request, std::vector<engine_event> & events);
     void step_generate(lane & ln);
     void step_embed(lane & ln);
-    int32_t decode(lane & ln);
+    // `gather`: a tensor split's logits gather for this batch (lockstep.h; 0 rows whole)
+    int32_t decode(lane & ln, uint32_t gather = 0);
+    // The step's gather: the most candidates any of its output rows needs, or 0 (rows whole) when
+    // one needs its whole row or more than lockstep_wire::kMaxGather.
+    uint32_t gather_for(const lane & ln, const batch_plan & plan) const;
     void decode_plan(lane & ln, const batch_plan & plan, std::vector<int32_t> & logit_index,
                      std::vector<int32_t> & prompt_rows_at);
     // Prompt log-probabilities (sampling.prompt_logprobs): the rows of a prompt chunk decoded
@@ -279,6 +285,7 @@ private:
     std::unique_ptr<lockstep> tp_;
     std::string decode_error(int32_t rc, const std::string & failure) const;
     std::atomic<bool> follow_stop_{false};
+    bool tp_full_rows_ = false;           // STACKD_TESTING_TP_FULL_ROWS=1: every step gathers rows whole
     std::mutex mu_follow_;                // held by follow(): close() waits for it to return
 
     mutable std::mutex mu_events_;

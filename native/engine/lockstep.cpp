@@ -89,7 +89,8 @@ public:
         recv_ = (recv_fn) ggml_backend_reg_get_proc_address(reg, "stackd_tp_recv_control");
         failed_ = (int_fn) ggml_backend_reg_get_proc_address(reg, "stackd_tp_failed");
         error_ = (error_fn) ggml_backend_reg_get_proc_address(reg, "stackd_tp_error");
-        if (!send_ || !recv_ || !failed_ || !error_) {
+        set_gather_ = (set_gather_fn) ggml_backend_reg_get_proc_address(reg, "stackd_tp_set_gather");
+        if (!send_ || !recv_ || !failed_ || !error_ || !set_gather_) {
             throw std::runtime_error("the kernels' library has no tensor-parallel API (stackd_tp_*)");
         }
     }
@@ -108,9 +109,13 @@ public:
         const char * why = error_();
         return why != nullptr && *why ? why : "the tensor-parallel link failed";
     }
+    bool set_gather(uint32_t candidates) override {
+        return candidates <= (uint32_t) INT32_MAX && set_gather_((int) candidates) == 0;
+    }
 
 private:
     using send_fn = int (*)(const void *, size_t);
+    using set_gather_fn = int (*)(int);
     using recv_fn = int (*)(const void **, size_t *, int);
     using int_fn = int (*)(void);
     using error_fn = const char * (*)(void);
@@ -118,6 +123,7 @@ private:
     recv_fn recv_ = nullptr;
     int_fn failed_ = nullptr;
     error_fn error_ = nullptr;
+    set_gather_fn set_gather_ = nullptr;
 };
 
 // ---- an in-process channel (tests): one leader, one follower ---------------------------------
@@ -173,6 +179,8 @@ public:
         return ch_->closed;
     }
     std::string error() const override { return "the in-process channel was closed"; }
+    // both ends hold the whole model here: nothing is gathered, any mode the codec lets through goes
+    bool set_gather(uint32_t candidates) override { return candidates <= kMaxGather; }
 
 private:
     std::shared_ptr<channel> ch_;
@@ -194,7 +202,7 @@ std::string encode_control(const control_message & msg) {
     put_u32(out, (uint32_t) msg.ops.size());
     put_u32(out, (uint32_t) n);
     put_u32(out, 1);
-    put_u32(out, 0);
+    put_u32(out, msg.gather);
     for (const kv_op & op : msg.ops) {
         for (int32_t v : {op.op, op.seq, op.seq_dst, op.p0, op.p1, op.delta}) {
             put_i32(out, v);
@@ -226,12 +234,20 @@ std::string decode_control(const void * data, size_t size, const control_limits 
     out.kind = r.u16();
     out.index = r.u32();
     out.prev_rc = r.i32();
-    const uint32_t n_ops = r.u32(), n_tokens = r.u32(), n_seq_per_token = r.u32(), reserved = r.u32();
+    const uint32_t n_ops = r.u32(), n_tokens = r.u32(), n_seq_per_token = r.u32();
+    out.gather = r.u32();
     if (out.kind != kKindStep && out.kind != kKindStop) {
         return "an unknown message kind " + std::to_string(out.kind);
     }
-    if (n_seq_per_token != 1 || reserved != 0) {
+    if (n_seq_per_token != 1) {
         return "a batch with other than one sequence per token";
+    }
+    if (out.gather > kMaxGather) {
+        return "a logits gather of " + std::to_string(out.gather) + " candidates a row, over the " +
+               std::to_string(kMaxGather) + " a message may ask";
+    }
+    if (out.gather != 0 && n_tokens == 0) {
+        return "a logits gather without a batch";
     }
     if (n_ops > kMaxOps) {
         return std::to_string(n_ops) + " KV operations, over the " + std::to_string(kMaxOps) + " a message may carry";
@@ -337,7 +353,7 @@ void lockstep::clear(llama_context * ctx) {
     }
 }
 
-int32_t lockstep::decode(llama_context * ctx, const llama_batch & batch) {
+int32_t lockstep::decode(llama_context * ctx, const llama_batch & batch, uint32_t gather) {
     if (leader()) {
         if (lost()) {
             return kLost;
@@ -345,6 +361,7 @@ int32_t lockstep::decode(llama_context * ctx, const llama_batch & batch) {
         control_message msg;
         msg.index = index_++;
         msg.prev_rc = prev_rc_;
+        msg.gather = batch.n_tokens > 0 && gather <= kMaxGather ? gather : 0;   // rows whole: always exact
         msg.ops.swap(pending_);
         const int32_t n = batch.n_tokens;
         msg.tokens.assign(batch.token, batch.token + n);
@@ -358,6 +375,21 @@ int32_t lockstep::decode(llama_context * ctx, const llama_batch & batch) {
         if (!transport_->send(encode_control(msg))) {
             mark_lost(transport_->error());
             return kLost;
+        }
+        // the followers set the same mode from the message before their decode
+        if (msg.gather != gather_set_) {
+            if (!transport_->set_gather(msg.gather)) {
+                mark_lost(transport_->error());
+                return kLost;
+            }
+            gather_set_ = msg.gather;
+        }
+        bool outputs = false;
+        for (int32_t i = 0; i < batch.n_tokens && !outputs; ++i) {
+            outputs = batch.logits[i] != 0;
+        }
+        if (outputs) {
+            (msg.gather > 0 ? n_gather_candidates_ : n_gather_full_).fetch_add(1, std::memory_order_relaxed);
         }
     }
     const int32_t rc = llama_decode(ctx, batch);
@@ -448,6 +480,12 @@ std::string lockstep::follow(llama_context * ctx, llama_batch & batch, const con
         const int32_t n = (int32_t) msg.tokens.size();
         if (n == 0) {
             continue;
+        }
+        if (msg.gather != gather_set_) {      // the leader's mode for this batch, before it runs
+            if (!transport_->set_gather(msg.gather)) {
+                return "error: control message " + std::to_string(msg.index) + ": " + transport_->error();
+            }
+            gather_set_ = msg.gather;
         }
         batch.n_tokens = n;
         for (int32_t i = 0; i < n; ++i) {

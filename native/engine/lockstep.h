@@ -14,12 +14,16 @@
 //
 // The control message (little-endian; a payload of the kernels' KIND_CONTROL frame, which
 // carries its length, step and tag):
-//     u32 magic "STLK"  u16 version (1)  u16 kind (1 step, 2 stop)  u32 index (0, 1, ... since
+//     u32 magic "STLK"  u16 version (2)  u16 kind (1 step, 2 stop)  u32 index (0, 1, ... since
 //     the group formed)  i32 prev_rc (the leader's last llama_decode result)  u32 n_ops
-//     u32 n_tokens  u32 n_seq_per_token (1)  u32 reserved (0)                          32 bytes
+//     u32 n_tokens  u32 n_seq_per_token (1)  u32 gather (0 .. kMaxGather)            32 bytes
 //     n_ops x {i32 op, seq, seq_dst, p0, p1, delta}                                    24 bytes each
 //     n_tokens x i32 token, then n_tokens x i32 pos, n_tokens x i32 seq, n_tokens x u8 logits
 // The engine puts each token in exactly one sequence (its slot), so a token has one sequence id.
+// `gather` is how the batch's logits rows reach the leader (kernels/src/tp.h, stackd_tp_set_gather):
+// 0 every follower's rows whole, K > 0 each follower's top K candidates a row; the leader chose it
+// for the step (the engine: what its rows' requests need), and every node sets it before the
+// decode. A message without a batch (a keepalive, a stop) carries 0. (Version 1's field was 0.)
 // A follower checks every field against its own context before touching llama.cpp (limits): a
 // message that does not fit ends follow() with an error, never a crash. The index catches a
 // lost or repeated message; prev_rc catches two nodes whose decodes diverged (a follower whose
@@ -40,10 +44,11 @@
 
 namespace lockstep_wire {
 constexpr uint32_t kMagic = 0x4b4c5453;         // "STLK"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
 constexpr uint16_t kKindStep = 1, kKindStop = 2;
 constexpr size_t kHeaderBytes = 32, kOpBytes = 24, kTokenBytes = 13;
 constexpr uint32_t kMaxOps = 1 << 16;           // KV operations one message may carry
+constexpr uint32_t kMaxGather = 64;             // candidates a row at most (the kernels' kMaxCandidates)
 }  // namespace lockstep_wire
 
 enum kv_op_kind : int32_t {
@@ -62,6 +67,7 @@ struct control_message {
     uint16_t kind = lockstep_wire::kKindStep;
     uint32_t index = 0;
     int32_t prev_rc = 0;
+    uint32_t gather = 0;                // 0: logits rows whole; K: K candidates a row (and follower)
     std::vector<kv_op> ops;
     std::vector<int32_t> tokens, pos, seq;
     std::vector<uint8_t> logits;
@@ -88,6 +94,8 @@ public:
     virtual int recv(std::string & payload, int timeout_ms) = 0;        // 0, 1 timeout, -1 failed
     virtual bool failed() const = 0;                                    // the group failed
     virtual std::string error() const = 0;
+    // The next decodes' logits gather (stackd_tp_set_gather); false (error() says why) when refused.
+    virtual bool set_gather(uint32_t candidates) = 0;
 };
 
 // "" or "stackd": the kernels' library (throws std::runtime_error when it is not registered or
@@ -110,9 +118,13 @@ public:
     bool seq_rm(llama_context * ctx, int32_t seq, int32_t p0, int32_t p1);
     void clear(llama_context * ctx);
     // llama_decode (the leader sends its message first). kLost: the group was lost before the
-    // batch could go (nothing decoded).
+    // batch could go (nothing decoded). `gather` (leader): how this batch's logits rows come to
+    // the leader, 0 whole or K <= kMaxGather candidates a row (what the rows' requests allow).
     static constexpr int32_t kLost = -100;
-    int32_t decode(llama_context * ctx, const llama_batch & batch);
+    int32_t decode(llama_context * ctx, const llama_batch & batch, uint32_t gather = 0);
+    // Leader: its decodes with output rows, by how their rows were gathered.
+    uint64_t n_gather_full() const { return n_gather_full_.load(); }
+    uint64_t n_gather_candidates() const { return n_gather_candidates_.load(); }
     // Once the group failed (a send refused, or a decode failed with the transport failed): why.
     bool lost() const { return lost_.load(); }
     std::string lost_reason() const;
@@ -139,6 +151,8 @@ private:
     uint32_t index_ = 0;
     int32_t prev_rc_ = 0;
     bool stopped_ = false;
+    uint32_t gather_set_ = UINT32_MAX;  // the mode the transport holds (set again only on a change)
+    std::atomic<uint64_t> n_gather_full_{0}, n_gather_candidates_{0};
     std::atomic<bool> lost_{false};
     mutable std::mutex mu_reason_;
     std::string lost_reason_;

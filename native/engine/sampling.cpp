@@ -750,6 +750,33 @@ logit_stats logit_stats_of(const float * logits, int32_t n_vocab, int32_t n_top)
     return stats;
 }
 
+int32_t candidates_needed(const sampling_params & p, int32_t n_eog) {
+    if (!p.grammar.empty() || p.logprobs || p.n_top_logprobs > 0 || p.prompt_logprobs) {
+        return -1;                      // the grammar's walk and the log-softmax read every token
+    }
+    if (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) {
+        return -1;                      // a penalty may also raise a token (a negative one, or 1/x)
+    }
+    int64_t need = 0;
+    if (p.temperature <= 0.0f) {
+        need = 1;                       // greedy: the first highest
+    } else if (p.top_k > 0) {
+        need = p.top_k;                 // top-p, min-p, temperature, the draw: over the top k only
+    } else {
+        return -1;                      // a draw from every token
+    }
+    for (const auto & [token, bias] : p.logit_bias) {
+        if (!(bias <= 0.0f)) {
+            return -1;                  // raised (or NaN): any token may come from below
+        }
+        need += bias < 0.0f ? 1 : 0;
+    }
+    if (p.ignore_eos || p.min_tokens > 0) {
+        need += std::max(n_eog, 0);     // set to -inf while suppressed
+    }
+    return need <= INT32_MAX ? (int32_t) need : -1;
+}
+
 std::string token_piece(const llama_vocab * vocab, int32_t token, bool special) {
     char buf[256];
     int32_t n = llama_token_to_piece(vocab, token, buf, sizeof(buf), 0, special);

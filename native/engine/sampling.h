@@ -160,6 +160,19 @@ private:
     std::vector<int32_t> forced_;
 };
 
+// Tensor parallelism's candidates path (lockstep.h, kernels/src/tp.h): how many of each
+// follower's highest logits a row must carry for this request's next token to be exactly the
+// one the whole row gives, or -1 when it needs the whole row. The leader's row then holds its
+// own rows and each follower's top K, the rest -inf. A request whose pick depends only on its
+// row's top k tokens (greedy: k = 1; temperature > 0 with top_k = k, after which top-p, min-p
+// and temperature act over those k alone and renormalise) needs k + the tokens it may lower
+// (a negative logit_bias each, every end-of-generation token while min_tokens / ignore_eos
+// suppress them): a token it lowers can push at most one other into its top k. Anything that
+// raises a token or reads the whole row needs it whole: grammar, penalties, a positive (or NaN)
+// logit_bias, logprobs / top logprobs / prompt logprobs, temperature > 0 without top_k.
+// (docs/cluster.md, "Tensor parallelism", lists every parameter.)
+int32_t candidates_needed(const sampling_params & params, int32_t n_eog);
+
 // log-softmax statistics of one row of logits, for the chosen token and the top-n.
 struct logit_stats {
     float log_sum_exp;

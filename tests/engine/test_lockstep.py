@@ -24,7 +24,7 @@ STEP, STOP = 1, 2
 
 
 def message(**fields) -> dict:
-    base = dict(kind=STEP, index=7, prev_rc=0, ops=[(KV_SEQ_RM, 2, 0, 5, -1, 0), (KV_CLEAR, 0, 0, 0, 0, 0)],
+    base = dict(kind=STEP, index=7, prev_rc=0, gather=0, ops=[(KV_SEQ_RM, 2, 0, 5, -1, 0), (KV_CLEAR, 0, 0, 0, 0, 0)],
                 tokens=[1, 999, 0], pos=[0, 1, 255], seq=[0, 3, 1], logits=[0, 1, 1])
     return {**base, **fields}
 
@@ -42,13 +42,17 @@ def refused(data: bytes, words: str, **limits) -> None:
 
 def test_round_trip():
     sent = message(ops=[(KV_SEQ_RM, -1, 0, -1, -1, 0), (KV_SEQ_CP, 0, 3, 0, 256, 0), (KV_SEQ_KEEP, 1, 0, 0, 0, 0),
-                        (KV_SEQ_ADD, 2, 0, 0, 10, -256), (KV_CLEAR, 0, 0, 0, 0, 0)], prev_rc=1, index=2**32 - 1)
+                        (KV_SEQ_ADD, 2, 0, 0, 10, -256), (KV_CLEAR, 0, 0, 0, 0, 0)], prev_rc=1, index=2**32 - 1,
+                   gather=17)
     data = _engine.lockstep_encode(sent)
     assert len(data) == 32 + 5 * 24 + 3 * 13
     got = decode(data)
     assert got == {**sent, "ops": [tuple(op) for op in sent["ops"]]}
     stop = decode(_engine.lockstep_encode(dict(kind=STOP, index=3, prev_rc=-3)))
     assert (stop["kind"], stop["index"], stop["prev_rc"], stop["tokens"], stop["ops"]) == (STOP, 3, -3, [], [])
+    assert stop["gather"] == 0
+    assert int.from_bytes(data[4:6], "little") == 2           # the version with the gather field
+    assert int.from_bytes(data[28:32], "little") == 17        # where version 1 had 0 (reserved)
 
 
 def test_limits_at_the_edge():
@@ -69,6 +73,12 @@ def test_limits_at_the_edge():
     refused(_engine.lockstep_encode(message(ops=[(KV_SEQ_ADD, 0, 0, 0, -1, 257)])), "shift outside")
     refused(_engine.lockstep_encode(message(ops=[(9, 0, 0, 0, 0, 0)])), "unknown KV operation 9")
     refused(_engine.lockstep_encode(dict(kind=STOP, tokens=[1], pos=[0], seq=[0], logits=[0])), "stop that carries")
+    # the logits gather: 0 (rows whole) to 64 candidates a row, and only with a batch
+    assert decode(_engine.lockstep_encode(message(gather=64)))["gather"] == 64
+    refused(_engine.lockstep_encode(message(gather=65)), "gather of 65 candidates a row, over the 64")
+    refused(_engine.lockstep_encode(message(gather=2**32 - 1)), "gather of 4294967295 candidates")
+    refused(_engine.lockstep_encode(message(tokens=[], pos=[], seq=[], logits=[], gather=1)), "gather without a batch")
+    refused(_engine.lockstep_encode(dict(kind=STOP, gather=1)), "gather without a batch")
 
 
 def header_with(data: bytes, offset: int, value: bytes) -> bytes:
@@ -80,14 +90,15 @@ def test_hostile_headers():
     refused(b"", "0 bytes is shorter than its header")
     refused(data[:31], "31 bytes is shorter")
     refused(header_with(data, 0, b"XTLK"), "magic")
-    refused(header_with(data, 4, (2).to_bytes(2, "little")), "version 2")
+    refused(header_with(data, 4, (1).to_bytes(2, "little")), "version 1, this engine speaks 2")
+    refused(header_with(data, 4, (3).to_bytes(2, "little")), "version 3")
     refused(header_with(data, 6, (3).to_bytes(2, "little")), "unknown message kind 3")
     refused(header_with(data, 16, (3).to_bytes(4, "little")), "counts make")            # n_ops
     refused(header_with(data, 16, (1 << 16 + 1).to_bytes(4, "little")), "over the 65536")
     refused(header_with(data, 20, (2).to_bytes(4, "little")), "counts make")            # n_tokens
     refused(header_with(data, 20, (2**32 - 1).to_bytes(4, "little")), "over this context's")
     refused(header_with(data, 24, (2).to_bytes(4, "little")), "one sequence per token")
-    refused(header_with(data, 28, (1).to_bytes(4, "little")), "one sequence per token")
+    refused(header_with(data, 28, (65).to_bytes(4, "little")), "over the 64")            # gather
     refused(data + b"\0", "counts make")
     refused(data[:-1], "counts make")
     flags_at = len(data) - 2
@@ -116,6 +127,7 @@ def test_fuzzed_messages_are_refused_or_within_limits():
         assert all(0 <= t < LIMITS["n_vocab"] for t in got["tokens"])
         assert all(0 <= p < LIMITS["n_ctx_seq"] for p in got["pos"])
         assert all(0 <= s < LIMITS["n_seq_max"] for s in got["seq"])
+        assert 0 <= got["gather"] <= 64
     assert accepted > 0                       # flips of the index or prev_rc still parse
 
 
@@ -249,6 +261,8 @@ def test_hostile_leader_ends_follow_with_a_reason():
     # a removal the follower never saw: its cells differ, its decode fails where the leader's did not
     reason = follow_messages([step(0, [1, 2, 3], [0, 1, 2]), step(1, [4], [1]), step(2, [5], [2])])
     assert reason.startswith("error: out of step: the leader's last decode returned 0, this node's")
+    # a batch whose logits come as candidates (the memory channel gathers nothing: both hold the whole model)
+    assert follow_messages([{**step(0, [1, 2], [0, 1]), "gather": 64}, dict(kind=STOP, index=1)]) == "stop"
     # the same with the removal mirrored: in step
     assert follow_messages([step(0, [1, 2, 3], [0, 1, 2]), step(1, [4], [1], ops=[(KV_SEQ_RM, 0, 0, 1, -1, 0)]),
                             step(2, [5], [2]), dict(kind=STOP, index=3)]) == "stop"

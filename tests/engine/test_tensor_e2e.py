@@ -43,6 +43,7 @@ MAX_TOKENS = 32
 ENGINE = dict(slots=4, context_length=256, batch=64, threads=1)
 DEADLINE_MS = 2000
 N_VOCAB = 49152                 # SmolLM2's
+N_EMBD = 576
 
 
 def chat(text: str) -> str:
@@ -62,7 +63,7 @@ def bound() -> socket.socket:
     return listener
 
 
-async def start_group(shards: list[str]) -> tuple[WorkerEngine, WorkerEngine]:
+async def start_group(shards: list[str], **engine) -> tuple[WorkerEngine, WorkerEngine]:
     """Both ranks' workers, started as tensor_group.py / tensor_host.py start them."""
     loop = asyncio.get_running_loop()
     listeners = [bound() for _ in shards]
@@ -71,7 +72,7 @@ async def start_group(shards: list[str]) -> tuple[WorkerEngine, WorkerEngine]:
              "secret": secrets.token_hex(32), "deadline_ms": DEADLINE_MS, "spin_us": 50,
              "vocab_cut": shard.vocab_cut(N_VOCAB, [1.0] * len(shards))}
     try:
-        starts = [WorkerEngine.start(loop, dict(ENGINE, model_path=path, tp_rank=rank, tp_size=len(shards)),
+        starts = [WorkerEngine.start(loop, dict(ENGINE, model_path=path, tp_rank=rank, tp_size=len(shards), **engine),
                                      kernels="auto", tensor=dict(group, rank=rank), listener=listeners[rank])
                   for rank, path in enumerate(shards)]
         return tuple(await asyncio.wait_for(asyncio.gather(*starts), 180))
@@ -146,6 +147,107 @@ def test_a_tensor_split_serves_as_one_node(shards):
     print(f"first token's top-5 logprobs: largest gap to one node's {gap:.4f} nats")
     assert gap < 0.5
     assert follower_status == 0                             # the leader's close stopped it
+
+
+def finished(stats: dict) -> int:
+    return sum(stats.get(k, 0) for k in ("n_finished_stop", "n_finished_length", "n_errors", "n_cancelled"))
+
+
+async def on_path(leader: WorkerEngine, runner: ModelRunner, prompt: list[int], **fields):
+    """One greedy-based request (fields over greedy()); -> (its text, its logprob entries, the
+    leader's decodes with rows gathered whole and as candidates meanwhile, its bytes meanwhile)."""
+    before = leader.stats()
+    choice = (await answer(runner, prompt, sampling=greedy(**fields)))[0]
+    assert choice["events"][-1].status != STATUS_ERROR, choice["events"][-1].error
+    after = before
+    for _ in range(200):                 # the worker pushes its stats after the request's end
+        after = leader.stats()
+        if finished(after) > finished(before):
+            break
+        await asyncio.sleep(0.05)
+    assert finished(after) > finished(before), "the leader's stats never came"
+    delta = {k: after[k] - before.get(k, 0) for k in ("n_tp_gather_full", "n_tp_gather_candidates",
+                                                     "tensor_exchange_bytes", "n_generation_tokens",
+                                                     "n_tokens_decoded")}
+    # What the leader counted beyond the partial sums: the control messages, the frames' headers
+    # and tags, and the logits' gather. Without drafts each step has one output row, and a step's
+    # partial sums are 576 floats a batch token at 58 exchanges, a row's at the last layer's two
+    # (llama.cpp computes the last layer for the output rows only).
+    steps = delta["n_tp_gather_full"] + delta["n_tp_gather_candidates"]
+    delta["gather_bytes"] = delta["tensor_exchange_bytes"] - (delta["n_tokens_decoded"] * 58 + steps * 2) * N_EMBD * 4
+    entries = [e for ev in choice["events"] for e in (ev.logprobs or [])]
+    return choice["text"], entries, delta
+
+
+def test_the_candidates_path_answers_as_the_full_rows_do(shards, capsys):
+    """Greedy, top-k sampling (with top-p, min-p) and a negative logit_bias that bans the top
+    token take the candidates path (each follower's top K a row) and give, token for token, what
+    the same split gives with its rows whole (logprobs asked: the full path, which changes no
+    pick); grammar, logprobs, penalties, a positive bias, top_k over 64 or none take the full rows."""
+    async def scenario():
+        leader, follower = await start_group(shards, speculative_draft_max=0)   # a row a step (the bytes)
+        runner = ModelRunner(asyncio.get_running_loop(), leader)
+        out = {"same": [], "paths": {}}
+        try:
+            prompts = await runner.tokenize([chat(p) for p in PROMPTS[:3]], False, True)
+            sampled = dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.02, seed=7)
+            for prompt in prompts:
+                for fields in ({}, sampled):
+                    fast, _, d_fast = await on_path(leader, runner, prompt, **fields)
+                    whole, entries, d_whole = await on_path(leader, runner, prompt, logprobs=True, **fields)
+                    out["same"].append((fast, whole))
+                    out["paths"].setdefault("greedy" if not fields else "top-k", []).append((d_fast, d_whole))
+            # the top token banned: the next best is still among each follower's candidates
+            _, entries, _ = await on_path(leader, runner, prompts[0], logprobs=True)
+            top = entries[0][0]
+            banned = dict(logit_bias=[(top, -100.0)])
+            fast, _, d_fast = await on_path(leader, runner, prompts[0], **banned)
+            whole, entries, d_whole = await on_path(leader, runner, prompts[0], logprobs=True, **banned)
+            out["banned"] = (top, fast, whole, entries[0][0], d_fast, d_whole)
+            schema = 'root ::= "The answer is " [a-z]+ "."'
+            for name, fields in (("grammar", dict(grammar=schema)), ("top logprobs", dict(logprobs=True, n_top_logprobs=2)),
+                                 ("repeat penalty", dict(repeat_penalty=1.1)),
+                                 ("positive bias", dict(logit_bias=[(top, 0.5)])),
+                                 ("top_k 65", dict(temperature=0.8, top_k=65, seed=1)),
+                                 ("no top_k", dict(temperature=0.8, seed=1)),
+                                 ("top_k 64", dict(temperature=0.8, top_k=64, seed=1)),
+                                 ("greedy, min_tokens", dict(min_tokens=4))):
+                out["paths"][name] = (await on_path(leader, runner, prompts[1], **fields))[2]
+        finally:
+            await runner.close()
+        await asyncio.get_running_loop().run_in_executor(None, follower.proc.wait, 60)
+        follower.sock.close()
+        return out
+
+    out = asyncio.run(scenario())
+    for fast, whole in out["same"]:
+        assert fast and fast == whole
+    for name in ("greedy", "top-k"):
+        for d_fast, d_whole in out["paths"][name]:
+            assert d_fast["n_tp_gather_candidates"] > 0 and d_fast["n_tp_gather_full"] == 0, (name, d_fast)
+            assert d_whole["n_tp_gather_full"] > 0 and d_whole["n_tp_gather_candidates"] == 0, (name, d_whole)
+            # a row whole is 24,576 floats (96 KiB) from the follower; candidates 8 bytes each (at
+            # most 40 here), a step's 61 frames' headers and tags 36 bytes each, a control message
+            # 45 bytes and 13 a batch token
+            assert d_whole["gather_bytes"] >= d_whole["n_tp_gather_full"] * 96 * 1024, (name, d_whole)
+            assert 0 < d_fast["gather_bytes"] <= d_fast["n_tp_gather_candidates"] * 3 * 1024 + \
+                d_fast["n_tokens_decoded"] * 16, (name, d_fast)
+    top, fast, whole, first, d_fast, d_whole = out["banned"]
+    assert fast and fast == whole and first != top
+    assert d_fast["n_tp_gather_candidates"] > 0 and d_fast["n_tp_gather_full"] == 0
+    expected_full = {"grammar", "top logprobs", "repeat penalty", "positive bias", "top_k 65", "no top_k"}
+    for name, d in out["paths"].items():
+        if name in ("greedy", "top-k"):
+            continue
+        if name in expected_full:
+            assert d["n_tp_gather_full"] > 0 and d["n_tp_gather_candidates"] == 0, (name, d)
+        else:
+            assert d["n_tp_gather_candidates"] > 0 and d["n_tp_gather_full"] == 0, (name, d)
+    d_fast, d_whole = out["paths"]["greedy"][0]
+    with capsys.disabled():
+        print(f"\nthe gather and control, a generated token (the leader's count beyond the partial sums): "
+              f"candidates {d_fast['gather_bytes'] / d_fast['n_generation_tokens'] / 1024:.1f} KiB, rows whole "
+              f"{d_whole['gather_bytes'] / d_whole['n_generation_tokens'] / 1024:.1f} KiB")
 
 
 async def stream_until(runner: ModelRunner, fault, n_before: int = 2) -> list:

@@ -349,6 +349,111 @@ def test_a_forged_partial_sum_fails_the_decode_and_shuts_the_link(forgery, words
     assert "partial sum" in out["why"] and "node 1" in out["why"] and words in out["why"], out["why"]
 
 
+# ---- the candidates path of the logits' gather ------------------------------------------------------
+
+K = 8                                   # candidates a row in these cases
+CUT = [0, 24576, N_VOCAB]
+
+
+def set_gather(lib, k: int) -> int:
+    import ctypes
+    lib.stackd_tp_set_gather.argtypes = [ctypes.c_int]
+    return lib.stackd_tp_set_gather(k)
+
+
+def candidates_main(queue, forgery: str) -> None:
+    """Rank 0 (the whole model) on the candidates path (K a row) decodes a prompt; its "follower"
+    is this process's thread speaking the wire with frames.py: zeros for every partial sum (so
+    rank 0's rows are one node's), then its logits frame: K good candidates a row, or a forged
+    frame. Every output row (logits_all) is gathered."""
+    import ctypes
+    import struct
+    import threading
+    try:
+        accel.register("auto")
+        lib = accel.library()
+        out = {"refused": [set_gather(lib, k) for k in (-1, 65)], "why_refused": accel.tp_error()}
+        server = listen("127.0.0.1", 0)
+        mine = socket.create_connection(server.getsockname())
+        theirs, _ = server.accept()
+        key = os.urandom(32)
+        accel.tp_attach(0, [None, mine], [None, key], CUT, deadline_ms=5000)
+        out["set"] = set_gather(lib, K)
+        model = load(defaults.smollm2_path())
+        tokens = model.tokenize(chat(PROMPTS[1]), add_bos=False, special=True)
+
+        def candidates(row: int) -> list[tuple[int, float]]:
+            return [(CUT[1] + 7 * i + row, 60.0 - i) for i in range(K)]   # above any real logit
+
+        def follower():
+            for _ in range(60):               # 30 layers, two partial sums each
+                header = b""
+                while len(header) < frames.HEADER_BYTES:
+                    header += theirs.recv(frames.HEADER_BYTES - len(header))
+                _, kind, _, step, length = frames.HEADER.unpack(header)
+                rest = length + 16
+                while rest:
+                    rest -= len(theirs.recv(rest))
+                theirs.sendall(frames.encode(key, 1, step, bytes(length)))
+            rows = [candidates(t) for t in range(len(tokens))]
+            if forgery == "outside":
+                rows[1][3] = (CUT[1] - 1, rows[1][3][1])
+            elif forgery == "order":
+                rows[2][4], rows[2][5] = rows[2][5], rows[2][4]
+            elif forgery == "nan":
+                rows[0][0] = (rows[0][0][0], float("nan"))
+            payload = b"".join(struct.pack("<if", t, v) for row in rows for t, v in row)
+            if forgery == "length":
+                payload = payload[:-8]
+            theirs.sendall(frames.encode(key, 1, 60, payload, kind=frames.KIND_LOGITS))
+
+        thread = threading.Thread(target=follower, daemon=True)
+        thread.start()
+        try:
+            model.eval(tokens)
+            out["decoded"] = True
+            scores = np.array(model.scores[:len(tokens)], dtype=np.float32)
+            out["rows"] = [(np.flatnonzero(np.isfinite(r[CUT[1]:])) + CUT[1]).tolist() for r in scores]
+            out["values"] = [r[CUT[1]:][np.isfinite(r[CUT[1]:])].tolist() for r in scores]
+            out["leader_rows_finite"] = bool(np.isfinite(scores[:, :CUT[1]]).all())
+            out["argmax"] = [int(np.argmax(r)) for r in scores]
+            out["want"] = [sorted(t for t, _ in candidates(r)) for r in range(len(tokens))]
+        except Exception:                     # noqa: BLE001 - llama_decode's failure
+            out["decoded"] = False
+        thread.join(10)
+        full, cands = ctypes.c_uint64(), ctypes.c_uint64()
+        lib.stackd_tp_gather_counters(ctypes.byref(full), ctypes.byref(cands))
+        out.update(failed=accel.tp_failed(), why=accel.tp_error(), gathers=(full.value, cands.value))
+        queue.put(out)
+    except BaseException as exc:              # noqa: BLE001
+        queue.put({"error": repr(exc)})
+
+
+@pytest.mark.parametrize("forgery,words", [("none", None), ("length", "bytes where"),
+                                           ("outside", "candidate token 24575 outside its rows [24576, 49152)"),
+                                           ("order", "out of order"), ("nan", "out of order (or NaN)")])
+def test_the_candidates_gather_places_good_candidates_and_refuses_forged_ones(forgery, words):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=candidates_main, args=(queue, forgery))
+    proc.start()
+    out = queue.get(timeout=TIMEOUT)
+    proc.join(10)
+    assert "error" not in out, out.get("error")
+    assert out["refused"] == [-1, -1] and "at most 64" in out["why_refused"]
+    assert out["set"] == 0
+    if words is None:
+        assert out["decoded"] and not out["failed"]
+        assert out["rows"] == out["want"]     # each row: the follower's range -inf but its candidates
+        assert all(sorted(v, reverse=True) == [60.0 - i for i in range(K)] for v in out["values"])
+        assert out["leader_rows_finite"]
+        assert out["argmax"] == [CUT[1] + r for r in range(len(out["rows"]))]
+        assert out["gathers"] == (0, 1)
+    else:
+        assert not out["decoded"] and out["failed"]
+        assert "logits" in out["why"] and "node 1" in out["why"] and words in out["why"], out["why"]
+
+
 # ---- frames on the wire ------------------------------------------------------------------------------
 
 def frames_main(queue) -> None:
@@ -376,7 +481,8 @@ def frames_main(queue) -> None:
                            ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
                            for name in ("stackd_tp_attach", "stackd_tp_detach", "stackd_tp_active", "stackd_tp_failed",
                                         "stackd_tp_error", "stackd_tp_send_control", "stackd_tp_recv_control",
-                                        "stackd_tp_counters", "stackd_tp_exchange_ns")}
+                                        "stackd_tp_counters", "stackd_tp_exchange_ns", "stackd_tp_set_gather",
+                                        "stackd_tp_gather_counters")}
         try:
             accel.tp_attach(1, [socket.socket(), None], [key, None], [0, 64, 128])
             out["unconnected"] = "attached"
