@@ -122,9 +122,36 @@ def test_two_and_three_node_tensor_splits_answer_as_one_node(start_node):
         unload(leader)
 
 
+def gathers(leader) -> dict[str, float]:
+    """/metrics: the leader's decodes by how their logits rows came ({"full": n, "candidates": n})."""
+    status, _, text = leader.request("GET", "/metrics")
+    assert status == 200
+    out = {}
+    for line in text.decode().splitlines():
+        if line.startswith("stackd_tensor_logits_gathers_total{"):
+            path = line.split('path="', 1)[1].split('"', 1)[0]
+            out[path] = out.get(path, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def settled_gathers(leader) -> dict[str, float]:
+    """gathers() once the worker's pushes (each request's end, and once a second) stop moving it."""
+    last = gathers(leader)
+    while True:
+        time.sleep(1.2)
+        now = gathers(leader)
+        if now == last:
+            return now
+        last = now
+
+
 def test_streaming_n_grammar_and_logprobs_over_a_tensor_split(start_node):
     leader, (follower,) = cluster(start_node, 1)
     load(leader, [leader.node_id, follower.node_id])
+    # greedy takes the candidates path (each follower's top candidates a row), and /metrics says so
+    chat(leader, PROMPTS[4])
+    eventually(lambda: gathers(leader).get("candidates", 0) > 0)
+    assert gathers(leader).get("full", 0) == 0
     status, _, raw = leader.request("POST", "/v1/chat/completions", port="inference", body={
         "model": MODEL, "messages": [{"role": "user", "content": PROMPTS[0]}], "temperature": 0,
         "max_tokens": MAX_TOKENS, "stream": True})
@@ -137,13 +164,18 @@ def test_streaming_n_grammar_and_logprobs_over_a_tensor_split(start_node):
     assert len(body["choices"]) == 3 and all(c["message"]["content"] for c in body["choices"])
 
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    before = settled_gathers(leader)
     body = chat(leader, PROMPTS[2], max_tokens=48, response_format={
         "type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
     assert isinstance(orjson.loads(body["choices"][0]["message"]["content"])["city"], str)
+    after = settled_gathers(leader)                                  # a grammar reads whole rows
+    assert after["full"] > before.get("full", 0) and after["candidates"] == before["candidates"]
 
     body = chat(leader, PROMPTS[3], logprobs=True, top_logprobs=3)
     content = body["choices"][0]["logprobs"]["content"]
     assert content and all(len(e["top_logprobs"]) == 3 and e["logprob"] <= 0 for e in content)
+    again = settled_gathers(leader)                                  # and so do logprobs
+    assert again["full"] > after["full"] and again["candidates"] == after["candidates"]
 
     # /metrics counts the exchanges (the leader's worker pushes its counters once a second)
     def exchanges() -> dict[str, float]:
