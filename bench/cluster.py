@@ -149,14 +149,16 @@ class Namespaces:
 class NamespacedLeader:
     """The leader daemon in its namespace, where the bench's clients run too, as a Server."""
 
-    def __init__(self, net: Namespaces, slots: int, context: int, threads: int, kernels: str):
+    def __init__(self, net: Namespaces, slots: int, context: int, threads: int, kernels: str,
+                 env: dict | None = None):
         self.data = tempfile.mkdtemp(prefix="stackd-cluster-bench-")
         self.node = Node(os.path.join(self.data, "data"), host="0.0.0.0", secret=SECRET,
                          advertise=f"http://{net.leader_ip}:{CLUSTER_PORT}", ports=(INFERENCE_PORT, CLUSTER_PORT),
                          env={"STACKD_ENGINE_SLOTS": str(slots), "STACKD_ENGINE_CONTEXT_LENGTH": str(context),
                               "STACKD_ENGINE_THREADS": str(threads), "STACKD_ENGINE_KERNELS": kernels,
                               "STACKD_RATE_LIMITS_INFERENCE": "0", "STACKD_RATE_LIMITS_CLUSTER": "0",
-                              "STACKD_MODELS_MEMORY_RESERVE_MB": "0", "STACKD_MODELS_MEMORY_LIMIT_MB": str(OFFER_MIB)})
+                              "STACKD_MODELS_MEMORY_RESERVE_MB": "0", "STACKD_MODELS_MEMORY_LIMIT_MB": str(OFFER_MIB),
+                              **(env or {})})
         self.port, self.cluster_port, self.key = INFERENCE_PORT, CLUSTER_PORT, self.node.admin_key
         self.model = defaults.CHAT_MODEL
 
@@ -442,6 +444,8 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true",
                         help="--replicas/--tensor: the leader engine's step phases during each c=1 row "
                              "(POST /v1/debug/trace)")
+    parser.add_argument("--rate-mbit", type=int, default=0,
+                        help="--netns: the veth link carries at most this many Mbit/s each way (tc tbf)")
     parser.add_argument("--model-file", default="",
                         help="--replicas/--tensor: this GGUF (in both nodes' stores) instead of the default model, "
                              "e.g. the 1B-class `python -m stackd.testing.random_model`")
@@ -450,7 +454,11 @@ def main() -> None:
         parser.error("--netns and --pin place the model over a real follower")
     if args.pin and os.cpu_count() < 2:
         parser.error("--pin needs two cores")
+    if args.rate_mbit and not args.netns:
+        parser.error("--rate-mbit shapes the veth link of --netns")
     net = Namespaces() if args.netns else None
+    if net is not None and args.rate_mbit:
+        net.net.limit_rate(net.leader_ns, net.follower_ns, args.rate_mbit)
     with in_leader_namespace(net):
         if args.replicas or args.tensor:
             run_replicas(args, net)
@@ -560,10 +568,8 @@ def run_replicas(args, net: Namespaces | None) -> None:
     speculative = {"STACKD_ENGINE_SPECULATIVE": args.speculative} if args.speculative else {}
     if args.link_delay_us:                     # both nodes' workers hold each exchange's frames
         speculative["STACKD_TESTING_LINK_DELAY_US"] = str(args.link_delay_us)
-    if net is not None and speculative:
-        sys.exit("--speculative and --link-delay-us are not passed into namespaces")
     if net is not None:
-        server = NamespacedLeader(net, c, args.context, args.threads, args.kernels)
+        server = NamespacedLeader(net, c, args.context, args.threads, args.kernels, speculative)
     else:
         server = start_stackd(c, args.context, args.threads, args.kernels, "",
                               {"STACKD_CLUSTER_SECRET": SECRET, **speculative})
@@ -616,7 +622,8 @@ def run_replicas(args, net: Namespaces | None) -> None:
                         print("    " + tracer.line(), flush=True)
         print(f"\n{os.path.basename(args.model_file) or 'SmolLM2-135M Q4_1'}, {args.threads} thread(s) per node, {c} slots, {args.max_tokens} tokens per "
               f"request, {args.seconds:g} s closed loop, medians of {rounds} alternating rounds, "
-              f"{'network namespaces on a veth link' if net else 'loopback'}{', a core per node' if args.pin else ''}, "
+              f"{'network namespaces on a veth link' if net else 'loopback'}"
+              f"{f' of {args.rate_mbit} Mbit/s' if args.rate_mbit else ''}{', a core per node' if args.pin else ''}, "
               f"kernels {args.kernels}, speculative {args.speculative or 'default (ngram)'}"
               f"{f', link delay {args.link_delay_us} us' if args.link_delay_us else ''}")
         one = {n: statistics.median(rows["1 node"][n]) for n in (c, 1)}
@@ -650,6 +657,12 @@ def run_replicas(args, net: Namespaces | None) -> None:
         took, errors = death_to_next_answer(server, follower)
         print(f"  replica node killed (kill -9 of the follower daemon and its worker) -> next answered "
               f"request: {took * 1000:.0f} ms ({errors} requests failed)", flush=True)
+    except Exception:
+        # what the nodes said last (a worker's crash, a lost exchange), before they are stopped
+        for who, node in (("leader", getattr(server, "node", None)), ("follower", getattr(follower, "node", None))):
+            if node is not None:
+                print(f"--- the {who}'s last log lines:\n" + "\n".join(node.log().splitlines()[-40:]), flush=True)
+        raise
     finally:
         stop_stackd(server, follower)
 

@@ -116,6 +116,15 @@ class Topology:
         self.octets[(a, b)] = _octet(k)
         return f"10.252.{_octet(k)}.1", f"10.252.{_octet(k)}.2"
 
+    def limit_rate(self, a: str, b: str, mbit: int) -> None:
+        """The link between a and b carries at most `mbit` Mbit/s each way (a token bucket on both
+        ends; `tc netem`, which would also delay, is not in every kernel, tbf is). The bucket holds
+        ten 1,500-byte packets, so a burst goes at the link's rate, not loopback's."""
+        for end, netns in zip(self.links[(a, b)], (a, b)):
+            subprocess.run(["ip", "netns", "exec", netns, "tc", "qdisc", "replace", "dev", end, "root", "tbf",
+                            "rate", f"{mbit}mbit", "burst", "15000", "latency", "50ms"],
+                           check=True, capture_output=True, text=True)
+
     def set_link(self, a: str, b: str, up: bool) -> None:
         """Cuts (or restores) the cluster link between a and b, from b's side."""
         ip("link", "set", self.links[(a, b)][1], "up" if up else "down", netns=b)
