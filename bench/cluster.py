@@ -29,9 +29,9 @@ not halves of the work. "2 nodes layer" is the default placement over the two no
 followers: once both have measured their compute, so its counts follow compute and it takes
 a lane per node, docs/cluster.md), "2 nodes layer 1 lane" the same counts with one lane.
 `--rows` runs only the rows named. With --pin, each --replicas/--tensor round first says how
-fast CPUs 0 and 1 compute when both are busy, as a share of one alone (cores_together): a host
-that runs the two vCPUs on one physical core's two threads halves what two busy nodes get, and
-may do so in one round and not the next. `--trace` adds the leader engine's step phases (decode,
+fast CPUs 0 and 1 compute and read memory when both are busy, against one alone
+(cores_together): two nodes on one machine share its memory, which a single stream's decode
+is bound by, and a host may run the two vCPUs on one physical core. `--trace` adds the leader engine's step phases (decode,
 sample, the gap between steps) for each c=1 row. Same
 model (SmolLM2-135M Q4_1, 30 layers), same requests as bench/inference.py (a fixed prompt,
 128 tokens each, end of generation suppressed, greedy).
@@ -606,8 +606,7 @@ def run_replicas(args, net: Namespaces | None) -> None:
                 if args.pin:
                     pin_tree((server.proc if hasattr(server, "proc") else server.node.proc).pid, LEADER_CPUS)
                     pin_tree(follower.node.proc.pid, FOLLOWER_CPUS)
-                    print(f"  round {round_ + 1} {name:18s} CPUs 0 and 1 busy at once: each at "
-                          f"{cores_together():.0%} of one alone", flush=True)
+                    print(f"  round {round_ + 1} {name:18s} {cores_together()}", flush=True)
                 for n in (c, 1):
                     before = tensor_counters(server) if name == second and tensor else None
                     tracer = StepTrace(server, args.seconds) if args.trace and n == 1 else None
@@ -671,30 +670,39 @@ PROBE = """
 import os, sys, time
 os.sched_setaffinity(0, {int(sys.argv[1])})
 import numpy as np
-a = np.ones((192, 192), dtype=np.float32)
-a @ a
-n, t0 = 0, time.perf_counter()
-while time.perf_counter() - t0 < float(sys.argv[2]):
-    a @ a
-    n += 1
-print(n / (time.perf_counter() - t0))
+small = np.ones((192, 192), dtype=np.float32)       # in cache: compute
+large = np.ones(64 << 20, dtype=np.float32)         # 256 MiB: memory reads (a decode's weights)
+rates = []
+for work, size in ((lambda: small @ small, 2 * 192 ** 3), (lambda: np.dot(large, large), large.nbytes)):
+    work()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < float(sys.argv[2]):
+        work()
+        n += 1
+    rates.append(n * size / (time.perf_counter() - t0) / 1e9)
+print(*rates)
 """
 
 
-def cores_together(seconds: float = 0.7) -> float:
-    """A small matmul's rate on CPUs 0 and 1 at once, as a share of CPU 0's alone (~1.0 on two
-    cores of their own; ~0.6 where the host runs both vCPUs on one physical core's two threads,
-    which a tensor split's two busy nodes then share). Taken before each --pin round: the host
-    may move the vCPUs between rounds."""
+def cores_together(seconds: float = 0.7) -> str:
+    """CPUs 0 and 1 busy at once against CPU 0 alone: a small matmul's rate (~100 % on two
+    cores of their own; ~60 % where the host runs both vCPUs on one physical core's two
+    threads) and memory reads (what a decode step streams its weights at). On the AMD EPYC VM
+    of 2026-11-28 one core alone read 39-43 GB/s and two at once 25-27 each: a single stream,
+    which reads every weight once a token, then gains at most ~1.4x from two nodes on these two
+    cores, whatever the exchanges cost (separate devices each have their own memory). Taken
+    before each --pin round: the host may change either between rounds."""
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
-    def run(cpus: list[int]) -> list[float]:
+    def run(cpus: list[int]) -> list[list[float]]:
         procs = [subprocess.Popen([sys.executable, "-c", PROBE, str(cpu), str(seconds)], env=env,
                                   stdout=subprocess.PIPE, text=True) for cpu in cpus]
-        return [float(p.communicate()[0]) for p in procs]
+        return [[float(v) for v in p.communicate()[0].split()] for p in procs]
 
-    alone = run([0])[0]
-    return min(run([0, 1])) / alone
+    (compute, memory), = run([0])
+    both = run([0, 1])
+    return (f"CPUs 0 and 1 busy at once: compute each at {min(b[0] for b in both) / compute:.0%} of one alone, "
+            f"memory reads {both[0][1]:.0f} + {both[1][1]:.0f} GB/s against {memory:.0f} alone")
 
 
 class StepTrace:
