@@ -23,16 +23,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Both ends of one exchange, the link's time aside: the two frames' tags (ChaCha20-Poly1305 over
-# 2.3 KiB, ~0.4 us each; the HMAC-SHA256 before it ~1.3), the system calls, and the wait for a
-# peer whose share of the step ran a little longer. Measured inside decode steps on loopback
-# (bench/cluster.py --tensor, AMD EPYC Zen 5, a core per node): ~18 us an exchange (HMAC), where
-# the connect round trip (links.py) is ~15 us; in a loop of exchanges alone 6.6 us (7.2 with
-# HMAC; bench/tp_exchange.py --native).
-EXCHANGE_FIXED_US = 10.0
-# What a layer costs on every node of a split whatever its share: its ~15 graph nodes' dispatch
-# and barriers, the norms, the residual adds. Fitted to bench/cluster.py --tensor (SmolLM2's
-# 30 layers and the 1B-class model's 16 on two Zen 5 cores): ~50 us a layer.
-LAYER_SERIAL_US = 50.0
+# 2.3 KiB, ~0.4 us each), the system calls, the sum. On loopback (AMD EPYC Zen 5, a core per
+# node) an exchange alone takes 6.6 us (bench/tp_exchange.py --native), where the connect round
+# trip (links.py, Python) says ~15 us: its half, 7.5, is already more than the whole exchange,
+# so what is left for the ends is small. Inside decode steps an exchange took 7.6-12.9 us a
+# token (bench/cluster.py --tensor --trace, 2026-11-28), the rest being one node waiting for the
+# other's share.
+EXCHANGE_FIXED_US = 3.0
+# What a layer costs on every node of a split whatever its share: its ~15 graph nodes' dispatch,
+# the norms, the residual adds, and, for nodes on one machine, the memory they read at once (two
+# Zen 5 cores of one VM read 25-30 GB/s each together against 36-43 alone; a single stream's
+# decode is bound by it). Fitted to bench/cluster.py --tensor --trace on those two cores: the
+# leader's compute inside a SmolLM2 step took 1.1 ms (memory to spare) to 2.2 ms (shared) where
+# half the model alone is 1.35: ~0 to ~28 us a layer; 25 here.
+LAYER_SERIAL_US = 25.0
 DEFAULT_RATE_GBIT = 1.0         # a link's rate when nothing says otherwise (a device's Ethernet)
 LOOPBACK_RATE_GBIT = 100.0      # nodes on one machine (loopback): memory copies, not a wire
 PAYS_AT = 1.15                  # a tensor split is chosen when it predicts this speedup or more
