@@ -584,7 +584,7 @@ def run_replicas(args, net: Namespaces | None) -> None:
         while statuses_of(server).get(follower.id) != "up" and time.monotonic() < placed:
             time.sleep(0.05)
         if args.model_file:                    # the same file in both stores, loaded by that name
-            for data in (server.data if hasattr(server, "data") else server.node.data_dir,
+            for data in (server.node.data_dir if hasattr(server, "node") else server.data,
                          follower.node.data_dir):
                 ModelStore(data).import_file(MODEL_FILE_NAME, args.model_file, source="local")
             server.model = MODEL_FILE_NAME
