@@ -11,6 +11,7 @@ nothing (bench/tp_exchange.py --native).
 
     one node:  t1 = work / compute_leader
     tensor:    tp = work / sum(compute)  + L x serial  + (2 L + 1) x (rtt / 2 + bytes / rate + fixed)
+               (on one machine, work / sum(compute) + L x serial is at least ONE_MACHINE_STEP_SHARE x t1)
 
 `work` is the model's decode work in the compute figure's unit; it cancels out of the ratio
 t1 / tp only if its absolute scale is known, which is what `seconds_per_token` provides: the
@@ -39,6 +40,12 @@ EXCHANGE_FIXED_US = 3.0
 LAYER_SERIAL_US = 25.0
 DEFAULT_RATE_GBIT = 1.0         # a link's rate when nothing says otherwise (a device's Ethernet)
 LOOPBACK_RATE_GBIT = 100.0      # nodes on one machine (loopback): memory copies, not a wire
+# Nodes on one machine share its memory, and a decode step streams every weight: on the two
+# Zen 5 cores of 2026-11-28's VM one core alone read 35-43 GB/s and two at once 24-37 each
+# (bench/cluster.py's probe), so two nodes' shards took ~0.65 of one node's whole step at best
+# (1B-class, one stream: 12.2 ms against 18.4). On loopback a split's compute is at least this
+# share of one node's step. Nodes on machines of their own each read their own memory.
+ONE_MACHINE_STEP_SHARE = 0.65
 PAYS_AT = 1.15                  # a tensor split is chosen when it predicts this speedup or more
 BYTES_PER_FLOAT = 4             # partial sums travel as float32
 
@@ -84,6 +91,8 @@ def tensor_cost(one_node_us: float, computes: list[float], rtts_us: list[float],
     compute_us = one_node_us * leader / total if leader and total else one_node_us
     if len(computes) > 1:
         compute_us += n_layer * LAYER_SERIAL_US
+        if rate_gbit >= LOOPBACK_RATE_GBIT:          # one machine: one memory for every node
+            compute_us = max(compute_us, one_node_us * ONE_MACHINE_STEP_SHARE)
     worst = max(rtts_us) if rtts_us else 0.0
     return TensorCost(one_node_us, compute_us, exchange_us(worst, n_embd, rate_gbit, fixed_us),
                       2 * n_layer + 1 if len(computes) > 1 else 0)

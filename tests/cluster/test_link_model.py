@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stackd.cluster.link_model import (LAYER_SERIAL_US, PAYS_AT, exchange_us, pays, seconds_per_token,
-                                       tensor_cost)
+from stackd.cluster.link_model import (LAYER_SERIAL_US, LOOPBACK_RATE_GBIT, ONE_MACHINE_STEP_SHARE, PAYS_AT,
+                                       exchange_us, pays, seconds_per_token, tensor_cost)
 
 
 def test_an_exchange_is_half_a_round_trip_the_bytes_and_the_ends():
@@ -49,3 +49,14 @@ def test_one_node_has_no_exchanges_and_never_pays():
 def test_a_token_is_estimated_from_the_parameters_and_the_compute_figure():
     assert seconds_per_token(134_000_000, 0.0) == 0.0
     assert 1 / seconds_per_token(134_515_008, 31.5) == pytest.approx(281, abs=1)   # SmolLM2 on a Zen 5 core
+
+
+def test_nodes_on_one_machine_share_its_memory():
+    # a decode step streams every weight: two nodes of one machine read the same memory, so on
+    # loopback a split's compute is at least ONE_MACHINE_STEP_SHARE of one node's step; nodes
+    # on machines of their own (a wire's rate) each read their own
+    one_machine = tensor_cost(18000.0, [1, 1], [15.0], 16, 2048, rate_gbit=LOOPBACK_RATE_GBIT)
+    assert one_machine.compute_us == pytest.approx(18000.0 * ONE_MACHINE_STEP_SHARE)
+    own_machines = tensor_cost(18000.0, [1, 1], [15.0], 16, 2048, rate_gbit=10.0)
+    assert own_machines.compute_us == pytest.approx(9000.0 + 16 * LAYER_SERIAL_US)
+    assert own_machines.speedup > one_machine.speedup
