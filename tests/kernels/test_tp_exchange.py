@@ -335,16 +335,23 @@ def forged_main(queue, forgery: str) -> None:
         queue.put({"error": repr(exc)})
 
 
-@pytest.mark.parametrize("forgery,words", [("tag", "signature"), ("step", "step 1 where step 0"),
-                                           ("length", "bytes where")])
-def test_a_forged_partial_sum_fails_the_decode_and_shuts_the_link(forgery, words):
+def in_a_process(target, *args) -> dict:
+    """target(queue, *args) in a spawned process of its own (its kernels' group is its own):
+    what it put on the queue, which holds no "error"."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=forged_main, args=(queue, forgery))
+    proc = ctx.Process(target=target, args=(queue, *args))
     proc.start()
     out = queue.get(timeout=TIMEOUT)
     proc.join(10)
     assert "error" not in out, out.get("error")
+    return out
+
+
+@pytest.mark.parametrize("forgery,words", [("tag", "signature"), ("step", "step 1 where step 0"),
+                                           ("length", "bytes where")])
+def test_a_forged_partial_sum_fails_the_decode_and_shuts_the_link(forgery, words):
+    out = in_a_process(forged_main, forgery)
     assert not out["decoded"] and out["failed"] and out["closed"]
     assert "partial sum" in out["why"] and "node 1" in out["why"] and words in out["why"], out["why"]
 
@@ -433,13 +440,7 @@ def candidates_main(queue, forgery: str) -> None:
                                            ("outside", "candidate token 24575 outside its rows [24576, 49152)"),
                                            ("order", "out of order"), ("nan", "out of order (or NaN)")])
 def test_the_candidates_gather_places_good_candidates_and_refuses_forged_ones(forgery, words):
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=candidates_main, args=(queue, forgery))
-    proc.start()
-    out = queue.get(timeout=TIMEOUT)
-    proc.join(10)
-    assert "error" not in out, out.get("error")
+    out = in_a_process(candidates_main, forgery)
     assert out["refused"] == [-1, -1] and "at most 64" in out["why_refused"]
     assert out["set"] == 0
     if words is None:
@@ -539,13 +540,7 @@ def frames_main(queue) -> None:
 
 
 def test_frames_are_checked_and_a_bad_one_closes_the_link():
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=frames_main, args=(queue,))
-    proc.start()
-    out = queue.get(timeout=TIMEOUT)
-    proc.join(10)
-    assert "error" not in out, out.get("error")
+    out = in_a_process(frames_main)
     assert "kernels registered" in out["unregistered"]
     assert "multiples of 64" in out["cut_not_on_64"] and "multiples of 64" in out["cut_falling"]
     assert "starts at 0" in out["cut_from_1"]
