@@ -427,8 +427,9 @@ using AboveFn = int64_t (*)(const float *, int64_t, int64_t, float);
 AboveFn above_fn() {
     static const AboveFn chosen = [] {
 #if defined(__x86_64__) && defined(__GNUC__)
-        if (__builtin_cpu_supports("avx512f")) return (AboveFn)above_avx512;
-        if (__builtin_cpu_supports("avx2")) return (AboveFn)above_avx2;
+        // the kernels' own detection (cpu_features.h), which also asks whether the OS saves the registers
+        if (cpu_supports(Path::Avx512)) return (AboveFn)above_avx512;
+        if (cpu_supports(Path::Avx2)) return (AboveFn)above_avx2;
 #endif
         return (AboveFn)above_scalar;
     }();
