@@ -13,6 +13,7 @@ time from there to the last one; llama-batched-bench reports the same split (S_P
     .venv/bin/python bench/kernels_engine.py --rounds 5 --kernels avx2   # force a path (engine.kernels)
     .venv/bin/python bench/kernels_engine.py --rounds 5 --attention ggml # our matmuls, ggml's attention
     .venv/bin/python bench/kernels_engine.py --rounds 5 --cpu avx2       # both sides as an AVX2-only CPU
+    .venv/bin/python bench/kernels_engine.py --rounds 5 --chunked-ab     # the chunked form on / off
 
 --model runs another GGUF on both sides (a Q4_K_M file: the K-quant kernels); --kernels forces
 one of our code paths (avx2 on an AVX-512 machine measures what an AVX2-only CPU would run,
@@ -86,12 +87,14 @@ def cpu_name() -> str:
     return "unknown CPU"
 
 
-def child(mode: str, streams: list[int], threads: int, model: str | None, attention: str) -> None:
+def child(mode: str, streams: list[int], threads: int, model: str | None, attention: str,
+          chunked: str = "on") -> None:
     from stackd.engine import accel
     accel.commit_on_write()          # the KV cache as the product commits it (engine.kv_commit)
     path = accel.register(mode)
     if path is not None:
         accel.set_attention(attention == "ours")
+        accel.set_chunked(chunked == "on")
     from stackd.engine.core import Engine
     engine = Engine(model_path(model), slots=max(streams), context_length=256, batch=512,
                     threads=threads, flash_attn=1)
@@ -115,9 +118,11 @@ def use_avx2_build() -> None:
     PEER_DIR = peers.avx2_tree()
 
 
-def stackd(mode: str, streams: list[int], threads: int, model: str | None = None, attention: str = "ours") -> dict:
+def stackd(mode: str, streams: list[int], threads: int, model: str | None = None, attention: str = "ours",
+           chunked: str = "on") -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", mode, "--threads", str(threads),
-                          "--streams", ",".join(map(str, streams)), "--attention", attention] +
+                          "--streams", ",".join(map(str, streams)), "--attention", attention,
+                          "--chunked", chunked] +
                          (["--model", model] if model else []),
                          check=True, capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, **CHILD_ENV}).stdout
@@ -167,6 +172,23 @@ def alternate(rounds: int, streams: list[int], threads: int, model: str | None, 
         print(f"| {name} | {median(values):.2f}x | {min(values):.2f}x | {max(values):.2f}x |")
 
 
+def chunked_ab(rounds: int, streams: list[int], threads: int, model: str | None, mode: str) -> None:
+    """The chunked form (what a tensor split cuts: attn_output, ffn_down) on against off, one
+    after the other, `rounds` times: what one node pays so that a split answers as it does."""
+    ratios: dict[str, list[float]] = {f"decode ({n})": [] for n in streams}
+    for r in range(rounds):
+        on, off = stackd(mode, streams, threads, model, chunked="on"), stackd(mode, streams, threads, model, chunked="off")
+        for n in streams:
+            ratios[f"decode ({n})"].append(on[n]["decode"] / off[n]["decode"])
+        print(f"round {r + 1} ({on['path']}): " + ", ".join(
+            f"{n} streams {on[n]['decode']:.1f} / {off[n]['decode']:.1f} tok/s" for n in streams), flush=True)
+    print(f"{cpu_name()}; {os.path.basename(model_path(model))}; {threads} threads; "
+          f"chunked form on / off over {rounds} alternating rounds")
+    print("| | median | min | max |\n|---|---|---|---|")
+    for name, values in ratios.items():
+        print(f"| {name} | {median(values):.3f}x | {min(values):.3f}x | {max(values):.3f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -180,15 +202,21 @@ def main() -> None:
     parser.add_argument("--cpu", choices=["native", "avx2"], default="native",
                         help="avx2: both sides run an AVX2-only CPU's code (llama.cpp built without "
                              "AVX-512, our kernels' AVX2 path)")
+    parser.add_argument("--chunked", choices=["on", "off"], default="on",
+                        help="the chunked form of the products a tensor split cuts (kernels/README.md)")
+    parser.add_argument("--chunked-ab", action="store_true",
+                        help="with --rounds: the chunked form on against off instead of against the peer")
     parser.add_argument("--rounds", type=int, default=0,
                         help="kernels on against the peer, alternating N times (medians of the ratios)")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     if args.child:
-        return child(args.child, streams, args.threads, args.model, args.attention)
+        return child(args.child, streams, args.threads, args.model, args.attention, args.chunked)
     if args.cpu == "avx2":
         use_avx2_build()
         args.kernels = "avx2"
+    if args.rounds and args.chunked_ab:
+        return chunked_ab(args.rounds, streams, args.threads, args.model, args.kernels)
     if args.rounds:
         return alternate(args.rounds, streams, args.threads, args.model, args.kernels, args.attention)
     runs = {"stackd, kernels off": stackd("off", streams, args.threads, args.model)}

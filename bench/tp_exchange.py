@@ -1,5 +1,5 @@
-"""The tensor split's exchange alone: the round trip of one all-reduce of a 576-float vector
-(SmolLM2's hidden size, one token's partial sum: 2,304 bytes each way) between node processes,
+"""The tensor split's exchange alone: the round trip of one all-reduce of a 576-value vector
+(SmolLM2's hidden size, one token's partial sum, float64: 4,608 bytes each way) between node processes,
 over loopback and over a veth link between network namespaces, against a plain TCP ping-pong
 of the same bytes on the same link (no handshake, no tags, no sums): what the exchange's
 protocol costs over the link itself. This is the link model the planner will use: a tensor
@@ -43,7 +43,7 @@ def node_main(args) -> None:
     addresses = [(host, int(port)) for host, port in (a.rsplit(":", 1) for a in args.addresses.split(","))]
     index = args.node
     listener = listen(args.bind, addresses[index][1]) if index < len(addresses) - 1 else None
-    vector = np.random.default_rng(index).standard_normal(args.floats).astype(np.float32)
+    vector = np.random.default_rng(index).standard_normal(args.floats)      # float64, as partial sums travel
     out = {}
     if args.mode == "exchange":
         mesh = Mesh(index, addresses, bytes.fromhex(args.secret), "bench", listener, deadline=10.0,
@@ -219,7 +219,7 @@ def main() -> None:
     finally:
         for link in links.values():
             link.close()
-    print(f"\nall-reduce of {args.floats} float32 ({args.floats * 4} bytes each way) over {args.nodes} nodes, "
+    print(f"\nall-reduce of {args.floats} float64 ({args.floats * 8} bytes each way) over {args.nodes} nodes, "
           f"{args.count} exchanges a round, medians of {args.rounds} alternating rounds"
           f"{', a core per node' if args.pin else ''}{f', spinning {args.spin:g} us' if args.spin else ''}; ping-pong: the same bytes there and back, plain TCP, 2 nodes")
     for (kind, mode), rows in results.items():

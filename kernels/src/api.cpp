@@ -44,6 +44,7 @@ STACKD_API void stackd_kernels_batch_invariant(int steps) {
 // Whether decode attention is ours (1, the default) or ggml's (0), from the next graph on, in
 // every backend of this process: bench/kernels_engine.py's A/B.
 STACKD_API void stackd_kernels_attention(int on) { stackd::set_attention(on != 0); }
+STACKD_API void stackd_kernels_chunked(int on) { stackd::set_chunked(on != 0); }
 
 // The device a ggml RPC server child serves (backend.cpp, "the served buffer"), computing with
 // the path stackd_kernels_register set; null before a successful register.

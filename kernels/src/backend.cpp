@@ -351,6 +351,11 @@ struct BackendContext {
     std::set<ggml_backend_buffer_t> advised;  // buffers marked for huge pages (advise_buffer)
     std::atomic<uint64_t> tp_generation{0};   // the tensor-parallel group the running graph began in (0: none)
     std::vector<tp::Candidate> candidates;    // a follower's picks of the logits rows (logits_task)
+    // In a tensor-parallel group, the last chunked product's sums before rounding (its node in
+    // partial_of): the partial sum the residual add after it exchanges (allreduce_task).
+    std::vector<double> partial;
+    const ggml_tensor *partial_of = nullptr;
+    std::vector<double> partial_rows;         // the rows a GET_ROWS between them picked
 };
 
 // Whether the graph running on this backend belongs to a tensor-parallel group that failed or
@@ -370,15 +375,80 @@ void mul_mat_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
     mul_mat_share(dst, kernels_of(ctx), ctx->act, ctx->epoch, ith, nth);
 }
 
+// ---- the products a tensor split cuts by input columns: the chunked form (kernels.h) ----
+// On one node as on a split, so that a split's answers are one node's (docs/cluster.md,
+// "Answers"). Runs of 64 weights for attn_output, whose cut falls between query heads (64 or
+// 128 columns each), and of 256 for ffn_down, whose cut server/cluster/shard.py puts on
+// multiples of 256 (CHUNK_COLUMNS there): long runs cost less (a run's float sums are widened
+// and added once per run; below 2 % of a step measured by bench/kernels.py), and a K-quant's
+// block is 256 columns anyway.
+constexpr int64_t kAttnOutputChunk = 64, kFfnDownChunk = 256;
+std::atomic<bool> g_chunked{true};   // set_chunked (backend.h)
+
+bool ends_with(const char *s, const char *suffix) {
+    const size_t n = std::strlen(s), m = std::strlen(suffix);
+    return n >= m && std::strcmp(s + n - m, suffix) == 0;
+}
+
+// Weights per run of the chunked form for this product's weight, or 0 (the plain form).
+int64_t chunk_columns(const ggml_tensor *node) {
+    const ggml_tensor *w = node->src[0];
+    if (node->ne[2] != 1 || node->ne[3] != 1 || !g_chunked.load(std::memory_order_relaxed)) return 0;
+    if (ends_with(w->name, ".attn_output.weight")) return kAttnOutputChunk;
+    if (ends_with(w->name, ".ffn_down.weight")) return kFfnDownChunk;
+    return 0;
+}
+
+void chunked_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    auto *ctx = static_cast<BackendContext *>(userdata);
+    mul_mat_share(dst, kernels_of(ctx), ctx->act, ctx->epoch, ith, nth, 0, -1, {chunk_columns(dst), nullptr});
+}
+
+// The same, keeping the sums before rounding for the exchange (a tensor-parallel graph).
+void partial_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    auto *ctx = static_cast<BackendContext *>(userdata);
+    if (ith == 0) ctx->partial_of = dst;   // read after the node's barrier
+    mul_mat_share(dst, kernels_of(ctx), ctx->act, ctx->epoch, ith, nth, 0, -1,
+                  {chunk_columns(dst), ctx->partial.data()});
+}
+
 // ---- tensor parallelism (tp.h; kernels/README.md, "Tensor parallelism") ----
 // While this process is in a tensor-parallel group, a graph's residual adds whose first operand
 // is this node's partial sum (attn_output's, ffn_down's) exchange it with every peer first, and
 // the vocabulary projection computes this rank's rows only, gathered to rank 0.
 
+// The partial sum the residual add `dst` exchanges, as doubles: the sums before rounding of the
+// chunked product it adds (directly, or the rows a GET_ROWS picked of it: a last layer's
+// output rows), else its first operand's floats widened (a product not ours: right within
+// float rounding, but no longer one node's bits).
+const double *partial_sum(BackendContext *ctx, const ggml_tensor *dst) {
+    const ggml_tensor *a = dst->src[0];
+    const size_t n = (size_t)ggml_nelements(dst);
+    if (a == ctx->partial_of) return ctx->partial.data();
+    ctx->partial_rows.resize(n);
+    double *out = ctx->partial_rows.data();
+    const ggml_tensor *from = a->op == GGML_OP_GET_ROWS ? a->src[0] : nullptr;
+    const ggml_tensor *ids = from ? a->src[1] : nullptr;
+    if (from != nullptr && from == ctx->partial_of && ids->type == GGML_TYPE_I32 && ggml_is_contiguous(ids) &&
+        a->ne[1] == ids->ne[0] && a->ne[0] == from->ne[0]) {
+        const int64_t width = a->ne[0], stride = (int64_t)(from->nb[1] / sizeof(float));
+        for (int64_t r = 0; r < a->ne[1]; r++) {
+            const int32_t row = static_cast<const int32_t *>(ids->data)[r];
+            if (row < 0 || row >= from->ne[1]) break;   // not a row of it: the widened floats below
+            std::memcpy(out + r * width, ctx->partial.data() + row * stride, sizeof(double) * (size_t)width);
+            if (r + 1 == a->ne[1]) return out;
+        }
+    }
+    const float *floats = static_cast<const float *>(a->data);
+    for (size_t i = 0; i < n; i++) out[i] = floats[i];
+    return out;
+}
+
 // Thread 0 only (n_tasks 1); ggml's barrier after the node holds the others.
-void allreduce_task(ggml_tensor *dst, int ith, int, void *) {
+void allreduce_task(ggml_tensor *dst, int ith, int, void *userdata) {
     if (ith != 0) return;
-    tp::allreduce_add(static_cast<const float *>(dst->src[0]->data), static_cast<const float *>(dst->src[1]->data),
+    auto *ctx = static_cast<BackendContext *>(userdata);
+    tp::allreduce_add(partial_sum(ctx, dst), static_cast<const float *>(dst->src[1]->data),
                       static_cast<float *>(dst->data), (size_t)ggml_nelements(dst));
 }
 
@@ -593,6 +663,7 @@ void advise_buffer(BackendContext *ctx, const ggml_tensor *t) {
 // (returns why: the caller fails the group) rather than compute numbers that mean nothing.
 std::string swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row, bool tp) {
     ctx->swapped.clear();
+    ctx->partial_of = nullptr;
     const bool attention = per_row && g_attention.load(std::memory_order_relaxed);
     for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
         ggml_tensor *node = ggml_graph_node(graph, i);
@@ -630,6 +701,12 @@ std::string swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row,
             advise_buffer(ctx, node->src[0]);  // the weights
             reserve_activations(ctx->act, node);
             task.fun = mul_mat_task;
+            if (chunk_columns(node) > 0) {
+                task.fun = tp ? partial_task : chunked_task;
+                // rows as dst's (its nb[1] may pad them): the largest such product of the graph
+                const size_t need = (size_t)(node->nb[1] / sizeof(float)) * (size_t)node->ne[1];
+                if (tp && ctx->partial.size() < need) ctx->partial.resize(need);
+            }
         } else {
             g_get_rows_nodes.fetch_add(1, std::memory_order_relaxed);
         }
@@ -987,6 +1064,7 @@ ggml_backend_t served_backend_new() { return new_backend((Path)-1, &served_devic
 void set_path(Path path) { g_path.store((int)path); }
 void set_invariance(Invariance invariance) { g_invariance.store((int)invariance); }
 void set_attention(bool on) { g_attention.store(on); }
+void set_chunked(bool on) { g_chunked.store(on); }
 uint64_t attention_nodes() { return g_attention_nodes.load(); }
 Path current_path() { return (Path)g_path.load(); }
 

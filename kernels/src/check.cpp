@@ -33,10 +33,11 @@ struct Problem {
     int64_t k, rows, tokens;
     std::vector<uint8_t> w;     // rows x k, ggml's blocks of `type`
     std::vector<float> x;       // tokens x k
+    std::string name;           // the weight's name ("": none; backend.cpp picks the chunked form by it)
 };
 
 Problem make_problem(ggml_type type, int64_t k, int64_t rows, int64_t tokens, uint32_t seed) {
-    Problem p{type, k, rows, tokens, {}, {}};
+    Problem p{type, k, rows, tokens, {}, {}, {}};
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::uniform_real_distribution<float> row_scale(0.01f, 0.1f), row_shift(-0.05f, 0.05f);
@@ -80,6 +81,7 @@ std::vector<float> run(const Problem &p, int64_t first, int64_t count, ggml_back
     ggml_init_params params = {ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
     ggml_context *ctx = ggml_init(params);
     ggml_tensor *w = ggml_new_tensor_2d(ctx, p.type, p.k, p.rows);
+    if (!p.name.empty()) ggml_set_name(w, p.name.c_str());
     ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, weight_buft);
     ggml_tensor *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, p.k, count);
     ggml_tensor *y = ggml_mul_mat(ctx, w, x);
@@ -231,10 +233,44 @@ using namespace stackd;
 // result[3]: 1 if reading the repacked weight back gives ggml's bytes unchanged
 // result[4]: 1 if the output equals the scalar reference path's bit for bit
 // type: a ggml_type we repack (Q4_1, Q8_0). Returns 0, or -1 if this CPU cannot run the path.
+namespace {
+
+void check_problem(const Problem &p, int path, int n_threads, double *result);
+
+}  // namespace
+
 STACKD_API int stackd_kernels_check(int type, int64_t k, int64_t rows, int64_t tokens, int path,
                                     uint32_t seed, int n_threads, double *result) {
     if (!runnable(type, path)) return -1;
-    const Problem p = make_problem((ggml_type)type, k, rows, tokens, seed);
+    check_problem(make_problem((ggml_type)type, k, rows, tokens, seed), path, n_threads, result);
+    return 0;
+}
+
+// The same checks (result[0..4]) on a product in the chunked form (kernels.h, GemmOut): the
+// weight named as a layer's ffn_down, whose runs backend.cpp makes 256 weights long. result[5]:
+// 1 if its output differs from the plain form's somewhere (the name took effect); result[6]: 1
+// if with runs at least K long (k <= 256) it equals the plain form's bit for bit.
+STACKD_API int stackd_kernels_check_chunked(int type, int64_t k, int64_t rows, int64_t tokens, int path,
+                                            uint32_t seed, int n_threads, double *result) {
+    if (!runnable(type, path)) return -1;
+    Problem p = make_problem((ggml_type)type, k, rows, tokens, seed);
+    ggml_backend_t ours = backend_new((Path)path);
+    set_threads(ours, n_threads);
+    const auto plain = run(p, 0, tokens, ours, repack_buffer_type(), 1, nullptr);
+    p.name = "blk.0.ffn_down.weight";
+    const auto chunked = run(p, 0, tokens, ours, repack_buffer_type(), 1, nullptr);
+    ggml_backend_free(ours);
+    const bool same = std::memcmp(plain.data(), chunked.data(), plain.size() * sizeof(float)) == 0;
+    result[5] = !same;
+    result[6] = same;
+    check_problem(p, path, n_threads, result);
+    return 0;
+}
+
+namespace {
+
+void check_problem(const Problem &p, int path, int n_threads, double *result) {
+    const int64_t k = p.k, rows = p.rows, tokens = p.tokens;
     ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
     ggml_backend_t ours = backend_new((Path)path);
     set_threads(cpu, n_threads);
@@ -287,10 +323,7 @@ STACKD_API int stackd_kernels_check(int type, int64_t k, int64_t rows, int64_t t
 
     ggml_backend_free(ours);
     ggml_backend_free(cpu);
-    return 0;
 }
-
-namespace {
 
 // get_rows(table, ids) on a backend, the table in table_buft.
 std::vector<float> run_get_rows(const Problem &p, const std::vector<int32_t> &ids, ggml_backend_t backend,

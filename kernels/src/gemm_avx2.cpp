@@ -180,11 +180,11 @@ struct Offset : Avx2 {
 // A Q4_0 / Q5_0 kernel: each thread derives the starts of every token-block it reads.
 template <class Block, int32_t kOffset>
 void gemm_offset(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end, const ActBlock *act,
-                 int64_t n_tokens, float *dst, int64_t dst_stride) {
+                 int64_t n_tokens, const GemmOut &out) {
     thread_local std::vector<int32_t> start;
     if (start.size() < (size_t)(n_tokens * nb)) start.resize(n_tokens * nb);
     offset_sums(act, n_tokens * nb, kOffset, start.data());
-    tiles::gemm(Offset<Block>{{}, start.data()}, w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
+    tiles::gemm(Offset<Block>{{}, start.data()}, w, nb, rows, g_begin, g_end, act, n_tokens, out);
 }
 
 }  // namespace

@@ -209,11 +209,11 @@ struct Q8_0 : Avx512 {
 // block of the weights it multiplies).
 template <class Body>
 void gemm_corrected(const typename Body::Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-                    const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+                    const ActBlock *act, int64_t n_tokens, const GemmOut &out) {
     thread_local std::vector<int32_t> corr;
     if (corr.size() < (size_t)(n_tokens * nb)) corr.resize(n_tokens * nb);
     correct(act, n_tokens * nb, corr.data());
-    tiles::gemm(Body{{}, corr.data()}, w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
+    tiles::gemm(Body{{}, corr.data()}, w, nb, rows, g_begin, g_end, act, n_tokens, out);
 }
 
 // Q4_0 and Q5_0: Q4_1's nibbles (Q5_0's fifth bits or-ed in), no minimum; each block's integer

@@ -31,12 +31,28 @@
 
 namespace stackd {
 
+// Where a kernel writes, and which of the two forms of the arithmetic it computes.
+//
+// The plain form (chunk 0) is the one above. The chunked form (chunk > 0) runs the same float
+// sequence over each run of `chunk` K-blocks from zero, adds those runs' sums in double in
+// order, and rounds once to float. It is for the products a tensor split cuts by input columns
+// (attn_output, ffn_down; docs/cluster.md, "Answers"): a cut on a run's boundary leaves every
+// run whole on one node, each node adds its runs in double and the partial sums are added in
+// double in node order, so a split's sum differs from one node's only by double rounding
+// (about 1e-16) and rounds to the same float but on a boundary that close. The plain form's one
+// float chain cannot be cut that way: its rounding depends on where the chain starts.
+struct GemmOut {
+    float *f32 = nullptr;      // token t's row of results starts at f32 + t*stride
+    double *f64 = nullptr;     // chunked form only, optional: the same rows before rounding
+    int64_t stride = 0;        // elements from one token's row to the next (both arrays)
+    int64_t chunk = 0;         // K-blocks a float run; 0: the plain form
+};
+
 // A kernel: rows [8*g_begin, min(8*g_end, rows)) of the product for n_tokens tokens, the
-// weights repacked as Block (Q4x8Block, Q8x8Block).
-// act: token t's K-blocks start at act + t*nb. dst: token t's output row starts at dst + t*dst_stride.
+// weights repacked as Block (Q4x8Block, Q8x8Block). act: token t's K-blocks start at act + t*nb.
 template <class Block>
 using GemmFn = void (*)(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-                        const ActBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride);
+                        const ActBlock *act, int64_t n_tokens, const GemmOut &out);
 
 // A path's kernels, one per weight type we repack. Q8_0 weights (the vocabulary projection of
 // a model with tied Q8_0 embeddings) take the same arithmetic without the minimum term, and
@@ -69,9 +85,10 @@ inline int32_t quad(const ActBlock &a, int chunk) {
 
 // Writes the valid rows of a group's 8 results (the last group may be partial). A whole group
 // is one fixed-size copy, which the compiler makes one vector store.
-inline void store_group(float *dst, const float *acc8, int64_t row0, int64_t rows) {
+template <class T>
+inline void store_group(T *dst, const T *acc8, int64_t row0, int64_t rows) {
     if (rows - row0 >= kRowsPerGroup) {
-        std::memcpy(dst + row0, acc8, sizeof(float) * kRowsPerGroup);
+        std::memcpy(dst + row0, acc8, sizeof(T) * kRowsPerGroup);
         return;
     }
     for (int64_t r = 0; r < rows - row0; r++) dst[row0 + r] = acc8[r];

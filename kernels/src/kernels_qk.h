@@ -23,9 +23,11 @@
 
 namespace stackd {
 
+struct GemmOut;   // kernels.h: where a kernel writes
+
 template <class Block>
 using GemmKFn = void (*)(const Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-                         const ActKBlock *act, int64_t n_tokens, float *dst, int64_t dst_stride);
+                         const ActKBlock *act, int64_t n_tokens, const GemmOut &out);
 
 struct KQuantKernels {
     GemmKFn<Q4Kx8Block> q4_k = nullptr;

@@ -83,16 +83,21 @@ const Block *quantized(const ggml_tensor *dst, std::vector<Block> &blocks, const
 }
 
 // The repacked weight's kernel over every plane of the activations.
+// (A chunked product's doubles are for 2-D products only: mul_mat_share's contract.)
 template <class Block, class ActType, class Gemm>
-void run_planes(ggml_tensor *dst, Gemm gemm, const ActType *act, int64_t g_begin, int64_t g_end) {
+void run_planes(ggml_tensor *dst, Gemm gemm, const ActType *act, int64_t g_begin, int64_t g_end,
+                const Chunked &chunked) {
     const ggml_tensor *w = dst->src[0], *x = dst->src[1];
     const int64_t nb = w->ne[0] / (int64_t)sizeof(ActType::q), rows = w->ne[1], tokens = x->ne[1];
-    const int64_t stride = (int64_t)(dst->nb[1] / sizeof(float));
+    GemmOut out;
+    out.stride = (int64_t)(dst->nb[1] / sizeof(float));
+    out.chunk = chunked.columns > 0 ? std::max<int64_t>(1, chunked.columns / (int64_t)sizeof(ActType::q)) : 0;
     for (int64_t i3 = 0; i3 < x->ne[3]; i3++) {
         for (int64_t i2 = 0; i2 < x->ne[2]; i2++) {
             const ActType *plane = act + ((i3 * x->ne[2] + i2) * tokens) * nb;
-            float *out = reinterpret_cast<float *>(static_cast<char *>(dst->data) + i2 * dst->nb[2] + i3 * dst->nb[3]);
-            gemm(static_cast<const Block *>(w->data), nb, rows, g_begin, g_end, plane, tokens, out, stride);
+            out.f32 = reinterpret_cast<float *>(static_cast<char *>(dst->data) + i2 * dst->nb[2] + i3 * dst->nb[3]);
+            out.f64 = i2 == 0 && i3 == 0 ? chunked.f64 : nullptr;
+            gemm(static_cast<const Block *>(w->data), nb, rows, g_begin, g_end, plane, tokens, out);
         }
     }
 }
@@ -100,7 +105,7 @@ void run_planes(ggml_tensor *dst, Gemm gemm, const ActType *act, int64_t g_begin
 }  // namespace
 
 void mul_mat_share(ggml_tensor *dst, Kernels kernels, Activations &act, uint64_t epoch, int ith, int nth,
-                   int64_t row_begin, int64_t row_end) {
+                   int64_t row_begin, int64_t row_end, const Chunked &chunked) {
     const ggml_type type = dst->src[0]->type;
     const bool k_quant = is_k_quant(type);
     const ActBlock *blocks = nullptr;
@@ -115,14 +120,14 @@ void mul_mat_share(ggml_tensor *dst, Kernels kernels, Activations &act, uint64_t
     g_end += first;
     if (g_begin >= g_end) return;
     switch (type) {
-        case GGML_TYPE_Q8_0: run_planes<Q8x8Block>(dst, kernels.q8_0, blocks, g_begin, g_end); break;
-        case GGML_TYPE_Q4_0: run_planes<Q40x8Block>(dst, kernels.q4_0, blocks, g_begin, g_end); break;
-        case GGML_TYPE_Q5_0: run_planes<Q50x8Block>(dst, kernels.q5_0, blocks, g_begin, g_end); break;
-        case GGML_TYPE_Q5_1: run_planes<Q51x8Block>(dst, kernels.q5_1, blocks, g_begin, g_end); break;
-        case GGML_TYPE_Q4_K: run_planes<Q4Kx8Block>(dst, kernels.kquants.q4_k, kblocks, g_begin, g_end); break;
-        case GGML_TYPE_Q5_K: run_planes<Q5Kx8Block>(dst, kernels.kquants.q5_k, kblocks, g_begin, g_end); break;
-        case GGML_TYPE_Q6_K: run_planes<Q6Kx8Block>(dst, kernels.kquants.q6_k, kblocks, g_begin, g_end); break;
-        default: run_planes<Q4x8Block>(dst, kernels.q4_1, blocks, g_begin, g_end); break;
+        case GGML_TYPE_Q8_0: run_planes<Q8x8Block>(dst, kernels.q8_0, blocks, g_begin, g_end, chunked); break;
+        case GGML_TYPE_Q4_0: run_planes<Q40x8Block>(dst, kernels.q4_0, blocks, g_begin, g_end, chunked); break;
+        case GGML_TYPE_Q5_0: run_planes<Q50x8Block>(dst, kernels.q5_0, blocks, g_begin, g_end, chunked); break;
+        case GGML_TYPE_Q5_1: run_planes<Q51x8Block>(dst, kernels.q5_1, blocks, g_begin, g_end, chunked); break;
+        case GGML_TYPE_Q4_K: run_planes<Q4Kx8Block>(dst, kernels.kquants.q4_k, kblocks, g_begin, g_end, chunked); break;
+        case GGML_TYPE_Q5_K: run_planes<Q5Kx8Block>(dst, kernels.kquants.q5_k, kblocks, g_begin, g_end, chunked); break;
+        case GGML_TYPE_Q6_K: run_planes<Q6Kx8Block>(dst, kernels.kquants.q6_k, kblocks, g_begin, g_end, chunked); break;
+        default: run_planes<Q4x8Block>(dst, kernels.q4_1, blocks, g_begin, g_end, chunked); break;
     }
 }
 

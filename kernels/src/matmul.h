@@ -57,7 +57,14 @@ void reserve_activations(Activations &act, const ggml_tensor *dst);
 // [row_begin, row_end) are computed when given (row_end -1: all; both multiples of 8 but the
 // last row): a tensor-parallel rank's part of the vocabulary projection (tp.h); dst's other
 // rows are left as they were.
+// chunked: the product in the chunked form (kernels.h, GemmOut) with runs of `columns` weights
+// along K (rounded to whole blocks of the weight's type, at least one), and when f64 is given
+// (2-D products only) its rows before rounding, laid out as dst's.
+struct Chunked {
+    int64_t columns = 0;       // 0: the plain form
+    double *f64 = nullptr;
+};
 void mul_mat_share(ggml_tensor *dst, Kernels kernels, Activations &act, uint64_t epoch, int ith, int nth,
-                   int64_t row_begin = 0, int64_t row_end = -1);
+                   int64_t row_begin = 0, int64_t row_end = -1, const Chunked &chunked = {});
 
 }  // namespace stackd

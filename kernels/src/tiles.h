@@ -74,17 +74,52 @@ inline void tile(const Body &body, const typename Body::Block *wg, int64_t nb, c
     std::memcpy(out, &acc, sizeof acc);
 }
 
-// Row groups g .. g+NG-1 against all n_tokens tokens, tile by tile, into their rows of dst.
+// The chunked form (kernels.h, GemmOut::chunk): K-blocks in chains of `chunk`, each chain added
+// in float from zero exactly as `tile` adds all of K, the chains' sums added in double in order.
+// sum receives TT x 8 NG doubles, token by token.
+template <int TT, int NG, class Body>
+inline void tile_chunked(const Body &body, const typename Body::Block *wg, int64_t nb, const Act<Body> *act,
+                         int64_t t, int64_t chunk, double *sum) {
+    constexpr int kN = TT * NG * kRowsPerGroup;
+    for (int i = 0; i < kN; i++) sum[i] = 0.0;
+    for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
+        typename Body::template Acc<TT, NG> acc{};
+        const int64_t b1 = b0 + chunk < nb ? b0 + chunk : nb;
+        for (int64_t b = b0; b < b1; b++) {
+            for (int j = 0; j < NG; j++) prefetch_ahead(wg + j * nb, nb, b);
+            body.template add_block<TT, NG>(acc, wg + b, nb, act, t * nb + b);
+        }
+        alignas(64) float part[kN];
+        static_assert(sizeof acc == sizeof part, "Acc: TT x 8 NG floats");
+        std::memcpy(part, &acc, sizeof acc);
+        for (int i = 0; i < kN; i++) sum[i] += (double)part[i];
+    }
+}
+
+// Row groups g .. g+NG-1 against all n_tokens tokens, tile by tile, into their rows of out.
 template <int NG, class Body>
 inline void group_tiles(const Body &body, const typename Body::Block *w, int64_t nb, int64_t rows,
-                        int64_t g, const Act<Body> *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
+                        int64_t g, const Act<Body> *act, int64_t n_tokens, const GemmOut &out) {
     for_tiles<Body::kTile>(n_tokens, [&](auto size, int64_t t) {
         constexpr int TT = decltype(size)::value;
-        alignas(64) float out[TT * NG * kRowsPerGroup];
-        tile<TT, NG>(body, w + g * nb, nb, act, t, out);
+        constexpr int kN = TT * NG * kRowsPerGroup;
+        alignas(64) float result[kN];
+        if (out.chunk <= 0) {
+            tile<TT, NG>(body, w + g * nb, nb, act, t, result);
+        } else {
+            alignas(64) double sum[kN];
+            tile_chunked<TT, NG>(body, w + g * nb, nb, act, t, out.chunk, sum);
+            for (int i = 0; i < kN; i++) result[i] = (float)sum[i];
+            if (out.f64 != nullptr) {
+                for (int i = 0; i < TT; i++)
+                    for (int j = 0; j < NG; j++)
+                        store_group(out.f64 + (t + i) * out.stride, sum + (i * NG + j) * kRowsPerGroup,
+                                    (g + j) * kRowsPerGroup, rows);
+            }
+        }
         for (int i = 0; i < TT; i++)
             for (int j = 0; j < NG; j++)
-                store_group(dst + (t + i) * dst_stride, out + (i * NG + j) * kRowsPerGroup,
+                store_group(out.f32 + (t + i) * out.stride, result + (i * NG + j) * kRowsPerGroup,
                             (g + j) * kRowsPerGroup, rows);
     });
 }
@@ -93,21 +128,20 @@ inline void group_tiles(const Body &body, const typename Body::Block *w, int64_t
 // time from Body::kPairsFrom tokens (an odd last one alone), else one at a time.
 template <class Body>
 inline void gemm(const Body &body, const typename Body::Block *w, int64_t nb, int64_t rows,
-                 int64_t g_begin, int64_t g_end, const Act<Body> *act, int64_t n_tokens, float *dst,
-                 int64_t dst_stride) {
+                 int64_t g_begin, int64_t g_end, const Act<Body> *act, int64_t n_tokens, const GemmOut &out) {
     int64_t g = g_begin;
     if constexpr (Body::kPairsFrom > 0) {
         if (n_tokens >= Body::kPairsFrom)
-            for (; g + 2 <= g_end; g += 2) group_tiles<2>(body, w, nb, rows, g, act, n_tokens, dst, dst_stride);
+            for (; g + 2 <= g_end; g += 2) group_tiles<2>(body, w, nb, rows, g, act, n_tokens, out);
     }
-    for (; g < g_end; g++) group_tiles<1>(body, w, nb, rows, g, act, n_tokens, dst, dst_stride);
+    for (; g < g_end; g++) group_tiles<1>(body, w, nb, rows, g, act, n_tokens, out);
 }
 
 // A path's kernel (kernels.h's GemmFn) for a body that needs nothing from the call.
 template <class Body>
 void run(const typename Body::Block *w, int64_t nb, int64_t rows, int64_t g_begin, int64_t g_end,
-         const Act<Body> *act, int64_t n_tokens, float *dst, int64_t dst_stride) {
-    gemm(Body{}, w, nb, rows, g_begin, g_end, act, n_tokens, dst, dst_stride);
+         const Act<Body> *act, int64_t n_tokens, const GemmOut &out) {
+    gemm(Body{}, w, nb, rows, g_begin, g_end, act, n_tokens, out);
 }
 
 }  // namespace tiles

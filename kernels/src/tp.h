@@ -4,7 +4,8 @@
 // already authenticated TCP socket per peer (server/engine/exchange/mesh.py made them) and the
 // link's session key. While attached, our backend's graphs exchange over those links:
 //   - every ADD named `ffn_inp-<il>` / `l_out-<il>` becomes "all-reduce src[0] with every peer,
-//     summed in node order 0, 1, ..., then + src[1]" (every node holds the same bits);
+//     summed in node order 0, 1, ... in double, rounded, then + src[1]" (every node holds the
+//     same bits, and one node's bits: src[0] is a product in the chunked form, kernels.h);
 //   - the MUL_MAT named `result_output` computes rows [vocab_cut[r], vocab_cut[r+1]) only, and
 //     followers send rank 0 what sampling needs of their rows (stackd_tp_set_gather: the rows
 //     whole, or each row's top K candidates), which rank 0 writes into its full logits.
@@ -60,7 +61,8 @@ STACKD_API int stackd_tp_set_gather(int candidates);
 STACKD_API void stackd_tp_gather_counters(uint64_t *full, uint64_t *candidates);
 // Nanoseconds inside the partial-sum and logits exchanges since attach (added after the contract).
 STACKD_API uint64_t stackd_tp_exchange_ns(void);
-// bench/tp_exchange.py --native: `count` all-reduces of `floats` floats, each one's microseconds in us[i].
+// bench/tp_exchange.py --native: `count` all-reduces of `floats` values (doubles on the wire,
+// as a partial sum is), each one's microseconds in us[i].
 STACKD_API int stackd_tp_time_allreduce(int floats, int count, double *us);
 
 namespace stackd::tp {
@@ -92,9 +94,11 @@ int rank();
 int size();
 // Rows [begin, end) of the vocabulary projection this rank computes; false if n_vocab is not the cut's end.
 bool vocab_rows(int64_t n_vocab, int64_t *begin, int64_t *end);
-// dst = (node 0's src0 + node 1's + ...) + src1, n floats each; this node's src0 is `mine`.
-// dst may alias mine or src1. False (the group failed; dst unwritten) on any failure.
-bool allreduce_add(const float *mine, const float *src1, float *dst, size_t n);
+// dst = (float)(node 0's partial + node 1's + ..., in double) + src1: this node's partial is
+// `mine`, n doubles (the chunked form's sums before rounding, kernels.h's GemmOut), on the
+// wire as doubles; src1 and dst n floats. dst may alias src1. False (the group failed; dst
+// unwritten) on any failure.
+bool allreduce_add(const double *mine, const float *src1, float *dst, size_t n);
 // The gather's mode for the graph being computed (stackd_tp_set_gather): 0 rows whole, else K.
 int gather_candidates();
 // The logits rows [cut[r], cut[r+1]) of `tokens` rows of `stride` floats: a follower sends its

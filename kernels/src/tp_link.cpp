@@ -62,7 +62,8 @@ struct Group {
     int deadline_ms = 2000, spin_us = 0;
     uint64_t step = 0;
     std::vector<uint8_t> control;  // the last control payload a follower received
-    std::vector<float> sum;
+    std::vector<double> sum;     // an all-reduce's sums
+    std::vector<float> rows;     // a follower's logits rows, packed to send
     std::atomic<bool> attached{false}, failed{false};
     std::atomic<uint64_t> generation{1};   // bumped by every attach and detach
     std::mutex error_mutex;
@@ -311,11 +312,18 @@ void fail(const char *why) {
     fail_locked(g, why);
 }
 
-bool allreduce_add(const float *mine, const float *src1, float *dst, size_t n) {
+// A partial sum's value i as the wire carries it (a double after a 20-byte header: unaligned).
+inline double wire_value(const uint8_t *payload, size_t i) {
+    double v;
+    std::memcpy(&v, payload + i * sizeof(double), sizeof v);
+    return v;
+}
+
+bool allreduce_add(const double *mine, const float *src1, float *dst, size_t n) {
     Group &g = group();
     std::lock_guard<std::mutex> lock(g.io);
     if (g.failed.load() || !g.attached.load()) return false;
-    const size_t bytes = n * sizeof(float);
+    const size_t bytes = n * sizeof(double);
     if (bytes > kMaxPayload) {
         fail_locked(g, "a partial sum larger than a frame may carry (64 MiB)");
         return false;
@@ -326,16 +334,18 @@ bool allreduce_add(const float *mine, const float *src1, float *dst, size_t n) {
         stage_receive(g.links[p], kKindPartial, bytes);
     }
     if (!run(g, deadline(g), kKindPartial)) return false;
-    // node order, the same additions on every node: ((p0 + p1) + p2) ... + src1
-    const float *part0 = g.rank == 0 ? mine : reinterpret_cast<const float *>(g.links[0].in.data() + kHeaderBytes);
+    // node order, the same additions on every node, in double: ((p0 + p1) + p2) ..., then
+    // rounded once to float and + src1 in float, as one node's MUL_MAT and ADD do (tp.h)
     if (g.sum.size() < n) g.sum.resize(n);
-    float *sum = g.sum.data();
-    std::memcpy(sum, part0, bytes);
-    for (int p = 1; p < g.n; p++) {
-        const float *part = p == g.rank ? mine : reinterpret_cast<const float *>(g.links[p].in.data() + kHeaderBytes);
-        for (size_t i = 0; i < n; i++) sum[i] += part[i];
+    double *sum = g.sum.data();
+    for (int p = 0; p < g.n; p++) {
+        const uint8_t *wire = p == g.rank ? nullptr : g.links[p].in.data() + kHeaderBytes;
+        for (size_t i = 0; i < n; i++) {
+            const double part = wire ? wire_value(wire, i) : mine[i];
+            sum[i] = p == 0 ? part : sum[i] + part;
+        }
     }
-    for (size_t i = 0; i < n; i++) dst[i] = sum[i] + src1[i];
+    for (size_t i = 0; i < n; i++) dst[i] = (float)sum[i] + src1[i];
     g.exchanges.fetch_add(1, std::memory_order_relaxed);
     g.bytes_sent.fetch_add((kHeaderBytes + bytes + kTagBytes) * (g.n - 1), std::memory_order_relaxed);
     g.step++;
@@ -372,7 +382,7 @@ bool gather_logits(float *logits, int64_t tokens, size_t stride, const Candidate
         stage_send(g, g.links[0], kKindLogits, candidates, block_bytes(g.rank));
     } else {
         const int64_t rows = rows_of(g.rank);
-        std::vector<float> &block = g.sum;
+        std::vector<float> &block = g.rows;
         block.resize((size_t)(rows * tokens));
         for (int64_t t = 0; t < tokens; t++) {
             std::memcpy(block.data() + t * rows, logits + t * stride + g.cut[g.rank], rows * sizeof(float));
@@ -627,8 +637,9 @@ STACKD_API void stackd_tp_gather_counters(uint64_t *full, uint64_t *candidates) 
 // each one's wall time in microseconds into us[i]. 0, or -1 when an exchange failed.
 STACKD_API int stackd_tp_time_allreduce(int floats, int count, double *us) {
     if (floats < 0 || count < 0 || us == nullptr) return -1;
-    std::vector<float> mine((size_t)floats), zero((size_t)floats, 0.0f), out((size_t)floats);
-    for (int i = 0; i < floats; i++) mine[(size_t)i] = (float)(i % 17) * 0.25f;
+    std::vector<double> mine((size_t)floats);
+    std::vector<float> zero((size_t)floats, 0.0f), out((size_t)floats);
+    for (int i = 0; i < floats; i++) mine[(size_t)i] = (double)(i % 17) * 0.25;
     for (int i = 0; i < count; i++) {
         const auto t0 = Clock::now();
         if (!allreduce_add(mine.data(), zero.data(), out.data(), (size_t)floats)) return -1;

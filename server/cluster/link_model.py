@@ -47,7 +47,7 @@ LOOPBACK_RATE_GBIT = 100.0      # nodes on one machine (loopback): memory copies
 # share of one node's step. Nodes on machines of their own each read their own memory.
 ONE_MACHINE_STEP_SHARE = 0.65
 PAYS_AT = 1.15                  # a tensor split is chosen when it predicts this speedup or more
-BYTES_PER_FLOAT = 4             # partial sums travel as float32
+BYTES_PER_VALUE = 8             # partial sums travel as float64 (one node's sums: kernels/src/tp.h)
 
 
 @dataclass(frozen=True)
@@ -74,9 +74,9 @@ class TensorCost:
 
 def exchange_us(rtt_us: float, n_embd: int, rate_gbit: float = DEFAULT_RATE_GBIT,
                 fixed_us: float = EXCHANGE_FIXED_US) -> float:
-    """One exchange of a single token's partial sum (n_embd floats) over a link with this round
+    """One exchange of a single token's partial sum (n_embd doubles) over a link with this round
     trip: half the round trip, the bytes at the link's rate, the fixed cost of both ends."""
-    wire_us = n_embd * BYTES_PER_FLOAT * 8 / (rate_gbit * 1e3)
+    wire_us = n_embd * BYTES_PER_VALUE * 8 / (rate_gbit * 1e3)
     return rtt_us / 2 + wire_us + fixed_us
 
 

@@ -25,8 +25,9 @@ each node its share of the attention's KV groups and, separately, its share of t
 The two halves are not traded against each other, because each ends in an exchange every node
 waits at: a node with more attention and less FFN would first hold the others at the attention's
 exchange, then wait for them at the FFN's. KV groups are whole, so they go by the largest
-remainder; the FFN rows in blocks of the down projection's quant block (two equal nodes on
-SmolLM2: 768 and 768 of the 1,536 rows). A group or block two nodes want equally goes to the later
+remainder; the FFN rows in blocks of 256 (`ffn_block_of`: our kernels' run of ffn_down, so a
+split sums as one node; else the down projection's quant block): two equal nodes on SmolLM2
+take 768 and 768 of the 1,536 rows. A group or block two nodes want equally goes to the later
 node: the leader samples and serves the clients besides (SmolLM2's 3 groups over two equal nodes:
 1 to the leader, 2 to the follower).
 PLAN_VERSION names this rule in the shard cache, so a shard cut by an earlier rule is never
@@ -40,6 +41,7 @@ follower can cut its own from the file it holds, or check the one the leader sen
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -54,7 +56,9 @@ ROWS_BY_HEAD = {"attn_q.weight": "q", "attn_k.weight": "kv", "attn_v.weight": "k
 COLUMNS_BY_HEAD = {"attn_output.weight"}
 ROWS_BY_FFN = {"ffn_gate.weight", "ffn_up.weight"}
 COLUMNS_BY_FFN = {"ffn_down.weight"}
-PLAN_VERSION = 2                  # plan_cuts' rule (2: attention and FFN balanced each on its own)
+PLAN_VERSION = 3                  # plan_cuts' rule (2: attention and FFN balanced each on its own;
+                                  # 3: the FFN on CHUNK_COLUMNS)
+CHUNK_COLUMNS = 256               # ffn_down's run in our kernels' chunked form (backend.cpp's kFfnDownChunk)
 SHARD_KEYS = "stackd.shard"       # metadata this module adds: index, count, kv groups, ffn rows
 
 
@@ -183,13 +187,17 @@ def slice_of(tensor, cut: Cut, hp: Hparams) -> np.ndarray:
 
 
 def ffn_block_of(reader) -> int:
-    """The step of the FFN's cut: the down projections' quant block (their columns are cut), at
-    least 32 (the gate and up projections' rows, cut there too, stay in whole kernel tiles)."""
+    """The step of the FFN's cut: CHUNK_COLUMNS where the FFN divides into it, else the down
+    projections' quant block (their columns are cut), at least 32 (the gate and up projections'
+    rows, cut there too, stay in whole kernel tiles). On CHUNK_COLUMNS, every node's share of
+    ffn_down is whole runs of our kernels' chunked form, so a split adds exactly what one node
+    adds (kernels/src/kernels.h, GemmOut; docs/cluster.md, "Answers")."""
     block = 32
     for tensor in reader.tensors:
         if tensor.name.endswith("ffn_down.weight"):
             block = max(block, _block_of(tensor)[0])
-    return block
+    step = math.lcm(block, CHUNK_COLUMNS)
+    return step if hparams_of(reader).n_ff % step == 0 else block
 
 
 # ---- writing ------------------------------------------------------------------------------------

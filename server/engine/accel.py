@@ -42,6 +42,7 @@ def library() -> ctypes.CDLL:
         lib.stackd_kernels_tensors.argtypes = [ctypes.c_int]
         lib.stackd_kernels_tensors.restype = ctypes.c_int64
         lib.stackd_kernels_attention.argtypes = [ctypes.c_int]
+        lib.stackd_kernels_chunked.argtypes = [ctypes.c_int]
         lib.stackd_kernels_commit_on_write.restype = None
         _lib = lib
     return _lib
@@ -94,6 +95,13 @@ def set_attention(ours: bool) -> None:
     """Decode attention on our kernel (the default once registered) or on ggml's, from the next
     step on (kernels/README.md, "Decode attention"): bench/kernels_engine.py's A/B."""
     library().stackd_kernels_attention(int(ours))
+
+
+def set_chunked(on: bool) -> None:
+    """The chunked form for the products a tensor split cuts (kernels/README.md, "The
+    arithmetic"; the default) or the plain form, from the next step on: bench/kernels_engine.py's
+    A/B. Off, a tensor split's answers are no longer one node's."""
+    library().stackd_kernels_chunked(int(on))
 
 
 def rpc_device() -> int:

@@ -30,6 +30,7 @@ def library() -> ctypes.CDLL:
         lib = ctypes.CDLL(LIBRARY)
         lib.stackd_kernels_check.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
             ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+        lib.stackd_kernels_check_chunked.argtypes = lib.stackd_kernels_check.argtypes
         lib.stackd_kernels_time.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
             ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         lib.stackd_kernels_time_ggml_repacked.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
@@ -53,6 +54,17 @@ def check_mul_mat(type_name: str, k: int, rows: int, tokens: int, path: str, see
     result = (ctypes.c_double * 5)()
     rc = library().stackd_kernels_check(GGML_TYPE[type_name], k, rows, tokens, accel.PATHS.index(path),
                                         seed, n_threads, result)
+    return None if rc != 0 else list(result)
+
+
+def check_chunked(type_name: str, k: int, rows: int, tokens: int, path: str, seed: int = 1,
+                  n_threads: int = 2) -> list[float] | None:
+    """check_mul_mat's five results for a product in the kernels' chunked form (a weight named
+    as ffn_down; kernels.h, GemmOut), then: whether it differs from the plain form's output
+    somewhere, whether it equals it bit for bit. None if this CPU cannot run the path."""
+    result = (ctypes.c_double * 7)()
+    rc = library().stackd_kernels_check_chunked(GGML_TYPE[type_name], k, rows, tokens, accel.PATHS.index(path),
+                                                seed, n_threads, result)
     return None if rc != 0 else list(result)
 
 

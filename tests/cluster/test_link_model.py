@@ -9,7 +9,7 @@ from stackd.cluster.link_model import (LAYER_SERIAL_US, LOOPBACK_RATE_GBIT, ONE_
 
 
 def test_an_exchange_is_half_a_round_trip_the_bytes_and_the_ends():
-    assert exchange_us(0.0, 576, fixed_us=0.0) == pytest.approx(576 * 4 * 8 / 1e3)     # 18.4 us at 1 Gbit/s
+    assert exchange_us(0.0, 576, fixed_us=0.0) == pytest.approx(576 * 8 * 8 / 1e3)     # 36.9 us at 1 Gbit/s (doubles)
     assert exchange_us(100.0, 576, rate_gbit=1e6, fixed_us=5.0) == pytest.approx(55.0, abs=0.01)
 
 

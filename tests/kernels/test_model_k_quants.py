@@ -86,17 +86,22 @@ def test_every_generation_runs_to_length(runs):
         assert all(len(tokens) == TOKENS for tokens in mode["alone"] + mode["together"])
 
 
-def test_sixteen_streams_equal_alone_with_kernels_on(runs):
-    assert [ids(g) for g in runs["auto"]["together"]] == [ids(g) for g in runs["auto"]["alone"]]
-
-
 def test_the_avx2_path_gives_the_avx512_path_s_bits(runs):
     if "avx2" not in runs:
         pytest.skip("this CPU has no AVX-512 VNNI path to compare the AVX2 one with")
     assert runs["avx2"]["alone"] == runs["auto"]["alone"]
 
 
+# ggml's own reference is its one-row-at-a-time run: with 16 streams a step its K-quant
+# matmuls take a tiled path from 8 rows that adds in another order, and on this file that alone
+# moved a token by 2 nats (Q5_K_M, prompt 6, token 13: 28 at -1.11 against 702 at -1.20 with 16
+# streams, 702 first alone; 2026-11-28) while ours gives the same bits in any batch (asserted
+# below). So both of our runs are held against ggml's alone.
 @pytest.mark.parametrize("batching", ["alone", "together"])
 def test_kernels_on_and_off_agree_up_to_near_ties(runs, batching):
-    for ours, ggml in zip(runs["auto"][batching], runs["off"][batching]):
+    for ours, ggml in zip(runs["auto"][batching], runs["off"]["alone"]):
         assert_close(ours, ggml, DRIFT_K, TIE_K)
+
+
+def test_sixteen_streams_equal_alone_with_kernels_on(runs):
+    assert [ids(g) for g in runs["auto"]["together"]] == [ids(g) for g in runs["auto"]["alone"]]

@@ -68,6 +68,29 @@ def test_matmul_within_rounding_of_ggml(path, k, rows, tokens):
     assert_within_rounding(k, rows, tokens, path)
 
 
+# The chunked form (kernels.h, GemmOut): a layer's ffn_down and attn_output add their K-blocks
+# in float runs of 256 and 64 weights, the runs in double, so that a tensor split's nodes add
+# what one node adds (docs/cluster.md, "Answers"). Same checks as the plain form; a K of one run
+# gives the plain form's bits (one run is the plain chain, widened and rounded back), a longer K
+# other bits (the name took effect).
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("type_name", ["q4_1", "q4_0", "q8_0", "q5_1", "q4_K", "q6_K"])
+@pytest.mark.parametrize("k,tokens", [(1536, 1), (1536, 13), (256, 5), (8192, 3)])
+def test_chunked_form_within_rounding_batch_invariant_and_the_same_on_every_path(path, type_name, k, tokens):
+    require(path)
+    rows = 64 if path == "scalar" else 576
+    result = check_lib.check_chunked(type_name, k, rows, tokens, path)
+    assert result is not None
+    rel_magnitude, _, batch_invariant, round_trip, same_as_scalar, differs, same_as_plain = result
+    assert rel_magnitude <= summation_bound(k), (type_name, k, tokens, path, rel_magnitude)
+    assert batch_invariant == 1.0 and round_trip == 1.0
+    assert same_as_scalar == 1.0, f"the {path} path's chunked form differs from the scalar reference's"
+    if k <= 256:
+        assert same_as_plain == 1.0, "one run must be the plain chain"
+    else:
+        assert differs == 1.0, "a weight named ffn_down did not take the chunked form"
+
+
 @pytest.mark.parametrize("path", ["avx2", "avx512-vnni"])
 def test_output_projection_shape(path):
     """The widest matmul a Q4_1 model of this family has: the vocabulary projection."""

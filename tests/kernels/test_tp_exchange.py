@@ -29,8 +29,8 @@ from stackd.store import defaults
 
 PROMPTS = ["Write a story about the sea.", "What is the capital of France?", "List three colours."]
 GREEDY = 4                      # tokens generated greedily after each prompt
-TOP5_NATS = 0.5                 # first-token top-5 log-probabilities against one node's (0.25 measured)
-TIE = 1.0                       # nats: where greedy texts part, the two choices' gap at one node
+TOP5_NATS = 0.02                # first-token top-5 log-probabilities against one node's (the issue's
+                                # bound; 0 measured: the split adds as one node, kernels.h's chunked form)
 N_VOCAB = 49152
 TIMEOUT = 240                   # seconds a whole multi-process run may take (the machine is shared)
 
@@ -180,21 +180,21 @@ def test_rank_zero_gives_the_whole_models_logits_and_greedy_tokens(shards, one_n
     leader = ranks[0]
     gaps = [top5_gap(w, s) for w, s in zip(one_node["logits"], leader["logits"])]
     same = sum(a == b for a, b in zip(leader["tokens"], one_node["tokens"]))
+    bits = sum(w.tobytes() == s.tobytes() for w, s in zip(one_node["logits"], leader["logits"]))
     with capsys.disabled():
         print(f"\n{n} nodes: first-token top-5 logprobs within {max(gaps):.4f} nats of one node's "
-              f"({', '.join(f'{g:.4f}' for g in gaps)}); greedy tokens equal on {same} of {len(PROMPTS)} prompts")
+              f"({', '.join(f'{g:.4f}' for g in gaps)}); greedy tokens equal on {same} of {len(PROMPTS)} prompts; "
+              f"first logits rows bit-equal on {bits}")
     assert max(gaps) <= TOP5_NATS
-    for whole, split, a, b in zip(one_node["logits"], leader["logits"], one_node["tokens"], leader["tokens"]):
+    for whole, split in zip(one_node["logits"], leader["logits"]):
         assert np.isfinite(split).all()
         for r in range(n):                        # every node's block there, in its place
             block = slice(cut[r], cut[r + 1])
-            assert np.abs(split[block] - whole[block]).max() < 2.0
-            assert np.corrcoef(split[block], whole[block])[0, 1] > 0.99   # a misplaced block: ~0
-        if a != b:                                # greedy parts only at a near tie
-            lp = log_softmax(whole)
-            if a[0] != b[0]:
-                assert lp[a[0]] - lp[b[0]] <= TIE
-    assert same >= len(PROMPTS) - 1
+            assert np.abs(split[block] - whole[block]).max() < 0.01
+    # A split's sums differ from one node's by double rounding only (kernels.h, GemmOut): a float
+    # can round the other way only where a sum lies within ~1e-16 of a rounding boundary, and a
+    # token would change only if that then crossed an 8-bit rounding too. So: every token.
+    assert same == len(PROMPTS)
     # the same bits run to run (here: the same process, the prompts again)
     for first, again in zip(leader["logits"], leader["again"]):
         assert first.tobytes() == again.tobytes()

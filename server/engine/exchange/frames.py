@@ -57,7 +57,7 @@ PROOF = struct.Struct("<H")                   # the dialer's index, before its n
 PROOF_BYTES = PROOF.size + NONCE_BYTES + MAC_BYTES
 
 MAGIC = 0x31585453                            # "STX1"
-KIND_PARTIAL = 1                              # a node's partial sum, float32
+KIND_PARTIAL = 1                              # a node's partial sum, float64 (kernels/src/tp.h)
 KIND_CONTROL = 2                              # the leader's lockstep message to a follower (opaque)
 KIND_LOGITS = 3                               # a follower's rows of the vocabulary projection, float32
 KINDS = frozenset({KIND_PARTIAL, KIND_CONTROL, KIND_LOGITS})

@@ -172,12 +172,13 @@ class Mesh:
     # ---- the all-reduce ----------------------------------------------------------------------------
 
     def allreduce(self, step: int, partial: np.ndarray, deadline: float | None = None) -> np.ndarray:
-        """The sum over the nodes, in node order, of every node's `partial` (float32, the same
-        shape everywhere: a token's vector or a batch's rows) for exchange number `step` (each
-        step once, counting up)."""
+        """The sum over the nodes, in node order, of every node's `partial` (the same shape
+        everywhere: a token's vector or a batch's rows) for exchange number `step` (each step
+        once, counting up). Partials travel and add as float64, as the kernels' exchange does
+        (kernels/src/tp.h: one node's sums up to double rounding); the sum is float64."""
         if self.lost:
             raise ExchangeError(f"the mesh lost nodes {sorted(self.lost)}", set(self.lost))
-        mine = np.ascontiguousarray(partial, dtype=np.float32)
+        mine = np.ascontiguousarray(partial, dtype=np.float64)
         payload = mine.data.cast("B")
         length = payload.nbytes
         size = frames.HEADER_BYTES + length + frames.TAG_BYTES
@@ -198,7 +199,7 @@ class Mesh:
         total = None
         for node in range(self.n):             # node order, on every node alike
             part = mine if node == self.index else np.frombuffer(
-                self.links[node].inbox, dtype=np.float32, count=mine.size,
+                self.links[node].inbox, dtype=np.float64, count=mine.size,
                 offset=frames.HEADER_BYTES).reshape(mine.shape)
             if total is None:
                 total = part.copy()
