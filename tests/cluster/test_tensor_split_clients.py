@@ -6,7 +6,6 @@ both. The clients are built as tests/clients' are (the daemon's admin key, retri
 would hide a failed first answer; a timeout no slow CI run reaches)."""
 from __future__ import annotations
 
-
 import anthropic
 import openai
 import pytest
