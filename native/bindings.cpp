@@ -456,6 +456,11 @@ PYBIND11_MODULE(_engine, m) {
     }, py::arg("name"), py::arg("data"), "Tests: a raw control payload into the in-process channel `name`.");
     m.def("lockstep_channel_close", &memory_channel_close, py::arg("name"),
           "Tests: the in-process channel `name` fails (a lost link).");
+    m.attr("LOCKSTEP_KEEPALIVE_MS") = lockstep::kKeepaliveMs;
+    m.attr("LOCKSTEP_LEADER_SILENCE_MS") = lockstep::kLeaderSilenceMs;
+    m.def("lockstep_set_leader_silence", &lockstep::set_leader_silence_for_tests, py::arg("ms"),
+          "Tests: the frozen-leader watchdog's bound, in ms, for engines made from now on (0: the "
+          "default); the previous one. ValueError when ms < 0.");
 
     py::class_<engine>(m, "Engine")
         // The settings' keywords are their names in the daemon's config (engine_params).

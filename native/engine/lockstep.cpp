@@ -2,6 +2,7 @@
 
 #include "ggml-backend.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -329,8 +330,20 @@ void memory_channel_close(const std::string & name) {
 
 // ---- the lockstep ----------------------------------------------------------------------------
 
+namespace {
+std::atomic<int> g_leader_silence_ms{lockstep::kLeaderSilenceMs};
+}  // namespace
+
+int lockstep::set_leader_silence_for_tests(int ms) {
+    if (ms < 0) {
+        throw std::invalid_argument("a leader's silence bound of " + std::to_string(ms) +
+                                    " ms: it is 1 ms or more (0: the default)");
+    }
+    return g_leader_silence_ms.exchange(ms == 0 ? kLeaderSilenceMs : ms);
+}
+
 lockstep::lockstep(int32_t rank, std::unique_ptr<tp_transport> transport)
-    : rank_(rank), transport_(std::move(transport)) {
+    : rank_(rank), transport_(std::move(transport)), leader_silence_ms_(g_leader_silence_ms.load()) {
     if (rank_ >= 0 && !transport_) {
         throw std::invalid_argument("a tensor-parallel rank needs a transport");
     }
@@ -446,18 +459,36 @@ std::string lockstep::follow(llama_context * ctx, llama_batch & batch, const con
     if (rank_ <= 0) {
         return "error: only a follower (tensor-parallel rank > 0) follows";
     }
+    using clock = std::chrono::steady_clock;
+    const auto silence_bound = std::chrono::milliseconds(leader_silence_ms_);
     std::string payload;
     control_message msg;
     uint32_t expected = 0;
     int32_t last_rc = 0;
+    bool heard = false;                   // the watchdog runs from the leader's first message
+    clock::time_point waiting_since = clock::now();
     while (!stopping.load()) {
-        const int got = transport_->recv(payload, 200);   // short: a close() waits at most this
+        int wait_ms = 200;                // short: a close() waits at most this
+        if (heard) {
+            const auto left = silence_bound - (clock::now() - waiting_since);
+            wait_ms = (int) std::clamp<int64_t>(std::chrono::ceil<std::chrono::milliseconds>(left).count(), 1, wait_ms);
+        }
+        const int got = transport_->recv(payload, wait_ms);
         if (got == 1) {
+            if (heard && clock::now() - waiting_since >= silence_bound) {
+                const std::string why = "the leader sent nothing for " + std::to_string(leader_silence_ms_) +
+                                        " ms (its keepalive is every " + std::to_string(kKeepaliveMs) + " ms)";
+                mark_lost(why);
+                return "lost: " + why;
+            }
             continue;
         }
         if (got != 0) {
+            mark_lost(transport_->error());
             return "lost: " + transport_->error();
         }
+        heard = true;
+        waiting_since = clock::now();
         const std::string why = decode_control(payload.data(), payload.size(), limits, msg);
         if (!why.empty()) {
             return "error: bad control message " + std::to_string(expected) + ": " + why;
@@ -498,7 +529,9 @@ std::string lockstep::follow(llama_context * ctx, llama_batch & batch, const con
         const uint64_t t0 = now_us();
         last_rc = llama_decode(ctx, batch);
         llama_synchronize(ctx);
+        waiting_since = clock::now();     // this node's decode is not the leader's silence
         if (last_rc != 0 && transport_->failed()) {
+            mark_lost(transport_->error());
             return "lost: " + transport_->error();
         }
         if (on_decode) {

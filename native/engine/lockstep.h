@@ -9,8 +9,9 @@
 // the operations since the last message and the batch. A follower (follow()) applies the
 // operations and decodes the batch, message after message, and never samples. An idle leader
 // sends a message without a batch every second (keepalive), so a follower lost between requests
-// is found then. Nothing in the engine decodes outside a plan's step (no warm-up): every decode
-// and every KV operation is the scheduler's, and all of them go through here.
+// is found then, and a follower finds a leader silent for ten of them lost (kLeaderSilenceMs).
+// Nothing in the engine decodes outside a plan's step (no warm-up): every decode and every KV
+// operation is the scheduler's, and all of them go through here.
 //
 // The control message (little-endian; a payload of the kernels' KIND_CONTROL frame, which
 // carries its length, step and tag):
@@ -135,9 +136,27 @@ public:
     static constexpr int kKeepaliveMs = 1000;
     void keepalive();
 
+    // Follower: the frozen-leader watchdog. Once the leader's first message has come, a follower
+    // that then hears nothing for this long ends follow() with "lost: the leader sent nothing for
+    // N ms (its keepalive is every 1000 ms)", and lost()/lost_reason() say it: a leader alive but
+    // silent (SIGSTOP, a hung process, a link that drops packets without closing) must not hold
+    // its followers in follow() for ever. Ten keepalives: what runs on the leader between two
+    // messages (sampling a step's rows, its scheduling, a busy host's jitter; its decodes run with
+    // the followers', whose clock starts again after each) must never come near it. The daemon's
+    // own heartbeat fencing (3 s) and the exchange's deadline (2 s) are the faster paths; this is
+    // the in-process backstop. Before the first message nothing is bounded here: a leader that
+    // loads its shard slower than this follower is not silent (one whose worker dies closes its
+    // links, which ends follow() at once).
+    static constexpr int kLeaderSilenceMs = 10 * kKeepaliveMs;
+    // Tests: the bound the lockstep objects constructed from now on take, in ms (0: kLeaderSilenceMs
+    // again); returns the previous one. Throws std::invalid_argument when ms < 0.
+    static int set_leader_silence_for_tests(int ms);
+    int leader_silence_ms() const { return leader_silence_ms_; }
+
     // Follower: message after message until a stop, a failure or `stopping`. Returns "stop", or
-    // "closed" (stopping), or "lost: ..." (the link), or "error: ..." (a message that does not
-    // fit, a decode that diverged). `on_decode(n_tokens, us)` after each batch.
+    // "closed" (stopping), or "lost: ..." (the link, or the leader silent past the watchdog's
+    // bound: then lost() too), or "error: ..." (a message that does not fit, a decode that
+    // diverged). `on_decode(n_tokens, us)` after each batch.
     std::string follow(llama_context * ctx, llama_batch & batch, const control_limits & limits,
                        const std::atomic<bool> & stopping,
                        const std::function<void(int32_t, uint64_t)> & on_decode);
@@ -147,6 +166,7 @@ private:
 
     int32_t rank_;
     std::unique_ptr<tp_transport> transport_;
+    int leader_silence_ms_;             // follower: the watchdog's bound (kLeaderSilenceMs)
     std::vector<kv_op> pending_;        // leader: the operations since the last message
     uint32_t index_ = 0;
     int32_t prev_rc_ = 0;
