@@ -45,6 +45,9 @@ STACKD_API void stackd_kernels_batch_invariant(int steps) {
 // every backend of this process: bench/kernels_engine.py's A/B.
 STACKD_API void stackd_kernels_attention(int on) { stackd::set_attention(on != 0); }
 STACKD_API void stackd_kernels_chunked(int on) { stackd::set_chunked(on != 0); }
+STACKD_API int stackd_kernels_runs(int64_t attn_output, int64_t ffn_down) {
+    return stackd::set_runs(attn_output, ffn_down) ? 0 : -1;
+}
 
 // The device a ggml RPC server child serves (backend.cpp, "the served buffer"), computing with
 // the path stackd_kernels_register set; null before a successful register.

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..engine import accel
+
 ARCHITECTURES = ("llama",)        # the cuts below follow llama's tensor names and GQA layout
 # Tensors of a block cut by output rows (what an attention group or FFN row produces) or input
 # columns (what they consume), by the suffix of their name.
@@ -57,8 +59,7 @@ COLUMNS_BY_HEAD = {"attn_output.weight"}
 ROWS_BY_FFN = {"ffn_gate.weight", "ffn_up.weight"}
 COLUMNS_BY_FFN = {"ffn_down.weight"}
 PLAN_VERSION = 3                  # plan_cuts' rule (2: attention and FFN balanced each on its own;
-                                  # 3: the FFN on CHUNK_COLUMNS)
-CHUNK_COLUMNS = 256               # ffn_down's run in our kernels' chunked form (backend.cpp's kFfnDownChunk)
+                                  # 3: the FFN on ffn_down's runs, ffn_block_of)
 SHARD_KEYS = "stackd.shard"       # metadata this module adds: index, count, kv groups, ffn rows
 
 
@@ -187,17 +188,19 @@ def slice_of(tensor, cut: Cut, hp: Hparams) -> np.ndarray:
 
 
 def ffn_block_of(reader) -> int:
-    """The step of the FFN's cut: CHUNK_COLUMNS where the FFN divides into it, else the down
-    projections' quant block (their columns are cut), at least 32 (the gate and up projections'
-    rows, cut there too, stay in whole kernel tiles). On CHUNK_COLUMNS, every node's share of
-    ffn_down is whole runs of our kernels' chunked form, so a split adds exactly what one node
-    adds (kernels/src/kernels.h, GemmOut; docs/cluster.md, "Answers")."""
+    """The step of the FFN's cut: ffn_down's run in our kernels' chunked form where the FFN
+    divides into it (accel.ffn_chunk_columns: 256 for SmolLM2, 1,024 for a 1B-class model),
+    else the down projections' quant block (their columns are cut), at least 32 (the gate and
+    up projections' rows, cut there too, stay in whole kernel tiles). On whole runs, every
+    node's share of ffn_down adds exactly what one node adds (kernels/src/kernels.h, GemmOut;
+    docs/cluster.md, "Answers")."""
     block = 32
     for tensor in reader.tensors:
         if tensor.name.endswith("ffn_down.weight"):
             block = max(block, _block_of(tensor)[0])
-    step = math.lcm(block, CHUNK_COLUMNS)
-    return step if hparams_of(reader).n_ff % step == 0 else block
+    n_ff = hparams_of(reader).n_ff
+    step = math.lcm(block, accel.ffn_chunk_columns(n_ff))
+    return step if n_ff % step == 0 else block
 
 
 # ---- writing ------------------------------------------------------------------------------------
@@ -219,6 +222,7 @@ def write_shard(reader, hp: Hparams, cuts: list[Cut], index: int, path: str) -> 
         f"{SHARD_KEYS}.count": (len(cuts), gguf.GGUFValueType.UINT32),
         f"{SHARD_KEYS}.kv_groups": ([c.n_groups for c in cuts], gguf.GGUFValueType.ARRAY),
         f"{SHARD_KEYS}.ffn_rows": ([c.n_ff for c in cuts], gguf.GGUFValueType.ARRAY),
+        f"{SHARD_KEYS}.ffn_total": (sum(c.n_ff for c in cuts), gguf.GGUFValueType.UINT32),
     }
     temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.partial"   # two cuts at once: their own
     writer = gguf.GGUFWriter(temporary, arch=arch, endianess=reader.endianess)
