@@ -154,6 +154,13 @@ def median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
+def print_ratios(ratios: dict[str, list[float]], digits: int = 2) -> None:
+    """Each row's median, min and max over the rounds, as a markdown table."""
+    print("| | median | min | max |\n|---|---|---|---|")
+    for name, values in ratios.items():
+        print(f"| {name} | {median(values):.{digits}f}x | {min(values):.{digits}f}x | {max(values):.{digits}f}x |")
+
+
 def alternate(rounds: int, streams: list[int], threads: int, model: str | None, mode: str, attention: str) -> None:
     """Kernels on against llama-batched-bench, one after the other, `rounds` times."""
     pre = streams[1] if len(streams) > 1 else streams[0]
@@ -170,9 +177,7 @@ def alternate(rounds: int, streams: list[int], threads: int, model: str | None, 
             f"{n} streams {ours[n]['decode']:.1f} / {peer[n]['decode']:.1f} tok/s" for n in streams), flush=True)
     print(f"{threads} threads, {PROMPT_TOKENS}-token prompts, {GEN_TOKENS} generated, flash attention on; "
           f"stackd (kernels on) / llama-batched-bench over {rounds} alternating rounds")
-    print("| | median | min | max |\n|---|---|---|---|")
-    for name, values in ratios.items():
-        print(f"| {name} | {median(values):.2f}x | {min(values):.2f}x | {max(values):.2f}x |")
+    print_ratios(ratios)
 
 
 def chunked_ab(rounds: int, streams: list[int], threads: int, model: str | None, mode: str) -> None:
@@ -187,9 +192,7 @@ def chunked_ab(rounds: int, streams: list[int], threads: int, model: str | None,
             f"{n} streams {on[n]['decode']:.1f} / {off[n]['decode']:.1f} tok/s" for n in streams), flush=True)
     print(f"{cpu_name()}; {os.path.basename(model_path(model))}; {threads} threads; "
           f"chunked form on / off over {rounds} alternating rounds")
-    print("| | median | min | max |\n|---|---|---|---|")
-    for name, values in ratios.items():
-        print(f"| {name} | {median(values):.3f}x | {min(values):.3f}x | {max(values):.3f}x |")
+    print_ratios(ratios, digits=3)
 
 
 def main() -> None:
