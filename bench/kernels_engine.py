@@ -98,9 +98,6 @@ def child(mode: str, streams: list[int], threads: int, model: str | None, attent
     from stackd.engine.core import Engine
     engine = Engine(model_path(model), slots=max(streams), context_length=256, batch=512,
                     threads=threads, flash_attn=1)
-    if path is not None:                 # the chunked form's runs as the product's worker sets them
-        from stackd.engine.worker import chunk_runs
-        accel.set_runs(*chunk_runs(engine))
     run_streams(engine, 2, 1)  # warm up
     out = {"path": path, "tensors": accel.tensors()}
     for i, n in enumerate(streams):

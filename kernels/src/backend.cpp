@@ -377,13 +377,23 @@ void mul_mat_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
 
 // ---- the products a tensor split cuts by input columns: the chunked form (kernels.h) ----
 // On one node as on a split, so that a split's answers are one node's (docs/cluster.md,
-// "Answers"). The runs are the model's (set_runs; accel.py's rule, set by its worker): for
-// attn_output a KV group's query heads (where server/cluster/shard.py cuts the attention), for
-// ffn_down the FFN's run (where it cuts the FFN). Each run's float sums are widened and added
-// once: about 130 cycles a 16-row, 8-token tile, 23 % of an 8192 x 2048 Q4_0 product at 16
-// tokens with runs of 256, 6 % with 1,024; so runs as long as the cuts allow.
-std::atomic<int64_t> g_attn_chunk{64};   // set_runs (backend.h): a head of 64 until a worker says
-std::atomic<int64_t> g_ffn_chunk{256};
+// "Answers"). A whole weight's runs follow from its K alone, so that one node, a layer split's
+// nodes (the served device) and every process agree without being told: attn_output the
+// largest power of two dividing K, 32 to 256 (576: 64; 2,048: 256); ffn_down 1,024 or 512 where
+// that cuts K into 8 or more, else 256 (server/engine/accel.py has the same rule, for the
+// shard planner, which cuts on them). A shard's K is its slice, so a tensor split's worker sets
+// the whole weight's runs (set_runs). Each run's float sums are widened and added once: about
+// 130 cycles a 16-row, 8-token tile, 23 % of an 8192 x 2048 Q4_0 product at 16 tokens with runs
+// of 256, 6 % with 1,024; so runs as long as the cuts allow.
+int64_t attn_run_for(int64_t k) { return std::clamp<int64_t>(k & -k, 32, 256); }
+int64_t ffn_run_for(int64_t k) {
+    for (const int64_t run : {int64_t(1024), int64_t(512)}) {
+        if (k % run == 0 && k / run >= 8) return run;
+    }
+    return 256;
+}
+std::atomic<int64_t> g_attn_chunk{0};    // set_runs (backend.h), a shard's; 0: from the weight
+std::atomic<int64_t> g_ffn_chunk{0};
 std::atomic<bool> g_chunked{true};       // set_chunked (backend.h)
 
 bool ends_with(const char *s, const char *suffix) {
@@ -395,8 +405,14 @@ bool ends_with(const char *s, const char *suffix) {
 int64_t chunk_columns(const ggml_tensor *node) {
     const ggml_tensor *w = node->src[0];
     if (node->ne[2] != 1 || node->ne[3] != 1 || !g_chunked.load(std::memory_order_relaxed)) return 0;
-    if (ends_with(w->name, ".attn_output.weight")) return g_attn_chunk.load(std::memory_order_relaxed);
-    if (ends_with(w->name, ".ffn_down.weight")) return g_ffn_chunk.load(std::memory_order_relaxed);
+    if (ends_with(w->name, ".attn_output.weight")) {
+        const int64_t set = g_attn_chunk.load(std::memory_order_relaxed);
+        return set > 0 ? set : attn_run_for(w->ne[0]);
+    }
+    if (ends_with(w->name, ".ffn_down.weight")) {
+        const int64_t set = g_ffn_chunk.load(std::memory_order_relaxed);
+        return set > 0 ? set : ffn_run_for(w->ne[0]);
+    }
     return 0;
 }
 
@@ -1067,6 +1083,11 @@ void set_invariance(Invariance invariance) { g_invariance.store((int)invariance)
 void set_attention(bool on) { g_attention.store(on); }
 void set_chunked(bool on) { g_chunked.store(on); }
 bool set_runs(int64_t attn_output, int64_t ffn_down) {
+    if (attn_output == 0 && ffn_down == 0) {   // back to each weight's own
+        g_attn_chunk.store(0);
+        g_ffn_chunk.store(0);
+        return true;
+    }
     const bool attn_ok = attn_output >= 32 && attn_output <= 65536 && attn_output % 32 == 0;
     const bool ffn_ok = ffn_down >= 256 && ffn_down <= 65536 && ffn_down % 256 == 0;
     if (!attn_ok || !ffn_ok) return false;

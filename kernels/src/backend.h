@@ -35,9 +35,10 @@ void set_attention(bool on);
 // turns it off: bench/kernels_engine.py --chunked off; a split's answers are then no longer
 // one node's).
 void set_chunked(bool on);
-// The chunked form's runs, in weights: attn_output's a multiple of 32, ffn_down's of 256, each
-// up to 65,536 (false otherwise, both unchanged). A model's own (accel.chunk_runs), set by its
-// worker before the first decode, the same on one node and on every shard of a tensor split.
+// The chunked form's runs, in weights, instead of those each weight's K gives (backend.cpp):
+// a tensor split's shard sets the whole weights' (its K is a slice). attn_output's a multiple
+// of 32, ffn_down's of 256, each up to 65,536; both 0: each weight's own again. False
+// otherwise (both unchanged).
 bool set_runs(int64_t attn_output, int64_t ffn_down);
 // FLASH_ATTN_EXT nodes this copy of the library has computed on our decode attention.
 uint64_t attention_nodes();

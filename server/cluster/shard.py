@@ -223,6 +223,7 @@ def write_shard(reader, hp: Hparams, cuts: list[Cut], index: int, path: str) -> 
         f"{SHARD_KEYS}.kv_groups": ([c.n_groups for c in cuts], gguf.GGUFValueType.ARRAY),
         f"{SHARD_KEYS}.ffn_rows": ([c.n_ff for c in cuts], gguf.GGUFValueType.ARRAY),
         f"{SHARD_KEYS}.ffn_total": (sum(c.n_ff for c in cuts), gguf.GGUFValueType.UINT32),
+        f"{SHARD_KEYS}.q_total": (hp.n_head * hp.head_dim, gguf.GGUFValueType.UINT32),
     }
     temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.partial"   # two cuts at once: their own
     writer = gguf.GGUFWriter(temporary, arch=arch, endianess=reader.endianess)
@@ -285,6 +286,18 @@ def vocab_cut(n_vocab: int, weights: list[float], block: int = VOCAB_BLOCK) -> l
 def weights_key(weights: list[float]) -> str:
     """The weights as a cut reads them (rounded, so the leader's and a follower's agree)."""
     return ",".join(f"{w:.4f}" for w in weights)
+
+
+def runs_of(path: str) -> tuple[int, int] | None:
+    """A shard's chunked-form runs, those of the whole model's weights (accel.set_runs; the
+    engine worker reads the same two keys through the loaded model: worker.shard_runs); None
+    for a whole model, whose weights give their own."""
+    import gguf
+    reader = gguf.GGUFReader(path)
+    q_total, ffn_total = (_field(reader, f"{SHARD_KEYS}.{key}", 0) for key in ("q_total", "ffn_total"))
+    if not q_total or not ffn_total:
+        return None
+    return accel.attn_chunk_columns(int(q_total)), accel.ffn_chunk_columns(int(ffn_total))
 
 
 def shard_for(model_path: str, weights: list[float], index: int, cache_dir: str, digest: str) -> str:

@@ -105,18 +105,16 @@ def set_chunked(on: bool) -> None:
     library().stackd_kernels_chunked(int(on))
 
 
-# The runs of the chunked form (kernels/README.md, "The arithmetic") for a model: where a tensor
-# split may cut (server/cluster/shard.py), as long as that allows, since each run's sums are
-# widened once (backend.cpp: 23 % of a 1B model's ffn_down at 16 tokens with runs of 256, 6 %
-# with 1,024).
-#   attn_output: one KV group's query heads (head_dim x n_head / n_head_kv: 192 for SmolLM2, 256
-#                for a Llama-3.2-1B shape), the attention's cut; 64 (a head) when unknown
-#   ffn_down:    the longest of FFN_RUNS that cuts the FFN into FFN_RUNS_AT_LEAST or more, else
-#                256 (SmolLM2's 1,536 keeps 256, so that two nodes take 768 each)
+# The runs of the chunked form (kernels/README.md, "The arithmetic") of a whole weight, from its
+# K alone, as kernels/src/backend.cpp computes them (the shard planner cuts on them, in the
+# daemon, which never loads the kernels): long runs widen less often (23 % of a 1B model's
+# ffn_down at 16 tokens with runs of 256, 6 % with 1,024).
+#   attn_output: the largest power of two dividing K (n_head x head_dim), 32 to 256
+#   ffn_down:    the longest of FFN_RUNS that cuts K (the FFN's width) into FFN_RUNS_AT_LEAST or
+#                more, else 256 (SmolLM2's 1,536 keeps 256, so that two nodes take 768 each)
 FFN_RUNS = (1024, 512)
 FFN_RUNS_AT_LEAST = 8
 FFN_RUN_DEFAULT = 256
-ATTN_RUN_DEFAULT = 64
 
 
 def ffn_chunk_columns(n_ff: int) -> int:
@@ -126,16 +124,14 @@ def ffn_chunk_columns(n_ff: int) -> int:
     return FFN_RUN_DEFAULT
 
 
-def attn_chunk_columns(head_dim: int, n_head: int, n_head_kv: int) -> int:
-    if head_dim <= 0 or n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
-        return ATTN_RUN_DEFAULT
-    group = head_dim * (n_head // n_head_kv)
-    return group if group % 32 == 0 else ATTN_RUN_DEFAULT
+def attn_chunk_columns(k: int) -> int:
+    return min(256, max(32, k & -k)) if k > 0 else 32
 
 
 def set_runs(attn_output: int, ffn_down: int) -> None:
-    """The chunked form's runs for this process's model, before its first decode.
-    ValueError unless attn_output is a multiple of 32 and ffn_down of 256, each up to 65,536."""
+    """A tensor split's shard: the whole weights' runs (its own K is a slice), before its first
+    decode; (0, 0) goes back to each weight's own. ValueError unless attn_output is a multiple
+    of 32 and ffn_down of 256, each up to 65,536."""
     if library().stackd_kernels_runs(int(attn_output), int(ffn_down)) != 0:
         raise ValueError(f"runs of {attn_output} and {ffn_down} weights: multiples of 32 and 256 "
                          f"up to 65536 are needed")

@@ -373,24 +373,17 @@ class Worker:
         return True
 
 
-def chunk_runs(engine) -> tuple[int, int]:
-    """The kernels' chunked-form runs for the loaded model (accel.py's rule), the same on one
-    node and on every shard of a tensor split: a shard records the whole FFN's width
-    (cluster/shard.py) and keeps its head counts' ratio and its key length."""
+def shard_runs(engine) -> tuple[int, int]:
+    """A shard's chunked-form runs: those of the whole model's weights, which it records
+    (cluster/shard.py), as one node computes them from the whole weights (kernels/README.md)."""
     from . import accel
-    arch = engine.meta("general.architecture")
 
-    def number(*keys: str) -> int:
-        for key in keys:
-            value = engine.meta(key)
-            if value.isdigit():
-                return int(value)
-        return 0
+    def number(key: str) -> int:
+        value = engine.meta(key)
+        return int(value) if value.isdigit() else 0
 
-    n_head, n_head_kv = number(f"{arch}.attention.head_count"), number(f"{arch}.attention.head_count_kv")
-    head_dim = number(f"{arch}.attention.key_length") or (engine.n_embd // n_head if n_head else 0)
-    n_ff = number("stackd.shard.ffn_total", f"{arch}.feed_forward_length")
-    return (accel.attn_chunk_columns(head_dim, n_head, n_head_kv or n_head), accel.ffn_chunk_columns(n_ff))
+    return (accel.attn_chunk_columns(number("stackd.shard.q_total")),
+            accel.ffn_chunk_columns(number("stackd.shard.ffn_total")))
 
 
 def main(fd: int, parent: int) -> int:
@@ -428,8 +421,8 @@ def main(fd: int, parent: int) -> int:
             join_tensor_group(tensor, mesh_listener(sock, tensor, fds))
             params.update(tp_rank=int(tensor["rank"]), tp_size=int(tensor["size"]))
         engine = Engine(**params)
-        if accel.registered() is not None:
-            accel.set_runs(*chunk_runs(engine))
+        if accel.registered() is not None and tensor:
+            accel.set_runs(*shard_runs(engine))
     except Exception as exc:                        # a model that does not load: say why, exit
         failed = {"op": "failed", "error": str(exc)}
         if config.get("rpc"):                       # relay.py only where a placement dials one

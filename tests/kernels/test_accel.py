@@ -107,21 +107,17 @@ def test_daemon_registers_in_the_engine_worker_only(tmp_path):
 
 
 def test_the_chunked_form_s_runs_follow_the_model_and_are_refused_off_their_steps():
-    """kernels/README.md, "The arithmetic", the chunked form: attn_output's run a KV group's
-    query heads, ffn_down's the longest of 1,024 or 512 that cuts the FFN into at least 8, else
-    256; the kernels take multiples of 32 and 256 up to 65,536."""
+    """kernels/README.md, "The arithmetic", the chunked form: attn_output's run the largest power
+    of two dividing its K, 32 to 256, ffn_down's the longest of 1,024 or 512 that cuts its K into
+    at least 8, else 256; a shard's worker sets multiples of 32 and 256 up to 65,536."""
     assert [accel.ffn_chunk_columns(n) for n in (1536, 8192, 14336, 5632, 11008, 100)] == \
         [256, 1024, 1024, 512, 256, 256]
-    assert accel.attn_chunk_columns(64, 9, 3) == 192                     # SmolLM2
-    assert accel.attn_chunk_columns(64, 32, 8) == 256                    # Llama-3.2-1B
-    assert accel.attn_chunk_columns(80, 32, 32) == accel.ATTN_RUN_DEFAULT  # 80 columns: not whole blocks
-    assert accel.attn_chunk_columns(128, 32, 8) == 512
-    assert accel.attn_chunk_columns(64, 9, 2) == accel.ATTN_RUN_DEFAULT  # no whole groups
-    assert accel.attn_chunk_columns(0, 0, 0) == accel.ATTN_RUN_DEFAULT
+    assert [accel.attn_chunk_columns(k) for k in (576, 2048, 4096, 896, 2560, 96, 0)] == \
+        [64, 256, 256, 128, 256, 32, 32]
     if not accel.cpu_supports("avx2"):
         pytest.skip("the kernels do not load on this CPU")
     for attn, ffn in ((0, 256), (48, 256), (64, 255), (64, 300), (64, 65536 + 256), (65536 + 32, 256), (-32, -256)):
         with pytest.raises(ValueError):
             accel.set_runs(attn, ffn)
     accel.set_runs(65536, 65536)
-    accel.set_runs(accel.ATTN_RUN_DEFAULT, accel.FFN_RUN_DEFAULT)
+    accel.set_runs(0, 0)                                                 # each weight's own again

@@ -101,6 +101,9 @@ def rank_main(rank: int, size: int, path: str, ports: list[int], secret: bytes, 
     """One rank of a group of `size`; `alone`: a group of one (attached, no peers)."""
     try:
         accel.register("auto")                    # before the model loads
+        runs = shard.runs_of(path)                # a shard's: the whole weights' (worker.shard_runs)
+        if runs:
+            accel.set_runs(*runs)
         if size > 1:
             join(rank, ports, secret, cut, deadline_ms=20_000)
         elif alone:
