@@ -369,6 +369,12 @@ Kernels kernels_of(const BackendContext *ctx) {
     return kernels_for(ctx->fixed_path >= 0 ? (Path)ctx->fixed_path : current_path());
 }
 
+// What a task of ours reads beyond the custom op's own parameters, in the node's op_params:
+// an attention's scale (attention_task), a chunked product's run (chunked_task, partial_task).
+// Written by swap_in_tasks once per graph, so every thread of a node reads the same.
+constexpr size_t kTaskExtraAt = sizeof(ggml_custom_op_params);
+static_assert(kTaskExtraAt + sizeof(int64_t) <= GGML_MAX_OP_PARAMS);
+
 // Runs on every thread of ggml's team for one of our MUL_MATs (GGML_OP_CUSTOM meanwhile).
 void mul_mat_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
     auto *ctx = static_cast<BackendContext *>(userdata);
@@ -385,13 +391,18 @@ void mul_mat_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
 // the whole weight's runs (set_runs). Each run's float sums are widened and added once: about
 // 130 cycles a 16-row, 8-token tile, 23 % of an 8192 x 2048 Q4_0 product at 16 tokens with runs
 // of 256, 6 % with 1,024; so runs as long as the cuts allow.
-int64_t attn_run_for(int64_t k) { return std::clamp<int64_t>(k & -k, 32, 256); }
-int64_t ffn_run_for(int64_t k) {
+}  // namespace
+
+int64_t chunk_run_for(bool attn_output, int64_t k) {
+    if (attn_output) return std::clamp<int64_t>(k & -k, 32, 256);
     for (const int64_t run : {int64_t(1024), int64_t(512)}) {
         if (k % run == 0 && k / run >= 8) return run;
     }
     return 256;
 }
+
+namespace {
+
 std::atomic<int64_t> g_attn_chunk{0};    // set_runs (backend.h), a shard's; 0: from the weight
 std::atomic<int64_t> g_ffn_chunk{0};
 std::atomic<bool> g_chunked{true};       // set_chunked (backend.h)
@@ -405,34 +416,47 @@ bool ends_with(const char *s, const char *suffix) {
 int64_t chunk_columns(const ggml_tensor *node) {
     const ggml_tensor *w = node->src[0];
     if (node->ne[2] != 1 || node->ne[3] != 1 || !g_chunked.load(std::memory_order_relaxed)) return 0;
-    if (ends_with(w->name, ".attn_output.weight")) {
-        const int64_t set = g_attn_chunk.load(std::memory_order_relaxed);
-        return set > 0 ? set : attn_run_for(w->ne[0]);
-    }
-    if (ends_with(w->name, ".ffn_down.weight")) {
-        const int64_t set = g_ffn_chunk.load(std::memory_order_relaxed);
-        return set > 0 ? set : ffn_run_for(w->ne[0]);
-    }
-    return 0;
+    const bool attn_output = ends_with(w->name, ".attn_output.weight");
+    if (!attn_output && !ends_with(w->name, ".ffn_down.weight")) return 0;
+    const int64_t set = (attn_output ? g_attn_chunk : g_ffn_chunk).load(std::memory_order_relaxed);
+    return set > 0 ? set : chunk_run_for(attn_output, w->ne[0]);
+}
+
+// The run swap_in_tasks chose for this node (kTaskExtraAt).
+int64_t run_of(const ggml_tensor *dst) {
+    int64_t run;
+    std::memcpy(&run, (const char *)dst->op_params + kTaskExtraAt, sizeof run);
+    return run;
 }
 
 void chunked_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
     auto *ctx = static_cast<BackendContext *>(userdata);
-    mul_mat_share(dst, kernels_of(ctx), ctx->act, ctx->epoch, ith, nth, 0, -1, {chunk_columns(dst), nullptr});
+    mul_mat_share(dst, kernels_of(ctx), ctx->act, ctx->epoch, ith, nth, 0, -1, {run_of(dst), nullptr});
 }
 
 // The same, keeping the sums before rounding for the exchange (a tensor-parallel graph).
 void partial_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
     auto *ctx = static_cast<BackendContext *>(userdata);
     if (ith == 0) ctx->partial_of = dst;   // read after the node's barrier
-    mul_mat_share(dst, kernels_of(ctx), ctx->act, ctx->epoch, ith, nth, 0, -1,
-                  {chunk_columns(dst), ctx->partial.data()});
+    mul_mat_share(dst, kernels_of(ctx), ctx->act, ctx->epoch, ith, nth, 0, -1, {run_of(dst), ctx->partial.data()});
 }
 
 // ---- tensor parallelism (tp.h; kernels/README.md, "Tensor parallelism") ----
 // While this process is in a tensor-parallel group, a graph's residual adds whose first operand
 // is this node's partial sum (attn_output's, ffn_down's) exchange it with every peer first, and
 // the vocabulary projection computes this rank's rows only, gathered to rank 0.
+
+// Whether `a` is a GET_ROWS of rows of the chunked product whose sums `partial` holds, every
+// row index in range (a last layer's output rows).
+bool picks_rows_of_partial(const BackendContext *ctx, const ggml_tensor *a) {
+    if (a->op != GGML_OP_GET_ROWS || a->src[0] != ctx->partial_of) return false;
+    const ggml_tensor *from = a->src[0], *ids = a->src[1];
+    if (ids->type != GGML_TYPE_I32 || !ggml_is_contiguous(ids) || a->ne[1] != ids->ne[0] || a->ne[0] != from->ne[0]) {
+        return false;
+    }
+    const auto *rows = static_cast<const int32_t *>(ids->data);
+    return std::all_of(rows, rows + ids->ne[0], [&](int32_t row) { return row >= 0 && row < from->ne[1]; });
+}
 
 // The partial sum the residual add `dst` exchanges, as doubles: the sums before rounding of the
 // chunked product it adds (directly, or the rows a GET_ROWS picked of it: a last layer's
@@ -444,17 +468,14 @@ const double *partial_sum(BackendContext *ctx, const ggml_tensor *dst) {
     if (a == ctx->partial_of) return ctx->partial.data();
     ctx->partial_rows.resize(n);
     double *out = ctx->partial_rows.data();
-    const ggml_tensor *from = a->op == GGML_OP_GET_ROWS ? a->src[0] : nullptr;
-    const ggml_tensor *ids = from ? a->src[1] : nullptr;
-    if (from != nullptr && from == ctx->partial_of && ids->type == GGML_TYPE_I32 && ggml_is_contiguous(ids) &&
-        a->ne[1] == ids->ne[0] && a->ne[0] == from->ne[0]) {
+    if (picks_rows_of_partial(ctx, a)) {
+        const ggml_tensor *from = a->src[0];
+        const auto *rows = static_cast<const int32_t *>(a->src[1]->data);
         const int64_t width = a->ne[0], stride = (int64_t)(from->nb[1] / sizeof(float));
         for (int64_t r = 0; r < a->ne[1]; r++) {
-            const int32_t row = static_cast<const int32_t *>(ids->data)[r];
-            if (row < 0 || row >= from->ne[1]) break;   // not a row of it: the widened floats below
-            std::memcpy(out + r * width, ctx->partial.data() + row * stride, sizeof(double) * (size_t)width);
-            if (r + 1 == a->ne[1]) return out;
+            std::memcpy(out + r * width, ctx->partial.data() + rows[r] * stride, sizeof(double) * (size_t)width);
         }
+        return out;
     }
     const float *floats = static_cast<const float *>(a->data);
     for (size_t i = 0; i < n; i++) out[i] = floats[i];
@@ -631,13 +652,11 @@ bool in_our_buffer(const ggml_tensor *t);
 void get_rows_task(ggml_tensor *dst, int ith, int nth, void *) { get_rows_share(dst, ith, nth); }
 
 // Runs on every thread of ggml's team for a FLASH_ATTN_EXT of ours (attention.h). The node's
-// scale rides in its op_params after the custom op's own (swap_in_tasks puts it there).
-constexpr size_t kAttentionScaleAt = sizeof(ggml_custom_op_params);
-static_assert(kAttentionScaleAt + sizeof(float) <= GGML_MAX_OP_PARAMS);
+// scale rides in its op_params after the custom op's own (kTaskExtraAt; swap_in_tasks puts it there).
 
 void attention_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
     float scale;
-    std::memcpy(&scale, (const char *)dst->op_params + kAttentionScaleAt, sizeof scale);
+    std::memcpy(&scale, (const char *)dst->op_params + kTaskExtraAt, sizeof scale);
     attention_share(dst, scale, kernels_of(static_cast<BackendContext *>(userdata)).attend, ith, nth);
 }
 
@@ -709,6 +728,7 @@ std::string swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row,
         ctx->swapped.push_back({node, node->op, {}});
         std::memcpy(ctx->swapped.back().params.data(), node->op_params, sizeof(node->op_params));
         ggml_custom_op_params task = {get_rows_task, GGML_N_TASKS_MAX, ctx};
+        int64_t run = 0;                       // a chunked product's (kTaskExtraAt)
         if (attend) {
             advise_buffer(ctx, node->src[1]);  // the KV cache
             advise_buffer(ctx, node->src[2]);
@@ -718,7 +738,8 @@ std::string swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row,
             advise_buffer(ctx, node->src[0]);  // the weights
             reserve_activations(ctx->act, node);
             task.fun = mul_mat_task;
-            if (chunk_columns(node) > 0) {
+            run = chunk_columns(node);
+            if (run > 0) {
                 task.fun = tp ? partial_task : chunked_task;
                 // rows as dst's (its nb[1] may pad them): the largest such product of the graph
                 const size_t need = (size_t)(node->nb[1] / sizeof(float)) * (size_t)node->ne[1];
@@ -729,7 +750,8 @@ std::string swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row,
         }
         node->op = GGML_OP_CUSTOM;
         std::memcpy(node->op_params, &task, sizeof(task));
-        if (attend) std::memcpy((char *)node->op_params + kAttentionScaleAt, ctx->swapped.back().params.data(), sizeof(float));
+        if (attend) std::memcpy((char *)node->op_params + kTaskExtraAt, ctx->swapped.back().params.data(), sizeof(float));
+        if (run > 0) std::memcpy((char *)node->op_params + kTaskExtraAt, &run, sizeof run);
     }
     return "";
 }

@@ -40,6 +40,10 @@ void set_chunked(bool on);
 // of 32, ffn_down's of 256, each up to 65,536; both 0: each weight's own again. False
 // otherwise (both unchanged).
 bool set_runs(int64_t attn_output, int64_t ffn_down);
+// A whole weight's run of K weights: attn_output's (attn_output true) or ffn_down's (backend.cpp
+// states the rule; server/engine/accel.py repeats it for the shard planner, and a test holds
+// the two to each other through the check library).
+int64_t chunk_run_for(bool attn_output, int64_t k);
 // FLASH_ATTN_EXT nodes this copy of the library has computed on our decode attention.
 uint64_t attention_nodes();
 // Weights of `type` in the registered device's live buffers (repacked, so on our kernels).

@@ -227,18 +227,18 @@ bool runnable(int type, int path) {
 
 using namespace stackd;
 
-// result[0]: max over outputs of |ours - ggml| / magnitude (see magnitudes())
-// result[1]: max |ours - ggml| / max |ggml|
-// result[2]: 1 if the first, a middle and the last token computed alone equal the batch bit for bit
-// result[3]: 1 if reading the repacked weight back gives ggml's bytes unchanged
-// result[4]: 1 if the output equals the scalar reference path's bit for bit
-// type: a ggml_type we repack (Q4_1, Q8_0). Returns 0, or -1 if this CPU cannot run the path.
 namespace {
 
 void check_problem(const Problem &p, int path, int n_threads, double *result);
 
 }  // namespace
 
+// result[0]: max over outputs of |ours - ggml| / magnitude (see magnitudes())
+// result[1]: max |ours - ggml| / max |ggml|
+// result[2]: 1 if the first, a middle and the last token computed alone equal the batch bit for bit
+// result[3]: 1 if reading the repacked weight back gives ggml's bytes unchanged
+// result[4]: 1 if the output equals the scalar reference path's bit for bit
+// type: a ggml_type we repack (Q4_1, Q8_0). Returns 0, or -1 if this CPU cannot run the path.
 STACKD_API int stackd_kernels_check(int type, int64_t k, int64_t rows, int64_t tokens, int path,
                                     uint32_t seed, int n_threads, double *result) {
     if (!runnable(type, path)) return -1;
@@ -247,7 +247,7 @@ STACKD_API int stackd_kernels_check(int type, int64_t k, int64_t rows, int64_t t
 }
 
 // The same checks (result[0..4]) on a product in the chunked form (kernels.h, GemmOut): the
-// weight named as a layer's ffn_down, whose runs backend.cpp makes 256 weights long. result[5]:
+// weight named as a layer's ffn_down, whose run backend.cpp derives from K (chunk_run_for). result[5]:
 // 1 if its output differs from the plain form's somewhere (the name took effect); result[6]: 1
 // if with runs at least K long (k <= 256) it equals the plain form's bit for bit.
 STACKD_API int stackd_kernels_check_chunked(int type, int64_t k, int64_t rows, int64_t tokens, int path,
@@ -349,6 +349,10 @@ std::vector<float> run_get_rows(const Problem &p, const std::vector<int32_t> &id
 }
 
 }  // namespace
+
+// The run backend.cpp gives a whole attn_output (attn 1) or ffn_down (attn 0) weight of K k:
+// tests hold server/engine/accel.py's copy of the rule to it.
+STACKD_API int64_t stackd_kernels_run_for(int attn, int64_t k) { return chunk_run_for(attn != 0, k); }
 
 // Whether quantize_row_k, on the path this CPU runs, gives quantize_row_k_scalar's bytes for the
 // k floats at x (k a multiple of 256): 1 if every byte of every super-block is the same.

@@ -25,9 +25,9 @@ each node its share of the attention's KV groups and, separately, its share of t
 The two halves are not traded against each other, because each ends in an exchange every node
 waits at: a node with more attention and less FFN would first hold the others at the attention's
 exchange, then wait for them at the FFN's. KV groups are whole, so they go by the largest
-remainder; the FFN rows in blocks of 256 (`ffn_block_of`: our kernels' run of ffn_down, so a
-split sums as one node; else the down projection's quant block): two equal nodes on SmolLM2
-take 768 and 768 of the 1,536 rows. A group or block two nodes want equally goes to the later
+remainder; the FFN rows in blocks of ffn_down's run in our kernels' chunked form (`ffn_block_of`:
+256, 512 or 1,024, so that a split sums as one node; else the down projection's quant block):
+two equal nodes on SmolLM2 take 768 and 768 of the 1,536 rows. A group or block two nodes want equally goes to the later
 node: the leader samples and serves the clients besides (SmolLM2's 3 groups over two equal nodes:
 1 to the leader, 2 to the follower).
 PLAN_VERSION names this rule in the shard cache, so a shard cut by an earlier rule is never
@@ -60,7 +60,8 @@ ROWS_BY_FFN = {"ffn_gate.weight", "ffn_up.weight"}
 COLUMNS_BY_FFN = {"ffn_down.weight"}
 PLAN_VERSION = 3                  # plan_cuts' rule (2: attention and FFN balanced each on its own;
                                   # 3: the FFN on ffn_down's runs, ffn_block_of)
-SHARD_KEYS = "stackd.shard"       # metadata this module adds: index, count, kv groups, ffn rows
+SHARD_KEYS = "stackd.shard"       # metadata this module adds: index, count, kv groups, ffn rows, and
+                                  # the whole model's attention-output and FFN widths (runs_of)
 
 
 class ShardError(ValueError):
@@ -294,10 +295,7 @@ def runs_of(path: str) -> tuple[int, int] | None:
     for a whole model, whose weights give their own."""
     import gguf
     reader = gguf.GGUFReader(path)
-    q_total, ffn_total = (_field(reader, f"{SHARD_KEYS}.{key}", 0) for key in ("q_total", "ffn_total"))
-    if not q_total or not ffn_total:
-        return None
-    return accel.attn_chunk_columns(int(q_total)), accel.ffn_chunk_columns(int(ffn_total))
+    return accel.shard_runs(*(int(_field(reader, f"{SHARD_KEYS}.{key}", 0)) for key in ("q_total", "ffn_total")))
 
 
 def shard_for(model_path: str, weights: list[float], index: int, cache_dir: str, digest: str) -> str:

@@ -128,6 +128,15 @@ def attn_chunk_columns(k: int) -> int:
     return min(256, max(32, k & -k)) if k > 0 else 32
 
 
+def shard_runs(q_total: int, ffn_total: int) -> tuple[int, int] | None:
+    """A shard's runs from what it records of the whole model (cluster/shard.py: the attention
+    output's and the FFN's widths), or None when it records neither (a whole model, whose
+    weights give their own)."""
+    if q_total <= 0 or ffn_total <= 0:
+        return None
+    return attn_chunk_columns(q_total), ffn_chunk_columns(ffn_total)
+
+
 def set_runs(attn_output: int, ffn_down: int) -> None:
     """A tensor split's shard: the whole weights' runs (its own K is a slice), before its first
     decode; (0, 0) goes back to each weight's own. ValueError unless attn_output is a multiple

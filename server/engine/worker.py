@@ -373,17 +373,16 @@ class Worker:
         return True
 
 
-def shard_runs(engine) -> tuple[int, int]:
-    """A shard's chunked-form runs: those of the whole model's weights, which it records
-    (cluster/shard.py), as one node computes them from the whole weights (kernels/README.md)."""
+def shard_runs(engine) -> tuple[int, int] | None:
+    """A shard's chunked-form runs, from the whole model's widths it records (cluster/shard.py's
+    runs_of reads the same keys from a file); None for a whole model."""
     from . import accel
 
     def number(key: str) -> int:
         value = engine.meta(key)
         return int(value) if value.isdigit() else 0
 
-    return (accel.attn_chunk_columns(number("stackd.shard.q_total")),
-            accel.ffn_chunk_columns(number("stackd.shard.ffn_total")))
+    return accel.shard_runs(number("stackd.shard.q_total"), number("stackd.shard.ffn_total"))
 
 
 def main(fd: int, parent: int) -> int:
@@ -421,8 +420,9 @@ def main(fd: int, parent: int) -> int:
             join_tensor_group(tensor, mesh_listener(sock, tensor, fds))
             params.update(tp_rank=int(tensor["rank"]), tp_size=int(tensor["size"]))
         engine = Engine(**params)
-        if accel.registered() is not None and tensor:
-            accel.set_runs(*shard_runs(engine))
+        runs = shard_runs(engine) if accel.registered() is not None and tensor else None
+        if runs:
+            accel.set_runs(*runs)
     except Exception as exc:                        # a model that does not load: say why, exit
         failed = {"op": "failed", "error": str(exc)}
         if config.get("rpc"):                       # relay.py only where a placement dials one

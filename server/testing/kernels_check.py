@@ -31,6 +31,8 @@ def library() -> ctypes.CDLL:
         lib.stackd_kernels_check.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
             ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         lib.stackd_kernels_check_chunked.argtypes = lib.stackd_kernels_check.argtypes
+        lib.stackd_kernels_run_for.argtypes = [ctypes.c_int, ctypes.c_int64]
+        lib.stackd_kernels_run_for.restype = ctypes.c_int64
         lib.stackd_kernels_time.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
             ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         lib.stackd_kernels_time_ggml_repacked.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [
@@ -66,6 +68,11 @@ def check_chunked(type_name: str, k: int, rows: int, tokens: int, path: str, see
     rc = library().stackd_kernels_check_chunked(GGML_TYPE[type_name], k, rows, tokens, accel.PATHS.index(path),
                                                 seed, n_threads, result)
     return None if rc != 0 else list(result)
+
+
+def run_for(attn_output: bool, k: int) -> int:
+    """The run backend.cpp gives a whole attn_output or ffn_down weight of K k."""
+    return library().stackd_kernels_run_for(int(attn_output), k)
 
 
 def time_mul_mat(type_name: str, k: int, rows: int, tokens: int, path: str, n_threads: int,

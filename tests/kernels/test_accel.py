@@ -114,6 +114,8 @@ def test_the_chunked_form_s_runs_follow_the_model_and_are_refused_off_their_step
         [256, 1024, 1024, 512, 256, 256]
     assert [accel.attn_chunk_columns(k) for k in (576, 2048, 4096, 896, 2560, 96, 0)] == \
         [64, 256, 256, 128, 256, 32, 32]
+    assert accel.shard_runs(576, 1536) == (64, 256) and accel.shard_runs(2048, 8192) == (256, 1024)
+    assert accel.shard_runs(0, 1536) is None and accel.shard_runs(576, 0) is None   # a whole model
     if not accel.cpu_supports("avx2"):
         pytest.skip("the kernels do not load on this CPU")
     for attn, ffn in ((0, 256), (48, 256), (64, 255), (64, 300), (64, 65536 + 256), (65536 + 32, 256), (-32, -256)):

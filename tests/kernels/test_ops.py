@@ -91,6 +91,14 @@ def test_chunked_form_within_rounding_batch_invariant_and_the_same_on_every_path
         assert differs == 1.0, "a weight named ffn_down did not take the chunked form"
 
 
+def test_the_shard_planner_s_runs_are_the_kernels_own():
+    """accel.py repeats backend.cpp's rule for the runs (the daemon plans shards without loading
+    the kernels): a disagreement would cut a tensor split off the runs one node adds in."""
+    for k in list(range(32, 20000, 32)) + [14336, 28672, 65536]:
+        assert check_lib.run_for(True, k) == accel.attn_chunk_columns(k), k
+        assert check_lib.run_for(False, k) == accel.ffn_chunk_columns(k), k
+
+
 @pytest.mark.parametrize("path", ["avx2", "avx512-vnni"])
 def test_output_projection_shape(path):
     """The widest matmul a Q4_1 model of this family has: the vocabulary projection."""
