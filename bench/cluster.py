@@ -441,6 +441,10 @@ def main() -> None:
     parser.add_argument("--link-delay-us", type=int, default=0,
                         help="--tensor: each exchange's frames held this long (a slower link one way, where "
                              "the kernel has no `tc netem`: kernels/src/tp_link.cpp)")
+    parser.add_argument("--free-links", action="store_true",
+                        help="--tensor: the split's ceiling: each node computes its shard and exchanges nothing "
+                             "(wrong answers; the speed a link that cost nothing would leave, memory and "
+                             "per-layer costs still in it)")
     parser.add_argument("--trace", action="store_true",
                         help="--replicas/--tensor: the leader engine's step phases during each c=1 row "
                              "(POST /v1/debug/trace)")
@@ -568,6 +572,8 @@ def run_replicas(args, net: Namespaces | None) -> None:
     speculative = {"STACKD_ENGINE_SPECULATIVE": args.speculative} if args.speculative else {}
     if args.link_delay_us:                     # both nodes' workers hold each exchange's frames
         speculative["STACKD_TESTING_LINK_DELAY_US"] = str(args.link_delay_us)
+    if args.free_links:                        # every node's worker skips its exchanges
+        speculative["STACKD_TESTING_FREE_LINKS"] = "1"
     if net is not None:
         server = NamespacedLeader(net, c, args.context, args.threads, args.kernels, speculative)
     else:
@@ -624,7 +630,8 @@ def run_replicas(args, net: Namespaces | None) -> None:
               f"{'network namespaces on a veth link' if net else 'loopback'}"
               f"{f' of {args.rate_mbit} Mbit/s' if args.rate_mbit else ''}{', a core per node' if args.pin else ''}, "
               f"kernels {args.kernels}, speculative {args.speculative or 'default (ngram)'}"
-              f"{f', link delay {args.link_delay_us} us' if args.link_delay_us else ''}")
+              f"{f', link delay {args.link_delay_us} us' if args.link_delay_us else ''}"
+              f"{', FREE LINKS (no exchange: a ceiling, wrong answers)' if args.free_links else ''}")
         one = {n: statistics.median(rows["1 node"][n]) for n in (c, 1)}
         for name, runs in rows.items():
             med = {n: statistics.median(runs[n]) for n in (c, 1)}

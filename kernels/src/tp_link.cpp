@@ -71,6 +71,7 @@ struct Group {
     std::atomic<uint64_t> exchanges{0}, bytes_sent{0}, control_frames{0};
     std::atomic<uint64_t> exchange_ns{0};   // time inside the partial-sum and logits exchanges
     int link_delay_us = 0;       // a benchmark's slower link (STACKD_TESTING_LINK_DELAY_US), 0: none
+    bool free_links = false;     // a benchmark's ceiling (STACKD_TESTING_FREE_LINKS): exchange nothing
     std::atomic<int> gather{0};  // stackd_tp_set_gather: 0 logits rows whole, else K candidates a row
     std::atomic<uint64_t> gathers_full{0}, gathers_candidates{0};
 };
@@ -328,6 +329,12 @@ bool allreduce_add(const double *mine, const float *src1, float *dst, size_t n) 
         fail_locked(g, "a partial sum larger than a frame may carry (64 MiB)");
         return false;
     }
+    if (g.free_links) {   // the ceiling: each node goes on with its own partial (wrong answers)
+        for (size_t i = 0; i < n; i++) dst[i] = (float)mine[i] + src1[i];
+        g.exchanges.fetch_add(1, std::memory_order_relaxed);
+        g.step++;
+        return true;
+    }
     for (int p = 0; p < g.n; p++) {
         if (p == g.rank) continue;
         stage_send(g, g.links[p], kKindPartial, mine, bytes);
@@ -371,6 +378,11 @@ bool gather_logits(float *logits, int64_t tokens, size_t stride, const Candidate
             fail_locked(g, "a block of logits larger than a frame may carry (64 MiB): fewer outputs per step");
             return false;
         }
+    }
+    if (g.free_links) {   // the ceiling: the leader samples from its own rows and what the row held
+        g.exchanges.fetch_add(1, std::memory_order_relaxed);
+        g.step++;
+        return true;
     }
     if (g.rank != 0 && k_mode > 0 && candidates == nullptr) {
         fail_locked(g, "the candidates path without candidates (the backend's logits node)");
@@ -509,6 +521,10 @@ STACKD_API int stackd_tp_attach(int rank, int n, const int *fds, const uint8_t *
     g.spin_us = spin_us;
     const char *delay = std::getenv("STACKD_TESTING_LINK_DELAY_US");   // bench/cluster.py --link-delay-us
     g.link_delay_us = delay != nullptr ? std::max(0, std::min(1000000, std::atoi(delay))) : 0;
+    // bench/cluster.py --free-links: every node computes its shard and sends no partial sum and no
+    // logits (control messages still go): the speed a split would have over a link that cost nothing
+    const char *free_links = std::getenv("STACKD_TESTING_FREE_LINKS");
+    g.free_links = free_links != nullptr && std::strcmp(free_links, "1") == 0;
     g.step = 0;
     g.exchanges = g.bytes_sent = g.control_frames = g.exchange_ns = 0;
     g.gather = 0;

@@ -571,3 +571,33 @@ def test_vocab_cut_is_weighted_on_blocks_of_64():
         shard.vocab_cut(64, [1, 1])
     with pytest.raises(ValueError):
         shard.vocab_cut(49152, [1, 0])
+
+
+# ---- bench/cluster.py --free-links: the split's ceiling ---------------------------------------------
+
+def free_links_main(queue) -> None:
+    """Rank 0 of two with STACKD_TESTING_FREE_LINKS=1 (set before the library loads): a decode
+    runs through every exchange without its peer, which receives nothing."""
+    try:
+        accel.register("auto")
+        server = listen("127.0.0.1", 0)
+        mine = socket.create_connection(server.getsockname())
+        theirs, _ = server.accept()
+        accel.tp_attach(0, [None, mine], [None, os.urandom(32)], [0, 24576, N_VOCAB], deadline_ms=500)
+        model = load(defaults.smollm2_path())
+        model.eval(model.tokenize(chat(PROMPTS[0]), add_bos=False, special=True))
+        theirs.setblocking(False)
+        try:
+            sent = theirs.recv(1 << 16)
+        except BlockingIOError:
+            sent = None                       # nothing on the wire
+        queue.put({"sent": sent, "failed": accel.tp_failed(), "counters": accel.tp_counters()})
+    except BaseException as exc:              # noqa: BLE001
+        queue.put({"error": repr(exc)})
+
+
+def test_free_links_compute_every_step_and_send_nothing(monkeypatch):
+    monkeypatch.setenv("STACKD_TESTING_FREE_LINKS", "1")   # inherited by the spawned rank
+    out = in_a_process(free_links_main)
+    assert out["sent"] is None and not out["failed"]
+    assert out["counters"]["exchanges"] == 61 and out["counters"]["bytes_sent"] == 0, out["counters"]
