@@ -3,6 +3,10 @@
 Readings come from /proc and /sys. Temperature sensors are slow to read, so the
 hottest reading is cached for a couple of seconds: a health probe hammered at
 thousands of requests per second must not turn into thousands of sysfs reads.
+A process's PSS is cached too: the kernel walks every page table of the process
+to answer smaps_rollup (2-5 ms for a worker holding SmolLM2, measured), and a
+cluster's heartbeats ask for it every second on the event loop, on the core that
+decodes.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import time
 
 GIB = 1024 ** 3
 SENSOR_CACHE_SECONDS = 2.0
+PSS_CACHE_SECONDS = 2.0          # a process's PSS is read at most this often (heartbeats: each 1 s)
 
 
 def meminfo() -> dict[str, int]:
@@ -78,9 +83,25 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def pss_bytes(pid: int) -> int | None:
+_pss_cache: dict[int, tuple[float, int | None]] = {}
+
+
+def pss_bytes(pid: int, clock=time.monotonic) -> int | None:
     """Proportional set size of a process: its private pages plus its share of shared ones, so
-    the PSS of a daemon and its workers add up without counting shared libraries twice."""
+    the PSS of a daemon and its workers add up without counting shared libraries twice. At most
+    PSS_CACHE_SECONDS old."""
+    now = clock()
+    cached = _pss_cache.get(pid)
+    if cached is not None and now - cached[0] < PSS_CACHE_SECONDS:
+        return cached[1]
+    for old in [p for p, (at, _) in _pss_cache.items() if now - at >= PSS_CACHE_SECONDS]:
+        del _pss_cache[old]      # pids come and go: keep only the fresh ones
+    value = _read_pss(pid)
+    _pss_cache[pid] = (now, value)
+    return value
+
+
+def _read_pss(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
             for line in f:

@@ -1,3 +1,5 @@
+import os
+
 from stackd.system import readings
 
 
@@ -37,3 +39,21 @@ def test_memory_readings_are_plausible():
     assert 0 < memory["MemAvailable"] <= memory["MemTotal"]
     assert readings.ram_gb(memory["MemTotal"]) >= 1
     assert readings.ram_gb(int(7.6 * readings.GIB)) == 8
+
+
+def test_pss_is_read_at_most_once_a_window_and_forgotten_after(monkeypatch):
+    reads = []
+    monkeypatch.setattr(readings, "_read_pss", lambda pid: reads.append(pid) or 1000 + len(reads))
+    monkeypatch.setattr(readings, "_pss_cache", {})
+    now = [100.0]
+    clock = lambda: now[0]                                     # noqa: E731
+    assert readings.pss_bytes(7, clock) == 1001 and readings.pss_bytes(7, clock) == 1001
+    assert readings.pss_bytes(8, clock) == 1002 and reads == [7, 8]
+    now[0] += readings.PSS_CACHE_SECONDS
+    assert readings.pss_bytes(7, clock) == 1003                # read again once the window is over
+    assert set(readings._pss_cache) == {7}                      # and pid 8, not asked again, forgotten
+
+
+def test_pss_of_this_process_and_of_no_process():
+    assert readings.pss_bytes(os.getpid()) > 1 << 20
+    assert readings.pss_bytes(2 ** 22 + 12345) is None          # above pid_max: no such process
