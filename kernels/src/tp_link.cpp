@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -259,7 +260,12 @@ bool run_io(Group &g, Clock::time_point until, uint16_t kind) {
         if (!busy) return true;
         if (progressed) continue;
         const auto now = Clock::now();
-        if (now < spin_until) continue;   // spinning: try the sockets again at once
+        if (now < spin_until) {   // spinning: try the sockets again, after whatever else wants this core
+            // (the peer's node on a shared core, this node's daemon writing a token): a spin that
+            // kept them off the core would hold up the very frame it waits for
+            sched_yield();
+            continue;
+        }
         if (now >= until) {
             for (int p = 0; p < g.n; p++) {
                 if (g.links[p].sending || g.links[p].receiving) {
