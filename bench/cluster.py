@@ -8,7 +8,7 @@ server), and from its freezing (SIGSTOP of both) to that 503.
 
     .venv/bin/python bench/cluster.py [--clients 16] [--seconds 20] [--threads 1] [--followers real] [--netns]
                                       [--pin] [--balanced 18,12] [--rows '1 node,2 nodes layer'] [--no-node-loss]
-    .venv/bin/python bench/cluster.py --tensor 5 --pin --seconds 10 --kernels auto [--netns] [--trace]
+    .venv/bin/python bench/cluster.py --tensor 5 --pin --seconds 10 --kernels auto [--netns] [--trace] [--free-links]
 
 One thread per node. The follower is a second daemon on this machine (`--followers real`, the
 default: its own data dir, on 127.0.0.2, the cluster secret; it starts its RPC server child when
@@ -32,7 +32,10 @@ a lane per node, docs/cluster.md), "2 nodes layer 1 lane" the same counts with o
 fast CPUs 0 and 1 compute and read memory when both are busy, against one alone
 (cores_together): two nodes on one machine share its memory, which a single stream's decode
 is bound by, and a host may run the two vCPUs on one physical core. `--trace` adds the leader engine's step phases (decode,
-sample, the gap between steps) for each c=1 row. Same
+sample, the gap between steps) for each c=1 row. `--free-links` measures the tensor split's
+ceiling on this machine: every node computes its shard and no partial sum or logits row goes on
+the wire (wrong answers; the memory the nodes share, the per-layer work and the daemons' still
+in it), so what the exchanges cost is the split's rows against it. Same
 model (SmolLM2-135M Q4_1, 30 layers), same requests as bench/inference.py (a fixed prompt,
 128 tokens each, end of generation suppressed, greedy).
 """
