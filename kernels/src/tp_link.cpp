@@ -196,6 +196,11 @@ bool run(Group &g, Clock::time_point until, uint16_t kind) {
     return ok;
 }
 
+// Between two tries of a spin: whatever else wants this core runs first (the peer's node on a
+// shared core, this node's daemon writing a token): a spin that kept them off the core would
+// hold up the very frame it waits for.
+inline void spin_pause() { sched_yield(); }
+
 bool run_io(Group &g, Clock::time_point until, uint16_t kind) {
     const auto spin_until = Clock::now() + std::chrono::microseconds(g.spin_us);
     std::vector<pollfd> fds;
@@ -260,10 +265,8 @@ bool run_io(Group &g, Clock::time_point until, uint16_t kind) {
         if (!busy) return true;
         if (progressed) continue;
         const auto now = Clock::now();
-        if (now < spin_until) {   // spinning: try the sockets again, after whatever else wants this core
-            // (the peer's node on a shared core, this node's daemon writing a token): a spin that
-            // kept them off the core would hold up the very frame it waits for
-            sched_yield();
+        if (now < spin_until) {   // spinning: try the sockets again
+            spin_pause();
             continue;
         }
         if (now >= until) {
@@ -599,11 +602,9 @@ STACKD_API int stackd_tp_recv_control(const void **data, size_t *size, int timeo
     Link &leader = g.links[0];
     pollfd pfd = {leader.fd, POLLIN, 0};
     int ready = 0;
-    if (g.spin_us > 0) {   // a group that spins in its exchanges spins here too, a while longer
+    if (g.spin_us > 0) {   // a group that spins in its exchanges spins here too, kControlSpinUs
         const auto spin_until = Clock::now() + std::chrono::microseconds(kControlSpinUs);
-        do {
-            ready = poll(&pfd, 1, 0);
-        } while (ready == 0 && Clock::now() < spin_until);
+        while ((ready = poll(&pfd, 1, 0)) == 0 && Clock::now() < spin_until) spin_pause();
     }
     if (ready == 0) {
         do {
