@@ -35,6 +35,8 @@ HTTP_OF = {
     ErrorCode.INVALID_GRAMMAR: (ErrorKind.INVALID_REQUEST, None),
     ErrorCode.DECODE_FAILED: (ErrorKind.INTERNAL, None),
     ErrorCode.PEER_UNREACHABLE: (ErrorKind.UNAVAILABLE, 1),
+    ErrorCode.PROMPT_EMPTY: (ErrorKind.INVALID_REQUEST, None),
+    ErrorCode.CONTEXT_LENGTH: (ErrorKind.CONTEXT_LENGTH_EXCEEDED, None),
 }
 
 

@@ -3,7 +3,7 @@
 The template is compiled once per model (sandbox.ChatTemplate: bounded time, operations and
 memory). Each chat request renders it on a small pool of render threads (a template is code
 from a model file running on client data: never on the loop that serves every other client),
-and the runner tokenizes the result (in the model's worker, which holds the vocabulary).
+and the text goes to the model's worker with the submit, to be tokenized there (one hop).
 Whatever goes wrong in a template is a 400 that says so, never a 500.
 """
 from __future__ import annotations
@@ -59,15 +59,22 @@ def _warm_render(template: ChatTemplate, limit) -> None:
         pass                       # a template that fails says so to the first real request
 
 
-async def prompt_tokens(model, messages: list[dict], extra: dict | None = None) -> list[int]:
-    """The tokens of the rendered conversation: rendered on a render thread, tokenized by the
-    model's runner. `extra`: more variables for the template (tools, enable_thinking)."""
-    runner = model.runner
-    runner.check_open()
+async def render(model, messages: list[dict], extra: dict | None = None) -> str:
+    """The conversation as the model's prompt text, rendered on a render thread. `extra`: more
+    variables for the template (tools, enable_thinking). The text is tokenized where the
+    vocabulary is, with the submit (engine/submission.py), with special tokens parsed and none
+    added (the template writes them)."""
+    model.runner.check_open()
     loop = asyncio.get_running_loop()
     try:
-        text = await loop.run_in_executor(_pool, model.template.render, messages, limits.current, extra)
+        return await loop.run_in_executor(_pool, model.template.render, messages, limits.current, extra)
     except TemplateFailure as exc:
         raise invalid(f"the model's chat template failed for these messages: {exc}",
                       "messages") from None
-    return (await runner.tokenize([text], False, True))[0]
+
+
+async def prompt_tokens(model, messages: list[dict], extra: dict | None = None) -> list[int]:
+    """The tokens of the rendered conversation, tokenized by the model's runner (a token count,
+    /tokenize: requests that generate send the text with their submit instead)."""
+    text = await render(model, messages, extra)
+    return (await model.runner.tokenize([text], False, True))[0]

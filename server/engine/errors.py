@@ -18,14 +18,18 @@ class ErrorCode(enum.Enum):
     INVALID_GRAMMAR = "invalid_grammar"    # llama.cpp could not parse the grammar
     DECODE_FAILED = "decode_failed"        # llama.cpp failed the step (the engine's own errors)
     PEER_UNREACHABLE = "peer_unreachable"  # a node holding part of the model cannot be reached
+    # a text prompt, tokenized where the vocabulary is (submission.Unfit: the same values)
+    PROMPT_EMPTY = "prompt_empty"          # nothing left of it after tokenization
+    CONTEXT_LENGTH = "context_length_exceeded"   # no room left in the context to generate
 
 
 class EngineError(DomainError):
-    """A DomainError whose code is an ErrorCode; a refused grammar names response_format."""
+    """A DomainError whose code is an ErrorCode; a refused grammar names response_format, a
+    prompt that does not fit the field it came from (`param`)."""
 
-    def __init__(self, code: ErrorCode, message: str):
+    def __init__(self, code: ErrorCode, message: str, param: str | None = None):
         super().__init__(code, message,
-                         param="response_format" if code is ErrorCode.INVALID_GRAMMAR else None)
+                         param="response_format" if code is ErrorCode.INVALID_GRAMMAR else param)
 
 
 class EndedEvent:

@@ -4,7 +4,8 @@
 
 FD is this end of a socketpair with the daemon. The first frame is the engine's parameters;
 the worker loads the model, answers `ready` with the model's facts, then serves frames
-(submit, embed, cancel, close, trace_start, trace_stop) and forwards the engine's events,
+(submit, submit_text, embed, cancel, close, trace_start, trace_stop, tokenize, detokenize) and
+forwards the engine's events,
 waking on the socket and on the engine's eventfd (poll, no busy loop, no thread per request).
 Most steps' events do not pass through here: the engine thread writes them to the socket
 itself (native/engine/frame_sink.h), and every frame of this process goes through that sink.
@@ -187,11 +188,13 @@ class Worker:
         self.engine = engine
         self.reader = FrameReader()
         self.running = True
-        # Long texts are tokenized on a thread (answer); their answers come back here
-        # through `answers`, and a byte on the pipe wakes this loop to send them.
+        # Long texts are tokenized on a thread (answer, submit_text); what is left to do with
+        # the result comes back here through `answers` (a callable each, run on this loop),
+        # and a byte on the pipe wakes this loop to run it.
         self.beside = None
         self.answers: collections.deque = collections.deque()
         self.wake_read, self.wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.tokenizing: dict[int, bool] = {}   # ids of text submits beside the loop -> cancelled
         self.tensor = False                    # the leader of a tensor split (check_tensor_group)
         engine.attach_sink(self.sock_fd)       # every frame from here on goes through the engine
 
@@ -201,11 +204,15 @@ class Worker:
         op = message.get("op")
         if op == "submit":
             self.submit(message)
+        elif op == "submit_text":
+            self.submit_text(message, tail)
         elif op == "embed":
             verdict = self.engine.submit_embedding(message["id"], message["inputs"], message["owner"])
             self.send({"op": "verdict", "seq": message["seq"], "verdict": verdict})
         elif op == "cancel":
             self.engine.cancel(message["id"])
+            if message["id"] in self.tokenizing:      # its submit comes after: cancelled there
+                self.tokenizing[message["id"]] = True
         elif op == "compute":
             self.engine.set_compute_scale(message["scale"])
         elif op == "close":
@@ -222,21 +229,26 @@ class Worker:
     # ---- the vocabulary: the daemon keeps none, it asks here --------------------------------------
 
     def answer(self, produce, message: dict, tail: bytes) -> None:
-        """`produce(message, tail)`'s answer: at once for a short tail, else from a thread
-        beside this loop (tokenizing releases the GIL): a 1 MiB prompt takes ~0.3 s, which
-        other requests' submits, cancels and ends would otherwise wait through here."""
-        if len(tail) <= ON_LOOP_BYTES:
-            self.send(*produce(message, tail))
+        """`produce(message, tail)`'s answer, sent."""
+        self.beside_if_long(len(tail), lambda: produce(message, tail), lambda answer: self.send(*answer))
+
+    def beside_if_long(self, size: int, work, then) -> None:
+        """then(work()): at once for a short input, else work() on a thread beside this loop
+        (tokenizing releases the GIL; a 1 MiB prompt takes ~0.3 s, which other requests'
+        submits, cancels and ends would otherwise wait through here) and then() back on it."""
+        if size <= ON_LOOP_BYTES:
+            then(work())
             return
         if self.beside is None:
             from concurrent.futures import ThreadPoolExecutor
             self.beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stackd-tokenize")
 
-        def work() -> None:
-            self.answers.append(produce(message, tail))
+        def beside() -> None:
+            result = work()
+            self.answers.append(lambda: then(result))
             os.write(self.wake_write, b"\0")
 
-        self.beside.submit(work)
+        self.beside.submit(beside)
 
     def tokens_of(self, message: dict, tail: bytes) -> tuple[dict, bytes]:
         """The `tokens` answer to a `tokenize` message (its header and tail)."""
@@ -258,7 +270,7 @@ class Worker:
         except BlockingIOError:
             pass
         while self.answers:
-            self.send(*self.answers.popleft())
+            self.answers.popleft()()
 
     def close_beside(self) -> None:
         """Before the engine closes: the thread reads its vocabulary."""
@@ -275,19 +287,32 @@ class Worker:
             self.engine.piece(t, special) for t in ids if 0 <= t < n_vocab)
 
     def submit(self, message: dict) -> None:
-        from .core import SamplingParams
+        """Jobs of token ids: [[id, prompt, max_tokens, sampling fields], ...]."""
         from .submit import submit_all
-
-        def sampling_of(fields: dict) -> SamplingParams:
-            sampling = SamplingParams()
-            for name, value in fields.items():
-                setattr(sampling, name, value)
-            return sampling
-
         jobs = ((rid, prompt, max_tokens, sampling_of(fields))
                 for rid, prompt, max_tokens, fields in message["jobs"])
         verdict, error = submit_all(self.engine, jobs, message["stop"], message["owner"])
         self.send({"op": "verdict", "seq": message["seq"], "verdict": verdict, "error": error})
+
+    def submit_text(self, message: dict, tail: bytes) -> None:
+        """A prompt as text (engine/submission.py): tokenized here, beside this loop when long,
+        checked against the context, submitted; the verdict carries the prompt's token count."""
+        from .submission import TextJobs
+        from .submit import jobs_of_text, submit_text
+        text_jobs = TextJobs.from_header(message, tail.decode("utf-8", "replace"),
+                                         [sampling_of(fields) for fields in message["samplings"]])
+
+        ids = message["ids"]
+        self.tokenizing.update((rid, False) for rid in ids)
+
+        def submit(made: dict) -> None:
+            answer = submit_text(self.engine, ids, text_jobs, message["stop"], message["owner"], made)
+            for rid in ids:                           # a cancel that came while it was tokenized
+                if self.tokenizing.pop(rid, False):
+                    self.engine.cancel(rid)
+            self.send({"op": "verdict", "seq": message["seq"], **answer})
+
+        self.beside_if_long(len(tail), lambda: jobs_of_text(self.engine, text_jobs), submit)
 
     def send_trace(self, seq: int) -> None:
         """The recording so far, as a frame tail; the socket takes it at its own pace (poll)."""
@@ -371,6 +396,14 @@ class Worker:
         for message, tail in self.reader.feed(data):
             self.handle(message, tail)
         return True
+
+
+def sampling_of(fields: dict):
+    from .core import SamplingParams
+    sampling = SamplingParams()
+    for name, value in fields.items():
+        setattr(sampling, name, value)
+    return sampling
 
 
 def shard_runs(engine) -> tuple[int, int] | None:

@@ -1,7 +1,7 @@
 """One engine interface, two places to run it: in this process, or in a worker process.
 
-Both give the runner the same surface: `submit_jobs` / `submit_embedding` (coroutines that
-answer with a SUBMIT_* verdict), `cancel`, `fileno` + `take_events` (the loop watches the fd
+Both give the runner the same surface: `submit_jobs` / `submit_text` / `submit_embedding`
+(coroutines that answer with a SUBMIT_* verdict; submit_text also tokenizes, engine/submit.py), `cancel`, `fileno` + `take_events` (the loop watches the fd
 and drains events in batches), `stats`, `aclose`, and the model's facts (`n_vocab`,
 `template_facts`, ...). Tokenizing differs (ModelRunner.tokenize takes either): an inline
 engine's `tokenize` and `piece` answer in this process; a worker's facts come in its ready
@@ -22,7 +22,7 @@ from typing import Iterator
 from ..engine.errors import EndedEvent, EngineError, ErrorCode
 from ..engine import accel
 from ..engine.core import (SAMPLING_FIELDS, STATUS_ERROR, SUBMIT_ACCEPTED, Engine, SamplingParams, template_facts)
-from ..engine.submit import submit_all
+from ..engine.submit import submit_all, submit_text
 from ..engine.wire import FrameReader, WireError, chunks_of, decode_events, decode_trace, frame
 from .worker_process import spawn
 
@@ -54,6 +54,11 @@ class InlineEngine:
 
     async def submit_jobs(self, jobs, stop: list[str], owner: int) -> tuple[int, str | None]:
         return submit_all(self.engine, jobs, stop, owner)
+
+    async def submit_text(self, ids: list[int], text_jobs, stop: list[str], owner: int,
+                          made: dict | None = None) -> dict:
+        """`made`: the text already tokenized (the runner does it off the loop when long)."""
+        return submit_text(self.engine, ids, text_jobs, stop, owner, made)
 
     async def submit_embedding(self, rid: int, inputs, owner: int) -> int:
         return self.engine.submit_embedding(rid, inputs, owner)
@@ -192,17 +197,24 @@ class WorkerEngine:
             ids)
         return reply["verdict"], reply.get("error")
 
+    async def submit_text(self, ids: list[int], text_jobs, stop: list[str], owner: int) -> dict:
+        """A prompt as text, tokenized and submitted by the worker in one exchange (the text
+        goes as the frame's tail): the verdict's fields (engine/submit.py submit_text)."""
+        return await self._ask({"op": "submit_text", "stop": stop, "owner": owner, "ids": ids,
+                                "samplings": [sampling_fields(s) for s in text_jobs.samplings],
+                                **text_jobs.header()}, ids, text_jobs.text.encode("utf-8", "replace"))
+
     async def submit_embedding(self, rid: int, inputs, owner: int) -> int:
         reply = await self._ask({"op": "embed", "id": rid, "owner": owner, "inputs": inputs}, [rid])
         return reply["verdict"]
 
-    async def _ask(self, message: dict, ids: list[int]) -> dict:
+    async def _ask(self, message: dict, ids: list[int], tail: bytes = b"") -> dict:
         if self.lost:
             raise EngineError(ErrorCode.WORKER_LOST, "the model's worker process is not running")
         seq = message["seq"] = next(self.seq)
         future = self.verdicts[seq] = self.loop.create_future()
         self.in_flight.update(ids)                # events may come before the verdict
-        self._send(frame(message))
+        self._send(frame(message, tail))
         try:
             reply = await future
         finally:

@@ -28,7 +28,8 @@ import contextlib
 
 from ..engine.core import STATUS_ERROR, STATUS_RUNNING, SamplingParams
 from ..engine.errors import EndedEvent, EngineError, ErrorCode
-from .runner import LOST, Generation, ModelRunner, Resubmitted
+from ..engine.submission import TextJobs
+from .runner import LOST, Generation, ModelRunner, Resubmitted, token_jobs
 
 AFFINITY_BLOCK = 64            # tokens a prefix block holds (hashed for affinity)
 AFFINITY_BLOCKS = 16           # blocks of a prompt considered (a prefix of up to 1,024 tokens)
@@ -141,6 +142,8 @@ class ReplicaSet:
             raise EngineError(ErrorCode.OVER_SHARE, "this API key already holds its share of the "
                               "model's queue over its replicas (inference.limits.key_share); retry "
                               "when some of its requests finish")
+        if isinstance(jobs, TextJobs):        # a follower's engine takes token ids: tokenized here
+            jobs = await token_jobs(self.local.runner, jobs)
         routed = Routed(self, jobs, stop, owner)
         await self._submit(routed, self.pick(jobs[0][0] if jobs else []))
         self.owners[owner] += 1

@@ -13,6 +13,12 @@ from __future__ import annotations
 import asyncio
 import collections
 
+from ..engine.errors import EngineError
+from .runner import LOST
+
+# Between two lookups of a model whose worker was lost under a request (RestartHold.across).
+LOOKUP_PAUSE = 0.05
+
 
 class RestartHold:
     def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float, max_held: int, state):
@@ -34,6 +40,26 @@ class RestartHold:
     def _over(self, model_id: str, restart: asyncio.Task) -> None:
         if self.restarts.get(model_id) is restart:
             del self.restarts[model_id]
+
+    async def across(self, model_id: str, submit):
+        """`submit()` (from the model's lookup to its jobs' submit) again if the model's worker
+        died under it: looked up just before, the model's engine went away while the request
+        was rendered. A later lookup waits for the restarted worker (registry.get's wait). The
+        worker's loss can reach the request (its engine closed) a loop turn before the registry
+        says `restarting`, so a lookup may still find the dead engine: tried again after a pause
+        while the hold's bound has not passed (a lookup begun before it may itself hold for the
+        restart, so a request waits at most about twice engine.restart_hold). A model unloaded
+        meanwhile is not loaded again for it. Once submitted, a request lost before its first
+        event is the runner's to submit again (runner.Held, replicas.Routed)."""
+        until = self.deadline()
+        while True:
+            try:
+                return await submit()
+            except EngineError as exc:
+                if (exc.code not in LOST or self.state(model_id) not in ("restarting", "loaded")
+                        or self.loop.time() >= until):
+                    raise
+            await asyncio.sleep(LOOKUP_PAUSE)
 
     async def wait(self, model_id: str, until: float) -> None:
         """Until the model is no longer `restarting`, `until` passes, or more requests than

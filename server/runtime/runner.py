@@ -15,6 +15,8 @@ import threading
 
 from ..engine.errors import EndedEvent, EngineError, ErrorCode
 from ..engine.core import (FINISH_REASONS, STATUS_ERROR, STATUS_RUNNING, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE, SUBMIT_QUEUE_FULL, SamplingParams)
+from ..engine.submission import TextJobs
+from ..engine.submit import VERDICT_UNFIT, VERDICT_UNTOKENIZABLE, jobs_of_text
 from ..system import offload
 
 # An inline engine tokenizes texts up to this size on the loop (microseconds); longer ones (a
@@ -259,19 +261,36 @@ class ModelRunner:
         await held.start()
         return held
 
-    async def submit(self, jobs: list[tuple[list[int], int, SamplingParams]],
+    async def submit(self, jobs: "list[tuple[list[int], int, SamplingParams]] | TextJobs",
                      stop: list[str], owner: int = 0) -> Generation:
-        """generate() on this runner's engine alone."""
+        """generate() on this runner's engine alone. `jobs` as TextJobs: the prompt as text,
+        tokenized where the vocabulary is, in the same exchange as the submit (submission.py)."""
         self.check_open()
         stream = Generation(self.loop)
-        submitted = []
-        for index, (prompt, max_tokens, sampling) in enumerate(jobs):
+        ids = []
+        for index in range(len(jobs)):
             rid = next(self._ids)
             stream.choice[rid] = index
             self._streams[rid] = stream            # events may arrive before the verdict
-            submitted.append((rid, prompt, max_tokens, sampling))
-        stream.n_open = len(submitted)
+            ids.append(rid)
+        stream.n_open = len(ids)
+        if isinstance(jobs, TextJobs):
+            return await self._taken(stream, self._submit_text(ids, jobs, stop, owner))
+        submitted = [(rid, *job) for rid, job in zip(ids, jobs)]
         return await self._taken(stream, self.engine.submit_jobs(submitted, stop, owner))
+
+    async def _submit_text(self, ids: list[int], text_jobs: TextJobs, stop: list[str], owner: int):
+        if self.engine.isolation == "worker":
+            answer = await self.engine.submit_text(ids, text_jobs, stop, owner)
+        else:                                      # this process's vocabulary, off the loop when long
+            made = await self._off_loop_if_long(len(text_jobs.text), lambda engine: jobs_of_text(engine, text_jobs))
+            answer = await self.engine.submit_text(ids, text_jobs, stop, owner, made)
+        if answer["verdict"] == VERDICT_UNFIT:
+            raise EngineError(ErrorCode(answer["unfit"]), answer["error"], param=text_jobs.what)
+        if answer["verdict"] == VERDICT_UNTOKENIZABLE:
+            raise EngineError(ErrorCode.DECODE_FAILED,
+                              f"the model's vocabulary could not tokenize: {answer['error']}")
+        return answer["verdict"], answer.get("error")
 
     async def embed(self, inputs: list[list[int]], owner: int = 0) -> Generation:
         self.check_open()
@@ -343,6 +362,19 @@ class ModelRunner:
     def check_open(self) -> None:
         if self.closing:
             raise EngineError(ErrorCode.UNLOADED, "the model was unloaded")
+
+
+async def token_jobs(runner: "ModelRunner", text_jobs: TextJobs) -> list:
+    """A TextJobs as jobs of token ids, tokenized by `runner` (for engines that take only
+    tokens: a follower's replica); a prompt that does not fit raises as the worker's would."""
+    tokens = []
+    for text, add_special, parse_special in text_jobs.texts():
+        tokens += await runner.tokenize([text], add_special, parse_special)
+    made = text_jobs.jobs_from(tokens)
+    if not isinstance(made[0], list):
+        unfit, message = made
+        raise EngineError(ErrorCode(unfit.value), message, param=text_jobs.what)
+    return made[0]
 
 
 def refused(verdict: int, error: str | None) -> EngineError:

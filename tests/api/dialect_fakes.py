@@ -1,65 +1,56 @@
-"""A fake chat.ChatRun for the dialect tests: the layer under test is the translation, so the
-run answers what a test gives it, in chat's shapes (tool calls as the chat helper sends them)."""
+"""A fake chat.ChatRun for the dialect tests: the layer under test is the rendering, so the
+run answers what a test gives it, in the typed output every dialect renders (serving/output.py)."""
 import orjson
 
 from stackd.http.errors import ApiError, ErrorKind
+from stackd.serving.output import ARGUMENTS, REASONING, TEXT, TOOL, Call, Message, Piece, Step
 
-HEAD = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
-        "system_fingerprint": "x"}
 USAGE = {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19,
          "prompt_tokens_details": {"cached_tokens": 2}}
 
 
-def answer(content="", reasoning=None, calls=(), finish="stop") -> dict:
-    message = {"role": "assistant", "content": content, "refusal": None}
-    if reasoning:
-        message["reasoning_content"] = reasoning
-    if calls:
-        message["tool_calls"] = [{"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
-                                 for id_, name, args in calls]
-    return {**HEAD, "choices": [{"index": 0, "message": message, "logprobs": None,
-                                 "finish_reason": finish}], "usage": USAGE}
+def answer(content="", reasoning=None, calls=(), finish="stop") -> Message:
+    """A whole answer, as ChatRun.result() gives it."""
+    return Message(reasoning or "", content if content or not calls else None,
+                   [Call(id_, name, args) for id_, name, args in calls], finish, None, None)
 
 
-def deltas(reasoning=(), text=(), calls=(), finish="stop") -> list[dict]:
-    """Chunk deltas: reasoning pieces, text pieces, then each call (id, name, argument pieces)."""
-    out = [{"role": "assistant", "content": ""}]
-    out += [{"reasoning_content": piece} for piece in reasoning]
-    out += [{"content": piece} for piece in text]
+def deltas(reasoning=(), text=(), calls=(), finish="stop") -> list:
+    """Pieces: reasoning pieces, text pieces, then each call (id, name, argument pieces); last
+    the finish reason."""
+    out = [Piece(REASONING, piece) for piece in reasoning]
+    out += [Piece(TEXT, piece) for piece in text]
     for index, (id_, name, pieces) in enumerate(calls):
-        out.append({"tool_calls": [{"index": index, "id": id_, "type": "function",
-                                    "function": {"name": name, "arguments": ""}}]})
-        out += [{"tool_calls": [{"index": index, "function": {"arguments": p}}]} for p in pieces]
+        out.append(Piece(TOOL, call=index, id=id_, name=name))
+        out += [Piece(ARGUMENTS, p, call=index) for p in pieces]
     return out + [finish]
 
 
 class FakeRun:
-    def __init__(self, answer=None, deltas=(), fail_after=None):
-        self._answer, self._deltas, self.fail_after = answer, list(deltas), fail_after
+    """The steps of one choice, from `deltas` (a Step per piece, the finish reason a Step of
+    its own); `finish_step`: a last Step's (finish, stop) to send after them."""
+
+    def __init__(self, deltas=(), fail_after=None):
+        self._deltas, self.fail_after = list(deltas), fail_after
         self.closed = False
-        self.finish_choice = None     # a last choice's fields to send after the deltas
+        self.finish_step = None
 
-    async def answer(self):
-        return self._answer
-
-    async def chunks(self):
-        head = {**HEAD, "object": "chat.completion.chunk"}
+    async def steps(self):
         try:
             for i, delta in enumerate(self._deltas):
                 if i == self.fail_after:
                     raise ApiError(ErrorKind.UNAVAILABLE, "the model's worker was lost")
                 if isinstance(delta, str):        # the finish reason
-                    yield {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                                "finish_reason": delta}], "usage": None}
+                    yield Step(0, None, [], None, finish=delta)
                 else:
-                    yield {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                                "finish_reason": None}], "usage": None}
-            if self.finish_choice is not None:
-                yield {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, **self.finish_choice}],
-                       "usage": None}
-            yield {**head, "choices": [], "usage": USAGE}
+                    yield Step(0, None, [delta], None)
+            if self.finish_step is not None:
+                yield Step(0, None, [], None, *self.finish_step)
         finally:
             self.closed = True
+
+    def usage(self) -> dict:
+        return USAGE
 
     def cancel(self):
         pass

@@ -15,7 +15,7 @@ from stackd.auth.ratelimit import RateLimiter
 from stackd.http.errors import ApiError, ErrorKind
 from stackd.http.request import Session
 
-from .dialect_fakes import FakeRun, answer, deltas, gather
+from .dialect_fakes import USAGE, FakeRun, answer, deltas, gather
 
 EVENT = pydantic.TypeAdapter(RawMessageStreamEvent)
 TOOL = {"name": "get_weather", "description": "The weather.",
@@ -110,7 +110,7 @@ def test_blocks_in_the_wrong_turn_and_unknown_tools_are_400s(messages, tools, ch
 
 def test_an_answer_with_tool_calls_is_a_tool_use_message():
     message = am.message_of(answer("Looking.", reasoning="hmm", finish="tool_calls",
-                                   calls=[("call_1", "get_weather", '{"city": "Paris"}')]))
+                                   calls=[("call_1", "get_weather", '{"city": "Paris"}')]), USAGE, "m")
     parsed = Message.model_validate(message)
     assert [b.type for b in parsed.content] == ["thinking", "text", "tool_use"]
     assert parsed.content[2].input == {"city": "Paris"} and parsed.content[2].id == "call_1"
@@ -121,24 +121,24 @@ def test_an_answer_with_tool_calls_is_a_tool_use_message():
 
 @pytest.mark.parametrize("finish, reason", [("stop", "end_turn"), ("length", "max_tokens")])
 def test_stop_reasons(finish, reason):
-    assert Message.model_validate(am.message_of(answer("hi", finish=finish))).stop_reason == reason
+    assert Message.model_validate(am.message_of(answer("hi", finish=finish), USAGE, "m")).stop_reason == reason
 
 
 def test_a_stop_string_is_the_stop_sequence_in_the_message_and_its_events():
     finished = answer("The end", finish="stop")
-    finished["choices"][0]["stop_reason"] = "###"
-    message = Message.model_validate(am.message_of(finished))
+    finished.stop = "###"
+    message = Message.model_validate(am.message_of(finished, USAGE, "m"))
     assert message.stop_reason == "stop_sequence" and message.stop_sequence == "###"
-    plain = Message.model_validate(am.message_of(answer("The end", finish="stop")))
+    plain = Message.model_validate(am.message_of(answer("The end", finish="stop"), USAGE, "m"))
     assert plain.stop_reason == "end_turn" and plain.stop_sequence is None
     called = answer(calls=[("c", "f", "{}")], finish="tool_calls")
-    called["choices"][0]["stop_reason"] = "###"
-    tool_use = Message.model_validate(am.message_of(called))
+    called.stop = "###"
+    tool_use = Message.model_validate(am.message_of(called, USAGE, "m"))
     assert tool_use.stop_reason == "tool_use" and tool_use.stop_sequence is None   # not what ended it
 
     chunks = deltas(text=["The", " end"], finish="stop")
     run = FakeRun(deltas=chunks[:-1])
-    run.finish_choice = {"finish_reason": "stop", "stop_reason": "###"}
+    run.finish_step = ("stop", "###")
     events = asyncio.run(gather(am.events(run, "m")))
     delta = events[-2][1]
     assert EVENT.validate_python(delta).type == "message_delta"
@@ -146,7 +146,7 @@ def test_a_stop_string_is_the_stop_sequence_in_the_message_and_its_events():
 
 
 def test_arguments_that_are_not_an_object_are_kept():
-    message = am.message_of(answer(calls=[("c", "f", "not json")], finish="tool_calls"))
+    message = am.message_of(answer(calls=[("c", "f", "not json")], finish="tool_calls"), USAGE, "m")
     assert message["content"][0]["input"] == {"arguments": "not json"}
 
 

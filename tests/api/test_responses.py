@@ -10,7 +10,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from stackd.api.inference import openai_responses as oresp
 from stackd.http.errors import ApiError, ErrorKind
 
-from .dialect_fakes import FakeRun, answer, deltas, gather
+from .dialect_fakes import USAGE, FakeRun, answer, deltas, gather
 
 EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
 TOOL = {"type": "function", "name": "get_weather", "description": "The weather.",
@@ -111,7 +111,7 @@ def test_tool_choice_must_fit_the_tools(body, param):
 def test_a_response_with_reasoning_text_and_calls():
     reply = oresp.Reply(read(input="x", tools=[TOOL]))
     obj = oresp.response_of(answer("Looking.", reasoning="hmm", finish="tool_calls",
-                                calls=[("call_1", "get_weather", '{"city":"Paris"}')]), reply)
+                                calls=[("call_1", "get_weather", '{"city":"Paris"}')]), USAGE, reply)
     parsed = Response.model_validate(obj)
     assert parsed.status == "completed" and parsed.id.startswith("resp_") and parsed.incomplete_details is None
     assert [item.type for item in parsed.output] == ["reasoning", "message", "function_call"]
@@ -124,7 +124,7 @@ def test_a_response_with_reasoning_text_and_calls():
 
 
 def test_max_output_tokens_makes_it_incomplete():
-    parsed = Response.model_validate(oresp.response_of(answer("Once", finish="length"), oresp.Reply(read(input="x"))))
+    parsed = Response.model_validate(oresp.response_of(answer("Once", finish="length"), USAGE, oresp.Reply(read(input="x"))))
     assert parsed.status == "incomplete" and parsed.incomplete_details.reason == "max_output_tokens"
 
 

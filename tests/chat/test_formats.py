@@ -6,11 +6,12 @@ import gc
 
 import pytest
 
-from stackd.api.inference.tools import Reader
 from stackd.chat import formats, limits
 from stackd.chat.sandbox import ChatTemplate
 from stackd.chat.tools import Tool, ToolRequest
 from stackd.errors import DomainError
+from stackd.serving.output import ARGUMENTS, REASONING, TEXT, TOOL
+from stackd.serving.reader import Reader
 from stackd.testing.gguf_patch import QWEN25_TOOLS, QWEN3_THINKING
 
 QWEN = QWEN25_TOOLS
@@ -44,11 +45,12 @@ def analyze(source, tools=None, thinking=True, param="tools"):
     return analysis
 
 
-def stream(parse, text: str) -> list[dict]:
-    reader, deltas = Reader(parse), []
+def stream(parse, text: str) -> list:
+    """The typed pieces of `text` fed three characters at a time."""
+    reader, pieces = Reader(parse), []
     for i in range(0, len(text), 3):
-        deltas += reader.feed(text[i:i + 3])
-    return deltas
+        pieces += reader.feed(text[i:i + 3])
+    return pieces
 
 
 @pytest.fixture(autouse=True)
@@ -79,10 +81,10 @@ def test_the_family_parser_reads_calls_whole_and_streamed():
     message, complete = parse(text, True)
     assert complete and message.content.strip() == "Let me look."
     assert [(c.name, c.arguments) for c in message.calls] == [("get_weather", '{"city": "Paris"}')]
-    deltas = stream(parse, text)
-    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
-    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["index"] == 0
-    assert "".join(c["function"]["arguments"] for c in calls) == '{"city": "Paris"}'
+    pieces = stream(parse, text)
+    opened = [p for p in pieces if p.kind == TOOL]
+    assert [(p.name, p.call) for p in opened] == [("get_weather", 0)] and opened[0].id.startswith("call_")
+    assert "".join(p.text for p in pieces if p.kind == ARGUMENTS and p.call == 0) == '{"city": "Paris"}'
 
 
 def test_reasoning_is_split_out_of_content_and_streamed_apart():
@@ -90,15 +92,15 @@ def test_reasoning_is_split_out_of_content_and_streamed_apart():
     assert analysis.supports_thinking and analysis.thinking_start == "<think>"
     parse = analysis.parse_function(False, True)
     text = "<think>\nThe user greets me.\n</think>\n\nHello!"
-    fields, called = Reader(parse).message(text)
-    assert not called and fields["content"] == "Hello!"
-    assert fields["reasoning_content"].strip() == "The user greets me." == fields["reasoning"].strip()
-    deltas = stream(parse, text)
-    thought = "".join(d.get("reasoning_content", "") for d in deltas)
-    content = "".join(d.get("content", "") for d in deltas)
+    message = Reader(parse).message(text, "stop", None, None)
+    assert message.finish == "stop" and not message.calls and message.content == "Hello!"
+    assert message.reasoning.strip() == "The user greets me."
+    pieces = stream(parse, text)
+    thought = "".join(p.text for p in pieces if p.kind == REASONING)
+    content = "".join(p.text for p in pieces if p.kind == TEXT)
     assert thought.strip() == "The user greets me." and content == "Hello!"
-    first_content = next(i for i, d in enumerate(deltas) if "content" in d)
-    assert all("content" not in d for d in deltas[:first_content])
+    first_content = next(i for i, p in enumerate(pieces) if p.kind == TEXT)
+    assert all(p.kind != TEXT for p in pieces[:first_content])
 
 
 def test_thinking_switched_off_renders_the_empty_think_block():

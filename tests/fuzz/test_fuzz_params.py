@@ -166,12 +166,13 @@ def test_tool_bodies_become_a_grammar_or_a_4xx(fuzz_seconds):
 def parsed_whole_and_in_pieces(text: str) -> None:
     """Whatever a model writes, the generic tool-call reader reads it (whole and streamed in
     pieces) without raising: a call it cannot finish is content."""
-    from stackd.api.inference.tools import Reader
+    from stackd.serving.reader import Reader
     from stackd.chat import tools as chat_tools
     chat_tools.parse_generic(text)
     reader = Reader(lambda so_far, final: chat_tools.parse_generic(so_far))
     for i in range(0, len(text), 5):
         reader.feed(text[i:i + 5])
+    Reader(lambda so_far, final: chat_tools.parse_generic(so_far)).message(text, "stop", None, None)
 
 
 model_texts = st.one_of(

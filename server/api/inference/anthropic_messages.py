@@ -20,7 +20,8 @@ from ...http.openapi import ERROR_SCHEMA
 from ...http.response import Response, StreamingResponse, json_response
 from ..errors import answer_of
 from . import chat, dialect, params
-from .dialect import CLOSE, DELTA, END, OPEN, REASONING, TEXT, TOOL, tag
+from .dialect import tag
+from ...serving.output import CLOSE, DELTA, END, OPEN, REASONING, TEXT, TOOL, Block, Message, block_events, blocks_of
 
 # ---- errors -----------------------------------------------------------------------------------
 
@@ -223,7 +224,7 @@ def tool_input(arguments: str) -> dict:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-def content_block(block: dialect.Block, whole: bool) -> dict:
+def content_block(block: Block, whole: bool) -> dict:
     """A block as Anthropic's content block: whole, or empty as content_block_start opens it."""
     text = block.text() if whole else ""
     if block.kind == TOOL:
@@ -243,10 +244,10 @@ def message_head(model: str) -> dict:
             "content": [], "stop_reason": None, "stop_sequence": None}
 
 
-def message_of(answer: dict) -> dict:
-    blocks, reason, usage, stop = dialect.blocks_of(answer)
-    return {**message_head(answer["model"]), "content": [content_block(b, True) for b in blocks],
-            **stop_fields(reason, blocks, stop), "usage": usage_of(usage)}
+def message_of(message: Message, usage: dict, model: str) -> dict:
+    blocks = blocks_of(message)
+    return {**message_head(model), "content": [content_block(b, True) for b in blocks],
+            **stop_fields(message.finish, blocks, message.stop), "usage": usage_of(usage)}
 
 
 async def events(run: chat.ChatRun, model: str):
@@ -256,7 +257,7 @@ async def events(run: chat.ChatRun, model: str):
         **message_head(model), "usage": usage_of({})}})
     blocks = []
     try:
-        async with contextlib.aclosing(dialect.block_events(run.chunks())) as stream:
+        async with contextlib.aclosing(block_events(run.steps(), run.usage)) as stream:
             async for event in stream:
                 what = event[0]
                 if what == OPEN:
@@ -289,7 +290,8 @@ async def messages(ctx, request) -> Response | StreamingResponse:
     run = await dialect.start(ctx, request, chat_body(v), NAMES)
     if v["stream"]:
         return StreamingResponse(events(run, v["model"]), b"text/event-stream")
-    return json_response(message_of(await run.answer()))
+    (message,) = await run.result()
+    return json_response(message_of(message, run.usage(), run.model.id))
 
 
 async def count_tokens(ctx, request) -> Response:
@@ -298,7 +300,7 @@ async def count_tokens(ctx, request) -> Response:
     v = READ_COUNT.read(request.json())
     body = {"model": v["model"], "messages": chat_messages(v), **chat_tool_fields(v)}
     try:
-        prepared = await chat.prepare(ctx, body)
+        prepared = await chat.prepare(ctx, chat.parse(body))
     except ApiError as exc:
         raise dialect.renamed(exc, NAMES) from None
-    return json_response({"input_tokens": len(prepared.prompt)})
+    return json_response({"input_tokens": len(await prepared.prompt_tokens())})

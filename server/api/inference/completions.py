@@ -76,7 +76,7 @@ async def completions(ctx, request) -> Response | StreamingResponse:
         stream = await model.runner.generate(jobs, gen.stop, generate.owner_of(request))
         return model, gen, prompts, prefixes, firsts, stream
 
-    model, gen, prompts, prefixes, firsts, stream = await generate.across_a_restart(ctx, model_id, submit)
+    model, gen, prompts, prefixes, firsts, stream = await ctx.models.hold.across(model_id, submit)
     head = responses.envelope("text_completion", responses.new_id("cmpl"), model.id)
     if gen.stream:                          # best_of is n here (params._best_of)
         return StreamingResponse(_chunks(model.runner, stream, gen, head, len(prompts) * gen.n, prefixes,

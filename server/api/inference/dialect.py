@@ -1,24 +1,19 @@
 """What the dialects built on chat (OpenAI Responses, Anthropic messages) share.
 
-Both translate their body into a chat body, start a chat.ChatRun, and translate its answer or
-its chunks back. What comes back is read here as a list of content blocks (reasoning, text,
-tool calls), whole (`blocks_of`, from a chat.completion) or as it grows (`block_events`, from
-chat.completion.chunk objects); each dialect words the blocks in its own objects and events.
-Also here: a tagged union spec (content blocks, input items), named server-sent events, and
-errors of the chat body reworded with the dialect's own field names.
+Both translate their body into a chat body and start a chat.ChatRun; its typed output (serving/
+output.py: steps as content blocks, whole messages) each dialect words in its own objects and
+events. Also here: a tagged union spec (content blocks, input items), named server-sent events,
+and errors of the chat body reworded with the dialect's own field names.
 """
 from __future__ import annotations
-
-import contextlib
-import os
 
 import orjson
 
 from ...http import validate as V
 from ...http.errors import ApiError, invalid
+from ...serving.output import new_id  # noqa: F401  (the dialects' ids: msg_..., resp_..., toolu_...)
 from . import chat
 
-REASONING, TEXT, TOOL = "reasoning", "text", "tool"
 MAX_TOOLS = 128
 MAX_TOKENS = 1 << 20        # max_tokens, max_output_tokens: as chat's max_tokens
 
@@ -96,103 +91,14 @@ async def start(ctx, request, body: dict, names: dict[str, str]) -> chat.ChatRun
     """chat.start for a chat body translated from a dialect's: its 400s name the dialect's
     fields (`names`, as for renamed)."""
     try:
-        return await chat.start(ctx, request, body)
+        return await chat.start(ctx, request, chat.parse(body))
     except ApiError as exc:
         raise renamed(exc, names) from None
-
-
-def new_id(prefix: str) -> str:
-    """An id as the dialect spells them: msg_..., resp_..., toolu_..."""
-    return f"{prefix}_{os.urandom(12).hex()}"
 
 
 def named_sse(event: str, obj) -> bytes:
     """A server-sent event with its name (Responses and Anthropic both name each event)."""
     return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
-
-
-# ---- the chat answer as blocks -----------------------------------------------------------------
-
-class Block:
-    """One piece of the answer: reasoning, text, or one tool call (`id`, `name`; its text is
-    the arguments, a JSON string). `index`: its position among the answer's blocks."""
-
-    __slots__ = ("kind", "index", "id", "name", "parts")
-
-    def __init__(self, kind: str, index: int, id: str = "", name: str = ""):
-        self.kind, self.index, self.id, self.name = kind, index, id, name
-        self.parts: list[str] = []
-
-    def text(self) -> str:
-        return "".join(self.parts)
-
-
-def blocks_of(answer: dict) -> tuple[list[Block], str | None, dict, str | None]:
-    """A chat.completion's first choice as blocks, with its finish_reason, usage and the stop
-    string that ended it (None when none did)."""
-    choice = answer["choices"][0]
-    message = choice["message"]
-    blocks: list[Block] = []
-    for kind, text in ((REASONING, message.get("reasoning_content")), (TEXT, message.get("content"))):
-        if text:
-            blocks.append(Block(kind, len(blocks)))
-            blocks[-1].parts.append(text)
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") or {}
-        block = Block(TOOL, len(blocks), call.get("id") or new_id("call"), function.get("name", ""))
-        block.parts.append(function.get("arguments") or "")
-        blocks.append(block)
-    return blocks, choice.get("finish_reason"), answer.get("usage") or {}, choice.get("stop_reason")
-
-
-OPEN, DELTA, CLOSE, END = "open", "delta", "close", "end"
-
-
-async def block_events(chunks):
-    """chat.completion.chunk objects (of a one-choice run that includes usage) as
-    (OPEN, block), (DELTA, block, text), (CLOSE, block), and last (END, finish_reason, usage,
-    the stop string that ended it or None).
-    A block opens when the kind of what arrives changes, and closes when the next one opens."""
-    current: Block | None = None
-    calls: dict[int, Block] = {}
-    count = 0
-    reason, usage, stop = None, {}, None
-    async with contextlib.aclosing(chunks):     # closing this closes the run's chunks
-        async for chunk in chunks:
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            for choice in chunk["choices"]:
-                delta = choice.get("delta") or {}
-                for kind, text in ((REASONING, delta.get("reasoning_content")), (TEXT, delta.get("content"))):
-                    if not text:
-                        continue
-                    if current is None or current.kind != kind:
-                        if current is not None:
-                            yield CLOSE, current
-                        current = Block(kind, count)
-                        count += 1
-                        yield OPEN, current
-                    current.parts.append(text)
-                    yield DELTA, current, text
-                for call in delta.get("tool_calls") or ():
-                    function = call.get("function") or {}
-                    block = calls.get(call.get("index", 0))
-                    if block is None:
-                        if current is not None:
-                            yield CLOSE, current
-                        block = current = calls[call.get("index", 0)] = Block(
-                            TOOL, count, call.get("id") or new_id("call"), function.get("name") or "")
-                        count += 1
-                        yield OPEN, block
-                    fragment = function.get("arguments")
-                    if fragment:
-                        block.parts.append(fragment)
-                        yield DELTA, block, fragment
-                if choice.get("finish_reason"):
-                    reason, stop = choice["finish_reason"], choice.get("stop_reason")
-    if current is not None:
-        yield CLOSE, current
-    yield END, reason, usage, stop
 
 
 def chat_tools(functions: list[dict]) -> list[dict]:

@@ -2,11 +2,10 @@
 and the context-length rules."""
 from __future__ import annotations
 
-import asyncio
 import math
 
-from ...engine.errors import EngineError
-from ...runtime.runner import LOST, Generation, Resubmitted
+from ...engine.submission import Unfit, fit_error, room
+from ...runtime.runner import Generation, Resubmitted
 from ...system import offload
 from ...http.errors import ApiError, ErrorKind, invalid
 from . import params as gen_params
@@ -18,8 +17,6 @@ from .responses import Choice
 # an offload thread (offload.py), so 2,048 embedding inputs never stall the other clients. The
 # texts go to the model's runner, whose worker tokenizes them (runner.tokenize).
 OFF_LOOP_BYTES = 16 * 1024
-# Between two lookups of a model whose worker was lost under a request (across_a_restart).
-LOOKUP_PAUSE = 0.05
 
 
 async def tokenized(model, items: list, request, add_special: bool, parse_special: bool,
@@ -43,26 +40,6 @@ async def tokenized(model, items: list, request, add_special: bool, parse_specia
     return [next(tokens) if isinstance(item, str) else list(item) for item in items]
 
 
-async def across_a_restart(ctx, model_id: str, submit):
-    """`submit()` (from the model's lookup to its jobs' submit) again if the model's worker died
-    under it: looked up just before, the model's engine went away while the request was
-    rendered. A later lookup waits for the restarted worker (engine.restart_hold). The worker's
-    loss can reach the request (its engine closed) a loop turn before the registry says
-    `restarting`, so a lookup may still find the dead engine: tried again after a pause while
-    the hold's bound has not passed (a lookup begun before it may itself hold for the restart,
-    so a request waits at most about twice engine.restart_hold). A model unloaded meanwhile is
-    not loaded again for it."""
-    until = ctx.models.hold.deadline()
-    while True:
-        try:
-            return await submit()
-        except EngineError as exc:
-            if (exc.code not in LOST or ctx.models.state(model_id) not in ("restarting", "loaded")
-                    or asyncio.get_running_loop().time() >= until):
-                raise
-        await asyncio.sleep(LOOKUP_PAUSE)
-
-
 def owner_of(request) -> int:
     """Who a request counts against for the fair share of a model: its API key."""
     key = getattr(request, "key", None)
@@ -70,13 +47,12 @@ def owner_of(request) -> int:
 
 
 def check_fits(n_prompt: int, context_length: int, what: str = "prompt") -> None:
-    if n_prompt == 0:
-        raise invalid(f"the {what} is empty after tokenization")
-    if n_prompt >= context_length:
-        raise ApiError(ErrorKind.CONTEXT_LENGTH_EXCEEDED,
-                       f"this model's context is {context_length} tokens, but the {what} has "
-                       f"{n_prompt} tokens and at least one token must be left to generate",
-                       param="messages" if what == "messages" else "prompt")
+    """A prompt of token ids checked as the worker checks a text prompt (submission.fit_error)."""
+    unfit = fit_error(n_prompt, context_length, what)
+    if unfit is None:
+        return
+    kind = ErrorKind.CONTEXT_LENGTH_EXCEEDED if unfit[0] is Unfit.TOO_LONG else ErrorKind.INVALID_REQUEST
+    raise ApiError(kind, unfit[1], param="messages" if what == "messages" else "prompt")
 
 
 def check_share(ctx, model, n_jobs: int, param: str = "n") -> None:
@@ -98,8 +74,7 @@ def jobs_for(prompts: list[list[int]], gen: gen_params.GenerationParams, context
     max_tokens would pass it."""
     jobs = []
     for prompt in prompts:
-        room = context_length - len(prompt)
-        max_tokens = room if gen.max_tokens is None else min(gen.max_tokens, room)
+        max_tokens = room(len(prompt), gen.max_tokens, context_length)
         for j in range(gen.candidates):
             jobs.append((prompt, max_tokens, gen.sampling_for_choice(j)))
     return jobs

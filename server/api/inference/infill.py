@@ -125,7 +125,7 @@ async def infill(ctx, request) -> Response | StreamingResponse:
                                              gen.stop, generate.owner_of(request))
         return model, gen, prompt, stream
 
-    model, gen, prompt, stream = await generate.across_a_restart(ctx, model_id, submit)
+    model, gen, prompt, stream = await ctx.models.hold.across(model_id, submit)
     if gen.stream:
         return StreamingResponse(_events(model, gen, stream), b"text/event-stream")
     (choice,) = await generate.collect(model.runner, stream, 1)

@@ -23,7 +23,8 @@ from ...http.errors import ApiError, invalid
 from ...http.response import Response, StreamingResponse, json_response
 from ..errors import answer_of
 from . import chat, dialect, params
-from .dialect import CLOSE, DELTA, END, OPEN, REASONING, TEXT, TOOL, tag
+from .dialect import tag
+from ...serving.output import CLOSE, DELTA, OPEN, REASONING, TEXT, TOOL, Block, Message, block_events, blocks_of
 
 # ---- the body ---------------------------------------------------------------------------------
 
@@ -183,11 +184,11 @@ class Reply:
         self.created = int(time.time())
         self.v = v
 
-    def item_id(self, block: dialect.Block) -> str:
+    def item_id(self, block: Block) -> str:
         prefix = {TEXT: "msg", REASONING: "rs", TOOL: "fc"}[block.kind]
         return f"{prefix}_{self.id[5:]}{block.index:04d}"
 
-    def item(self, block: dialect.Block, whole: bool = True) -> dict:
+    def item(self, block: Block, whole: bool = True) -> dict:
         """The output item of `block`: whole and completed, or empty as it is added."""
         status = "completed" if whole else "in_progress"
         text = block.text() if whole else ""
@@ -241,9 +242,8 @@ def usage_of(usage: dict) -> dict:
             "total_tokens": prompt + completion}
 
 
-def response_of(answer: dict, reply: Reply) -> dict:
-    blocks, reason, usage, _ = dialect.blocks_of(answer)
-    return reply.response("completed", blocks, usage, reason)
+def response_of(message: Message, usage: dict, reply: Reply) -> dict:
+    return reply.response("completed", blocks_of(message), usage, message.finish)
 
 
 class Events:
@@ -258,14 +258,14 @@ class Events:
         self.n += 1
         return dialect.named_sse(kind, {"type": kind, "sequence_number": self.n - 1, **fields})
 
-    def at(self, kind: str, block: dialect.Block, **fields) -> bytes:
+    def at(self, kind: str, block: Block, **fields) -> bytes:
         """An event about one block's item (and its one content part)."""
         if block.kind != TOOL:
             fields["content_index"] = 0
         return self(kind, item_id=self.reply.item_id(block), output_index=block.index, **fields)
 
 
-def _part(block: dialect.Block, text: str) -> dict:
+def _part(block: Block, text: str) -> dict:
     return output_text(text) if block.kind == TEXT else {"type": "reasoning_text", "text": text}
 
 
@@ -275,7 +275,7 @@ async def events(run: chat.ChatRun, reply: Reply):
     yield event("response.in_progress", response=reply.response())
     blocks = []
     try:
-        async with contextlib.aclosing(dialect.block_events(run.chunks())) as stream:
+        async with contextlib.aclosing(block_events(run.steps(), run.usage)) as stream:
             async for what, *rest in stream:
                 if what == OPEN:
                     block = rest[0]
@@ -325,4 +325,5 @@ async def create(ctx, request) -> Response | StreamingResponse:
     reply = Reply(v)
     if v["stream"]:
         return StreamingResponse(events(run, reply), b"text/event-stream")
-    return json_response(response_of(await run.answer(), reply))
+    (message,) = await run.result()
+    return json_response(response_of(message, run.usage(), reply))

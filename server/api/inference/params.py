@@ -5,9 +5,8 @@ Unknown fields are ignored, as OpenAI's SDKs send fields a server may not know.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from ...engine.core import SAMPLING_FIELDS, SamplingParams
+from ...engine.core import SamplingParams
+from ...serving.request import GenerationParams, seed32 as _seed32
 from ...http import validate
 from ...http.errors import invalid
 from ...chat.gbnf import json_gbnf
@@ -27,53 +26,6 @@ DEFAULT_TEMPERATURE = 0.8
 DEFAULT_TOP_P = 0.95
 DEFAULT_TOP_K = 40
 DEFAULT_MIN_P = 0.05
-
-
-@dataclass
-class GenerationParams:
-    max_tokens: int | None          # None: until the context is full
-    stop: list[str]
-    n: int
-    stream: bool
-    include_usage: bool
-    sampling: SamplingParams
-    seed: int | None
-    top_logprobs: int               # alternatives per token (0: none)
-    logprobs: bool
-    grammar: str = ""
-    best_of: int = 0                # candidates generated per prompt (completions); 0: n
-    extra: dict = field(default_factory=dict)
-    format_stops: list[str] = field(default_factory=list)   # the chat format's, beside the client's
-
-    @property
-    def candidates(self) -> int:
-        """Choices generated per prompt: best_of, or n."""
-        return max(self.best_of, self.n)
-
-    @property
-    def engine_stops(self) -> list[str]:
-        """Every string that ends the text: the client's `stop`, then the format's."""
-        return self.stop + self.format_stops
-
-    def sampling_for_choice(self, index: int) -> SamplingParams:
-        """Choice i of a seeded request uses seed + i: distinct, and reproducible."""
-        if index == 0 or self.seed is None:
-            return self.sampling
-        params = _copy(self.sampling)
-        params.seed = _seed32(self.seed + index)
-        return params
-
-
-def _copy(p: SamplingParams) -> SamplingParams:
-    q = SamplingParams()
-    for name in SAMPLING_FIELDS:
-        setattr(q, name, getattr(p, name))
-    return q
-
-
-def _seed32(seed: int) -> int:
-    value = seed & 0xFFFFFFFF
-    return value if value != 0xFFFFFFFF else 0xFFFFFFFE   # 0xFFFFFFFF means "random" to llama.cpp
 
 
 # ---- the fields, described once: they validate and they are the OpenAPI document ----------
@@ -210,6 +162,21 @@ def _grammar(body: dict) -> str:
 
 
 def parse(body: dict, *, n_vocab: int, chat: bool) -> GenerationParams:
+    """read(), then the bounds that depend on the model's vocabulary."""
+    gen = read(body, chat=chat)
+    check_vocabulary(gen, n_vocab)
+    return gen
+
+
+def check_vocabulary(gen: GenerationParams, n_vocab: int) -> None:
+    """The bounds that depend on the model (top_k, logit_bias's token ids), checked once the
+    model is known."""
+    _at_most(gen.sampling.top_k, n_vocab, "top_k")
+    _in_vocabulary(gen.sampling.logit_bias, n_vocab)
+
+
+def read(body: dict, *, chat: bool) -> GenerationParams:
+    """The body's generation fields, each read once, checked against the spec's bounds."""
     v = (CHAT_FIELDS if chat else COMPLETION_FIELDS).read(body)
     max_tokens = v["max_completion_tokens"]
     if max_tokens is None:
@@ -236,12 +203,12 @@ def parse(body: dict, *, n_vocab: int, chat: bool) -> GenerationParams:
     s = SamplingParams()
     s.temperature = v["temperature"]
     s.top_p = v["top_p"]
-    s.top_k = _at_most(v["top_k"], n_vocab, "top_k")
+    s.top_k = v["top_k"]
     s.min_p = v["min_p"]
     s.presence_penalty = v["presence_penalty"]
     s.frequency_penalty = v["frequency_penalty"]
     s.repeat_penalty = v["repeat_penalty"]
-    s.logit_bias = _in_vocabulary(v["logit_bias"] or [], n_vocab)
+    s.logit_bias = list(v["logit_bias"] or [])
     s.min_tokens = v["min_tokens"]
     s.ignore_eos = v["ignore_eos"]
     s.speculative = v["speculative"]

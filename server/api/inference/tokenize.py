@@ -57,8 +57,8 @@ async def tokenize(ctx, request) -> Response:
     if len(asked) > 1:
         raise invalid("give 'add_special_tokens' or 'add_special', not both", "add_special")
     if v["messages"] is not None:
-        prepared = await chat.prepare(ctx, {**body, "model": _model_id(ctx, v["model"])})
-        model, tokens = prepared.model, prepared.prompt
+        prepared = await chat.prepare(ctx, chat.parse({**body, "model": _model_id(ctx, v["model"])}))
+        model, tokens = prepared.model, await prepared.prompt_tokens()
     else:
         model = await ctx.models.get(_model_id(ctx, v["model"]), "chat")
         # vLLM adds them by default, llama-server does not

@@ -1,9 +1,7 @@
-"""The tool fields of a chat request (`tools`, `tool_choice`, `parallel_tool_calls`), and each
-choice's answer read back into OpenAI's shapes: `message.tool_calls` and reasoning when whole,
-deltas when streamed."""
+"""The tool fields of a chat request (`tools`, `tool_choice`, `parallel_tool_calls`,
+`reasoning_effort`), checked. Each choice's answer is read back by serving/reader.py."""
 from __future__ import annotations
 
-import os
 import re
 
 from ...chat import limits
@@ -81,64 +79,3 @@ def read(body: dict) -> chat_tools.ToolRequest | None:
                           "tool_choice")
         choice = "required"
     return chat_tools.ToolRequest(tuple(out), choice or "auto", named, parallel)
-
-
-def new_call_id() -> str:
-    return f"call_{os.urandom(12).hex()}"
-
-
-class Reader:
-    """One choice's text read back into a message while it grows (`feed`, the stream's deltas)
-    and once it is whole (`message`)."""
-
-    __slots__ = ("parse", "text", "seen", "ids")
-
-    def __init__(self, parse):
-        self.parse = parse           # (text, final) -> (chat_tools.Message, complete)
-        self.text = ""
-        self.seen = chat_tools.Message()
-        self.ids: list[str] = []
-
-    def _id(self, index: int, call: chat_tools.Call) -> str:
-        while len(self.ids) <= index:
-            self.ids.append(call.id or new_call_id())
-        return self.ids[index]
-
-    def feed(self, text: str) -> list[dict]:
-        """The deltas the new text adds (reasoning, content, then each call: its name, then
-        fragments of its arguments)."""
-        self.text += text
-        new, _ = self.parse(self.text, False)
-        seen, out = self.seen, []
-        if len(new.reasoning) > len(seen.reasoning):
-            piece = new.reasoning[len(seen.reasoning):]
-            out.append({"reasoning_content": piece, "reasoning": piece})
-        if len(new.content) > len(seen.content):
-            out.append({"content": new.content[len(seen.content):]})
-        for i, call in enumerate(new.calls):
-            if i >= len(seen.calls):
-                out.append({"tool_calls": [{"index": i, "id": self._id(i, call), "type": "function",
-                                            "function": {"name": call.name, "arguments": ""}}]})
-                done = ""
-            else:
-                done = seen.calls[i].arguments
-            if len(call.arguments) > len(done):
-                out.append({"tool_calls": [{"index": i, "function": {
-                    "arguments": call.arguments[len(done):]}}]})
-        self.seen = new
-        return out
-
-    def message(self, text: str) -> tuple[dict, bool]:
-        """The whole answer as message fields, and whether it called tools."""
-        self.text = text
-        new, complete = self.parse(text, True)
-        if not complete and not new.calls and not new.content and not new.reasoning:
-            return {"content": text}, False       # cut short before anything could be read
-        fields: dict = {"content": new.content or (None if new.calls else "")}
-        if new.reasoning:
-            fields["reasoning_content"] = fields["reasoning"] = new.reasoning
-        if new.calls:
-            fields["tool_calls"] = [{"id": self._id(i, c), "type": "function",
-                                     "function": {"name": c.name, "arguments": c.arguments}}
-                                    for i, c in enumerate(new.calls)]
-        return fields, bool(new.calls)
