@@ -59,7 +59,7 @@ DEFAULTS: dict = {
         "kv_commit": "lazy",
         "kernels": "auto",        # our matmuls and decode attention (kernels/): auto (when the CPU has AVX2), off, or a path
         # prefills too on ggml's per-row arithmetic (decode steps always are): greedy answers
-        # independent of what shares a step, long prompts prefilled ~2.2x slower; needs kernels
+        # independent of what shares a step, long prompts prefilled slower (bench/README.md); needs kernels
         "batch_invariant": False,
         # draftless speculative decoding: ngram (prompt lookup, docs/engine.md) or off; drafted
         # tokens per sequence and step at most; the step's tokens drafts may fill up to
