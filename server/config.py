@@ -69,7 +69,7 @@ DEFAULTS: dict = {
         "isolation": "worker",    # worker: each model's engine in a supervised process; inline
         # workers' OpenMP threads at a barrier: passive (sleep), active (spin), inherit (the
         # daemon's environment). Spinning teams of two workers on the same cores starve each other
-        # and the event loop (README, "Engine threads").
+        # and the event loop (docs/engine.md, "Engine threads").
         "omp_wait_policy": "auto",   # auto: chat workers libgomp's default, embedding workers passive
         "embedding_nice": 5,      # embedding workers' niceness (0-19): chat streams and the loop first
         "restart_hold": 10.0,     # seconds a request waits for its model's restarting worker; 0: 503 at once
