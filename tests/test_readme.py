@@ -4,6 +4,7 @@ figure lives with its command, CPU and date), and every link it has leading some
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,3 +64,39 @@ def test_anchor_is_githubs():
     assert anchor("Start-up and memory") == "start-up-and-memory"
     assert anchor("Kernels: per-row arithmetic (`engine.batch_invariant`)") == \
         "kernels-per-row-arithmetic-enginebatch_invariant"
+
+
+def commands() -> list[list[str]]:
+    """Every command of the README's ```sh blocks, as words: continuations joined, comments and
+    environment assignments dropped, `&&`, `;`, `|` and `&` separating commands."""
+    found = []
+    for block in re.findall(r"```sh\n(.*?)```", README.read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"(^|\s)#.*", "", line)
+            for part in re.split(r"&&|;|\||&", line):
+                words = shlex.split(part)
+                while words and re.match(r"[A-Z_]+=", words[0]):
+                    words.pop(0)
+                if words:
+                    found.append(words)
+    for span in re.findall(r"`((?:\.venv/bin/stackd|make) [^`]+)`", README.read_text()):
+        found.append(shlex.split(span))
+    return found
+
+
+def test_every_make_target_and_stackd_command_in_the_readme_exists():
+    from stackd.cli import build_parser
+
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    seen = 0
+    for words in commands():
+        if words[0] == "make":
+            assert words[1] in targets, f"README.md runs `make {words[1]}`, which the Makefile lacks"
+            seen += 1
+        elif words[0].endswith("bin/stackd"):
+            try:
+                build_parser().parse_args(words[1:])
+            except SystemExit:
+                raise AssertionError(f"the CLI refuses the README's `{' '.join(words)}`") from None
+            seen += 1
+    assert seen >= 6, commands()          # make run, make test, make wheels, make image, stackd ...
