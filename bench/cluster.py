@@ -697,10 +697,10 @@ print(*rates)
 def cores_together(seconds: float = 0.7) -> str:
     """CPUs 0 and 1 busy at once against CPU 0 alone: a small matmul's rate (~100 % on two
     cores of their own; ~60 % where the host runs both vCPUs on one physical core's two
-    threads) and memory reads (what a decode step streams its weights at). On the AMD EPYC VM
-    of 2026-11-28 one core alone read 39-43 GB/s and two at once 25-27 each: a single stream,
-    which reads every weight once a token, then gains at most ~1.4x from two nodes on these two
-    cores, whatever the exchanges cost (separate devices each have their own memory). Taken
+    threads) and memory reads (what a decode step streams its weights at). Two cores reading at
+    once each read less than one alone (bench/README.md, "Cluster"), which bounds what a single
+    stream, reading every weight once a token, gains from two nodes on these two cores, whatever
+    the exchanges cost (separate devices each have their own memory). Taken
     before each --pin round: the host may change either between rounds."""
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 

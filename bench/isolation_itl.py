@@ -2,7 +2,7 @@
 tokens/s at many clients (--clients 16).
 
 A ratio of two ITL medians taken minutes apart moves by more than the 3 % it is meant to
-judge (this machine gave 0.98x to 1.26x for the same build): the CPU's frequency and whatever
+judge (bench/README.md, "Engine worker against inline"): the CPU's frequency and whatever
 else runs drift between the two runs. Here both daemons are up at once (the one not measured is
 idle) and short rounds alternate, worker, inline, inline, worker, ... (ABBA, so a drift within a
 pair does not favour one side); each pair gives a ratio, and the median of the pairs' ratios is
@@ -12,8 +12,8 @@ the figure.
 
 Same request as bench/inference.py (128 greedy tokens, end-of-generation suppressed), 16 slots
 of 512 tokens, the chat model only. Targets (engine-worker issue): ITL p50 at one client
-worker <= 1.03x inline; tokens/s at 16 clients worker >= 0.98x inline. A 30 s run of each, one
-after the other, has given 0.78x to 1.0x for the second with no change between runs.
+worker <= 1.03x inline; tokens/s at 16 clients worker >= 0.98x inline. Runs of each one after
+the other moved by more than that with no change between them (bench/README.md).
 """
 from __future__ import annotations
 

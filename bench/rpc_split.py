@@ -9,7 +9,7 @@ one thread per node, loopback, the rows of bench/cluster_pipeline.py's `measure`
   layer, native relay  through the relay and the dialer, bytes pumped by native/splice.cpp
   layer, python relay  the same with STACKD_RELAY=python: Python threads copy (before)
 
-(llama.cpp's tensor split over RPC, measured here until 2026-11-28 at 0.05x one node, is gone: a
+(llama.cpp's tensor split over RPC, measured here until 2026-11-28 (bench/README.md, "What changed"), is gone: a
 tensor split is now a shard per node with its own exchange, bench/cluster.py's tensor rows.)
 
     .venv/bin/python bench/rpc_split.py [--rounds 3] [--pin] [--follower-layers 11]

@@ -8,7 +8,7 @@ mid-stream); the worker named by /v1/nodes is killed with SIGKILL; the script re
   * crash -> first error: until the first stream ends with its error event (or a 503),
   * crash -> last error:  until every stream has ended,
   * crash -> serving:     until a new completion answers 200 again (restart backoff included).
-Medians over the runs. The engine-worker issue asks for these figures in the README.
+Medians over the runs; the figures are in bench/README.md ("Robustness").
 
     .venv/bin/python bench/worker_crash.py --load [--requests 400] [--clients 16] [--restart-hold 10]
 

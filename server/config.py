@@ -59,7 +59,7 @@ DEFAULTS: dict = {
         "kv_commit": "lazy",
         "kernels": "auto",        # our matmuls and decode attention (kernels/): auto (when the CPU has AVX2), off, or a path
         # prefills too on ggml's per-row arithmetic (decode steps always are): greedy answers
-        # independent of what shares a step, long prompts prefilled ~2.2x slower; needs kernels
+        # independent of what shares a step, long prompts prefilled slower (bench/README.md); needs kernels
         "batch_invariant": False,
         # draftless speculative decoding: ngram (prompt lookup, docs/engine.md) or off; drafted
         # tokens per sequence and step at most; the step's tokens drafts may fill up to
@@ -69,7 +69,7 @@ DEFAULTS: dict = {
         "isolation": "worker",    # worker: each model's engine in a supervised process; inline
         # workers' OpenMP threads at a barrier: passive (sleep), active (spin), inherit (the
         # daemon's environment). Spinning teams of two workers on the same cores starve each other
-        # and the event loop (README, "Engine threads").
+        # and the event loop (docs/engine.md, "Engine threads").
         "omp_wait_policy": "auto",   # auto: chat workers libgomp's default, embedding workers passive
         "embedding_nice": 5,      # embedding workers' niceness (0-19): chat streams and the loop first
         "restart_hold": 10.0,     # seconds a request waits for its model's restarting worker; 0: 503 at once

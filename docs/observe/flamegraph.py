@@ -1,9 +1,9 @@
-"""Render `perf script` output as an SVG flame graph (the picture in README "Profiling").
+"""Render `perf script` output as an SVG flame graph (the picture in docs/observability.md, "Profiling").
 
     perf record -F 97 --call-graph dwarf,65528 -p PID -o perf.data -- sleep 10
     perf script -i perf.data | python docs/observe/flamegraph.py > flame.svg
 
-Brendan Gregg's FlameGraph scripts do the same and more; this is the few lines the README's
+Brendan Gregg's FlameGraph scripts do the same and more; this is the few lines that
 picture needs, so rendering one takes nothing beyond perf and Python.
 """
 from __future__ import annotations

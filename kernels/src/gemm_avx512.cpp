@@ -28,8 +28,8 @@ template <> struct Lanes<2> { using I = __m512i; using F = __m512; };
 
 // Two row groups a tile (a 512-bit tile) from kPairsFrom tokens, else one (256 bits). Below
 // kPairsFrom tokens a step is bound by reading the weights, and a pair's two streams (its
-// groups lie nb blocks apart) read DRAM at about 0.6x the rate of one group after another here
-// (576 x 393216 at one token, two threads: 7.4 against 4.5-5.5 ms); from kPairsFrom tokens the
+// groups lie nb blocks apart) read DRAM slower than one group after another (bench/README.md,
+// "Measurements behind design choices"); from kPairsFrom tokens the
 // arithmetic dominates and pairs win. Tokens per tile: the eight weight vectors of a block are
 // reused by each, and a token needs one accumulator, so eight tokens fit the 32 registers with
 // the temporaries.

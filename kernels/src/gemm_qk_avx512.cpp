@@ -225,8 +225,7 @@ struct Q6K : Avx512K {
     using Block = Q6Kx8Block;
     // Pairs at every batch: rebuilding the 6-bit weights (two loads, a shift and a ternary
     // logic op a quad) outweighs the weight stream even at one token, so 16 rows a vector win
-    // there too (kernels/README.md, "The K-quants": 0.6-0.75x ggml at one token with 8 rows,
-    // 0.87-1.0x with 16).
+    // there too (bench/README.md, "K-quants").
     static constexpr int64_t kPairsFrom = 1;
 
     template <int TT, int NG>

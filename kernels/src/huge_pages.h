@@ -9,10 +9,10 @@
 // So our weight buffers are only aligned to huge pages when allocated, and, with llama.cpp's
 // KV cache when it is committed at load (engine.kv_commit = eager; a lazy one stays on small
 // pages, lazy_commit.h), marked when a graph first uses them; the kernel's khugepaged
-// collapses them in the background. Measured with the weights faulted as huge pages from the start (AMD EPYC Zen 4,
-// Q4_K_M file, four interleaved runs each): decode 2-15 % faster at one stream, 3-20 % at 16;
-// a collapse (MADV_COLLAPSE) on a thread of its own at the first graph got most of that back
-// but slowed the first answer to 1.3-1.8x llama-server's on two cores. khugepaged's pace
+// collapses them in the background. Weights faulted as huge pages from the start decode faster,
+// and a collapse (MADV_COLLAPSE) on a thread of its own at the first graph got most of that back
+// but slowed the first answer past llama-server's on two cores (bench/README.md, "Measurements
+// behind design choices"). khugepaged's pace
 // (16 MB every 10 s by default) is the price of a quick start.
 #pragma once
 

@@ -12,7 +12,7 @@ namespace stackd {
 
 // How many row groups ahead the tiles prefetch. At a few tokens the kernels stream the
 // weights once, and the hardware prefetcher alone left a thread well under the bandwidth it
-// can read (9.5 against 20 GB/s here, one thread, one token).
+// can read (bench/README.md, "Measurements behind design choices").
 constexpr int64_t kPrefetchGroupsAhead = 4;
 
 // Asks for the cache lines of block b of the row group kPrefetchGroupsAhead groups after

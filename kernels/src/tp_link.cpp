@@ -51,7 +51,7 @@ constexpr size_t kAnyLength = SIZE_MAX;
 
 // How long a follower polls for its leader's next control message before it sleeps in poll().
 // Between two steps of a stream the leader samples and plans (tens to a few hundred us); a wake
-// from poll() costs a virtual machine's vCPU ~25 us or more (bench/tp_exchange.py's ping-pong),
+// from poll() costs a virtual machine's vCPU tens of us (bench/tp_exchange.py's ping-pong),
 // paid every step on the critical path. An idle follower spins this long once a message.
 constexpr int kControlSpinUs = 1000;
 

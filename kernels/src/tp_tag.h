@@ -2,9 +2,9 @@
 // nothing to encrypt, over the system's libcrypto (OpenSSL 3), opened with dlopen at the first
 // attach rather than linked: libcrypto.so.3 is on every machine Python's hashlib runs on, its
 // headers and link symlink (libssl-dev) are not, and the kernels library gains no build or load
-// dependency. Poly1305 runs at ~15 GB/s where HMAC-SHA256 ran at ~1.8 (Zen 5, OpenSSL 3.0): a
-// 2.3 KiB partial sum's tag 0.4 us instead of 1.3, a 98 KiB logits row's 6.5 us instead of 57, on
-// both ends of every exchange (bench/tp_exchange.py --native).
+// dependency. Poly1305 runs several times faster than the HMAC-SHA256 used before, a cost paid on
+// both ends of every exchange (bench/tp_exchange.py --native; bench/README.md, "Measurements
+// behind design choices").
 //
 // The nonce is the frame header's kind, sender and step (its bytes 4..16). A link's key is its
 // session's (fresh per connection, frames.py's handshake) and tags the frames of one attached

@@ -14,7 +14,7 @@
 using logit_bias_list = std::vector<std::pair<int32_t, float>>;
 
 // The one list of a request's sampling parameters: the struct below, the Python bindings
-// (native/bindings.cpp) and the worker's wire format (server/engine/clients.py reads the
+// (native/bindings.cpp) and the worker's wire format (server/runtime/clients.py reads the
 // bound names) all come from it. X(type, name, default).
 #define STACKD_SAMPLING_FIELDS(X)                                                        \
     X(float,           temperature,       1.0f)         /* 0: greedy */                  \

@@ -296,8 +296,8 @@ batch_plan scheduler::schedule() {
 // The items by slot, lowest first. Each slot is a KV stream of its own, and llama.cpp puts in one
 // ubatch (one pass over the weights) only sequences whose ids rise by one from item to item
 // (split_equal, sequential): in admission order, sixteen running slots could make two or more
-// passes a step (one request whose slot came back out of order: 0.6-0.75x the step rate,
-// bench/kernels_engine.py's 16 streams after a single one). Drafts were handed out in running
+// passes a step (one request whose slot came back out of order; bench/README.md, "Issue 23's
+// 16-stream targets"). Drafts were handed out in running
 // order before this, so which request drafts first does not change.
 void scheduler::in_slot_order(batch_plan & plan) {
     std::stable_sort(plan.items.begin(), plan.items.end(),
@@ -338,8 +338,8 @@ void scheduler::add_drafts(batch_plan & plan) {
 // is judged; under a quarter accepted, it drafts nothing for its next k_draft_rest_tokens tokens
 // while other sequences share its steps, then tries again (what it generates may start copying
 // later). A sequence alone in its steps always drafts (add_drafts). Two replicas of 8 streams each
-// drafted into every half-empty step with 16 % accepted: 0.64x one node, against 1.33x without
-// drafts (bench/cluster.py --replicas, 2026-11-28). Output is the same either way: a draft only
+// drafted into every half-empty step with few drafts accepted, and fell below one node
+// (bench/README.md, "Cluster: replicas at 16 clients"). Output is the same either way: a draft only
 // ever changes how many tokens a step verifies.
 static constexpr int32_t k_draft_judge_tokens = 16;
 static constexpr int32_t k_draft_rest_tokens = 64;

@@ -14,7 +14,7 @@
 // token every step, and the expensive key gets the engine time the cheap one leaves unused.
 // With one owner running nothing changes.
 //
-// All times are integer microseconds, so the Python twin (server/engine/time_share.py) makes
+// All times are integer microseconds, so the Python twin (tests/engine/oracle/time_share.py) makes
 // the same decisions.
 #pragma once
 

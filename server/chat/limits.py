@@ -2,7 +2,7 @@
 
 Process-wide, set once at start-up by the daemon (`configure`), read where the work happens:
 the grammar budget (grammar.py), the chat template sandbox (sandbox.py) and the engines' fair
-share. Every one is documented in the README's "Hostile input" section with its error.
+share. Every one is documented in docs/hostile-input.md with its error.
 """
 from __future__ import annotations
 

@@ -24,26 +24,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Both ends of one exchange, the link's time aside: the two frames' tags (ChaCha20-Poly1305 over
-# 2.3 KiB, ~0.4 us each), the system calls, the sum. On loopback (AMD EPYC Zen 5, a core per
-# node) an exchange alone takes 6.6 us (bench/tp_exchange.py --native), where the connect round
-# trip (links.py, Python) says ~15 us: its half, 7.5, is already more than the whole exchange,
-# so what is left for the ends is small. Inside decode steps an exchange took 7.6-12.9 us a
-# token (bench/cluster.py --tensor --trace, 2026-11-28), the rest being one node waiting for the
-# other's share.
+# 2.3 KiB), the system calls, the sum. On loopback a whole exchange (bench/tp_exchange.py
+# --native) takes less than half the connect round trip links.py measures in Python, so what is
+# left for the ends is small; inside decode steps the rest is one node waiting for the other's
+# share (bench/README.md, "Cluster" and "Cluster: the planner's rule against the bench").
 EXCHANGE_FIXED_US = 3.0
 # What a layer costs on every node of a split whatever its share: its ~15 graph nodes' dispatch,
 # the norms, the residual adds, and, for nodes on one machine, the memory they read at once (two
-# Zen 5 cores of one VM read 25-30 GB/s each together against 36-43 alone; a single stream's
-# decode is bound by it). Fitted to bench/cluster.py --tensor --trace on those two cores: the
-# leader's compute inside a SmolLM2 step took 1.1 ms (memory to spare) to 2.2 ms (shared) where
-# half the model alone is 1.35: ~0 to ~28 us a layer; 25 here.
+# cores reading together each read less than one alone; a single stream's decode is bound by
+# it). Fitted to bench/cluster.py --tensor --trace on two cores: the leader's compute inside a
+# SmolLM2 step against half the model alone (bench/README.md, "Cluster").
 LAYER_SERIAL_US = 25.0
 DEFAULT_RATE_GBIT = 1.0         # a link's rate when nothing says otherwise (a device's Ethernet)
 LOOPBACK_RATE_GBIT = 100.0      # nodes on one machine (loopback): memory copies, not a wire
-# Nodes on one machine share its memory, and a decode step streams every weight: on the two
-# Zen 5 cores of 2026-11-28's VM one core alone read 35-43 GB/s and two at once 24-37 each
-# (bench/cluster.py's probe), so two nodes' shards took ~0.65 of one node's whole step at best
-# (1B-class, one stream: 12.2 ms against 18.4). On loopback a split's compute is at least this
+# Nodes on one machine share its memory, and a decode step streams every weight: two cores at
+# once each read less than one alone (bench/cluster.py's probe), so two nodes' shards took about
+# this share of one node's whole step at best (1B-class, one stream; bench/README.md,
+# "Cluster: the tensor split"). On loopback a split's compute is at least this
 # share of one node's step. Nodes on machines of their own each read their own memory.
 ONE_MACHINE_STEP_SHARE = 0.65
 PAYS_AT = 1.15                  # a tensor split is chosen when it predicts this speedup or more

@@ -154,8 +154,8 @@ def place(need: Need, nodes: list[NodeOffer], leader_id: str, split_mode: str = 
 def default_lanes(placement: Placement, nodes: list[NodeOffer], slots: int) -> int:
     """A lane per node of a layer split whose counts followed every node's measured compute:
     each node's part of a step then takes about as long, so while one lane steps on a node the
-    others step on the rest (docs/cluster.md "Lanes": 1.2-1.3x one node with the parts
-    balanced, where one lane leaves each node idle while the others work). One lane when a node is unmeasured (memory decided,
+    others step on the rest (docs/cluster.md "Lanes"; bench/README.md, "Cluster": two lanes beat
+    one node with the parts balanced, where one lane leaves each node idle while the others work). One lane when a node is unmeasured (memory decided,
     the parts may be far apart) or when the slots would leave a lane fewer than LANE_MIN_SLOTS."""
     placed = {s.node_id for s in placement.shares}
     if any(n.compute <= 0 for n in nodes if n.id in placed):

@@ -210,8 +210,8 @@ def tp_attach(rank: int, socks_or_fds: list, keys: list, vocab_cut: list[int], d
     over: a socket object is detached here, so Python never closes them. vocab_cut: n + 1 row
     boundaries of the vocabulary projection (cluster/shard.py's vocab_cut()). deadline_ms bounds every exchange;
     spin_us is how long one tries its sockets, yielding the core between tries, before sleeping
-    in poll (on loopback, pinned: 7.2 us an exchange spinning, 14.3 without: a wake-up costs what
-    the exchange does; kernels/README.md, "Tensor parallelism"; the daemon's groups spin 2 ms,
+    in poll (a wake-up costs what the exchange does: bench/README.md, "Kernels: one exchange of
+    the tensor split"; the daemon's groups spin 2 ms,
     runtime/tensor_group.py). Needs register() first (the kernels
     run the exchanges inside their graphs) and must come before the graphs that exchange run.
     TensorParallelError with the library's reason when refused (the fds are closed then)."""

@@ -65,8 +65,8 @@ class EngineConfig:
 
     def omp_wait_policy_for(self, embeddings: bool) -> str:
         """`auto`: a generation worker keeps libgomp's default (spin a little, then sleep: what
-        llama-server and an inline engine do; sleeping at once cost 3x its tokens/s on a quiet
-        machine, where ggml's barriers after each operation are the hot path), an embedding
+        llama-server and an inline engine do; sleeping at once cost most of its tokens/s on a quiet
+        machine (bench/README.md, "OpenMP waits"), where ggml's barriers after each operation are the hot path), an embedding
         worker sleeps at once (its bulk batches must not spin against the chat model's threads
         on the same cores)."""
         if self.omp_wait_policy != "auto":

@@ -426,7 +426,7 @@ def main(fd: int, parent: int) -> int:
     # The C socket type that socket.socket wraps: the socket module turns hundreds of constants
     # into enums at import (~0.3 MB of a worker's memory, measured), and nothing here needs them.
     sock = _socket.socket(fileno=fd)
-    # llama.cpp from the very file the daemon maps (server/engine/native.py), so the two
+    # llama.cpp from the very file the daemon maps (engine/core.py), so the two
     # processes share its code pages: the wheel ships libllama.so and .so.0 as two copies.
     # Loaded before the start message: a spare worker (runtime/worker_process.py) has it
     # loaded by the time its model is chosen.

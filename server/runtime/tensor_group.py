@@ -27,10 +27,10 @@ from .tensor_host import ENGINE_FIELDS, shard_cache
 START_DEADLINE = 120.0          # seconds a follower has to cut its shard and spawn its worker
 EXCHANGE_DEADLINE_MS = 2000     # one exchange at most: a peer silent this long is lost
 # How long an exchange polls its sockets before it sleeps in poll(). Mid-step, a node waits for
-# the slower node's half layer: on a 1B-class model that is often over 100 us, and a node that
-# slept then pays a wake-up (20-50 us in a KVM guest) at each of 33 exchanges a token. 2 ms
-# covers nearly every wait inside a step (1B-class single stream, 2026-11-29: 1.72x one node
-# against 1.56x with 50 us; SmolLM2 unchanged); an idle group still sleeps (a follower polls 1 ms
+# the slower node's half layer: on a 1B-class model that is often longer than a short spin, and a
+# node that slept then pays a wake-up at each of 33 exchanges a token. 2 ms covers nearly every
+# wait inside a step (the figures against 50 us: bench/README.md, "Cluster" and "What changed");
+# an idle group still sleeps (a follower polls 1 ms
 # for its next control message, then sleeps).
 SPIN_US = 2000
 

@@ -1,4 +1,4 @@
-"""server/models/oci.py against the real docker-registry and against a misbehaving one."""
+"""server/store/oci.py against the real docker-registry and against a misbehaving one."""
 from __future__ import annotations
 
 import asyncio

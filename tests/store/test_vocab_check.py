@@ -1,4 +1,4 @@
-"""server/models/vocab_check.py: what llama-vocab.cpp asserts or throws, refused before a load.
+"""server/store/vocab_check.py: what llama-vocab.cpp asserts or throws, refused before a load.
 
 The rules are tested on tiny GGUFs written by gguf.GGUFWriter with one thing wrong; the
 child-process load is tested on the real llama.cpp, including a vocabulary that makes it

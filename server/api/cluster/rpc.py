@@ -72,8 +72,8 @@ ROUTES = {
 
 
 def register() -> bool:
-    """Add these routes to the internal group (server/cluster/internal.py, the membership
-    side's). Until that module exists there is no internal group to join: False."""
+    """Add these routes to the internal group (api/cluster/internal.py, the membership
+    side's). Without that module there is no internal group to join: False."""
     try:
         from . import internal
     except ImportError:

@@ -20,8 +20,8 @@ Frame, both ways (little endian):
     tag = ChaCha20-Poly1305(session key, nonce = header[4:16], associated data = header + payload,
                             nothing encrypted)  (RFC 8439; its 16-byte tag)
 
-Poly1305 rather than HMAC-SHA256: ~15 GB/s against ~1.8 on the CPUs measured (Zen 5, OpenSSL 3),
-a cost both ends of every exchange pay (kernels/src/tp_tag.h). Its one-time key needs a nonce
+Poly1305 rather than HMAC-SHA256: several times faster (bench/README.md, "Measurements behind
+design choices"), a cost both ends of every exchange pay (kernels/src/tp_tag.h). Its one-time key needs a nonce
 that never repeats under a key: the nonce is the header's kind, sender and step; the session key
 is fresh per connection and tags one group's frames, whose step counter only rises, and a node
 sends one frame of a kind per step.
