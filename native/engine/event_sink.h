@@ -7,7 +7,7 @@
 
 #include <vector>
 
-struct engine_event;   // engine.h
+struct engine_event;   // engine_event.h
 
 class event_sink {
 public:

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "engine.h"
+#include "engine_event.h"
 
 // Appends the events to `out`.
 void encode_events(const std::vector<engine_event> & events, std::string & out);

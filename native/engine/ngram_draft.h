@@ -2,7 +2,7 @@
 // prompt (extracts, rewrites, fills JSON, edits code) tends to go on the way the text it copies
 // went on, so the tokens that followed the latest earlier occurrence of its last n tokens are a
 // guess at its next ones, made with no draft model. The engine verifies the guess in the batch
-// (engine.cpp, sample_drafted), so a wrong guess costs compute, never correctness.
+// (engine_generate.cpp, sample_drafted), so a wrong guess costs compute, never correctness.
 #pragma once
 
 #include <cstdint>

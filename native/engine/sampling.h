@@ -10,6 +10,7 @@
 #include "llama.h"
 
 #include "grammar_prefix.h"
+#include "logprob.h"
 
 using logit_bias_list = std::vector<std::pair<int32_t, float>>;
 
@@ -47,17 +48,6 @@ struct sampling_params {
 #define STACKD_SAMPLING_MEMBER(type, name, init) type name = init;
     STACKD_SAMPLING_FIELDS(STACKD_SAMPLING_MEMBER)
 #undef STACKD_SAMPLING_MEMBER
-};
-
-struct token_logprob {
-    int32_t     token;
-    float       logprob;
-    std::string piece;
-};
-
-struct logprob_entry {
-    token_logprob              chosen;
-    std::vector<token_logprob> top;
 };
 
 // How the sampler finds a token the grammar allows once the grammar has rejected the pick.

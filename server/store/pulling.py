@@ -1,7 +1,7 @@
 """Pull a model from the configured registry into the store.
 
 The OCI mechanics (manifests, bearer challenge, verified and resumable blob downloads,
-shared in-flight downloads) live in oci.py. This module adds the store's side: the GGUF
+shared in-flight downloads) live in oci/. This module adds the store's side: the GGUF
 layer is checked with gguf_check and its vocabulary with vocab_check (llama.cpp loads it
 in a child process) before any manifest names it, and a file that fails either check is
 deleted, so a crafted model never reaches the daemon's llama.cpp.

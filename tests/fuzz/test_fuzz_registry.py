@@ -1,4 +1,4 @@
-"""Fuzz: manifests and registry answers -> the OCI client (server/store/oci.py).
+"""Fuzz: manifests and registry answers -> the OCI client (server/store/oci/).
 
 Properties:
 - a manifest, a model name, a challenge header are parsed or refused with PullError, never

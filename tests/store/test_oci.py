@@ -1,4 +1,4 @@
-"""server/store/oci.py against the real docker-registry and against a misbehaving one."""
+"""server/store/oci/ against the real docker-registry and against a misbehaving one."""
 from __future__ import annotations
 
 import asyncio
@@ -536,7 +536,7 @@ def test_size_over_free_disk_is_507(bad, tmp_path, monkeypatch):
 
     class Usage:
         total, used, free = 1 << 40, 1 << 40, 1000
-    monkeypatch.setattr(oci.shutil, "disk_usage", lambda path: Usage)
+    monkeypatch.setattr(oci.puller.shutil, "disk_usage", lambda path: Usage)
     puller = Puller(lambda: RegistryClient(bad.url), str(tmp_path / "c"), disk_reserve=0)
     with pytest.raises(PullError) as e:
         run(collect(puller, parse_reference("tiny")))
