@@ -22,7 +22,7 @@ NATIVE_INPUTS := setup.py server/compiled.py $(wildcard server/*.py server/http/
                  kernels/CMakeLists.txt kernels/fetch_ggml_source.py $(wildcard packaging/native/*.cpp)
 MINILM := $(VENV)/share/stackd/models/all-minilm-l6-v2.gguf
 
-.PHONY: setup run test test-deps bench fuzz clean mutate wheels image test-image test-image-stage
+.PHONY: setup run test test-deps bench fuzz clean mutate wheels image test-image test-image-stage test-aarch64
 
 # uPlot, the console dashboard's charts: a pinned version from the npm registry, its published
 # sha512 checked, served by the console as a static file (no CDN: the console works offline)
@@ -88,11 +88,12 @@ image: wheels test-deps
 # puts cluster nodes in network namespaces (stackd.testing.netns; the tests marked netns).
 # For the device image (tests/image): mmdebstrap builds it, debugfs (e2fsprogs) reads and
 # writes its file system, qemu boots it, systemd-analyze rates the unit, and Debian's aarch64
-# cross compilers build the native parts for aarch64.
+# cross compilers build the native parts for aarch64, and qemu's user mode runs our kernels'
+# aarch64 paths (tests/kernels/test_aarch64.py).
 TEST_PACKAGES := docker-registry:docker-registry postgresql:initdb chromium:chromium \
                  chromium-driver:chromedriver iproute2:ip mmdebstrap:mmdebstrap e2fsprogs:debugfs \
                  qemu-system-x86:qemu-system-x86_64 systemd:systemd-analyze \
-                 g++-aarch64-linux-gnu:aarch64-linux-gnu-g++
+                 g++-aarch64-linux-gnu:aarch64-linux-gnu-g++ qemu-user-static:qemu-aarch64-static
 test-deps:
 	@missing=""; for entry in $(TEST_PACKAGES); do \
 	  command -v "$${entry#*:}" >/dev/null 2>&1 || [ -x /usr/lib/postgresql/15/bin/$${entry#*:} ] \
@@ -120,10 +121,15 @@ IMAGE_STAGE_MIN_SECONDS ?= 900
 
 test: setup test-deps
 	@echo "make test: set up in $$(( $$(date +%s) - $(TEST_STARTED) )) s"
-	STACKD_FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) $(PY) -m pytest -m "not image and not cross" $(PYTEST_ARGS)
+	STACKD_FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) $(PY) -m pytest -m "not image and not cross and not aarch64_full" $(PYTEST_ARGS)
 	STACKD_PURE_PYTHON=1 $(PY) -m pytest $(FAST_SUITES) $(PYTEST_ARGS)
 	@echo "make test: suites done at $$(( $$(date +%s) - $(TEST_STARTED) )) s"
 	@$(MAKE) --no-print-directory test-image-stage TEST_STARTED=$(TEST_STARTED)
+
+# Our kernels' aarch64 paths under qemu-aarch64, in full: the quick shapes `make test` runs and
+# the full sweep (tests/kernels/test_aarch64.py; a few minutes under TCG).
+test-aarch64: test-deps
+	$(PY) -m pytest tests/kernels/test_aarch64.py -m "aarch64 or aarch64_full" $(PYTEST_ARGS)
 
 test-image-stage:
 	@if [ -z "$$CI" ]; then exec $(MAKE) --no-print-directory test-image; fi; \

@@ -69,10 +69,12 @@ struct AttentionTask {
 
 using AttendFn = void (*)(const AttentionTask &task);
 
-// Each path's body (attention_scalar.cpp, attention_avx2.cpp, attention_avx512.cpp).
+// Each path's body (attention_scalar.cpp; x86: attention_avx2.cpp, attention_avx512.cpp;
+// aarch64: attention_neon.cpp, for both NEON paths).
 void attend_scalar(const AttentionTask &task);
 void attend_avx2(const AttentionTask &task);
 void attend_avx512(const AttentionTask &task);
+void attend_neon(const AttentionTask &task);
 
 // The f16 bits of -inf: a mask value that hides a cell.
 constexpr uint16_t kMaskedBits = 0xFC00;

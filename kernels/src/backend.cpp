@@ -16,16 +16,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#endif
-
 #include "ggml-backend-impl.h"
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"  // the header's static helpers we do not use
 #include "attention.h"
 #include "ggml-impl.h"  // ggml_custom_op_params: how a GGML_OP_CUSTOM node names its function
 #pragma GCC diagnostic pop
+#include "candidates_scan.h"
 #include "get_rows.h"
 #include "huge_pages.h"
 #include "lazy_commit.h"
@@ -500,47 +497,10 @@ bool candidate_before(const tp::Candidate &a, const tp::Candidate &b) {
     return a.logit > b.logit || (a.logit == b.logit && a.token < b.token);
 }
 
-// The first index from `from` on whose value is above `floor` (NaN never is), or n.
-int64_t above_scalar(const float *x, int64_t from, int64_t n, float floor) {
-    for (int64_t i = from; i < n; i++) {
-        if (x[i] > floor) return i;
-    }
-    return n;
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f"))) int64_t above_avx512(const float *x, int64_t from, int64_t n, float floor) {
-    const __m512 f = _mm512_set1_ps(floor);
-    int64_t i = from;
-    for (; i + 16 <= n; i += 16) {
-        const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), f, _CMP_GT_OQ);
-        if (m) return i + __builtin_ctz(m);
-    }
-    return above_scalar(x, i, n, floor);
-}
-
-__attribute__((target("avx2"))) int64_t above_avx2(const float *x, int64_t from, int64_t n, float floor) {
-    const __m256 f = _mm256_set1_ps(floor);
-    int64_t i = from;
-    for (; i + 8 <= n; i += 8) {
-        const int m = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), f, _CMP_GT_OQ));
-        if (m) return i + __builtin_ctz(m);
-    }
-    return above_scalar(x, i, n, floor);
-}
-#endif
-
-using AboveFn = int64_t (*)(const float *, int64_t, int64_t, float);
-
+// The scan for the first logit above the floor: each ISA's in its own file (candidates_scan.h),
+// chosen by the CPU, not by the kernels' path (a forced scalar path still scans with SIMD).
 AboveFn above_fn() {
-    static const AboveFn chosen = [] {
-#if defined(__x86_64__) && defined(__GNUC__)
-        // the kernels' own detection (cpu_features.h), which also asks whether the OS saves the registers
-        if (cpu_supports(Path::Avx512)) return (AboveFn)above_avx512;
-        if (cpu_supports(Path::Avx2)) return (AboveFn)above_avx2;
-#endif
-        return (AboveFn)above_scalar;
-    }();
+    static const AboveFn chosen = above_for(best_path());
     return chosen;
 }
 

@@ -105,11 +105,11 @@ KQuantKernels kquant_kernels_for(Path path) {
 #if defined(__x86_64__) || defined(__i386__)
         case Path::Avx512: return avx512_kquant_kernels();
         case Path::Avx2: return avx2_kquant_kernels();
-#else
-        case Path::Avx512:
-        case Path::Avx2:      // the SIMD bodies are x86's (cpu_supports says no)
+#elif defined(__aarch64__)
+        case Path::NeonI8mm:   // the K-quants' sub-block scales sit per row: sdot's shape, not smmla's
+        case Path::NeonDot: return neon_kquant_kernels();
 #endif
-        case Path::Scalar: break;
+        default: break;        // scalar, or another architecture's path (cpu_supports says no)
     }
     return scalar_kquant_kernels();
 }

@@ -84,15 +84,18 @@ Kernels scalar_kernels() {
 }
 
 Kernels kernels_for(Path path) {
+    // Each architecture's paths; another's never reach here (cpu_supports says no to them).
 #if defined(__x86_64__) || defined(__i386__)
     Kernels kernels = path == Path::Avx512 ? avx512_kernels() : path == Path::Avx2 ? avx2_kernels() : scalar_kernels();
-    kernels.kquants = kquant_kernels_for(path);
     kernels.attend = path == Path::Avx512 ? attend_avx512 : path == Path::Avx2 ? attend_avx2 : attend_scalar;
+#elif defined(__aarch64__)
+    Kernels kernels = path == Path::NeonI8mm ? neon_i8mm_kernels() : path == Path::NeonDot ? neon_kernels() : scalar_kernels();
+    kernels.attend = path == Path::NeonI8mm || path == Path::NeonDot ? attend_neon : attend_scalar;
 #else
-    Kernels kernels = scalar_kernels();   // the SIMD bodies are x86's (cpu_supports says no)
-    kernels.kquants = kquant_kernels_for(path);
+    Kernels kernels = scalar_kernels();
     kernels.attend = attend_scalar;
 #endif
+    kernels.kquants = kquant_kernels_for(path);
     return kernels;
 }
 

@@ -1,4 +1,5 @@
-// Memory on 2 MiB pages where the kernel allows it (transparent huge pages, madvise mode).
+// Memory on huge pages where the kernel allows it (transparent huge pages, madvise mode): 2 MiB
+// on x86-64, and on aarch64 whatever its base page makes them (huge_pages.cpp asks the system).
 //
 // A decode step streams every weight once and reads every stream's KV cache once, a row every
 // few hundred bytes. On 4 KiB pages that is a TLB miss every page, and the hardware prefetchers

@@ -67,10 +67,14 @@ struct Kernels {
     AttendFn attend = nullptr; // decode attention (attention.h): filled by kernels_for
 };
 
-// Each path's kernels (gemm_scalar.cpp, gemm_avx2.cpp, gemm_avx512.cpp), and the one for a path.
+// Each path's kernels (gemm_scalar.cpp; x86: gemm_avx2.cpp, gemm_avx512.cpp; aarch64:
+// gemm_neon.cpp, gemm_neon_i8mm.cpp), and the one for a path. Only the build's own
+// architecture's are defined (kernels_for asks for no other).
 Kernels scalar_kernels();
 Kernels avx2_kernels();
 Kernels avx512_kernels();
+Kernels neon_kernels();
+Kernels neon_i8mm_kernels();
 Kernels kernels_for(Path path);
 
 // One row of k floats -> k/32 ActBlocks, bit for bit as ggml's quantize_row_q8_1 (x86).

@@ -35,10 +35,11 @@ struct KQuantKernels {
     GemmKFn<Q5Kx8Block> q5_k = nullptr;   // Q4_K's arithmetic, q with a fifth bit (layout_qk.h)
 };
 
-// gemm_qk_scalar.cpp, gemm_qk_avx2.cpp, gemm_qk_avx512.cpp.
+// gemm_qk_scalar.cpp; x86: gemm_qk_avx2.cpp, gemm_qk_avx512.cpp; aarch64: gemm_qk_neon.cpp.
 KQuantKernels scalar_kquant_kernels();
 KQuantKernels avx2_kquant_kernels();
 KQuantKernels avx512_kquant_kernels();
+KQuantKernels neon_kquant_kernels();
 KQuantKernels kquant_kernels_for(Path path);
 
 }  // namespace stackd

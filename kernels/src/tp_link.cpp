@@ -55,6 +55,26 @@ constexpr size_t kAnyLength = SIZE_MAX;
 // paid every step on the critical path. An idle follower spins this long once a message.
 constexpr int kControlSpinUs = 1000;
 
+// Memory ordering (what holds on a weakly ordered CPU, aarch64, as on x86's TSO):
+// - Every field below that an exchange reads or writes (links and their buffers, rank, n, cut,
+//   step, sum, rows, control, deadline_ms, spin_us, free_links, link_delay_us) is touched only
+//   under `io`: attach, detach, each exchange and each control message take it, so the mutex's
+//   acquire and release order them. No field is shared lock-free but the atomics.
+// - `attached` is stored with release last in attach (after every field above) and first
+//   in detach; readers without the lock (attached(), rank() and size() after it, backend.cpp
+//   deciding to swap nodes in) load it with acquire, so a reader that sees true sees the
+//   fields attach set. `generation` (acquire loads, seq_cst bumps under `io`) and `failed`
+//   (seq_cst exchange, acquire loads) are single words whose value is the whole message: a
+//   graph that began under one generation fails if it changed (backend.cpp).
+// - The partial sums an exchange sends are written by ggml's threads and read by thread 0
+//   after an OpenMP barrier (backend.cpp), and what thread 0 writes back is read by the others
+//   after ggml's next barrier between nodes: both barriers are full fences (OpenMP's implies a
+//   flush; ggml's is seq_cst atomics), so no extra fence is needed around the buffers.
+// - `gather` is a mode word set between steps (stackd_tp_set_gather) and read by the next
+//   step's logits node: relaxed suffices (a lone int, never torn; the control message that
+//   starts the step crosses a socket and the graph's barriers after the store). The counters
+//   (exchanges, bytes_sent, control_frames, exchange_ns, gathers_*) are statistics: relaxed
+//   adds and loads, read for metrics, ordering nothing.
 struct Group {
     std::mutex io;               // one exchange at a time; attach and detach wait for it
     int rank = 0, n = 0;

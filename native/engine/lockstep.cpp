@@ -128,6 +128,12 @@ private:
 };
 
 // ---- an in-process channel (tests): one leader, one follower ---------------------------------
+// Memory ordering: a channel's queue and `closed` flag are touched only under its mutex (the
+// condition variable waits with it held), so they are ordered on any CPU; the lockstep itself
+// shares only `lost_` (seq_cst atomic: the watchdog's verdict, its reason under mu_reason_), the
+// gather counters (relaxed: statistics) and g_leader_silence_ms (seq_cst, set by tests before a
+// lockstep is made). Everything else a lockstep holds is its engine thread's alone; what
+// crosses nodes crosses sockets (tp_link.cpp, whose Group says which orderings it relies on).
 
 struct channel {
     std::mutex mu;

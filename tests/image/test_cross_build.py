@@ -1,7 +1,7 @@
 """The native parts build for aarch64 (Debian's cross toolchain, g++-aarch64-linux-gnu): the
 engine, the chat formats and our kernels, against llama.cpp's headers (CMakeLists.txt,
-STACKD_LLAMA_HEADERS_ONLY). A non-x86 build compiles none of the kernels' x86 SIMD files:
-CPUID picks no SIMD path there, our matmuls stay off and ggml's own (NEON) kernels serve."""
+STACKD_LLAMA_HEADERS_ONLY). An aarch64 build compiles the kernels' NEON files and none of
+their x86 ones (tests/kernels/test_aarch64.py runs the NEON paths under qemu)."""
 import fcntl
 import functools
 import os
@@ -23,7 +23,8 @@ BUILD = os.path.join(ROOT, "build", "cross-aarch64")
 TARGETS = {"stackd_kernels": "kernels/libstackd_kernels.so", "_engine": None, "_chat": None}
 EM_AARCH64 = 183
 X86_SIMD_SOURCES = ("gemm_avx2", "gemm_avx512", "gemm_qk_avx2", "gemm_qk_avx512",
-                    "attention_avx2", "attention_avx512")
+                    "attention_avx2", "attention_avx512", "candidates_scan_x86", "quantize_x86")
+NEON_SOURCES = ("gemm_neon.", "gemm_neon_i8mm.", "gemm_qk_neon.", "attention_neon.", "candidates_scan_neon.")
 
 
 def machine(path: str) -> int:
@@ -69,9 +70,11 @@ def test_the_native_modules_are_aarch64():
     assert {path: machine(path) for path in built} == {path: EM_AARCH64 for path in built}
 
 
-def test_no_x86_simd_file_is_compiled():
+def test_the_neon_files_and_no_x86_simd_file_are_compiled():
     cross_build = build()
     objects = [name for _, _, files in os.walk(os.path.join(cross_build, "kernels")) for name in files
                if name.endswith(".o")]
     assert any(name.startswith("gemm_scalar") for name in objects)
     assert [name for name in objects if name.startswith(X86_SIMD_SOURCES)] == []
+    assert sorted(prefix for prefix in NEON_SOURCES if any(name.startswith(prefix) for name in objects)) == \
+        sorted(NEON_SOURCES)
