@@ -4,7 +4,7 @@ import os
 import pytest
 import uvloop
 
-from stackd.testing import netns
+from testing import netns
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def namespaces():
-    """Network namespaces for a test's nodes (stackd.testing.netns), removed once the daemons
+    """Network namespaces for a test's nodes (testing/netns.py), removed once the daemons
     in them are gone: list it before the fixture that starts them."""
     netns.sweep()
     net = netns.Topology()

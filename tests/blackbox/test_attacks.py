@@ -18,8 +18,8 @@ import pytest
 
 from stackd.store.store import ModelStore
 
-from stackd.testing.daemon import CLIENT_TIMEOUT, Daemon, cli, create_key
-from stackd.testing.gguf_patch import HOSTILE, HOSTILE_TEMPLATE, with_chat_template
+from testing.daemon import CLIENT_TIMEOUT, Daemon, cli, create_key
+from testing.gguf_patch import HOSTILE, HOSTILE_TEMPLATE, with_chat_template
 
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"

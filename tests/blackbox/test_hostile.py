@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
 
 VALUES = [None, True, False, -1, 0, 1, 2, 17, 3.5, -2.5, 1e308, -(2 ** 70), 2 ** 70, "", "x",
           "\u202e\u0000\ufeff", "𝕏" * 2000, [], [1, 2], ["a"] * 5, {}, {"a": 1}, {"type": "json_schema"},

@@ -6,7 +6,7 @@ import json
 import openai
 import pytest
 
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
 
 CHAT = "smollm2-135m-instruct"
 CONFIG = "[rate_limits]\ninference = 0\n[engine]\nslots = 4\ncontext_length = 1024\n"

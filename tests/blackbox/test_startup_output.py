@@ -9,7 +9,7 @@ import time
 import orjson
 
 from stackd.http.access_log import AccessLog
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
 
 # The README's start-up lines ("Quick start"), in order, on stdout.
 README_LINES = [

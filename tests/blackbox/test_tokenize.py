@@ -3,7 +3,7 @@ chat model: vLLM's shapes and llama-server's fields, round trips, the chat path'
 `messages`, and hostile sizes."""
 import pytest
 
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
 
 CHAT = "smollm2-135m-instruct"
 CONFIG = "[rate_limits]\ninference = 0\n[engine]\nslots = 2\ncontext_length = 2048\n"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from stackd.testing.cluster_nodes import eventually, statuses
-from stackd.testing.netns import CLUSTER_PORT, INFERENCE_PORT, in_namespace
+from testing.cluster_nodes import eventually, statuses
+from testing.netns import CLUSTER_PORT, INFERENCE_PORT, in_namespace
 
 pytestmark = pytest.mark.netns
 

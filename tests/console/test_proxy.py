@@ -8,7 +8,7 @@ import struct
 import orjson
 import pytest
 
-from stackd.testing.fake_node import TOPOLOGY
+from testing.fake_node import TOPOLOGY
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from stackd.cluster.rpc_server import RpcServers
-from stackd.testing.loopback_peers import LoopbackPeers, PeerError
+from testing.loopback_peers import LoopbackPeers, PeerError
 from stackd.cluster import rpc_devices
 from stackd.cluster.placement import Placement, Share
 from stackd.cluster.rpc_devices import NodeUnreachable, PlacementLedger, RpcDevices

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import struct
 
-from ..store import defaults
+from stackd.store import defaults
 
 KEY = b"tokenizer.chat_template"
 GGUF_STRING = 8
