@@ -104,7 +104,7 @@ test-deps:
 
 # The fast suites run twice: compiled, then on the Python twins of the compiled modules.
 FAST_SUITES := tests/http tests/auth tests/api tests/chat tests/runtime tests/system \
-               tests/store/test_store.py tests/store/test_store_edges.py tests/store/test_gguf_check.py \
+               tests/store/test_store.py tests/store/test_gguf_check.py \
                tests/store/test_minilm_gguf.py tests/cluster/test_power.py \
                tests/observe/test_metrics_render.py tests/engine/test_native_surface.py \
                tests/test_compiled.py tests/test_config.py tests/test_faults.py tests/test_startup_imports.py
