@@ -27,6 +27,8 @@ import pytest
 
 from testing.daemon import CLIENT_TIMEOUT, Daemon, create_key
 
+pytestmark = pytest.mark.slow
+
 CHAT = "smollm2-135m-instruct"
 FLOOD = {"model": CHAT, "prompt": "Write a long story.", "n": 16, "max_tokens": 2000,
          "ignore_eos": True, "stream": True}

@@ -25,6 +25,8 @@ from stackd.store.store import ModelStore
 from testing.daemon import CLIENT_TIMEOUT, Daemon, cli, create_key
 from testing.gguf_patch import HOSTILE, HOSTILE_TEMPLATE, with_chat_template
 
+pytestmark = pytest.mark.slow
+
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
 

@@ -3,6 +3,8 @@ import pytest
 
 from testing.daemon import Daemon
 
+pytestmark = pytest.mark.slow
+
 CHAT, EMBED = "smollm2-135m-instruct", "all-minilm-l6-v2"
 
 

@@ -17,6 +17,8 @@ from stackd.store.defaults import smollm2_path
 from stackd.store.store import ModelStore
 from testing.daemon import Daemon
 
+pytestmark = pytest.mark.slow
+
 CHAT = "smollm2-135m-instruct"
 FIM_MODEL = "smollm2-fim"
 CONTEXT = 4096

@@ -11,6 +11,8 @@ from testing.daemon import cli, create_key, http_request, start_process, stackd_
 from tests.store.crafted import crafted
 from tests.store.tiny import vocabulary, write_tiny
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def daemon(start_daemon, tmp_path):

@@ -8,6 +8,8 @@ import pytest
 
 from testing.daemon import Daemon, create_key
 
+pytestmark = pytest.mark.slow
+
 CHAT = "smollm2-135m-instruct"
 CONFIG = "[rate_limits]\ninference = 0\n[engine]\nslots = 4\ncontext_length = 1024\n"
 HELLO = [{"role": "user", "content": "Say hello."}]

@@ -9,6 +9,8 @@ import pytest
 
 from testing.daemon import cli, create_key
 
+pytestmark = pytest.mark.slow
+
 
 def test_first_start_writes_an_admin_key(daemon):
     path = os.path.join(daemon.data_dir, "admin.key")

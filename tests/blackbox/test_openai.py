@@ -8,6 +8,8 @@ import pytest
 
 from testing.daemon import Daemon
 
+pytestmark = pytest.mark.slow
+
 FIXTURE = json.load(open(__file__.rsplit("/", 2)[0] + "/fixtures/minilm_reference.json"))
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"

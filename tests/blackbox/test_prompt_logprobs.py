@@ -8,6 +8,8 @@ import pytest
 from stackd.api.inference.completions import MAX_PROMPT_LOGPROB_ROWS
 from testing.daemon import Daemon
 
+pytestmark = pytest.mark.slow
+
 CHAT = "smollm2-135m-instruct"
 # batch_invariant: a row's numbers do not depend on what shared its step, so the numbers of a
 # prompt chunk and of a single sampled position can be compared closely

@@ -16,6 +16,8 @@ from tests.store.tiny import write_tiny
 
 from testing.daemon import cli
 
+pytestmark = pytest.mark.slow
+
 
 def tiny_gguf_bytes(tmp_path, name="tiny.gguf", rows=16) -> bytes:
     path = tmp_path / name

@@ -5,6 +5,8 @@ import pytest
 
 from testing.daemon import Daemon
 
+pytestmark = pytest.mark.slow
+
 CHAT = "smollm2-135m-instruct"
 CONFIG = "[rate_limits]\ninference = 0\n[engine]\nslots = 2\ncontext_length = 2048\n"
 

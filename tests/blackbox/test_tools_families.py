@@ -15,6 +15,8 @@ from testing.gguf_patch import QWEN25_TOOLS, QWEN3_THINKING, rewritten_with_chat
 
 from .test_tools import TIME
 
+pytestmark = pytest.mark.slow
+
 TOOLS_MODEL = "qwen-tools-fixture"
 THINKING_MODEL = "qwen3-thinking-fixture"
 BUDGET_LOW = 8                   # inference.reasoning_budget.low, small enough to be spent

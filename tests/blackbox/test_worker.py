@@ -12,6 +12,8 @@ import pytest
 
 from testing.daemon import CLIENT_TIMEOUT, Daemon
 
+pytestmark = pytest.mark.slow
+
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
 CONFIG = "[rate_limits]\ninference = 0\ncluster = 0\n[engine]\nslots = 8\ncontext_length = 512\n"

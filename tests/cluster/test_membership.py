@@ -14,6 +14,8 @@ from stackd.system import readings
 
 from testing.cluster_nodes import SECRET, Node, eventually, statuses
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):

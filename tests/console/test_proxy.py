@@ -10,6 +10,8 @@ import pytest
 
 from testing.fake_node import TOPOLOGY
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def viewer(shared):

@@ -21,6 +21,8 @@ import pytest
 from stackd.engine import accel
 from testing import kernels_check as check_lib
 
+pytestmark = pytest.mark.slow
+
 PATHS = ["scalar", "avx2", "avx512-vnni"]
 
 # (dk, dv, n_kv, tokens, n_head, n_head_kv, n_streams)

@@ -33,6 +33,8 @@ from testing import quantized_model
 
 from .test_model import ROOT, assert_close, ids
 
+pytestmark = pytest.mark.slow
+
 DRIFT_K = 0.75  # nats: above the 0.63 measured (module docstring)
 TIE_K = 2 * DRIFT_K
 

@@ -23,6 +23,8 @@ from stackd.engine import accel
 
 from testing import kernels_check as check_lib
 
+pytestmark = pytest.mark.slow
+
 PATHS = ["scalar", "avx2", "avx512-vnni"]
 
 # (K, rows): SmolLM2-135M's Q4_1 matmuls (q/o, k/v, gate/up, down), then awkward ones: rows

@@ -9,6 +9,8 @@ import pytest
 
 from testing import kernels_check
 
+pytestmark = pytest.mark.slow
+
 BLOCK = 256
 
 

@@ -34,7 +34,7 @@ TOP5_NATS = 0.02                # first-token top-5 log-probabilities against on
 N_VOCAB = 49152
 TIMEOUT = 240                   # seconds a whole multi-process run may take (the machine is shared)
 
-pytestmark = pytest.mark.skipif(not accel.cpu_supports("avx2"), reason="the exchange runs inside our kernels")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not accel.cpu_supports("avx2"), reason="the exchange runs inside our kernels")]
 
 
 def chat(text: str) -> bytes:

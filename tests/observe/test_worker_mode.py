@@ -16,6 +16,8 @@ from . import test_metrics
 from .conftest import CHAT, Client, run_together, series
 from .test_trace import check_nesting, check_steps_and_requests, three_requests, trace
 
+pytestmark = pytest.mark.slow
+
 EMBED = "all-minilm-l6-v2"
 
 

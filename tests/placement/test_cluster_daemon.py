@@ -17,6 +17,8 @@ from testing.daemon import CLIENT_TIMEOUT, Daemon
 from testing.processes import rpc_server_pids
 from testing.two_daemons import read_until_a_token
 
+pytestmark = pytest.mark.slow
+
 MODEL = "smollm2-135m-instruct"
 # Two slots of 256 tokens: weights 94 MiB + KV 11 MiB + buffers 192 MiB, about 297 MiB alone;
 # the leader offers 250, so the model only fits with a follower.

@@ -21,7 +21,7 @@ from testing.two_daemons import (FOLLOWER_OFFER_MB, MODEL, N_LAYER, ROOM_FOR_ONE
 
 from .test_relay import ANSWER, rpc_hello
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 
 class NetnsPair(Pair):

@@ -24,6 +24,8 @@ from stackd.store.store import ModelStore
 
 from .conftest import run
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def cluster(loop, tmp_path):

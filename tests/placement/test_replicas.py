@@ -18,6 +18,8 @@ from testing.processes import gone
 from testing.two_daemons import (EMBEDDING_MODEL, FOLLOWER_HOST, MODEL, QUESTION, Pair, daemons, node_env,
                                         open_stream, assert_stream_ends_unavailable)
 
+pytestmark = pytest.mark.slow
+
 ROOMY_MB = 1000                 # a leader that holds SmolLM2 (about 297 MiB) alone
 
 

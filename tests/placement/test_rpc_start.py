@@ -15,6 +15,8 @@ from stackd.cluster.rpc_devices import NodeUnreachable, PlacementLedger, RpcDevi
 
 from .conftest import run
 
+pytestmark = pytest.mark.slow
+
 PLACEMENT = Placement("layer", (Share("leader", 1, layers=15), Share("f1", 1, layers=15)))
 
 

@@ -16,6 +16,8 @@ from stackd.store.oci import Layer, PullError, Puller, RegistryClient, parse_ref
 from .misbehaving import MisbehavingRegistry, digest_of
 from testing.registry_server import MEDIA_MODEL, MEDIA_PARAMS, MEDIA_TEMPLATE, RegistryServer
 
+pytestmark = pytest.mark.slow
+
 GGUF = b"GGUF" + bytes(range(256)) * 24          # a few KB that start like a GGUF file
 TEMPLATE = b"{{ if .System }}<|system|>{{ .System }}{{ end }}<|user|>{{ .Prompt }}<|assistant|>"
 PARAMS = b'{"stop": ["<|user|>"], "temperature": 0.2}'
