@@ -104,6 +104,20 @@ def test_bad_requests_name_their_field(daemon):
     assert status == 404, body
 
 
+def test_detokenize_takes_every_id_of_the_vocabulary_and_no_more(daemon):
+    """The edge itself: the last id (n_vocab - 1) is detokenized, n_vocab is refused naming the
+    field, the entry and the range (llama.cpp would read past its table)."""
+    status, _, info = daemon.request("GET", f"/tokenizer_info?model={CHAT}", port="inference",
+                                     key=daemon.admin_key)
+    assert status == 200, info
+    n_vocab = info["vocab_size"]
+    assert n_vocab == 49152                        # SmolLM2's
+    assert isinstance(ok(post(daemon, "/detokenize", {"tokens": [0, n_vocab - 1]}))["prompt"], str)
+    refused(post(daemon, "/detokenize", {"tokens": [n_vocab]}), "tokens",
+            f"'tokens[0]' ({n_vocab}) is outside the vocabulary (0..{n_vocab - 1})")
+    refused(post(daemon, "/detokenize", {"tokens": [0, n_vocab - 1, n_vocab]}), "tokens", "'tokens[2]'")
+
+
 def test_hostile_sizes(daemon):
     """A long text tokenizes (off the loop) and comes back whole; pieces stop at their bound with a
     400; an empty text and an empty token list are answered."""
