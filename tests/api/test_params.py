@@ -355,11 +355,10 @@ def test_schema_budget_edges():
         response_format=json_schema({"type": "string", "maxLength": 1001})).message
     chat(response_format=json_schema({"enum": list(range(256))}))
     nested = {"type": "string"}
-    for _ in range(30):
+    for _ in range(31):                              # 32 levels: schema_max_depth itself
         nested = {"type": "array", "items": nested}
     chat(response_format=json_schema(nested))
-    for _ in range(3):
-        nested = {"type": "array", "items": nested}
+    nested = {"type": "array", "items": nested}      # 33
     assert "schema_max_depth" in refused(response_format=json_schema(nested)).message
 
 
