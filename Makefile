@@ -85,7 +85,7 @@ image: wheels test-deps
 # System packages the tests need: the CNCF distribution registry (Debian's docker-registry)
 # that the pull tests run on loopback; PostgreSQL, which the console tests start in a temp dir;
 # Chromium and its driver, in which the console's web page is tested; iproute2, whose `ip`
-# puts cluster nodes in network namespaces (stackd.testing.netns; the tests marked netns).
+# puts cluster nodes in network namespaces (testing.netns; the tests marked netns).
 # For the device image (tests/image): mmdebstrap builds it, debugfs (e2fsprogs) reads and
 # writes its file system, qemu boots it, systemd-analyze rates the unit, and Debian's aarch64
 # cross compilers build the native parts for aarch64, and qemu's user mode runs our kernels'
@@ -105,10 +105,10 @@ test-deps:
 
 # The fast suites run twice: compiled, then on the Python twins of the compiled modules.
 FAST_SUITES := tests/http tests/auth tests/api tests/chat tests/runtime tests/system \
-               tests/store/test_store.py tests/store/test_store_edges.py tests/store/test_gguf_check.py \
+               tests/store/test_store.py tests/store/test_gguf_check.py \
                tests/store/test_minilm_gguf.py tests/cluster/test_power.py \
                tests/observe/test_metrics_render.py tests/engine/test_native_surface.py \
-               tests/test_compiled.py tests/test_config.py tests/test_startup_imports.py
+               tests/test_compiled.py tests/test_config.py tests/test_faults.py tests/test_startup_imports.py
 #
 # Then the device image's stage (tests/image: the aarch64 cross build; `make image` and its boot
 # under qemu). From nothing it costs ~25-35 min on two cores (llama.cpp's portable build, the

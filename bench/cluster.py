@@ -12,7 +12,7 @@ server), and from its freezing (SIGSTOP of both) to that 503.
 
 One thread per node. The follower is a second daemon on this machine (`--followers real`, the
 default: its own data dir, on 127.0.0.2, the cluster secret; it starts its RPC server child when
-the leader asks), or simulated (`--followers simulated`: STACKD_TESTING_LOOPBACK_PEERS, the
+the leader asks), or simulated (`--followers simulated`: testing/serve.py's --loopback-peers, the
 leader starts the RPC server child, behind its relay, as a follower would; no freeze is measured
 then). Either way "two nodes" share this machine's cores: on a 2-core machine, 1 thread each is
 the fair setting. `--netns` (root; real followers): the leader and the follower each in a
@@ -64,10 +64,11 @@ from inference import PROMPT, Server, body, free_port, row, spawn_stackd
 from stackd.store import defaults
 from stackd.store.store import ModelStore
 from stackd.system import relay
-from stackd.testing import netns as topology
-from stackd.testing.cluster_nodes import Node
-from stackd.testing.netns import CLUSTER_PORT, INFERENCE_PORT
-from stackd.testing.processes import cpu_seconds, pin_tree, process_tree, rpc_server_pids
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # testing/: the checkout's test support
+from testing import netns as topology  # noqa: E402
+from testing.cluster_nodes import Node  # noqa: E402
+from testing.netns import CLUSTER_PORT, INFERENCE_PORT  # noqa: E402
+from testing.processes import cpu_seconds, pin_tree, process_tree, rpc_server_pids  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,12 +80,14 @@ FOLLOWER_HOST = "127.0.0.2"
 LEADER_CPUS, FOLLOWER_CPUS = {0}, {1}   # --pin
 
 
-def start_stackd(slots: int, context: int, threads: int, kernels: str, peers: str, env: dict | None = None) -> Server:
+def start_stackd(slots: int, context: int, threads: int, kernels: str, peers: str, env: dict | None = None,
+                 injected: dict | None = None) -> Server:
     return spawn_stackd(f"[http]\naccess_log = false\n[rate_limits]\ninference = 0\ncluster = 0\n"
                         f"[engine]\nslots = {slots}\ncontext_length = {context}\nthreads = {threads}\n"
                         f"kernels = \"{kernels}\"\n"
                         f"[models]\npreload = []\nmemory_reserve_mb = 0\nmemory_limit_mb = {OFFER_MIB}\n",
-                        prefix="stackd-cluster-bench-", env={"STACKD_TESTING_LOOPBACK_PEERS": peers, **(env or {})})
+                        prefix="stackd-cluster-bench-", env=env,
+                        injected={"loopback_peers": peers, **(injected or {})})
 
 
 def call(server: Server, method: str, path: str, payload: dict | None = None) -> tuple[int, dict]:
@@ -153,7 +156,7 @@ class NamespacedLeader:
     """The leader daemon in its namespace, where the bench's clients run too, as a Server."""
 
     def __init__(self, net: Namespaces, slots: int, context: int, threads: int, kernels: str,
-                 env: dict | None = None):
+                 env: dict | None = None, injected: dict | None = None):
         self.data = tempfile.mkdtemp(prefix="stackd-cluster-bench-")
         self.node = Node(os.path.join(self.data, "data"), host="0.0.0.0", secret=SECRET,
                          advertise=f"http://{net.leader_ip}:{CLUSTER_PORT}", ports=(INFERENCE_PORT, CLUSTER_PORT),
@@ -161,7 +164,7 @@ class NamespacedLeader:
                               "STACKD_ENGINE_THREADS": str(threads), "STACKD_ENGINE_KERNELS": kernels,
                               "STACKD_RATE_LIMITS_INFERENCE": "0", "STACKD_RATE_LIMITS_CLUSTER": "0",
                               "STACKD_MODELS_MEMORY_RESERVE_MB": "0", "STACKD_MODELS_MEMORY_LIMIT_MB": str(OFFER_MIB),
-                              **(env or {})})
+                              **(env or {})}, injected=injected)
         self.port, self.cluster_port, self.key = INFERENCE_PORT, CLUSTER_PORT, self.node.admin_key
         self.model = defaults.CHAT_MODEL
 
@@ -455,7 +458,7 @@ def main() -> None:
                         help="--netns: the veth link carries at most this many Mbit/s each way (tc tbf)")
     parser.add_argument("--model-file", default="",
                         help="--replicas/--tensor: this GGUF (in both nodes' stores) instead of the default model, "
-                             "e.g. the 1B-class `python -m stackd.testing.random_model`")
+                             "e.g. the 1B-class `python -m testing.random_model`")
     args = parser.parse_args()
     if (args.netns or args.pin) and args.followers != "real":
         parser.error("--netns and --pin place the model over a real follower")
@@ -573,20 +576,20 @@ def run_replicas(args, net: Namespaces | None) -> None:
     if args.followers != "real":
         sys.exit("--replicas and --tensor need a real follower")
     speculative = {"STACKD_ENGINE_SPECULATIVE": args.speculative} if args.speculative else {}
-    if args.link_delay_us:                     # both nodes' workers hold each exchange's frames
-        speculative["STACKD_TESTING_LINK_DELAY_US"] = str(args.link_delay_us)
-    if args.free_links:                        # every node's worker skips its exchanges
-        speculative["STACKD_TESTING_FREE_LINKS"] = "1"
+    # both nodes' workers hold each exchange's frames, or skip them (testing/serve.py hands these
+    # to each daemon, which hands them to its workers: server/faults.py)
+    link = {"link_delay_us": args.link_delay_us, "free_links": args.free_links}
     if net is not None:
-        server = NamespacedLeader(net, c, args.context, args.threads, args.kernels, speculative)
+        server = NamespacedLeader(net, c, args.context, args.threads, args.kernels, speculative, link)
     else:
         server = start_stackd(c, args.context, args.threads, args.kernels, "",
-                              {"STACKD_CLUSTER_SECRET": SECRET, **speculative})
+                              {"STACKD_CLUSTER_SECRET": SECRET, **speculative}, link)
     follower = None
     try:
         follower = RealFollower(server, args.threads, net)
         follower.node.env.update({"STACKD_ENGINE_SLOTS": str(c), "STACKD_ENGINE_CONTEXT_LENGTH": str(args.context),
                                   "STACKD_ENGINE_KERNELS": args.kernels, **speculative})
+        follower.node.injected.update(link)
         follower.node.kill()                  # again, with the leader's engine settings
         follower.node.start()
         placed = time.monotonic() + 60

@@ -14,10 +14,12 @@ import argparse
 import os
 import signal
 import statistics
+import sys
 import tempfile
 import time
 
-from stackd.testing.cluster_nodes import Node, statuses
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # testing/: the checkout's test support
+from testing.cluster_nodes import Node, statuses  # noqa: E402
 
 
 def until(check, timeout: float = 60.0) -> float:

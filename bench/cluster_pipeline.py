@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import statistics
 import tempfile
 import time
@@ -35,8 +36,9 @@ import time
 import uvloop
 
 from stackd.engine.core import SamplingParams
-from stackd.testing.processes import cpu_seconds, cpu_ticks, threads
-from stackd.testing.rpc_workers import Peers, chat_prompt, engine_params, start_worker
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # testing/: the checkout's test support
+from testing.processes import cpu_seconds, cpu_ticks, threads  # noqa: E402
+from testing.rpc_workers import Peers, chat_prompt, engine_params, start_worker  # noqa: E402
 
 CLIENTS, TOKENS = 16, 64
 LEADER_CPU, FOLLOWER_CPU = {0}, {1}

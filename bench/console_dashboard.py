@@ -38,7 +38,7 @@ import loadgen
 from inference import body
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from stackd.testing.console_embedded import EmbeddedDaemon  # noqa: E402
+from testing.console_embedded import EmbeddedDaemon  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 CONFIG = (f'[models]\npreload = ["{MODEL}"]\n[engine]\nslots = 16\ncontext_length = 512\n'

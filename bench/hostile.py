@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import os
+import sys
 import socket
 import tempfile
 import threading
@@ -48,8 +49,9 @@ import orjson
 import loadgen
 
 from stackd.store.store import ModelStore
-from stackd.testing.daemon import Daemon, create_key
-from stackd.testing.gguf_patch import HOSTILE, HOSTILE_TEMPLATE, with_chat_template
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # testing/: the checkout's test support
+from testing.daemon import Daemon, create_key  # noqa: E402
+from testing.gguf_patch import HOSTILE, HOSTILE_TEMPLATE, with_chat_template  # noqa: E402
 
 CHAT = "smollm2-135m-instruct"
 STREAM = {"model": CHAT, "prompt": "Once upon a time, in a small village, there lived", "stream": True,

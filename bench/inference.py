@@ -8,7 +8,7 @@ suppressed, greedy. Servers run one after another on the same machine.
 
     .venv/bin/python bench/inference.py [--clients 16] [--seconds 30] [--threads 2]
     .venv/bin/python bench/inference.py --skip-llama-cpp-python --isolation worker \
-        --model "$(.venv/bin/python -m stackd.testing.quantized_model)"    # another GGUF (Q4_K_M)
+        --model "$(.venv/bin/python -m testing.quantized_model)"    # another GGUF (Q4_K_M)
 
 --model serves another GGUF file on every server (stackd: `serve --model`, which adds it to the
 store and loads it at start). `--cpu avx2` runs an AVX2-only CPU's code on every server: llama.cpp
@@ -92,15 +92,22 @@ class Server:
 
 
 def spawn_stackd(config: str, prefix: str = "stackd-bench-", env: dict | None = None,
-                 model_file: str | None = None) -> Server:
+                 model_file: str | None = None, injected: dict | None = None) -> Server:
     """A daemon on free ports with `config` (TOML) in a new data dir; ready once it answers
     with the admin key it wrote. `server.data` and `server.cluster_port` are set. `model_file`:
-    a GGUF served in place of the config's preload (`serve --model`); its id becomes the model."""
+    a GGUF served in place of the config's preload (`serve --model`); its id becomes the model.
+    `injected`: a test harness's faults and simulated peers (testing/serve.py: `-m testing.serve`,
+    run from the checkout's root, which finds it)."""
     data = tempfile.mkdtemp(prefix=prefix)
     with open(os.path.join(data, "config.toml"), "w") as f:
         f.write(config)
     port, cluster_port = free_port(), free_port()
-    server = Server("stackd", [sys.executable, "-m", "stackd", "serve", "--data-dir", data,
+    entry = ["-m", "stackd"]
+    if injected:                  # the checkout's test support (testing/serve.py): cwd=ROOT finds it
+        sys.path.insert(0, ROOT)
+        from testing.serve import flags
+        entry = ["-m", "testing.serve", *flags(injected)] if flags(injected) else entry
+    server = Server("stackd", [sys.executable, *entry, "serve", "--data-dir", data,
                                "--inference-port", str(port), "--cluster-port", str(cluster_port)] +
                     (["--model", model_file] if model_file else []),
                     port, defaults.CHAT_MODEL, cwd=ROOT, env=env,

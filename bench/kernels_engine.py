@@ -9,7 +9,7 @@ time from there to the last one; llama-batched-bench reports the same split (S_P
 
     .venv/bin/python bench/kernels_engine.py [--threads 2] [--streams 1,16,32]
     .venv/bin/python bench/kernels_engine.py --rounds 5    # kernels on vs the peer, alternating
-    .venv/bin/python bench/kernels_engine.py --rounds 5 --model "$(.venv/bin/python -m stackd.testing.quantized_model)"
+    .venv/bin/python bench/kernels_engine.py --rounds 5 --model "$(.venv/bin/python -m testing.quantized_model)"
     .venv/bin/python bench/kernels_engine.py --rounds 5 --kernels avx2   # force a path (engine.kernels)
     .venv/bin/python bench/kernels_engine.py --rounds 5 --attention ggml # our matmuls, ggml's attention
     .venv/bin/python bench/kernels_engine.py --rounds 5 --cpu avx2       # both sides as an AVX2-only CPU

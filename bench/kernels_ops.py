@@ -4,7 +4,7 @@ The weight shapes of SmolLM2-135M Q4_1 (the default chat model): its Q4_1 projec
 tied Q8_0 vocabulary projection; with --quants, those of its Q4_K_M file (Q5_0 projections,
 K-quant ffn_down), a Q4_0 one and the Q5_K_M file's Q5_1; batch 1/4/16/32 tokens, the same random weights and
 activations on every side, best of --repeat runs each, timed in C around
-ggml_backend_graph_compute (stackd.testing.kernels_check). ggml runs twice where it repacks
+ggml_backend_graph_compute (testing.kernels_check). ggml runs twice where it repacks
 the type itself: on plain buffers (its vec_dot) and on its own repacked buffer (CPU_REPACK:
 q4_0_8x8, q4_K_8x8, what llama.cpp's loader uses, so the peer that counts).
 
@@ -23,7 +23,8 @@ import os
 import sys
 
 from kernels_engine import cpu_name
-from stackd.testing import kernels_check as check_lib
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # testing/: the checkout's test support
+from testing import kernels_check as check_lib  # noqa: E402
 
 SHAPES = [("attn q / o", "q4_1", 576, 576), ("attn k / v", "q4_1", 576, 192),
           ("ffn gate / up", "q4_1", 576, 1536), ("ffn down", "q4_1", 1536, 576),

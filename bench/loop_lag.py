@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import http.client
 import os
+import sys
 import tempfile
 import threading
 import time
 
 import loadgen
 
-from stackd.testing.daemon import Daemon
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # testing/: the checkout's test support
+from testing.daemon import Daemon  # noqa: E402
 
 CHAT = "smollm2-135m-instruct"
 STREAM = {"model": CHAT, "prompt": "Once upon a time", "stream": True, "max_tokens": 200,

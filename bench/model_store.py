@@ -27,7 +27,8 @@ from inference import free_port, start_stackd, wait_ready
 
 from stackd.store import oci
 from stackd.store.defaults import CHAT_MODEL, smollm2_path
-from stackd.testing.registry_server import MEDIA_MODEL, RegistryServer
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # testing/: the checkout's test support
+from testing.registry_server import MEDIA_MODEL, RegistryServer  # noqa: E402
 
 CHAT_BODY = (b'{"model": "%s", "stream": true, "max_tokens": 8, "messages": '
              b'[{"role": "user", "content": "Hello"}]}')

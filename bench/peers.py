@@ -7,7 +7,7 @@
   the same way from the same source, beside llama-server.
 * rpc-server: ggml's RPC server, for llama-server --rpc in the cluster benchmark.
 * llama-quantize: llama.cpp's quantizer, built the same way but on its own into build/ (the
-  tests make a Q4_K_M file with it: stackd.testing.quantized_model).
+  tests make a Q4_K_M file with it: testing.quantized_model).
 * an AVX2-only llama.cpp (`avx2_tree`): the same source built as shared libraries and tools
   with AVX-512 off, into build/peers-avx2/. The benches' `--cpu avx2` runs the peer from it
   and our engine on its libraries (LD_LIBRARY_PATH, LLAMA_CPP_LIB_PATH): what an AVX2-only CPU

@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=1, help="alternatives per token (logprobs)")
     args = parser.parse_args()
 
-    from stackd.testing.daemon import Daemon
+    from testing.daemon import Daemon
     with tempfile.TemporaryDirectory() as folder:
         daemon = Daemon(os.path.join(folder, "data"), CONFIG, models=True)
         try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import socket
 import statistics
 import struct
@@ -41,7 +42,8 @@ import uvloop
 
 import cluster_pipeline as pipeline
 from stackd.engine.core import SamplingParams
-from stackd.testing.rpc_workers import Peers, chat_prompt, engine_params, start_worker
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # testing/: the checkout's test support
+from testing.rpc_workers import Peers, chat_prompt, engine_params, start_worker  # noqa: E402
 
 N_LAYER = 30
 # ggml-rpc.cpp's rpc_cmd, in order; the ones whose answer the client waits for are round trips.

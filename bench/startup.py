@@ -33,7 +33,8 @@ import peers
 from inference import free_port
 
 from stackd.store import defaults
-from stackd.testing.processes import process_tree
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # testing/: the checkout's test support
+from testing.processes import process_tree  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

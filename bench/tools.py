@@ -25,7 +25,7 @@ import openai
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from stackd.testing.daemon import Daemon  # noqa: E402
+from testing.daemon import Daemon  # noqa: E402
 
 CHAT = "smollm2-135m-instruct"
 WEATHER = {"type": "function", "function": {

@@ -140,7 +140,8 @@ class Links:
             self.netns = [None] * n
             self.bind = ["127.0.0.1"] * n
             return
-        from stackd.testing import netns as topology
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # testing/
+        from testing import netns as topology
         reason = topology.available()
         if reason:
             sys.exit(f"netns: {reason}")

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import http.client
 import os
+import sys
 import statistics
 import tempfile
 import threading
@@ -27,7 +28,8 @@ import orjson
 import loadgen
 from loop_lag import probe
 
-from stackd.testing.daemon import Daemon
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # testing/: the checkout's test support
+from testing.daemon import Daemon  # noqa: E402
 
 CHAT = "smollm2-135m-instruct"
 STREAM = {"model": CHAT, "prompt": "Once upon a time", "stream": True, "max_tokens": 64,

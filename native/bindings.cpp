@@ -510,6 +510,7 @@ PYBIND11_MODULE(_engine, m) {
              },
              py::arg("id"), py::arg("inputs"), py::arg("owner") = 0)
         .def("fail_next_decodes", &engine::fail_next_decodes)
+        .def("set_tp_full_rows", &engine::set_tp_full_rows)
         .def("set_compute_scale", &engine::set_compute_scale)
         .def("cancel", &engine::cancel)
         .def("take_events",

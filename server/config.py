@@ -126,13 +126,6 @@ DEFAULTS: dict = {
         "dashboard_devices": 100,   # devices sampled (the first, by creation)
         "dashboard_days": 7,        # one-minute history kept in the console's database
     },
-    # Fault injection (server/faults.py): empty in every shipped configuration; only the
-    # test suite and bench/ set these.
-    "testing": {
-        "worker_crash_file": "",  # engine workers abort at start while this file exists
-        "loopback_peers": "",     # "f1=512,f2=512": simulated followers on loopback ("f1=512@2.5": computing 2.5)
-        "compute": 0.0,           # > 0: this node's compute figure (GFLOP/s) instead of measuring it
-    },
 }
 
 ENV_PREFIX = "STACKD_"

@@ -4,6 +4,10 @@ The composition root: each service is built once, in order, and each route group
 context it needs (api/contexts.py). Where two services need each other (the membership reports
 what the registry runs; the registry places models over the membership), the later one is
 handed to the earlier through one named call, never a field left empty to fill later.
+
+A test harness injects here and nowhere else (testing/serve.py): `faults` (server/faults.py) and
+`peers`, simulated followers that placement runs over instead of this node's membership. This
+module imports nothing of the test support; a shipped daemon gets neither.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import resource
 import signal
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import uvloop
 
@@ -29,6 +33,7 @@ from .cluster import identity
 from .cluster.membership import Membership
 from .cluster.compute_speed import ComputeSpeed
 from .cluster.node_facts import NodeFacts
+from .faults import NONE as NO_FAULTS, Faults
 from .http.access_log import AccessLog
 from .http.server import HttpServer
 from .observe.metrics import Metrics
@@ -42,6 +47,11 @@ if TYPE_CHECKING:
     from .api.contexts import ClusterContext, InferenceContext, ModelsContext
     from .http.routing import App
     from .runtime.worker_process import SpareWorker
+
+# Simulated followers (a test harness's: testing/loopback_peers.py): called with this node's
+# facts, the settings and the loop once the registry is made, -> the membership placement runs
+# over (the Membership interface: nodes, call, on_node_down, on_fenced, secret).
+Peers = Callable[[NodeFacts, config.Settings, asyncio.AbstractEventLoop], object]
 
 
 def import_api() -> None:
@@ -73,17 +83,18 @@ def build_access(settings: config.Settings, metrics: Metrics) -> tuple[NodeAcces
     return NodeAccess(keys, limiter), admin_key_path
 
 
-def build_membership(settings: config.Settings) -> Membership:
+def build_membership(settings: config.Settings, faults: Faults = NO_FAULTS) -> Membership:
     """This node (its identity, made on a first start) in its cluster."""
     os.makedirs(settings.data_dir, mode=0o700, exist_ok=True)
-    facts = NodeFacts(identity.load_or_create(settings.data_dir), settings, compute=node_compute(settings))
+    facts = NodeFacts(identity.load_or_create(settings.data_dir), settings,
+                      compute=node_compute(settings, faults))
     return Membership.from_settings(facts, settings)
 
 
-def node_compute(settings: config.Settings) -> ComputeSpeed:
-    """This node's compute figure (fixed by testing.compute in a test configuration);
-    serve() starts measuring it."""
-    fixed = settings["testing.compute"]
+def node_compute(settings: config.Settings, faults: Faults = NO_FAULTS) -> ComputeSpeed:
+    """This node's compute figure (fixed by a test harness's faults.compute); serve() starts
+    measuring it."""
+    fixed = faults.compute
     return ComputeSpeed(settings["engine.threads"] or os.cpu_count() or 1, fixed if fixed > 0 else None)
 
 
@@ -127,15 +138,16 @@ def _raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
-async def serve(settings: config.Settings, spare: SpareWorker | None = None) -> int:
+async def serve(settings: config.Settings, spare: SpareWorker | None = None, faults: Faults = NO_FAULTS,
+                peers: Peers | None = None) -> int:
     loop = asyncio.get_running_loop()
     # Signals are ours from the first moment: a SIGTERM while models load still exits 0.
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     metrics = Metrics()
-    membership = build_membership(settings)
-    if settings.cluster_secret is not None or settings["testing.loopback_peers"]:
+    membership = build_membership(settings, faults)
+    if settings.cluster_secret is not None or peers is not None:
         membership.facts.compute.start()     # in the background: a layer split's counts follow it
     access, admin_key_path = build_access(settings, metrics)
     facts = membership.facts
@@ -146,7 +158,7 @@ async def serve(settings: config.Settings, spare: SpareWorker | None = None) -> 
     http = HttpServer(loop, settings.limits(), metrics, access_log)
     http.tick_hooks.append(access.reload_keys)
 
-    loading = asyncio.ensure_future(load_models(loop, settings, membership, spare))
+    loading = asyncio.ensure_future(load_models(loop, settings, membership, spare, faults, peers))
     try:
         await loop.run_in_executor(None, import_api)
     except BaseException:
@@ -243,18 +255,15 @@ async def start_console(http: HttpServer, keys: KeyStore, node_id: str, settings
     return console
 
 
-def attach_cluster(registry, membership: Membership, settings: config.Settings) -> None:
-    """Placement over the cluster: the membership and this node's RPC server children."""
+def attach_cluster(registry, membership: Membership, settings: config.Settings, peers: Peers | None = None) -> None:
+    """Placement over the cluster: the membership (or a harness's simulated `peers`) and this
+    node's RPC server children."""
     from .api.cluster import replica as replica_routes
     from .api.cluster import rpc as rpc_routes
     from .api.cluster import tensor as tensor_routes
     from .cluster.rpc_server import RpcServers
 
-    placing_over = membership
-    if registry.supervisor.faults.loopback_peers:   # a test configuration: simulated followers
-        from .testing import loopback_peers
-        placing_over = loopback_peers.membership(membership.facts, settings, registry.loop,
-                                                 registry.supervisor.faults.loopback_peers)
+    placing_over = membership if peers is None else peers(membership.facts, settings, registry.loop)
     rpc = RpcServers(registry.loop, settings.data_dir, settings["host"],
                      settings["cluster.rpc_port"], placing_over.secret, kernels=settings["engine.kernels"],
                      batch_invariant=settings["engine.batch_invariant"],
@@ -280,9 +289,9 @@ def attach_cluster(registry, membership: Membership, settings: config.Settings) 
 
 
 async def load_models(loop, settings: config.Settings, membership: Membership,
-                      spare: SpareWorker | None = None):
+                      spare: SpareWorker | None = None, faults: Faults = NO_FAULTS,
+                      peers: Peers | None = None):
     from .engine.config import EngineConfig
-    from .faults import Faults
     from .runtime.planner import MIB
     from .runtime.registry import ModelRegistry
     from .store.defaults import import_defaults
@@ -299,9 +308,9 @@ async def load_models(loop, settings: config.Settings, membership: Membership,
                              memory_reserve=settings["models.memory_reserve_mb"] * MIB,
                              memory_limit=settings["models.memory_limit_mb"] * MIB,
                              autoload=settings["models.autoload"],
-                             faults=Faults.from_settings(settings["testing"]),
+                             faults=faults,
                              replicas=settings["cluster.replicas"], spare=spare)
-    attach_cluster(registry, membership, settings)
+    attach_cluster(registry, membership, settings, peers)
     preload = settings["models.preload"] if settings["cluster.role"] == "leader" else []  # the leader's job
     for model_id in preload:
         if model_id in missing:
@@ -334,13 +343,15 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def run(settings: config.Settings, spare: SpareWorker | None = None) -> int:
-    """`spare`: a worker `stackd serve` spawned before importing this (worker_process.py)."""
+def run(settings: config.Settings, spare: SpareWorker | None = None, faults: Faults = NO_FAULTS,
+        peers: Peers | None = None) -> int:
+    """`spare`: a worker `stackd serve` spawned before importing this (worker_process.py);
+    `faults` and `peers`: a test harness's injections (testing/serve.py), none otherwise."""
     try:
         compiled.require_compiled()
         logs.configure(settings["log_level"])
         _raise_fd_limit()
-        return uvloop.run(serve(settings, spare))
+        return uvloop.run(serve(settings, spare, faults, peers))
     finally:
         if spare is not None:
             spare.stop()                # not taken: a preload failed, or none wanted it

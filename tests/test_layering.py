@@ -92,3 +92,46 @@ def test_the_check_sees_a_broken_rule():
     assert imported(probe, "from ..runtime import registry\n") == {"runtime"}
     assert imported(probe, "from .. import errors, __version__\n") == {"errors", ROOT_MODULE}
     assert tier["runtime"] > tier["http"]
+
+
+# ---- the test support (testing/, at the checkout's root) stays out of the product ------------
+
+def imports_test_support(source: str) -> list[str]:
+    """The absolute imports of the top-level `testing` package (or of the old `stackd.testing`)
+    in `source`: `import testing.x`, `from testing import x`, `from stackd.testing...`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        found += [name for name in names
+                  if name.split(".")[0] == "testing" or name.startswith("stackd.testing")]
+    return found
+
+
+def test_no_module_of_the_package_imports_the_test_support():
+    broken = [f"{path.relative_to(ROOT)}: {name}" for path in modules()
+              for name in imports_test_support(path.read_text())]
+    assert not broken, "\n".join(broken)
+    assert not (PACKAGE_DIR / "testing").exists(), "the test support lives in testing/, outside server/"
+
+
+def test_the_check_sees_an_import_of_the_test_support():
+    assert imports_test_support("from testing import loopback_peers\n") == ["testing"]
+    assert imports_test_support("import testing.netns as n\n") == ["testing.netns"]
+    assert imports_test_support("from stackd.testing.daemon import Daemon\n") == ["stackd.testing.daemon"]
+    assert imports_test_support("from .faults import Faults\nimport unittest\n") == []
+
+
+def test_the_package_list_leaves_the_test_support_out():
+    """setup.py's packages: `stackd` and its subpackages under server/, none of testing/ (the
+    wheel ships what this list names; `pip wheel --no-deps .` lists the same)."""
+    source = (ROOT / "setup.py").read_text()
+    assert 'PACKAGE, SOURCE_DIR = "stackd", "server"' in source
+    assert "find_packages(SOURCE_DIR)" in source                 # only server/'s folders
+    from setuptools import find_packages
+    packages = ["stackd"] + [f"stackd.{name}" for name in find_packages(str(PACKAGE_DIR))]
+    assert not [name for name in packages if name.split(".")[0] == "testing" or ".testing" in name]
+    assert (ROOT / "testing" / "__init__.py").exists()

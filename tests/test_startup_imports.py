@@ -19,7 +19,7 @@ def imported_by(code: str) -> list[str]:
 # the modules its start-up functions import, and its route modules: daemon.import_api).
 STARTUP = ("stackd.daemon", "stackd.store.defaults", "stackd.runtime.registry", "stackd.store.store",
            "stackd.store.pulling", "stackd.cluster.power", "stackd.api.cluster.rpc",
-           "stackd.cluster.rpc_server", "stackd.testing.loopback_peers")
+           "stackd.cluster.rpc_server", "testing.loopback_peers")
 LOADED_ON_DEMAND = {
     "stackd_gguf_constants": "gguf-py's constants (hundreds of enum members): the first GGUF check",
     "stackd_llama_grammar": "the JSON-schema-to-GBNF converter: the first JSON-output request",

@@ -1,4 +1,4 @@
-// libstackd_kernels_check.so, loaded by tests and bench/ only (server/testing/kernels_check.py):
+// libstackd_kernels_check.so, loaded by tests and bench/ only (testing/kernels_check.py):
 // the op-level self-check the tests drive (tests/kernels/test_ops.py) and the op benchmark
 // (bench/kernels_ops.py) times, our MUL_MAT against ggml's own CPU backend on the same random
 // Q4_1 or Q8_0 weights and activations through ggml's public graph API on both sides; and

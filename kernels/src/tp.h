@@ -57,6 +57,11 @@ STACKD_API void stackd_tp_counters(uint64_t *exchanges, uint64_t *bytes_sent, ui
 // what depends only on a row's top K (greedy, top-k <= K: docs/cluster.md says which requests).
 // 0, or -1 when K is out of range (the mode is unchanged). Reset to 0 at attach.
 STACKD_API int stackd_tp_set_gather(int candidates);
+// Tests and benches only (bench/cluster.py --link-delay-us, --free-links), set before attach
+// and kept across attaches: each exchange's frames held delay_us (clamped to 0..1,000,000)
+// before they go; free_links != 0: no partial sum and no logits sent (wrong answers: the
+// speed of a link that costs nothing). 0, 0: a real link.
+STACKD_API void stackd_tp_set_test_link(int delay_us, int free_links);
 // Logits gathers by path since the process started (this node's graphs): rows whole, candidates.
 STACKD_API void stackd_tp_gather_counters(uint64_t *full, uint64_t *candidates);
 // Nanoseconds inside the partial-sum and logits exchanges since attach (added after the contract).

@@ -91,8 +91,9 @@ struct Group {
     std::string error;
     std::atomic<uint64_t> exchanges{0}, bytes_sent{0}, control_frames{0};
     std::atomic<uint64_t> exchange_ns{0};   // time inside the partial-sum and logits exchanges
-    int link_delay_us = 0;       // a benchmark's slower link (STACKD_TESTING_LINK_DELAY_US), 0: none
-    bool free_links = false;     // a benchmark's ceiling (STACKD_TESTING_FREE_LINKS): exchange nothing
+    // stackd_tp_set_test_link (tests and benches only; set before attach, kept across attaches):
+    int link_delay_us = 0;       // a slower link: each exchange's frames held this long, 0: none
+    bool free_links = false;     // the ceiling: exchange nothing
     std::atomic<int> gather{0};  // stackd_tp_set_gather: 0 logits rows whole, else K candidates a row
     std::atomic<uint64_t> gathers_full{0}, gathers_candidates{0};
 };
@@ -548,12 +549,6 @@ STACKD_API int stackd_tp_attach(int rank, int n, const int *fds, const uint8_t *
     g.cut.assign(vocab_cut, vocab_cut + n + 1);
     g.deadline_ms = deadline_ms;
     g.spin_us = spin_us;
-    const char *delay = std::getenv("STACKD_TESTING_LINK_DELAY_US");   // bench/cluster.py --link-delay-us
-    g.link_delay_us = delay != nullptr ? std::max(0, std::min(1000000, std::atoi(delay))) : 0;
-    // bench/cluster.py --free-links: every node computes its shard and sends no partial sum and no
-    // logits (control messages still go): the speed a split would have over a link that cost nothing
-    const char *free_links = std::getenv("STACKD_TESTING_FREE_LINKS");
-    g.free_links = free_links != nullptr && std::strcmp(free_links, "1") == 0;
     g.step = 0;
     g.exchanges = g.bytes_sent = g.control_frames = g.exchange_ns = 0;
     g.gather = 0;
@@ -562,6 +557,16 @@ STACKD_API int stackd_tp_attach(int rank, int n, const int *fds, const uint8_t *
     g.generation.fetch_add(1);
     g.attached.store(true, std::memory_order_release);
     return 0;
+}
+
+// bench/cluster.py --link-delay-us and --free-links, through the worker's test configuration
+// (server/faults.py): each exchange's frames held delay_us (0 to 1 s) before they go; or every
+// node computes its shard and sends no partial sum and no logits (control messages still go):
+// the speed a split would have over a link that cost nothing (wrong answers).
+STACKD_API void stackd_tp_set_test_link(int delay_us, int free_links) {
+    Group &g = group();
+    g.link_delay_us = std::max(0, std::min(1000000, delay_us));
+    g.free_links = free_links != 0;
 }
 
 STACKD_API void stackd_tp_detach(void) {

@@ -96,8 +96,6 @@ engine::engine(const engine_params & params)
     }
     tp_ = std::make_unique<lockstep>(params_.tp_rank, params_.tp_rank >= 0 ? make_transport(params_.tp_transport)
                                                                            : nullptr);
-    const char * full_rows = std::getenv("STACKD_TESTING_TP_FULL_ROWS");   // tests and bench: the old path
-    tp_full_rows_ = full_rows != nullptr && std::string(full_rows) == "1";
 
     llama_model_params mp = llama_model_default_params();
     model_devices devices(params_.placement);

@@ -103,6 +103,9 @@ public:
     // For the fault-injection tests only, never for serving: make the next `n` decode calls
     // fail as llama_decode can (no KV room, abort).
     void fail_next_decodes(int32_t n) { n_fail_decodes_ = n; }
+    // For tests and benches only: a tensor split's steps gather the logits rows whole, never as
+    // candidates (the path before candidates). Set before the first submit.
+    void set_tp_full_rows(bool on) { tp_full_rows_ = on; }
     std::vector<engine_event> take_events();
     void close();
 
@@ -268,7 +271,7 @@ private:
     std::unique_ptr<lockstep> tp_;
     std::string decode_error(int32_t rc, const std::string & failure) const;
     std::atomic<bool> follow_stop_{false};
-    bool tp_full_rows_ = false;           // STACKD_TESTING_TP_FULL_ROWS=1: every step gathers rows whole
+    bool tp_full_rows_ = false;           // set_tp_full_rows: every step gathers rows whole
     std::mutex mu_follow_;                // held by follow(): close() waits for it to return
 
     mutable std::mutex mu_events_;

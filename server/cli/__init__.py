@@ -95,7 +95,9 @@ def _settings(args) -> config.Settings:
     return config.load(flags)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, **injected) -> int:
+    """`injected`: what a test harness hands `serve`'s composition root (daemon.run's faults and
+    peers: testing/serve.py); the `stackd` command passes none."""
     args = build_parser().parse_args(argv)
     try:
         settings = _settings(args)
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         from ..runtime.worker_process import spare_for_boot
         spare = spare_for_boot(settings)   # first: its start overlaps the daemon's imports
         from ..daemon import run
-        return run(settings, spare)
+        return run(settings, spare, **injected)
     if args.command == "models":
         from .models import main as models_main
         return models_main(args, settings)

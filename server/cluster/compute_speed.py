@@ -14,7 +14,7 @@ apart, and keeps the highest (on this busy 2-core machine one node's first figur
 The figure is relative: nodes compare theirs, the unit matters only in being shared. A
 weight larger than a cache makes it follow memory bandwidth as a decode step does; the
 power contract's compute scale is applied by whoever reads it (not measured into it).
-`testing.compute` (server/faults.py) replaces the measurement in a test configuration.
+A test harness's `compute` (server/faults.py) replaces the measurement.
 """
 from __future__ import annotations
 

@@ -95,8 +95,8 @@ class FollowerState:
 
 class NodeEvents:
     """The contract placement and supervision use (the real membership, or the simulated one
-    of server/testing/loopback_peers.py): the nodes, and callbacks when one goes down or this
-    follower loses its leader."""
+    of testing/loopback_peers.py, outside the package): the nodes, and callbacks when one goes
+    down or this follower loses its leader."""
 
     def __init__(self):
         self._down_callbacks: list = []

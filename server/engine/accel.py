@@ -5,7 +5,7 @@ it puts its Q4_1 matmul weights in our repacked buffer and runs those matmuls on
 Call it in the process that runs the engine, before its model loads: an engine worker
 (server/engine/worker.py) does so first thing, the daemon before an inline engine
 (runtime/supervisor.py). A model loaded earlier keeps ggml's own kernels. The op-level
-self-check and timer are a test-only library (stackd.testing.kernels_check), not this one.
+self-check and timer are a test-only library (testing.kernels_check), not this one.
 
 One ggml per process: our library's runpath names the directory llama-cpp-python loads
 llama.cpp from, as server._engine's does, so whichever loads first, the other binds to the
@@ -279,3 +279,13 @@ def tp_counters() -> dict[str, int]:
     counters["exchange_us"] = lib.stackd_tp_exchange_ns() // 1000
     return counters
 
+
+
+def tp_set_test_link(delay_us: int = 0, free_links: bool = False) -> None:
+    """Tests and benches only (server/faults.py: a worker's test configuration; bench/cluster.py
+    --link-delay-us, --free-links): each exchange's frames held `delay_us` (0 to 1 s) before they
+    go, or `free_links`: no partial sum and no logits sent (wrong answers: the speed of a link
+    that costs nothing). Set before tp_attach; kept across attaches."""
+    set_link = library().stackd_tp_set_test_link
+    set_link.restype = None
+    set_link(int(delay_us), int(bool(free_links)))

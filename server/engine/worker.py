@@ -440,19 +440,22 @@ def main(fd: int, parent: int) -> int:
     if not tensor:
         for extra in fds:                          # none is expected: none is kept
             os.close(extra)
-    if Faults(**config.get("faults", {})).worker_crashes():
-        os.abort()                                 # a test configuration's crash loop
+    faults = Faults(**config.get("faults", {}))    # a test configuration's (server/faults.py)
+    if faults.worker_crashes():
+        os.abort()                                 # a crash loop
 
     os.nice(config.get("nice", 0))                 # engine.embedding_nice: this worker's threads too
     try:
         # both before the model loads
         accel.commit_on_write(config.get("kv_commit", "lazy"))
         accel.register(config.get("kernels", "off"), config.get("batch_invariant", False))
+        faults.in_worker(accel)
         params = dict(config["engine"], rpc_endpoints=connect_devices(config.get("rpc")))
         if tensor:
             join_tensor_group(tensor, mesh_listener(sock, tensor, fds))
             params.update(tp_rank=int(tensor["rank"]), tp_size=int(tensor["size"]))
         engine = Engine(**params)
+        faults.in_engine(engine)
         runs = shard_runs(engine) if accel.registered() is not None and tensor else None
         if runs:
             accel.set_runs(*runs)

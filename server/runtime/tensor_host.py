@@ -91,7 +91,8 @@ class TensorHost:
             listener.listen(16)
             port = listener.getsockname()[1]
             message = {"op": "start", "engine": params, "kernels": config.kernels, "kv_commit": config.kv_commit,
-                       "batch_invariant": config.batch_invariant, "nice": 0, "rpc": None, "faults": {}}
+                       "batch_invariant": config.batch_invariant, "nice": 0, "rpc": None,
+                       "faults": registry.supervisor.faults.for_worker()}
             secret = getattr(registry.supervisor.membership, "secret", None) or b""
             # the higher ranks dial this one: their addresses are never used here (not known yet)
             higher = [[self.host, 0]] * (len(weights) - rank - 1)

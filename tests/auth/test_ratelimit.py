@@ -1,7 +1,23 @@
+"""The rate limiter (server/auth/ratelimit.py) through RateLimiter: a token bucket per key and
+group, exactly the limit then 429, refills at the limit's rate, its headers, overrides."""
 import pytest
 
 from stackd.auth.ratelimit import RateLimiter
-from stackd.http.errors import ApiError
+from stackd.http.errors import ApiError, ErrorKind
+
+
+class Metrics:
+    def __init__(self):
+        self.rejected = []
+
+    def rate_limit_rejected(self, group):
+        self.rejected.append(group)
+
+
+def refused(call, *args) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        call(*args)
+    return caught.value
 
 
 class Clock:
@@ -118,3 +134,88 @@ def test_a_refusal_is_held_back_at_most_until_its_retry_after():
     with pytest.raises(ApiError) as refused:
         at_once.admit("k1", "a", "inference")
     assert refused.value.delay == 0.0
+
+
+# ---- at its edges -----------------------------------------------------------------------------
+
+def test_a_group_without_a_limit_is_unlimited():
+    limiter = RateLimiter({"inference": 1}, {"k": {"cluster": 5}}, clock=Clock())
+    for _ in range(50):
+        assert limiter.admit("id", "k", "models") == b""
+        assert limiter.admit("id", "other", "cluster") == b""
+
+
+def test_an_override_for_another_group_leaves_the_deployment_limit():
+    limiter = RateLimiter({"inference": 1}, {"k": {"cluster": 5}}, clock=Clock())
+    limiter.admit("id", "k", "inference")
+    assert refused(limiter.admit, "id", "k", "inference").kind is ErrorKind.RATE_LIMIT
+
+
+def test_the_429_tells_when_to_retry_and_counts_the_refusal():
+    clock, metrics = Clock(), Metrics()
+    limiter = RateLimiter({"inference": 6}, clock=clock, metrics=metrics)   # one per 10 s
+    for _ in range(6):
+        limiter.admit("id", "k", "inference")
+    clock.now += 2.5
+    error = refused(limiter.admit, "id", "k", "inference")
+    assert error.kind is ErrorKind.RATE_LIMIT
+    assert error.message == ("rate limit of 6 requests per minute exceeded for the inference "
+                             "group; retry after 8 s")
+    assert error.headers == ((b"retry-after", b"8"), (b"x-ratelimit-limit", b"6"),
+                             (b"x-ratelimit-remaining", b"0"), (b"x-ratelimit-reset", b"58"))
+    assert metrics.rejected == ["inference"]
+    clock.now += 7.5
+    assert headers_of(limiter.admit("id", "k", "inference"))[b"x-ratelimit-remaining"] == 0
+
+
+def test_retry_after_is_at_least_one_second():
+    clock = Clock()
+    limiter = RateLimiter({"inference": 60}, clock=clock)
+    for _ in range(60):
+        limiter.admit("id", "k", "inference")
+    clock.now += 0.9999
+    error = refused(limiter.admit, "id", "k", "inference")
+    assert dict(error.headers)[b"retry-after"] == b"1"
+
+
+def test_a_token_refills_at_exactly_limit_per_minute():
+    clock = Clock()
+    limiter = RateLimiter({"inference": 120}, clock=clock)              # one per half second
+    for _ in range(120):
+        limiter.admit("id", "k", "inference")
+    clock.now += 0.5
+    limiter.admit("id", "k", "inference")
+    refused(limiter.admit, "id", "k", "inference")
+
+
+def test_refused_requests_do_not_spend_tokens():
+    clock = Clock()
+    limiter = RateLimiter({"inference": 60}, clock=clock)
+    for _ in range(60):
+        limiter.admit("id", "k", "inference")
+    for _ in range(5):
+        clock.now += 0.1
+        refused(limiter.admit, "id", "k", "inference")
+    clock.now += 0.5                                                    # 1 s since the last token
+    limiter.admit("id", "k", "inference")
+
+
+def test_the_headers_follow_every_change_of_remaining_and_reset():
+    clock = Clock()
+    limiter = RateLimiter({"inference": 120}, clock=clock)
+    seen = [headers_of(limiter.admit("id", "k", "inference")) for _ in range(23)]
+    assert [h[b"x-ratelimit-remaining"] for h in seen] == list(range(119, 96, -1))
+    assert [h[b"x-ratelimit-reset"] for h in seen] == [(120 - r + 1) // 2 for r in range(119, 96, -1)]
+    assert all(h[b"x-ratelimit-limit"] == 120 for h in seen)
+
+
+def test_forgetting_keeps_the_live_keys_buckets():
+    limiter = RateLimiter({"inference": 1, "cluster": 1}, clock=Clock())
+    for key_id in ("a", "b"):
+        limiter.admit(key_id, "k", "inference")
+        limiter.admit(key_id, "k", "cluster")
+    limiter.forget_except({"a"})
+    refused(limiter.admit, "a", "k", "inference")
+    refused(limiter.admit, "a", "k", "cluster")
+    limiter.admit("b", "k", "inference")
+    limiter.admit("b", "k", "cluster")

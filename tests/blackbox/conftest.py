@@ -1,6 +1,6 @@
 import pytest
 
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
 
 
 @pytest.fixture

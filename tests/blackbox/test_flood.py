@@ -25,7 +25,9 @@ import time
 import orjson
 import pytest
 
-from stackd.testing.daemon import CLIENT_TIMEOUT, Daemon, create_key
+from testing.daemon import CLIENT_TIMEOUT, Daemon, create_key
+
+pytestmark = pytest.mark.slow
 
 CHAT = "smollm2-135m-instruct"
 FLOOD = {"model": CHAT, "prompt": "Write a long story.", "n": 16, "max_tokens": 2000,

@@ -1,7 +1,9 @@
 """Every limit of the inference API at its edge: N is accepted, N + 1 is refused naming it."""
 import pytest
 
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
+
+pytestmark = pytest.mark.slow
 
 CHAT, EMBED = "smollm2-135m-instruct", "all-minilm-l6-v2"
 

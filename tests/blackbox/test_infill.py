@@ -15,7 +15,9 @@ from stackd.api.inference.infill import _declared
 from stackd.chat import infill as fim
 from stackd.store.defaults import smollm2_path
 from stackd.store.store import ModelStore
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
+
+pytestmark = pytest.mark.slow
 
 CHAT = "smollm2-135m-instruct"
 FIM_MODEL = "smollm2-fim"

@@ -7,6 +7,8 @@ import pytest
 
 from tests.http.fake import parse_responses
 
+pytestmark = pytest.mark.slow
+
 
 def auth(daemon) -> bytes:
     return b"Authorization: Bearer " + daemon.admin_key.encode() + b"\r\n"

@@ -7,9 +7,11 @@ import time
 import pytest
 
 from stackd.store.defaults import smollm2_path
-from stackd.testing.daemon import cli, create_key, http_request, start_process, stackd_command
+from testing.daemon import cli, create_key, http_request, start_process, stackd_command
 from tests.store.crafted import crafted
 from tests.store.tiny import vocabulary, write_tiny
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture

@@ -6,7 +6,9 @@ import time
 import anthropic
 import pytest
 
-from stackd.testing.daemon import Daemon, create_key
+from testing.daemon import Daemon, create_key
+
+pytestmark = pytest.mark.slow
 
 CHAT = "smollm2-135m-instruct"
 CONFIG = "[rate_limits]\ninference = 0\n[engine]\nslots = 4\ncontext_length = 1024\n"

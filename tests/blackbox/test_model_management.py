@@ -5,6 +5,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 
 CHAT, EMBED = "smollm2-135m-instruct", "all-minilm-l6-v2"
 

@@ -7,7 +7,9 @@ import uuid
 
 import pytest
 
-from stackd.testing.daemon import cli, create_key
+from testing.daemon import cli, create_key
+
+pytestmark = pytest.mark.slow
 
 
 def test_first_start_writes_an_admin_key(daemon):
@@ -256,7 +258,7 @@ def test_cli_keys(tmp_path):
 def test_sigterm_while_models_load_exits_cleanly(tmp_path):
     import subprocess
 
-    from stackd.testing.daemon import stackd_command
+    from testing.daemon import stackd_command
     proc = subprocess.Popen(stackd_command("serve", "--data-dir", str(tmp_path / "d"),
                                            "--inference-port", "0", "--cluster-port", "0"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -6,7 +6,9 @@ import numpy as np
 import openai
 import pytest
 
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
+
+pytestmark = pytest.mark.slow
 
 FIXTURE = json.load(open(__file__.rsplit("/", 2)[0] + "/fixtures/minilm_reference.json"))
 CHAT = "smollm2-135m-instruct"

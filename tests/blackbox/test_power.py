@@ -1,6 +1,10 @@
 """POST /v1/power/contract against the real daemon: negotiation, the contract in force, what
 /v1/nodes shows, persistence across a restart, and refusals in the spec's shape."""
-from stackd.testing.daemon import Daemon, create_key
+import pytest
+
+from testing.daemon import Daemon, create_key
+
+pytestmark = pytest.mark.slow
 
 V5 = {"type": "fixed", "voltage_mv": 5000, "max_current_ma": 3000}
 CAPS = {"module_id": "psu-1", "source_capabilities": [

@@ -6,7 +6,9 @@ the bound on the rows a request may ask for."""
 import pytest
 
 from stackd.api.inference.completions import MAX_PROMPT_LOGPROB_ROWS
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
+
+pytestmark = pytest.mark.slow
 
 CHAT = "smollm2-135m-instruct"
 # batch_invariant: a row's numbers do not depend on what shared its step, so the numbers of a

@@ -8,13 +8,15 @@ import struct
 
 import pytest
 
-from stackd.testing.registry_server import MEDIA_MODEL, MEDIA_PARAMS, MEDIA_TEMPLATE, RegistryServer
+from testing.registry_server import MEDIA_MODEL, MEDIA_PARAMS, MEDIA_TEMPLATE, RegistryServer
 
 from stackd.store.store import ModelStore
 from tests.store.crafted import crafted, duplicate_token_copy, old_store_manifest
 from tests.store.tiny import write_tiny
 
-from stackd.testing.daemon import cli
+from testing.daemon import cli
+
+pytestmark = pytest.mark.slow
 
 
 def tiny_gguf_bytes(tmp_path, name="tiny.gguf", rows=16) -> bytes:

@@ -6,7 +6,9 @@ import json
 import openai
 import pytest
 
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
+
+pytestmark = pytest.mark.slow
 
 CHAT = "smollm2-135m-instruct"
 CONFIG = "[rate_limits]\ninference = 0\n[engine]\nslots = 4\ncontext_length = 1024\n"

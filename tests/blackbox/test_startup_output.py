@@ -7,9 +7,12 @@ import re
 import time
 
 import orjson
+import pytest
 
 from stackd.http.access_log import AccessLog
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
+
+pytestmark = pytest.mark.slow
 
 # The README's start-up lines ("Quick start"), in order, on stdout.
 README_LINES = [

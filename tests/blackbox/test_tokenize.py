@@ -3,7 +3,9 @@ chat model: vLLM's shapes and llama-server's fields, round trips, the chat path'
 `messages`, and hostile sizes."""
 import pytest
 
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
+
+pytestmark = pytest.mark.slow
 
 CHAT = "smollm2-135m-instruct"
 CONFIG = "[rate_limits]\ninference = 0\n[engine]\nslots = 2\ncontext_length = 2048\n"
@@ -100,6 +102,20 @@ def test_bad_requests_name_their_field(daemon):
     assert status == 401 and body["error"]["type"] == "authentication_error"
     status, _, body = post(daemon, "/tokenize", {"model": "no-such-model", "prompt": "a"})
     assert status == 404, body
+
+
+def test_detokenize_takes_every_id_of_the_vocabulary_and_no_more(daemon):
+    """The edge itself: the last id (n_vocab - 1) is detokenized, n_vocab is refused naming the
+    field, the entry and the range (llama.cpp would read past its table)."""
+    status, _, info = daemon.request("GET", f"/tokenizer_info?model={CHAT}", port="inference",
+                                     key=daemon.admin_key)
+    assert status == 200, info
+    n_vocab = info["vocab_size"]
+    assert n_vocab == 49152                        # SmolLM2's
+    assert isinstance(ok(post(daemon, "/detokenize", {"tokens": [0, n_vocab - 1]}))["prompt"], str)
+    refused(post(daemon, "/detokenize", {"tokens": [n_vocab]}), "tokens",
+            f"'tokens[0]' ({n_vocab}) is outside the vocabulary (0..{n_vocab - 1})")
+    refused(post(daemon, "/detokenize", {"tokens": [0, n_vocab - 1, n_vocab]}), "tokens", "'tokens[2]'")
 
 
 def test_hostile_sizes(daemon):

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
+
+pytestmark = pytest.mark.slow
 
 CHAT = "smollm2-135m-instruct"
 CONFIG = ("[rate_limits]\ninference = 0\n[engine]\nslots = 4\ncontext_length = 2048\n"

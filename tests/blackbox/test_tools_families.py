@@ -1,5 +1,5 @@
 """Family formats on a live daemon, through the official openai SDK: the default SmolLM2 GGUF
-rewritten (stackd.testing.gguf_patch) with Qwen 2.5's Hermes <tool_call> template and with a
+rewritten (testing.gguf_patch) with Qwen 2.5's Hermes <tool_call> template and with a
 Qwen3-style thinking template. Tool calls (required and named enforced by the family's grammar,
 auto by its lazy grammar), streamed deltas reassembled, reasoning split out, the thinking budget
 of each reasoning_effort; in an engine worker (the default isolation) and inline."""
@@ -10,10 +10,12 @@ import openai
 import pytest
 
 from stackd.store.store import ModelStore
-from stackd.testing.daemon import Daemon
-from stackd.testing.gguf_patch import QWEN25_TOOLS, QWEN3_THINKING, rewritten_with_chat_template
+from testing.daemon import Daemon
+from testing.gguf_patch import QWEN25_TOOLS, QWEN3_THINKING, rewritten_with_chat_template
 
 from .test_tools import TIME
+
+pytestmark = pytest.mark.slow
 
 TOOLS_MODEL = "qwen-tools-fixture"
 THINKING_MODEL = "qwen3-thinking-fixture"

@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from stackd.testing.daemon import CLIENT_TIMEOUT, Daemon
+from testing.daemon import CLIENT_TIMEOUT, Daemon
+
+pytestmark = pytest.mark.slow
 
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
@@ -169,7 +171,7 @@ def test_a_killed_worker_costs_only_the_streams_that_had_sent_tokens(node):
 def test_past_restart_hold_a_request_gets_503_with_retry_after(tmp_path):
     crash = tmp_path / "crash"
     node = Daemon(str(tmp_path / "data"), CONFIG + "restart_hold = 0.5\n", models=True,
-                  env={"STACKD_TESTING_WORKER_CRASH_FILE": str(crash)})
+                  injected={"worker_crash_file": str(crash)})
     try:
         crash.write_text("")                             # the restart cannot succeed
         os.kill(describe(node, CHAT)["pid"], signal.SIGKILL)
@@ -187,7 +189,7 @@ def test_past_restart_hold_a_request_gets_503_with_retry_after(tmp_path):
 def test_a_worker_that_dies_on_every_start_ends_failed(tmp_path):
     crash = tmp_path / "crash"
     node = Daemon(str(tmp_path / "data"), CONFIG, models=True,
-                  env={"STACKD_TESTING_WORKER_CRASH_FILE": str(crash)})
+                  injected={"worker_crash_file": str(crash)})
     try:
         crash.write_text("")
         os.kill(describe(node, CHAT)["pid"], signal.SIGKILL)

@@ -12,7 +12,7 @@ from stackd.chat.tools import Tool, ToolRequest
 from stackd.errors import DomainError
 from stackd.serving.output import ARGUMENTS, REASONING, TEXT, TOOL
 from stackd.serving.reader import Reader
-from stackd.testing.gguf_patch import QWEN25_TOOLS, QWEN3_THINKING
+from testing.gguf_patch import QWEN25_TOOLS, QWEN3_THINKING
 
 QWEN = QWEN25_TOOLS
 # A thinking template in Qwen3's manner: <think> in the history, switched by enable_thinking.

@@ -7,7 +7,7 @@ must not hit them) and retries are off (a retry would hide a failed first answer
 """
 import pytest
 
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
 
 CHAT = "smollm2-135m-instruct"
 CLIENT_TIMEOUT = 600.0

@@ -1,6 +1,6 @@
 import pytest
 
-from stackd.testing.cluster_nodes import Node
+from testing.cluster_nodes import Node
 
 
 @pytest.fixture

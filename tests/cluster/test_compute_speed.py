@@ -8,7 +8,7 @@ import pytest
 
 from stackd.cluster import compute_speed
 from stackd.cluster.membership import peer_node
-from stackd.testing.loopback_peers import parse_test_computes, parse_test_peers
+from testing.loopback_peers import parse_test_computes, parse_test_peers
 
 
 def test_the_measurement_is_a_sane_positive_figure():

@@ -10,7 +10,7 @@ import pytest
 
 from stackd import config, daemon
 from stackd.cluster import links, views
-from stackd.testing.cluster_nodes import EVENTUAL
+from testing.cluster_nodes import EVENTUAL
 
 from tests.answers import raises_http
 

@@ -12,7 +12,9 @@ from stackd.api.cluster import internal
 from stackd.daemon import import_api
 from stackd.system import readings
 
-from stackd.testing.cluster_nodes import SECRET, Node, eventually, statuses
+from testing.cluster_nodes import SECRET, Node, eventually, statuses
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from stackd.testing.cluster_nodes import eventually, statuses
-from stackd.testing.netns import CLUSTER_PORT, INFERENCE_PORT, in_namespace
+from testing.cluster_nodes import eventually, statuses
+from testing.netns import CLUSTER_PORT, INFERENCE_PORT, in_namespace
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 
 def test_join_and_partition_over_veth_links(namespaces, start_node):   # namespaces go last

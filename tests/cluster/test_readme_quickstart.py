@@ -15,8 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from stackd.testing import netns
-from stackd.testing.cluster_nodes import eventually
+from testing import netns
+from testing.cluster_nodes import eventually
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 SECTION = "### A cluster of two on one machine"

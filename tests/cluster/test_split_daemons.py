@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from stackd.engine import accel
-from stackd.testing.cluster_nodes import eventually, statuses
-from stackd.testing.netns import CLUSTER_PORT, in_namespace
-from stackd.testing.two_daemons import MODEL, daemons, node_env
-from stackd.testing.daemon import free_port
+from testing.cluster_nodes import eventually, statuses
+from testing.netns import CLUSTER_PORT, in_namespace
+from testing.two_daemons import MODEL, daemons, node_env
+from testing.daemon import free_port
 
 # Prompts whose greedy texts part when the follower's layers run on ggml's kernels.
 PROMPTS = ["Write a haiku about the sea.", "Count from one to ten.", "What is the capital of France?"]

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from stackd.engine import accel
-from stackd.testing.rpc_workers import PROMPTS, Peers, engine_params, generate, start_worker
+from testing.rpc_workers import PROMPTS, Peers, engine_params, generate, start_worker
 
 N_LAYER = 30
 
@@ -97,11 +97,11 @@ def test_a_follower_with_kernels_off_serves_ggml_s_cpu(loop, tmp_path):
 
 def test_a_q4_k_m_split_with_a_follower_on_avx2_gives_one_node_s_text(loop, peers):
     """The served device repacks Q4_K and Q6_K weights in place too (the same bytes as ggml's
-    blocks): a Q4_K_M file (stackd.testing.quantized_model) split over two nodes, the follower
+    blocks): a Q4_K_M file (testing.quantized_model) split over two nodes, the follower
     forced to AVX2 with the last 20 layers, gives the leader's text alone."""
     if not accel.cpu_supports("avx2"):
         pytest.skip("engine.kernels = auto needs AVX2")
-    from stackd.testing import quantized_model
+    from testing import quantized_model
     model = quantized_model.q4_k_m()
 
     async def main():

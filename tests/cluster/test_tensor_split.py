@@ -19,10 +19,10 @@ import orjson
 import pytest
 
 from stackd.engine import accel
-from stackd.testing.cluster_nodes import eventually, statuses
-from stackd.testing.daemon import free_port
-from stackd.testing.netns import CLUSTER_PORT, in_namespace
-from stackd.testing.two_daemons import MODEL, assert_stream_ends_unavailable, daemons, open_stream
+from testing.cluster_nodes import eventually, statuses
+from testing.daemon import free_port
+from testing.netns import CLUSTER_PORT, in_namespace
+from testing.two_daemons import MODEL, assert_stream_ends_unavailable, daemons, open_stream
 
 PROMPTS = ["Write a haiku about the sea.", "Count from one to ten.", "What is the capital of France?",
            "Name three colours.", "Say hello in French."]

@@ -13,9 +13,9 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from stackd.engine import accel
-from stackd.testing.cluster_nodes import eventually, statuses
-from stackd.testing.daemon import free_port
-from stackd.testing.two_daemons import MODEL, daemons
+from testing.cluster_nodes import eventually, statuses
+from testing.daemon import free_port
+from testing.two_daemons import MODEL, daemons
 
 from ..clients.tools import TOOLS, WEATHER, arguments_of
 

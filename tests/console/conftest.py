@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from stackd.testing.console_harness import Harness
+from testing.console_harness import Harness
 from .postgres import SKIP_REASON, PostgresServer
 
 BACKENDS = ["sqlite", "postgresql"]
@@ -56,7 +56,7 @@ def fresh(request, postgres, tmp_path):
 @pytest.fixture(scope="session")
 def embedded_daemon(tmp_path_factory):
     """One real daemon with the default chat model and its embedded console, for the session."""
-    from stackd.testing.console_embedded import CHAT_ONLY, EmbeddedDaemon
+    from testing.console_embedded import CHAT_ONLY, EmbeddedDaemon
 
     daemon = EmbeddedDaemon(str(tmp_path_factory.mktemp("embedded") / "data"), CHAT_ONLY)
     yield daemon

@@ -5,6 +5,8 @@ import http.client
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 
 def test_signup_is_pending_and_level_none(shared):
     status, _, profile = shared.call("POST", "/api/auth/signup",

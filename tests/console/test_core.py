@@ -15,6 +15,8 @@ from stackd.http.errors import ApiError
 from tests.answers import raises_http
 from stackd.http.request import Request, Session
 
+pytestmark = pytest.mark.slow
+
 
 def test_console_settings_follow_the_precedence(tmp_path):
     file = tmp_path / "c.toml"

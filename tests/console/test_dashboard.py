@@ -22,6 +22,8 @@ from stackd.http.response import Response, StreamingResponse, json_response
 from stackd.http.routing import App, Endpoint
 from stackd.observe.recent import RecentRequests
 
+pytestmark = pytest.mark.slow
+
 METRICS = """# HELP stackd_generation_tokens_total x
 # TYPE stackd_generation_tokens_total counter
 stackd_generation_tokens_total{model="tiny"} {gen}

@@ -12,10 +12,10 @@ import time
 import pytest
 
 from stackd.console.dashboard.samples import NAMES
-from stackd.testing.cluster_nodes import Node, eventually, statuses
-from stackd.testing.console_embedded import NO_MODELS, EmbeddedDaemon
-from stackd.testing.console_harness import Harness
-from stackd.testing.daemon import http_request
+from testing.cluster_nodes import Node, eventually, statuses
+from testing.console_embedded import NO_MODELS, EmbeddedDaemon
+from testing.console_harness import Harness
+from testing.daemon import http_request
 
 from .test_embedded import call, login
 from .test_web_page import WAIT, browser, shoot, wait_until  # noqa: F401  (the fixture)

@@ -17,6 +17,8 @@ from stackd.auth.keys import KeyStore
 from stackd.auth.terminal import TerminalVerifier
 from stackd.console.db.schema import devices, pairing_tokens
 
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORD_FIELDS = {"id", "name", "inference_url", "cluster_url", "status", "last_seen_at",
                  "created_by", "created_at"}

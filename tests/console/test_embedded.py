@@ -9,7 +9,7 @@ import time
 import orjson
 import pytest
 
-from stackd.testing.console_embedded import NO_MODELS, EmbeddedDaemon
+from testing.console_embedded import NO_MODELS, EmbeddedDaemon
 
 pytestmark = pytest.mark.slow
 

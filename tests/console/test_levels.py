@@ -6,6 +6,8 @@ import itertools
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 LEVELS = ["none", "user", "viewer", "operator", "admin"]
 RANK = {level: rank for rank, level in enumerate(LEVELS)}
 _names = itertools.count()

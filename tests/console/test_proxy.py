@@ -8,7 +8,9 @@ import struct
 import orjson
 import pytest
 
-from stackd.testing.fake_node import TOPOLOGY
+from testing.fake_node import TOPOLOGY
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture

@@ -6,10 +6,13 @@ import os
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+import pytest
 from sqlalchemy import text
 
 from stackd.console.db.database import migrate, open_engine, resolve_url
 from stackd.console.db.schema import metadata
+
+pytestmark = pytest.mark.slow
 
 
 def test_migrations_create_exactly_the_schema(shared):

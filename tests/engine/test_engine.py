@@ -4,10 +4,13 @@ import select
 import time
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf
+import pytest
 
 from stackd.engine.core import STATUS_ABORTED, STATUS_LENGTH, STATUS_RUNNING, STATUS_STOPPED
 
 from .conftest import Driver, chat_prompt
+
+pytestmark = pytest.mark.slow
 
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "Count from one to five.",
              "What is 2 + 2?", "Say hello in Spanish.", "What do bees make?",

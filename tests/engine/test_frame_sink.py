@@ -12,6 +12,8 @@ from stackd.engine.core import STATUS_RUNNING, Engine, SamplingParams
 
 from .conftest import chat_prompt
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def wired():

@@ -14,6 +14,8 @@ from stackd.engine.core import Sampler, SamplingParams, Vocab
 from stackd.chat.grammar import json_schema_grammar
 from stackd.store import defaults
 
+pytestmark = pytest.mark.slow
+
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 ENUM = json_schema_grammar({"enum": [f"value {i}" for i in range(256)]})
 SMALL_ENUM = json_schema_grammar({"enum": [f"value {i}" for i in range(24)]})   # a cheaper reference

@@ -10,6 +10,8 @@ from stackd.store import defaults
 
 from .conftest import Driver, chat_prompt
 
+pytestmark = pytest.mark.slow
+
 
 def test_min_tokens_yields_to_a_completed_grammar(driver, chat_engine):
     """It used to abort the process: end-of-generation was masked while the grammar allowed

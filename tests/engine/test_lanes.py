@@ -11,6 +11,8 @@ from stackd.store import defaults
 from .conftest import Driver, chat_prompt
 from .test_engine import QUESTIONS
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def two_lanes():

@@ -1,10 +1,143 @@
-"""The field-spec vocabulary (server/http/validate.py): each check, its message, its schema."""
+"""The JSON field checks (server/http/validate.py) at their edges: the functions (what each
+returns when a field is absent or null, which types each refuses), then the field specs (each
+check, its message, its schema). Every bound is tried on both sides (the last value accepted,
+the first refused), and every refusal is a 400 naming the field and its problem."""
 import math
 
 import pytest
 
+from stackd.http import validate
 from stackd.http import validate as v
-from stackd.http.errors import ApiError
+from stackd.http.errors import ApiError, ErrorKind
+
+
+def refusal(check, body, field="f", **options) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        check(body, field, **options)
+    error = caught.value
+    assert error.kind is ErrorKind.INVALID_REQUEST and error.kind.status == 400
+    assert error.param == field and f"'{field}'" in error.message
+    return error
+
+
+# ---- string ------------------------------------------------------------------------------------
+
+def test_a_required_string_that_is_absent_is_refused_as_required():
+    assert "is required" in refusal(validate.string, {}).message
+
+
+def test_an_optional_string_absent_or_null_gives_its_default():
+    assert validate.string({}, "f", required=False) is None
+    assert validate.string({}, "f", required=False, default="d") == "d"
+    assert validate.string({"f": None}, "f", required=False, default="d") == "d"
+
+
+def test_a_required_string_that_is_null_is_refused_as_not_a_string():
+    assert "must be a string, not null" in refusal(validate.string, {"f": None}).message
+
+
+@pytest.mark.parametrize("value, named", [(True, "boolean"), (1, "integer"), (1.5, "number"),
+                                          ([], "array"), ({}, "object"), ((1,), "tuple")])
+def test_a_string_of_another_type_is_refused_naming_that_type(value, named):
+    assert f"must be a string, not {named}" in refusal(validate.string, {"f": value}).message
+
+
+def test_an_empty_string_is_refused_unless_allowed():
+    assert "must not be empty" in refusal(validate.string, {"f": ""}).message
+    assert validate.string({"f": ""}, "f", allow_empty=True) == ""
+
+
+def test_the_default_string_length_limit_is_4096_inclusive():
+    assert validate.string({"f": "x" * 4096}, "f") == "x" * 4096
+    error = refusal(validate.string, {"f": "x" * 4097})
+    assert "longer than 4096 characters" in error.message
+
+
+def test_a_string_is_returned_as_given():
+    assert validate.string({"f": "héllo"}, "f", max_len=5) == "héllo"
+
+
+# ---- integer -----------------------------------------------------------------------------------
+
+def test_an_absent_or_null_integer_gives_its_default():
+    assert validate.integer({}, "f", lo=0, hi=9) is None
+    assert validate.integer({}, "f", lo=0, hi=9, default=3) == 3
+    assert validate.integer({"f": None}, "f", lo=0, hi=9, default=3) == 3
+
+
+def test_a_required_integer_that_is_absent_or_null_is_refused():
+    assert "is required" in refusal(validate.integer, {}, lo=0, hi=9, required=True).message
+    assert "is required" in refusal(validate.integer, {"f": None}, lo=0, hi=9, required=True).message
+
+
+@pytest.mark.parametrize("value, named", [(True, "boolean"), (False, "boolean"), (1.0, "number"),
+                                          ("1", "string"), ([1], "array")])
+def test_an_integer_of_another_type_is_refused_naming_that_type(value, named):
+    error = refusal(validate.integer, {"f": value}, lo=0, hi=9)
+    assert f"must be an integer, not {named}" in error.message
+
+
+@pytest.mark.parametrize("check, lo, hi, outside", [
+    (validate.integer, -3, 7, (-4, 8)),
+    (validate.number, -0.5, 0.5, (-0.5001, 0.5001, float("nan"))),     # NaN is outside too
+])
+def test_bounds_are_inclusive_and_named(check, lo, hi, outside):
+    assert check({"f": lo}, "f", lo=lo, hi=hi) == lo
+    assert check({"f": hi}, "f", lo=lo, hi=hi) == hi
+    for value in outside:
+        error = refusal(check, {"f": value}, lo=lo, hi=hi)
+        assert f"must be between {lo} and {hi}, got {value}" in error.message
+
+
+# ---- number ------------------------------------------------------------------------------------
+
+def test_an_absent_or_null_number_gives_its_default():
+    assert validate.number({}, "f", lo=0, hi=1) is None
+    assert validate.number({"f": None}, "f", lo=0, hi=1, default=0.5) == 0.5
+
+
+def test_a_number_may_be_an_integer_and_comes_back_as_a_float():
+    value = validate.number({"f": 1}, "f", lo=0, hi=1)
+    assert value == 1.0 and isinstance(value, float)
+
+
+@pytest.mark.parametrize("value, named", [(True, "boolean"), ("0.5", "string")])
+def test_a_number_of_another_type_is_refused_naming_that_type(value, named):
+    error = refusal(validate.number, {"f": value}, lo=0, hi=1)
+    assert f"must be a number, not {named}" in error.message
+
+
+# ---- boolean and object ------------------------------------------------------------------------
+
+def test_an_absent_or_null_boolean_gives_its_default():
+    assert validate.boolean({}, "f") is False
+    assert validate.boolean({"f": None}, "f") is False
+    assert validate.boolean({}, "f", default=True) is True
+
+
+def test_a_boolean_is_returned_as_given():
+    assert validate.boolean({"f": True}, "f") is True
+    assert validate.boolean({"f": False}, "f", default=True) is False
+
+
+@pytest.mark.parametrize("value, named", [(1, "integer"), (0, "integer"), ("true", "string")])
+def test_a_boolean_of_another_type_is_refused(value, named):
+    assert f"must be a boolean, not {named}" in refusal(validate.boolean, {"f": value}).message
+
+
+def test_an_object_absent_or_null_gives_its_default_and_is_returned_as_given():
+    assert validate.obj({}, "f") is None
+    assert validate.obj({"f": None}, "f", default={"d": 1}) == {"d": 1}
+    given = {"a": 1}
+    assert validate.obj({"f": given}, "f") is given
+
+
+@pytest.mark.parametrize("value, named", [([], "array"), ("{}", "string"), (1, "integer")])
+def test_an_object_of_another_type_is_refused(value, named):
+    assert f"must be an object, not {named}" in refusal(validate.obj, {"f": value}).message
+
+
+# ---- the field specs --------------------------------------------------------------------------
 
 
 def error_of(spec, body):
@@ -61,6 +194,8 @@ def test_nested_paths_name_the_field():
     message = v.Object("", v.String("role", required=True, choices=("user",)),
                        v.Integer("weight", lo=0))
     spec = v.Array("messages", message, required=True, min_items=1, max_items=2)
+    assert spec.read({"messages": [{"role": "user"}]}) == [{"role": "user"}]
+    assert len(spec.read({"messages": [{"role": "user"}] * 2})) == 2          # max_items, inclusive
     assert error_of(spec, {"messages": []}).message == "'messages' must not be empty"
     assert error_of(spec, {"messages": [{"role": "user"}] * 3}).message == \
         "'messages' may hold at most 2 items"
@@ -91,6 +226,7 @@ def test_one_of_shows_the_complaint_of_the_value_s_own_type():
 def test_tokens():
     spec = v.Tokens("input")
     assert spec.read({"input": [0, 5]}) == [0, 5]
+    assert spec.read({"input": [0]}) == [0]                   # the least: one token, id 0
     for bad in ([], [1, -1], [1, True], [1.0]):
         assert error_of(spec, {"input": bad}).param == "input"
 

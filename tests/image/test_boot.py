@@ -19,7 +19,7 @@ import pytest
 
 from . import guest as guests
 
-pytestmark = [pytest.mark.image, pytest.mark.skipif(guests.available() is not None,
+pytestmark = [pytest.mark.slow, pytest.mark.image, pytest.mark.skipif(guests.available() is not None,
                                                     reason=str(guests.available()))]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,7 +14,7 @@ import sysconfig
 import pybind11
 import pytest
 
-pytestmark = [pytest.mark.cross,
+pytestmark = [pytest.mark.slow, pytest.mark.cross,
               pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None,
                                  reason="g++-aarch64-linux-gnu missing (make test-deps installs it)")]
 

@@ -21,7 +21,7 @@ import select
 import sys
 
 from stackd.engine import accel
-from stackd.testing import kernels_check
+from testing import kernels_check
 
 TOPICS = ["the sea", "a mountain", "bread", "the moon", "rain", "a city", "music", "a river",
           "winter", "a library", "coffee", "a garden", "trains", "the desert", "a lighthouse",

@@ -11,6 +11,8 @@ import pytest
 from stackd import config
 from stackd.engine import accel
 
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Runs in a fresh process (registration is per process): registers per argv[1] and prints

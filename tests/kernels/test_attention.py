@@ -19,7 +19,9 @@ from __future__ import annotations
 import pytest
 
 from stackd.engine import accel
-from stackd.testing import kernels_check as check_lib
+from testing import kernels_check as check_lib
+
+pytestmark = pytest.mark.slow
 
 PATHS = ["scalar", "avx2", "avx512-vnni"]
 

@@ -31,6 +31,8 @@ import pytest
 
 from stackd.engine import accel
 
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPTS, TOKENS = 20, 128
 DRIFT = 0.5   # nats: twice the largest move measured, ours and flash attention's alike

@@ -3,7 +3,7 @@ our kernels against ggml's, alone and with 16 streams per step, as test_model.py
 default Q4_1 model.
 
 The file is made from the default chat model by llama.cpp's own llama-quantize
-(stackd.testing.quantized_model). SmolLM2's 576-wide matrices cannot be K-quants (a super-block
+(testing.quantized_model). SmolLM2's 576-wide matrices cannot be K-quants (a super-block
 is 256 weights), so llama-quantize gives them its fallbacks; the ffn_down matrices (1536 wide)
 are Q4_K and Q6_K, and those run on our K-quant kernels (the run reports how many of each);
 the Q5_0 and Q8_0 fallbacks run on ours too (kernels/README.md, "Q4_0 and Q5_0").
@@ -29,9 +29,11 @@ import sys
 import pytest
 
 from stackd.engine import accel
-from stackd.testing import quantized_model
+from testing import quantized_model
 
 from .test_model import ROOT, assert_close, ids
+
+pytestmark = pytest.mark.slow
 
 DRIFT_K = 0.75  # nats: above the 0.63 measured (module docstring)
 TIE_K = 2 * DRIFT_K

@@ -13,7 +13,7 @@ is off by a whole term, about 1 / nb of that magnitude: over 10^3 times the boun
 
 Every SIMD path must also equal the scalar reference path bit for bit, and a token computed
 alone must equal the same token in a batch (batch invariance). The check runs in C
-(stackd_kernels_check, in the test-only library: stackd.testing.kernels_check) through ggml's public graph API.
+(stackd_kernels_check, in the test-only library: testing.kernels_check) through ggml's public graph API.
 """
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ import pytest
 
 from stackd.engine import accel
 
-from stackd.testing import kernels_check as check_lib
+from testing import kernels_check as check_lib
+
+pytestmark = pytest.mark.slow
 
 PATHS = ["scalar", "avx2", "avx512-vnni"]
 

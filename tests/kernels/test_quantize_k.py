@@ -7,7 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from stackd.testing import kernels_check
+from testing import kernels_check
+
+pytestmark = pytest.mark.slow
 
 BLOCK = 256
 

@@ -34,7 +34,7 @@ TOP5_NATS = 0.02                # first-token top-5 log-probabilities against on
 N_VOCAB = 49152
 TIMEOUT = 240                   # seconds a whole multi-process run may take (the machine is shared)
 
-pytestmark = pytest.mark.skipif(not accel.cpu_supports("avx2"), reason="the exchange runs inside our kernels")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not accel.cpu_supports("avx2"), reason="the exchange runs inside our kernels")]
 
 
 def chat(text: str) -> bytes:
@@ -576,10 +576,12 @@ def test_vocab_cut_is_weighted_on_blocks_of_64():
 # ---- bench/cluster.py --free-links: the split's ceiling ---------------------------------------------
 
 def free_links_main(queue) -> None:
-    """Rank 0 of two with STACKD_TESTING_FREE_LINKS=1 (set before the library loads): a decode
-    runs through every exchange without its peer, which receives nothing."""
+    """Rank 0 of two with free links (accel.tp_set_test_link, as a worker's test configuration
+    sets it before attach): a decode runs through every exchange without its peer, which
+    receives nothing."""
     try:
         accel.register("auto")
+        accel.tp_set_test_link(0, True)
         server = listen("127.0.0.1", 0)
         mine = socket.create_connection(server.getsockname())
         theirs, _ = server.accept()
@@ -596,8 +598,7 @@ def free_links_main(queue) -> None:
         queue.put({"error": repr(exc)})
 
 
-def test_free_links_compute_every_step_and_send_nothing(monkeypatch):
-    monkeypatch.setenv("STACKD_TESTING_FREE_LINKS", "1")   # inherited by the spawned rank
+def test_free_links_compute_every_step_and_send_nothing():
     out = in_a_process(free_links_main)
     assert out["sent"] is None and not out["failed"]
     assert out["counters"]["exchanges"] == 61 and out["counters"]["bytes_sent"] == 0, out["counters"]

@@ -11,7 +11,7 @@ import time
 import orjson
 import pytest
 
-from stackd.testing.daemon import Daemon, create_key
+from testing.daemon import Daemon, create_key
 
 CHAT = "smollm2-135m-instruct"
 CONFIG = "[engine]\nslots = 2\ncontext_length = 512\nisolation = \"inline\"\n"

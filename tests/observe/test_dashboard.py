@@ -3,6 +3,10 @@ import json
 import os
 import re
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DASHBOARD = os.path.join(ROOT, "docs", "observe", "grafana-dashboard.json")
 

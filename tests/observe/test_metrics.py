@@ -1,7 +1,11 @@
 """Each engine metric moves as it should under a scripted load against the real daemon."""
 import time
 
+import pytest
+
 from .conftest import CHAT, series, run_together
+
+pytestmark = pytest.mark.slow
 
 EMBEDDING = "all-minilm-l6-v2"
 HISTOGRAMS = ("stackd_request_queue_time_seconds", "stackd_time_to_first_token_seconds",

@@ -7,6 +7,8 @@ import pytest
 
 from .conftest import CHAT, run_together
 
+pytestmark = pytest.mark.slow
+
 PHASES = ["schedule", "batch", "decode", "sample", "emit"]
 
 

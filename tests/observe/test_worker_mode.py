@@ -10,11 +10,13 @@ import time
 
 import pytest
 
-from stackd.testing.daemon import Daemon
+from testing.daemon import Daemon
 
 from . import test_metrics
 from .conftest import CHAT, Client, run_together, series
 from .test_trace import check_nesting, check_steps_and_requests, three_requests, trace
+
+pytestmark = pytest.mark.slow
 
 EMBED = "all-minilm-l6-v2"
 
@@ -141,7 +143,7 @@ def test_a_worker_that_dies_or_freezes_mid_trace_is_named_not_waited_for(tmp_pat
     crash = tmp_path / "crash"
     daemon = Daemon(str(tmp_path / "data"), "[engine]\nslots = 2\ncontext_length = 512\n"
                     "[debug]\ntrace_reply_timeout = 2.0\n", models=True,
-                    env={"STACKD_TESTING_WORKER_CRASH_FILE": str(crash)})
+                    injected={"worker_crash_file": str(crash)})
     try:
         client = Client(daemon)
         chat, embed = worker_pid(client, CHAT), worker_pid(client, EMBED)

@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from stackd.testing.daemon import Daemon, create_key
+from testing.daemon import Daemon, create_key
 
 # Real default models with a small context, few slots, no rate limit (schemathesis sends
 # hundreds of requests; 429 is documented but would hide everything behind it).

@@ -12,6 +12,8 @@ from stackd.api.inference import chat, params
 from stackd.api.inference import routes as inference_routes
 from stackd.api import models as model_routes
 
+pytestmark = pytest.mark.slow
+
 INFERENCE_TABLES = [inference_routes.ROUTES, model_routes.ROUTES]
 CLUSTER_TABLES = [cluster_routes.ROUTES, model_routes.ROUTES]
 

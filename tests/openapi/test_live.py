@@ -1,6 +1,8 @@
 """GET /openapi.json on the live daemon: any valid key, each port its own routes."""
 import pytest
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("port", ["inference", "cluster"])
 def test_the_document_needs_a_valid_key(live, port):

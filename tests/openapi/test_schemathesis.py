@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 CHECKS = ("status_code_conformance,content_type_conformance,"
           "response_schema_conformance,negative_data_rejection,ignored_auth")
 MAX_EXAMPLES = 5

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from stackd.testing import two_daemons
-from stackd.testing.daemon import free_port
-from stackd.testing.rpc_workers import (PROMPTS, SECRET, Peers, chat_prompt, engine_params, generate,
+from testing import two_daemons
+from testing.daemon import free_port
+from testing.rpc_workers import (PROMPTS, SECRET, Peers, chat_prompt, engine_params, generate,
                                         start_worker)
 
 

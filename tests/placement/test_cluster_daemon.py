@@ -1,6 +1,6 @@
 """The daemon places a model over the cluster: real daemon, real SmolLM2, real RPC server
 children on loopback behind their relays. The followers are simulated by the daemon itself
-(STACKD_TESTING_LOOPBACK_PEERS: a one-node membership plus peers whose RPC children it starts)
+(testing/serve.py's --loopback-peers: a one-node membership plus peers whose RPC children it starts)
 until the membership branch brings real ones."""
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import time
 import orjson
 import pytest
 
-from stackd.testing.daemon import CLIENT_TIMEOUT, Daemon
+from testing.daemon import CLIENT_TIMEOUT, Daemon
 
-from stackd.testing.processes import rpc_server_pids
-from stackd.testing.two_daemons import read_until_a_token
+from testing.processes import rpc_server_pids
+from testing.two_daemons import read_until_a_token
+
+pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-instruct"
 # Two slots of 256 tokens: weights 94 MiB + KV 11 MiB + buffers 192 MiB, about 297 MiB alone;
@@ -38,7 +40,7 @@ def cluster(tmp_path):
     started = []
 
     def start(peers: str) -> Daemon:
-        daemon = Daemon(str(tmp_path / f"data{len(started)}"), CONFIG, env={"STACKD_TESTING_LOOPBACK_PEERS": peers})
+        daemon = Daemon(str(tmp_path / f"data{len(started)}"), CONFIG, injected={"loopback_peers": peers})
         started.append(daemon)
         return daemon
 
@@ -128,7 +130,7 @@ COMPUTE_CONFIG = CONFIG.replace("slots = 2", "slots = 4").replace("memory_limit_
 
 def test_a_layer_split_follows_measured_compute_and_gets_a_lane_per_node(tmp_path):
     daemon = Daemon(str(tmp_path / "data"), COMPUTE_CONFIG,
-                    env={"STACKD_TESTING_LOOPBACK_PEERS": "fast=400@3,even=400@1", "STACKD_TESTING_COMPUTE": "1"})
+                    injected={"loopback_peers": "fast=400@3,even=400@1", "compute": 1})
     try:
         leader = daemon.request("GET", "/v1/topology", key=daemon.admin_key)[2]["leader"]
         assert own_compute(daemon) == 1.0                         # the test's figure, not a measurement

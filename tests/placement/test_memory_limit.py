@@ -15,6 +15,8 @@ from stackd.runtime.registry import ModelRegistry
 from stackd.cluster.placement import Placement, Share
 from stackd.store.store import Manifest
 
+pytestmark = pytest.mark.slow
+
 MANIFEST = Manifest(id="m", file="blobs/sha256-" + "0" * 64, size=100 * MIB, sha256="0" * 64,
                     architecture="llama", kind="chat", quantization="Q4_1", parameter_count=1,
                     context_length=8192, n_layer=30, n_embd=576, n_head_kv=3, n_head=9)

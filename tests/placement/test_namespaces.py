@@ -1,5 +1,5 @@
 """A model placed over a leader and a follower in their own network namespaces, joined by a veth
-link (stackd.testing.netns): the RPC traffic crosses the link through the follower's relay
+link (testing.netns): the RPC traffic crosses the link through the follower's relay
 only, a partition mid-stream ends the stream with the spec's error while the leader serves on,
 an RPC server whose rpc/stop could not reach its follower still stops, and layers over three
 nodes answer as one node does. Real daemons, real SmolLM2, real ggml RPC server children;
@@ -11,17 +11,17 @@ import socket
 import pytest
 
 from stackd.system import relay
-from stackd.testing.cluster_nodes import eventually, statuses
-from stackd.testing.netns import CLUSTER_PORT, RPC_PORT, in_namespace, inside
-from stackd.testing.processes import gone, listening
-from stackd.testing.two_daemons import (FOLLOWER_OFFER_MB, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair,
+from testing.cluster_nodes import eventually, statuses
+from testing.netns import CLUSTER_PORT, RPC_PORT, in_namespace, inside
+from testing.processes import gone, listening
+from testing.two_daemons import (FOLLOWER_OFFER_MB, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair,
                                         assert_placed_on_both, assert_stream_ends_unavailable, daemons,
                                         load_over_both_with_room_for_one, node_env, open_stream, rpc_children,
                                         rpc_listed)
 
 from .test_relay import ANSWER, rpc_hello
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 
 class NetnsPair(Pair):

@@ -10,7 +10,7 @@ import pytest
 
 from stackd.api.cluster import rpc as rpc_routes
 from stackd.cluster.rpc_server import RpcServers
-from stackd.testing.loopback_peers import LoopbackPeers, PeerError
+from testing.loopback_peers import LoopbackPeers, PeerError
 from stackd.engine.errors import EngineError, ErrorCode
 from stackd.engine.core import STATUS_LENGTH, STATUS_STOPPED, SamplingParams
 from stackd.http.errors import ApiError
@@ -23,6 +23,8 @@ from stackd.runtime.registry import ModelRegistry
 from stackd.store.store import ModelStore
 
 from .conftest import run
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture

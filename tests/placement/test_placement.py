@@ -5,6 +5,8 @@ import pytest
 
 from stackd.cluster.placement import (NodeOffer, Need, Placement, PlacementError, Share, engine_split, place)
 
+pytestmark = pytest.mark.slow
+
 MIB = 1 << 20
 # 30 layers of 10 MiB each (weights + KV), 20 MiB of buffers per node: 320 MiB alone
 NEED = Need(weights=240 * MIB, kv_cache=60 * MIB, buffers=20 * MIB, n_layer=30, kv_groups=3)

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from stackd.cluster.rpc_server import RpcServers
 from stackd.cluster.rpc_devices import PlacementLedger
-from stackd.testing.daemon import free_port
+from testing.daemon import free_port
 from tests.cluster.test_liveness import _heartbeat, _membership, pair
 
 from .conftest import SECRET, run
+
+pytestmark = pytest.mark.slow
 
 __all__ = ["pair"]
 

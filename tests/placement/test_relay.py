@@ -12,6 +12,8 @@ from stackd.system import relay
 
 from .conftest import SECRET, run
 
+pytestmark = pytest.mark.slow
+
 RPC_CMD_HELLO = 14
 CAPS = 24                                           # RPC_CONN_CAPS_SIZE
 HELLO = struct.pack("<BQ", RPC_CMD_HELLO, CAPS) + bytes(CAPS)   # command, input size, caps

@@ -13,6 +13,8 @@ from stackd.system import relay
 from .conftest import SECRET, run
 from .test_relay import rpc_hello
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def silent():

@@ -12,11 +12,13 @@ import pytest
 
 from stackd.store import defaults
 from stackd.store.store import ModelStore
-from stackd.testing.cluster_nodes import eventually, statuses
-from stackd.testing.daemon import CLIENT_TIMEOUT, free_port
-from stackd.testing.processes import gone
-from stackd.testing.two_daemons import (EMBEDDING_MODEL, FOLLOWER_HOST, MODEL, QUESTION, Pair, daemons, node_env,
+from testing.cluster_nodes import eventually, statuses
+from testing.daemon import CLIENT_TIMEOUT, free_port
+from testing.processes import gone
+from testing.two_daemons import (EMBEDDING_MODEL, FOLLOWER_HOST, MODEL, QUESTION, Pair, daemons, node_env,
                                         open_stream, assert_stream_ends_unavailable)
+
+pytestmark = pytest.mark.slow
 
 ROOMY_MB = 1000                 # a leader that holds SmolLM2 (about 297 MiB) alone
 

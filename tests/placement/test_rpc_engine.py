@@ -2,9 +2,13 @@
 the same greedy output as one node. (A tensor split runs no RPC: tests/cluster/test_tensor_split.py.)"""
 from __future__ import annotations
 
+import pytest
+
 from stackd.cluster.placement import NodeOffer, Need, engine_split, place
 
 from .conftest import PROMPTS, engine_params, generate, run, start_worker
+
+pytestmark = pytest.mark.slow
 
 N_LAYER = 30
 

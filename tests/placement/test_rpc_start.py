@@ -8,12 +8,14 @@ from __future__ import annotations
 import pytest
 
 from stackd.cluster.rpc_server import RpcServers
-from stackd.testing.loopback_peers import LoopbackPeers, PeerError
+from testing.loopback_peers import LoopbackPeers, PeerError
 from stackd.cluster import rpc_devices
 from stackd.cluster.placement import Placement, Share
 from stackd.cluster.rpc_devices import NodeUnreachable, PlacementLedger, RpcDevices
 
 from .conftest import run
+
+pytestmark = pytest.mark.slow
 
 PLACEMENT = Placement("layer", (Share("leader", 1, layers=15), Share("f1", 1, layers=15)))
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
+
 from stackd.cluster.link_model import PAYS_AT
 from stackd.cluster.placement import NodeOffer
 from stackd.engine.config import EngineConfig
 from stackd.runtime.planner import Planner
 from stackd.store.store import Manifest
+
+pytestmark = pytest.mark.slow
 
 MODEL = Manifest(id="m", file="blobs/sha256-" + "a" * 64, size=98_000_000, sha256="a" * 64, architecture="llama",
                  kind="chat", quantization="Q4_1", parameter_count=134_000_000, context_length=2048,

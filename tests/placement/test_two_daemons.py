@@ -7,11 +7,15 @@ from __future__ import annotations
 import os
 import signal
 
-from stackd.testing.cluster_nodes import eventually
-from stackd.testing.processes import gone, listening, send
-from stackd.testing.two_daemons import (FOLLOWER_HOST, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair,
+import pytest
+
+from testing.cluster_nodes import eventually
+from testing.processes import gone, listening, send
+from testing.two_daemons import (FOLLOWER_HOST, MODEL, N_LAYER, ROOM_FOR_ONE_MB, TOO_SMALL_MB, Pair,
                                         assert_placed_on_both, assert_stream_ends_unavailable,
                                         load_over_both_with_room_for_one, open_stream, rpc_children, rpc_listed)
+
+pytestmark = pytest.mark.slow
 
 
 def assert_one_rpc_child_behind_its_relay(p: Pair) -> int:

@@ -14,7 +14,9 @@ from stackd.store import oci
 from stackd.store.oci import Layer, PullError, Puller, RegistryClient, parse_reference
 
 from .misbehaving import MisbehavingRegistry, digest_of
-from stackd.testing.registry_server import MEDIA_MODEL, MEDIA_PARAMS, MEDIA_TEMPLATE, RegistryServer
+from testing.registry_server import MEDIA_MODEL, MEDIA_PARAMS, MEDIA_TEMPLATE, RegistryServer
+
+pytestmark = pytest.mark.slow
 
 GGUF = b"GGUF" + bytes(range(256)) * 24          # a few KB that start like a GGUF file
 TEMPLATE = b"{{ if .System }}<|system|>{{ .System }}{{ end }}<|user|>{{ .Prompt }}<|assistant|>"

@@ -15,6 +15,8 @@ from stackd.store.vocab_check import VocabError, check_model_file, load_in_child
 
 from .tiny import WORDS, vocabulary, write_tiny
 
+pytestmark = pytest.mark.slow
+
 
 def custom_gguf(path, tokenizer: dict | None) -> str:
     """A tiny llama GGUF whose tokenizer.* keys are exactly `tokenizer` (values typed by

@@ -9,7 +9,7 @@ import time
 
 import orjson
 
-from ..cluster import signing
+from stackd.cluster import signing
 from .daemon import free_port, http_request, stackd_command, start_process
 
 SECRET = "test-cluster-secret-0123456789abcdef"
@@ -20,11 +20,13 @@ EVENTUAL = 90.0
 class Node:
     def __init__(self, data_dir: str, *, role: str = "leader", leader: str = "", secret: str | None = SECRET,
                  host: str = "127.0.0.1", advertise: str = "", reach: str = "127.0.0.1",
-                 netns: str | None = None, ports: tuple[int, int] | None = None, env: dict | None = None):
+                 netns: str | None = None, ports: tuple[int, int] | None = None, env: dict | None = None,
+                 injected: dict | None = None):
         self.data_dir = data_dir
         self.reach = reach                        # the address the test process talks to
         self.netns = netns
         self.inference_port, self.cluster_port = ports or (free_port(), free_port())
+        self.injected = dict(injected or {})       # faults (testing/daemon.py's stackd_command)
         self.env = {"STACKD_MODELS_PRELOAD": "", "STACKD_CLUSTER_ROLE": role,
                     "STACKD_CLUSTER_LEADER": leader, "STACKD_CLUSTER_ADVERTISE": advertise,
                     "STACKD_HOST": host, "STACKD_HTTP_ACCESS_LOG": "false", **(env or {})}
@@ -41,7 +43,7 @@ class Node:
 
     def start(self) -> None:
         command = stackd_command("serve", "--data-dir", self.data_dir, "--inference-port", str(self.inference_port),
-                                 "--cluster-port", str(self.cluster_port))
+                                 "--cluster-port", str(self.cluster_port), injected=self.injected)
         if self.netns:
             command = ["ip", "netns", "exec", self.netns] + command
         env = {k: v for k, v in os.environ.items() if not k.startswith("STACKD_")}

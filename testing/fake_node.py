@@ -11,13 +11,13 @@ import os
 
 import orjson
 
-from ..auth import permissions as perm
-from ..auth.guard import KeyGuard
-from ..auth.keys import KeyStore
-from ..auth.ratelimit import RateLimiter
-from ..http.errors import ApiError, ErrorKind
-from ..http.response import StreamingResponse, json_response
-from ..http.routing import App, Endpoint
+from stackd.auth import permissions as perm
+from stackd.auth.guard import KeyGuard
+from stackd.auth.keys import KeyStore
+from stackd.auth.ratelimit import RateLimiter
+from stackd.http.errors import ApiError, ErrorKind
+from stackd.http.response import StreamingResponse, json_response
+from stackd.http.routing import App, Endpoint
 
 TOPOLOGY = {"cluster_id": "c-test", "node_count": 1, "leader": "n1",
             "nodes": [{"id": "n1", "role": "leader", "ram_gb": 8}]}

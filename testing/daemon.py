@@ -21,10 +21,27 @@ CLIENT_TIMEOUT = 300
 LISTENING = re.compile(r"(inference|cluster|console) listening on http://(?:\[[^\]]*\]|[^:/]+):(\d+)")
 
 
-def stackd_command(*args: str, python: str | None = None) -> list[str]:
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the checkout, above testing/
+
+
+def stackd_command(*args: str, python: str | None = None, injected: dict | None = None) -> list[str]:
     """The stackd CLI as this interpreter (or `python`: another checkout's, for A/B benches) runs
-    it (the installed package, from any folder)."""
-    return [python or sys.executable, "-m", "stackd", *args]
+    it (the installed package, from any folder). `injected` ({"loopback_peers": "f1=512",
+    "worker_crash_file": path, ...}: testing/serve.py's FLAGS): the daemon started through
+    `python -m testing.serve`, which hands them to its composition root (run it with
+    child_env's environment, which finds this package)."""
+    from testing import serve
+    flags = serve.flags(injected or {})
+    if not flags:                        # nothing injected: the product's own entry point
+        return [python or sys.executable, "-m", "stackd", *args]
+    return [python or sys.executable, "-m", "testing.serve", *flags, *args]
+
+
+def child_env(env: dict) -> dict:
+    """`env` with this checkout's root on PYTHONPATH: a child run as `-m testing.serve` finds
+    the test support from any folder (the installed package is found as always)."""
+    paths = [ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**env, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -44,6 +61,8 @@ def start_process(command: list[str], env: dict, stdout: list[str], stderr: list
     """Start `command` and read its output until each app in `until` ("inference", "cluster",
     "console") says where it listens; from then on threads drain its lines into `stdout` and
     `stderr` (lists that may hold an earlier run's already). -> (the process, app -> port)."""
+    if "testing.serve" in command:
+        env = child_env(env)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     threading.Thread(target=drain, args=(proc.stderr, stderr), daemon=True).start()
     ports: dict[str, int] = {}
@@ -109,10 +128,12 @@ NO_MODELS = "[models]\npreload = []\n"
 
 class Daemon:
     """`models=False` starts without loading any model (fast, for the HTTP-layer tests);
-    `console=True` serves the embedded console too (`serve --console`, on a free port)."""
+    `console=True` serves the embedded console too (`serve --console`, on a free port);
+    `injected`: faults and simulated peers (stackd_command)."""
 
     def __init__(self, data_dir: str, config: str = "", env: dict | None = None, models: bool = False,
-                 console: bool = False, start_timeout: float = 120.0, python: str | None = None):
+                 console: bool = False, start_timeout: float = 120.0, python: str | None = None,
+                 injected: dict | None = None):
         self.data_dir = data_dir
         os.makedirs(data_dir, exist_ok=True)
         if not models and "[models]" not in config:
@@ -121,7 +142,7 @@ class Daemon:
             with open(os.path.join(data_dir, "config.toml"), "w") as f:
                 f.write(config)
         command = stackd_command("serve", "--data-dir", data_dir, "--inference-port", "0", "--cluster-port", "0",
-                                 python=python)
+                                 python=python, injected=injected)
         apps = {"inference", "cluster"}
         if console:
             command += ["--console", "--console-port", "0"]

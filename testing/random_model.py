@@ -4,7 +4,7 @@ quantized to Q4_0, and the default chat model's vocabulary and chat template (so
 and renders like SmolLM2; its vocabulary of 49,152 stands in for Llama 3's 128,256, which
 keeps the file at about 0.6 GB). Its answers are noise; its steps cost what a 1B model's do.
 
-    python -m stackd.testing.random_model          # prints the file's path, making it if needed
+    python -m testing.random_model          # prints the file's path, making it if needed
 
 The weights come from a fixed seed, so the file is the same bytes every time; it is cached
 under build/models/.
@@ -16,9 +16,9 @@ import sys
 
 import numpy as np
 
-from ..store import defaults
+from stackd.store import defaults
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the checkout
 SHAPE = {"embedding_length": 2048, "block_count": 16, "feed_forward_length": 8192,
          "attention.head_count": 32, "attention.head_count_kv": 8, "attention.key_length": 64,
          "attention.value_length": 64, "rope.dimension_count": 64}

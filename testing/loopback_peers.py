@@ -3,19 +3,19 @@
 `SoloMembership` is a leader with no followers (the real Membership in membership.py serves
 every node, one-node clusters included; this is only the base of the simulation). `LoopbackPeers` adds simulated followers
 whose RPC server children this same daemon starts on loopback, behind their relays, as a
-follower would: placement, the relay and node loss run for real on one machine. It is a
-fault-injection hook (server/faults.py: testing.loopback_peers, or STACKD_TESTING_LOOPBACK_PEERS,
-"f1=512,f2=512": node ids and the MiB each offers to models; "f1=512@2.5": and its compute
-figure, see cluster/compute_speed.py), never on unless a test sets it.
+follower would: placement, the relay and node loss run for real on one machine. A test harness
+injects it at the daemon's composition root (daemon.run's `peers`: testing/serve.py's
+--loopback-peers "f1=512,f2=512", node ids and the MiB each offers to models; "f1=512@2.5": and
+its compute figure, see cluster/compute_speed.py); the daemon never imports this module.
 """
 from __future__ import annotations
 
 import os
 import re
 
-from ..system import readings
-from ..cluster.membership import NodeEvents, PeerNode
-from ..cluster.peers import PeerError  # noqa: F401  (the simulated nodes' calls raise the real one)
+from stackd.system import readings
+from stackd.cluster.membership import NodeEvents, PeerNode
+from stackd.cluster.peers import PeerError  # noqa: F401  (the simulated nodes' calls raise the real one)
 
 MIB = 1 << 20
 
@@ -77,7 +77,7 @@ class LoopbackPeers(SoloMembership):
                    timeout: float | None = None) -> dict:
         if node_id not in self.offers or node_id in self.down or node_id in self.silent:
             raise PeerError(f"node {node_id!r} does not answer")
-        from ..api.cluster.rpc import handle
+        from stackd.api.cluster.rpc import handle
         return await handle(self.servers_for(node_id), method, path, body or {})
 
 
@@ -95,7 +95,7 @@ def _parse(text: str) -> dict[str, tuple[int, float | None]]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         found = re.fullmatch(r"([A-Za-z0-9._-]{1,64})=(\d+)(?:@(\d+(?:\.\d+)?))?", item)
         if not found:
-            raise ValueError(f"testing.loopback_peers: expected id=MiB or id=MiB@compute items, got {item!r}")
+            raise ValueError(f"--loopback-peers: expected id=MiB or id=MiB@compute items, got {item!r}")
         peers[found.group(1)] = (int(found.group(2)), float(found.group(3)) if found.group(3) else None)
     return peers
 
@@ -106,7 +106,7 @@ def membership(facts, settings, loop, spec: str) -> "LoopbackPeers | None":
     offers = parse_test_peers(spec)
     if not offers:
         return None
-    from ..cluster.rpc_server import RpcServers
+    from stackd.cluster.rpc_server import RpcServers
 
     servers: dict = {}
 

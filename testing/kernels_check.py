@@ -11,9 +11,9 @@ from __future__ import annotations
 import ctypes
 import os
 
-from ..engine import accel
+from stackd.engine import accel
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the checkout
 LIBRARY = os.path.join(ROOT, "build", "kernels", "libstackd_kernels_check.so")
 GGML_TYPE = {"f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_K": 12, "q5_K": 13, "q6_K": 14,
              "bf16": 30}

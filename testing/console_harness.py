@@ -13,12 +13,12 @@ import threading
 import orjson
 import uvloop
 
-from ..api.console import app as console_app
-from ..console.service import Console, ConsoleSettings
-from ..http.access_log import AccessLog
-from ..http.limits import Limits
-from ..http.server import HttpServer
-from ..observe.metrics import Metrics
+from stackd.api.console import app as console_app
+from stackd.console.service import Console, ConsoleSettings
+from stackd.http.access_log import AccessLog
+from stackd.http.limits import Limits
+from stackd.http.server import HttpServer
+from stackd.observe.metrics import Metrics
 
 from .daemon import exchange
 from .fake_node import FakeNode

@@ -2,11 +2,11 @@
 engine workers placed over them: shared by tests/placement and bench/cluster_pipeline.py."""
 from __future__ import annotations
 
-from ..cluster.rpc_server import RpcServers
-from ..engine.core import SamplingParams
-from ..runtime.clients import WorkerEngine
-from ..runtime.runner import ModelRunner
-from ..store import defaults
+from stackd.cluster.rpc_server import RpcServers
+from stackd.engine.core import SamplingParams
+from stackd.runtime.clients import WorkerEngine
+from stackd.runtime.runner import ModelRunner
+from stackd.store import defaults
 from .daemon import free_port
 
 SECRET = bytes(range(32))

@@ -4,7 +4,7 @@ quality of the result is not the point; the kernels on it are). llama-quantize i
 the vendored llama.cpp source by bench/peers.py and cached in the wheelhouse (tools/); the file is
 cached under build/models/.
 
-    python -m stackd.testing.quantized_model [Q5_K_M]   # prints the file's path, making it if needed
+    python -m testing.quantized_model [Q5_K_M]   # prints the file's path, making it if needed
 
 SmolLM2-135M's rows are 576 wide, not a multiple of the 256 weights of a K-quant super-block,
 so llama-quantize gives most matrices its fallbacks (Q5_0 for Q4_K, Q5_1 for Q5_K, Q8_0 for
@@ -17,9 +17,9 @@ import runpy
 import subprocess
 import sys
 
-from ..store import defaults
+from stackd.store import defaults
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the checkout
 KINDS = ("Q4_K_M", "Q5_K_M")
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import struct
 
-from ..store import defaults
+from stackd.store import defaults
 
 KEY = b"tokenizer.chat_template"
 GGUF_STRING = 8
@@ -31,7 +31,7 @@ def with_chat_template(template: str, path: str) -> str:
 
 
 # A model whose chat template attacks the renderer: loops, a huge string, a huge range, chosen
-# by the last message (tests/blackbox/test_attacks.py, bench/hostile.py).
+# by the last message (tests/blackbox/test_hostile.py, bench/hostile.py).
 HOSTILE = "hostile-template"
 HOSTILE_TEMPLATE = (
     "{% set c = messages[-1]['content'] %}"
