@@ -1,4 +1,4 @@
-"""The kernels' test-only library (libstackd_kernels_check.so, kernels/src/check.cpp, built into
+"""The kernels' test-only library (libstackd_kernels_check.so, kernels/check/check.cpp, built into
 build/kernels/ of a checkout and not part of the package), loaded with ctypes for tests/kernels
 and bench/kernels_ops.py.
 

@@ -19,7 +19,11 @@ import os
 
 LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "libstackd_kernels.so")
-PATHS = ("scalar", "avx2", "avx512-vnni")  # the library's path numbers, in order
+# The library's path numbers, in order (kernels/src/cpu_features.h Path); SIMD_BASELINES: the
+# least a CPU needs for `auto` to register ours (x86: AVX2; aarch64: the dot products). A CPU
+# with neither keeps ggml's kernels.
+PATHS = ("scalar", "avx2", "avx512-vnni", "neon-dotprod", "neon-i8mm")
+SIMD_BASELINES = ("avx2", "neon-dotprod")
 # The weight types the kernels repack, by ggml's type numbers (ggml.h's enum ggml_type).
 TYPES = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_K": 12, "q5_K": 13, "q6_K": 14}
 # The steps on ggml's per-row paths (stackd_kernels_batch_invariant): decode and verification
@@ -55,7 +59,8 @@ def cpu_supports(path: str) -> bool:
 
 def register(mode: str = "auto", batch_invariant: bool = False) -> str | None:
     """Register the kernels per `mode` (engine.kernels: auto | off, or a path name to force
-    one). Returns the code path in use, or None when off or the CPU lacks AVX2. Idempotent;
+    one). Returns the code path in use, or None when off or the CPU has neither AVX2 nor the
+    dot-product instructions (SIMD_BASELINES). Idempotent;
     once registered, a later call can change the path but not unregister. ggml's ops around
     ours run their per-row paths in decode and verification steps (kernels/src/backend.cpp,
     "One arithmetic per row"), so drafting never changes a greedy answer; `batch_invariant`
@@ -65,7 +70,7 @@ def register(mode: str = "auto", batch_invariant: bool = False) -> str | None:
     if mode == "off":
         return _registered
     if mode == "auto":
-        if not cpu_supports("avx2"):
+        if not any(cpu_supports(baseline) for baseline in SIMD_BASELINES):
             return _registered
         path = -1
     elif mode in PATHS:

@@ -126,7 +126,8 @@ def join_tensor_group(tensor: dict, listener_fd: int | None) -> None:
     if len(addresses) != size or not 0 <= rank < size or len(tensor["vocab_cut"]) != size + 1:
         raise ValueError("the tensor split's rank, addresses and vocab_cut do not agree on its size")
     if accel.registered() is None:
-        raise ValueError("a tensor split needs our kernels (engine.kernels: auto) on a CPU with AVX2")
+        raise ValueError("a tensor split needs our kernels (engine.kernels: auto) on a CPU with AVX2 "
+                         "or the dot-product instructions (aarch64)")
     listener = socket.socket(fileno=listener_fd) if listener_fd is not None else None
     deadline_ms, spin_us = int(tensor["deadline_ms"]), int(tensor.get("spin_us", 0))
     try:
