@@ -41,7 +41,8 @@ $(VENV)/.deps: requirements.txt requirements-dev.txt requirements-nodeps.txt | $
 	$(PIP) install --no-deps -r requirements-nodeps.txt
 	touch $@
 
-# llama-cpp-python, built from source with ggml's RPC backend, cached in .wheelhouse/
+# llama-cpp-python, built from source with ggml's RPC backend, cached in .wheelhouse/ (and in
+# this machine's ~/.cache/stackd/wheelhouse, which a second checkout copies from)
 $(VENV)/.llama: $(VENV)/.deps native/llama_wheel.py
 	$(PIP) install --no-deps --force-reinstall "$$($(PY) native/llama_wheel.py)"
 	touch $@

@@ -19,6 +19,12 @@ cached beside the native one, under its own flags digest.
 
     python native/llama_wheel.py            # prints the wheel's path, building it if needed
     python native/llama_wheel.py --portable # the same for the portable build
+
+Each build is also kept in a cache of this machine's user (`~/.cache/stackd/wheelhouse`, or
+STACKD_WHEEL_CACHE), under the same key: a second checkout on the same machine (a fresh clone,
+CI's) copies it from there instead of building it again, as pip's own cache serves the other
+packages. The key holds the version and every flag, so a cache entry is only ever the build
+these flags would make.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ import glob
 import hashlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,6 +41,8 @@ import zipfile
 VERSION = "0.3.36"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WHEELHOUSE = os.environ.get("STACKD_WHEELHOUSE", os.path.join(ROOT, ".wheelhouse"))
+MACHINE_CACHE = os.environ.get("STACKD_WHEEL_CACHE",
+                               os.path.join(os.path.expanduser("~"), ".cache", "stackd", "wheelhouse"))
 
 # ggml option -> the /proc/cpuinfo flags it needs
 X86_FEATURES = {
@@ -122,16 +131,39 @@ def build(args: list[str], out_dir: str) -> None:
         f.write(" ".join(args) + "\n")
 
 
+def copy_build(src: str, dst: str) -> bool:
+    """The wheel and its CMAKE_ARGS from one wheelhouse folder to another (the wheel last,
+    through a temporary name: a folder holding a wheel holds a whole one). False when `src`
+    has none, or the copy failed (the cache is a convenience: a failure only means a build)."""
+    wheels = glob.glob(os.path.join(src, "llama_cpp_python-*.whl"))
+    if not wheels:
+        return False
+    try:
+        os.makedirs(dst, exist_ok=True)
+        shutil.copyfile(os.path.join(src, "CMAKE_ARGS"), os.path.join(dst, "CMAKE_ARGS"))
+        target = os.path.join(dst, os.path.basename(wheels[0]))
+        shutil.copyfile(wheels[0], target + ".tmp")
+        os.replace(target + ".tmp", target)
+    except OSError:
+        return False
+    return True
+
+
 def main() -> None:
     args = cmake_args(portable="--portable" in sys.argv[1:])
     out_dir = wheel_dir(args)
+    cached = os.path.join(MACHINE_CACHE, os.path.basename(out_dir))
     wheels = glob.glob(os.path.join(out_dir, "llama_cpp_python-*.whl"))
-    if not wheels:
+    if not wheels and copy_build(cached, out_dir):
+        print(f"llama-cpp-python {VERSION}: this machine's build of these flags, from {cached}",
+              file=sys.stderr, flush=True)
+    elif not wheels:
         print(f"building llama-cpp-python {VERSION} with {' '.join(args)} (a few minutes, once)",
               file=sys.stderr, flush=True)
         build(args, out_dir)
-        wheels = glob.glob(os.path.join(out_dir, "llama_cpp_python-*.whl"))
-    print(wheels[0])
+    if not glob.glob(os.path.join(cached, "llama_cpp_python-*.whl")):
+        copy_build(out_dir, cached)            # for the next checkout on this machine
+    print(glob.glob(os.path.join(out_dir, "llama_cpp_python-*.whl"))[0])
 
 
 if __name__ == "__main__":
