@@ -25,12 +25,13 @@ SCANNED_NAMES = ("Makefile", "CMakeLists.txt")
 PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w-]+\.(?:py|pyi|pyx|cpp|h|md|toml|cmake|sh))(?![\w/])")
 
 # Files of other projects that comments name (llama.cpp, ggml, gguf-py, llama-cpp-python,
-# OpenSSL), and names that stand for a kind of file rather than one.
+# OpenSSL, Linux), and names that stand for a kind of file rather than one (`*_scalar.cpp`).
 EXTERNAL = {"llama.cpp", "common.cpp", "common.h", "ops.cpp", "ggml-rpc.cpp", "llama-vocab.cpp",
             "constants.py", "server.cpp", "httptools_impl.py", "ggml.h", "ggml-backend-impl.h",
-            "ggml-common.h", "build-info.cpp", "bench/NAME.py"}
+            "ggml-common.h", "ggml-impl.h", "build-info.cpp", "bench/NAME.py", "_scalar.cpp"}
 EXTERNAL_PREFIXES = ("common/", "ggml/", "ggml-cpu/", "src/llama", "include/", "tools/", "vllm/",
-                     "openssl/", "llama_cpp/", "DATA_DIR/", "DEST_DIR/", "data/", ".../")
+                     "openssl/", "llama_cpp/", "DATA_DIR/", "DEST_DIR/", "data/", ".../",
+                     "arch/")       # the Linux kernel's (arch/arm64/include/uapi/asm/hwcap.h)
 
 
 def sources() -> list[Path]:
