@@ -61,14 +61,42 @@ def seed32(seed: int) -> int:
 
 
 
+def plain_sampling(*, temperature: float, top_p: float, top_k: int, min_p: float,
+                   grammar: str = "", seed: int | None = None) -> SamplingParams:
+    """The sampling of a dialect that has only the common knobs (Responses, Anthropic
+    messages): no penalties, biases or logprobs."""
+    s = SamplingParams()
+    s.temperature, s.top_p, s.top_k, s.min_p = temperature, top_p, top_k, min_p
+    s.grammar = grammar
+    if seed is not None:
+        s.seed = seed32(seed)
+    return s
+
+
+def plain_generation(sampling: SamplingParams, *, max_tokens: int | None, stop: list[str],
+                     stream: bool) -> GenerationParams:
+    """One choice, no logprobs; a stream reports usage (both dialects end theirs with it)."""
+    return GenerationParams(max_tokens=max_tokens, stop=list(stop), n=1, stream=stream,
+                            include_usage=stream, sampling=sampling, seed=None, top_logprobs=0,
+                            logprobs=False, grammar=sampling.grammar)
+
+
 @dataclass
 class ChatRequest:
     """A conversation to answer. `messages`: as the template takes them (role, content, and a
     turn's name, tool_call_id, tool_calls, reasoning_content); `tools`: chat.tools.ToolRequest
     or None; `reasoning_effort`: None (the default budget), "none" (thinking off) or a budget's
-    name (chat/limits.py)."""
+    name (chat/limits.py).
+
+    `names`: where the fields that are checked only once the model is known came from in the
+    dialect's body, so that their 400s name the field the client sent ("messages" is
+    Responses' "input", "response_format" its "text.format"); absent names are chat's own."""
     model: str
     messages: list[dict]
     gen: GenerationParams
     tools: object = None
     reasoning_effort: str | None = None
+    names: dict[str, str] = field(default_factory=dict)
+
+    def name_of(self, name: str) -> str:
+        return self.names.get(name, name)

@@ -1,4 +1,4 @@
-"""/v1/messages: Anthropic's body into a chat body, and chat's answer and chunks back into a
+"""/v1/messages: Anthropic's body into the typed chat request, and chat's answer and chunks back into a
 Message and Anthropic's events, each checked by the anthropic SDK's own types. The run is a
 fake (tests/api/dialect_fakes.py): the translation is the layer under test."""
 import asyncio
@@ -12,6 +12,7 @@ from stackd.auth import permissions
 from stackd.auth.guard import KeyGuard
 from stackd.auth.keys import KeyStore
 from stackd.auth.ratelimit import RateLimiter
+from stackd.errors import DomainError
 from stackd.http.errors import ApiError, ErrorKind
 from stackd.http.request import Session
 
@@ -26,8 +27,9 @@ def read(**body):
     return am.READ.read({"model": "m", "max_tokens": 16, **body})
 
 
-def refusal(call, *args) -> ApiError:
-    with pytest.raises(ApiError) as caught:
+def refusal(call, *args) -> ApiError | DomainError:
+    """A 400 of the parse: an ApiError, or the chat layer's DomainError (the grammar budget's)."""
+    with pytest.raises((ApiError, DomainError)) as caught:
         call(*args)
     return caught.value
 
@@ -42,8 +44,8 @@ def test_system_text_tool_use_and_tool_result_become_chat_messages():
         {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny"}]},
             {"type": "text", "text": "And tomorrow?"}]}], tools=[TOOL], tool_choice={"type": "auto"})
-    body = am.chat_body(v)
-    assert body["messages"] == [
+    req = am.request_of(v)
+    assert req.messages == [
         {"role": "system", "content": "Be brief.\nBe kind."},
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": "Let me look.", "reasoning_content": "use the tool", "tool_calls": [
@@ -51,26 +53,27 @@ def test_system_text_tool_use_and_tool_result_become_chat_messages():
              "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
         {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
         {"role": "user", "content": "And tomorrow?"}]
-    assert body["tools"] == [{"type": "function", "function": {
-        "name": "get_weather", "description": "The weather.", "parameters": TOOL["input_schema"]}}]
-    assert body["tool_choice"] == "auto" and body["max_tokens"] == 16 and "stream" not in body
+    (tool,) = req.tools.tools
+    assert (tool.name, tool.description, tool.parameters) == ("get_weather", "The weather.", TOOL["input_schema"])
+    assert req.tools.choice == "auto" and req.gen.max_tokens == 16 and not req.gen.stream
 
 
-@pytest.mark.parametrize("choice, chat", [
-    ({"type": "auto"}, "auto"), ({"type": "any"}, "required"), ({"type": "none"}, "none"),
-    ({"type": "tool", "name": "get_weather"}, {"type": "function", "function": {"name": "get_weather"}})])
-def test_tool_choice_maps_to_chat(choice, chat):
-    assert am.chat_body(read(messages=[{"role": "user", "content": "x"}], tools=[TOOL],
-                             tool_choice=choice))["tool_choice"] == chat
+@pytest.mark.parametrize("choice, chat, named", [
+    ({"type": "auto"}, "auto", None), ({"type": "any"}, "required", None), ({"type": "none"}, "none", None),
+    ({"type": "tool", "name": "get_weather"}, "required", "get_weather")])
+def test_tool_choice_maps_to_chat(choice, chat, named):
+    tools = am.request_of(read(messages=[{"role": "user", "content": "x"}], tools=[TOOL], tool_choice=choice)).tools
+    assert (tools.choice, tools.named) == (chat, named)
 
 
-def test_disable_parallel_tool_use_and_stream_options():
-    body = am.chat_body(read(messages=[{"role": "user", "content": "x"}], tools=[TOOL], stream=True,
+def test_disable_parallel_tool_use_stop_sequences_and_sampling():
+    req = am.request_of(read(messages=[{"role": "user", "content": "x"}], tools=[TOOL],
                              tool_choice={"type": "any", "disable_parallel_tool_use": True},
-                             stop_sequences=["\n\n"], temperature=0.5, top_k=5))
-    assert body["parallel_tool_calls"] is False and body["stop"] == ["\n\n"]
-    assert body["stream_options"] == {"include_usage": True} and body["temperature"] == 0.5
-    assert body["top_k"] == 5
+                             stop_sequences=["\n\n"], temperature=0.5, top_k=5), stream=True)
+    assert req.tools.parallel is False and req.gen.stop == ["\n\n"]
+    assert req.gen.include_usage and req.gen.sampling.temperature == 0.5 and req.gen.sampling.top_k == 5
+    default = am.request_of(read(messages=[{"role": "user", "content": "x"}], tools=[TOOL]))
+    assert default.tools.parallel is True and default.gen.sampling.top_k == 40
 
 
 @pytest.mark.parametrize("body, param, words", [
@@ -102,9 +105,12 @@ def test_a_bad_body_is_a_400_naming_the_field(body, param, words):
      "messages[0].content[0]"),
     ([{"role": "user", "content": "x"}], None, {"type": "any"}, "tool_choice"),
     ([{"role": "user", "content": "x"}], [TOOL], {"type": "tool", "name": "other"}, "tool_choice.name"),
+    ([{"role": "user", "content": "x"}], [TOOL, TOOL], None, "tools[1].name"),
+    ([{"role": "user", "content": "x"}], [{**TOOL, "input_schema": {"type": "object", "properties": {
+        "a": {"type": "array", "minItems": 3, "maxItems": 1}}}}], None, "tools[0].input_schema"),
 ])
 def test_blocks_in_the_wrong_turn_and_unknown_tools_are_400s(messages, tools, choice, param):
-    error = refusal(am.chat_body, read(messages=messages, tools=tools, tool_choice=choice))
+    error = refusal(am.request_of, read(messages=messages, tools=tools, tool_choice=choice))
     assert error.param == param
 
 

@@ -1,4 +1,4 @@
-"""/v1/responses: the Responses body into a chat body, and chat's answer and chunks back into
+"""/v1/responses: the Responses body into the typed chat request, and chat's answer and chunks back into
 a Response and the typed events, each checked by the openai SDK's own types. The run is a
 fake (tests/api/dialect_fakes.py): the translation is the layer under test."""
 import asyncio
@@ -8,6 +8,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from stackd.api.inference import openai_responses as oresp
+from stackd.errors import DomainError
 from stackd.http.errors import ApiError, ErrorKind
 
 from .dialect_fakes import USAGE, FakeRun, answer, deltas, gather
@@ -21,16 +22,18 @@ def read(**body):
     return oresp.read({"model": "m", **body})
 
 
-def refusal(call, *args) -> ApiError:
-    with pytest.raises(ApiError) as caught:
+def refusal(call, *args) -> ApiError | DomainError:
+    """A 400 of the parse: an ApiError, or the chat layer's DomainError (the grammar budget's)."""
+    with pytest.raises((ApiError, DomainError)) as caught:
         call(*args)
     return caught.value
 
 
 def test_a_string_input_and_instructions():
-    body = oresp.chat_body(read(input="Hi", instructions="Be brief.", max_output_tokens=9, stream=True))
-    assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    assert body["max_tokens"] == 9 and body["stream_options"] == {"include_usage": True}
+    req = oresp.request_of(read(input="Hi", instructions="Be brief.", max_output_tokens=9, stream=True))
+    assert req.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert req.gen.max_tokens == 9 and req.gen.stream and req.gen.include_usage and req.gen.n == 1
+    assert req.tools is None and req.names["messages"] == "input"
 
 
 def test_items_become_chat_messages_with_calls_joining_the_assistant_turn():
@@ -47,32 +50,36 @@ def test_items_become_chat_messages_with_calls_joining_the_assistant_turn():
         {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "rain"}]},
         {"type": "function_call", "call_id": "c3", "name": "get_weather", "arguments": "{}"},
     ], tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"}, parallel_tool_calls=False)
-    body = oresp.chat_body(v)
+    req = oresp.request_of(v)
     call = lambda id_, args: {"id": id_, "type": "function", "function": {"name": "get_weather", "arguments": args}}
-    assert body["messages"] == [
-        {"role": "developer", "content": "Use tools."},
+    assert req.messages == [
+        {"role": "system", "content": "Use tools."},
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": "Looking.", "reasoning_content": "tool",
          "tool_calls": [call("c1", '{"city":"Paris"}'), call("c2", '{"city":"Lyon"}')]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
         {"role": "tool", "tool_call_id": "c2", "content": "rain"},
-        {"role": "assistant", "content": None, "tool_calls": [call("c3", "{}")]}]
-    assert body["tools"] == [{"type": "function", "function": {
-        "name": "get_weather", "description": "The weather.", "parameters": TOOL["parameters"], "strict": True}}]
-    assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
-    assert body["parallel_tool_calls"] is False
+        {"role": "assistant", "content": "", "tool_calls": [call("c3", "{}")]}]
+    (tool,) = req.tools.tools
+    assert (tool.name, tool.description, tool.parameters) == ("get_weather", "The weather.", TOOL["parameters"])
+    assert (req.tools.choice, req.tools.named, req.tools.parallel) == ("required", "get_weather", False)
 
 
 def test_text_format_and_reasoning_effort():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    body = oresp.chat_body(read(input="x", text={"format": {"type": "json_schema", "name": "A", "schema": schema}},
-                             reasoning={"effort": "low"}))
-    assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "A", "schema": schema,
-                                                                              "strict": None}}
-    assert body["reasoning_effort"] == "low"
-    assert oresp.chat_body(read(input="x", text={"format": {"type": "json_object"}}))["response_format"] == {
-        "type": "json_object"}
-    assert "response_format" not in oresp.chat_body(read(input="x", text={"format": {"type": "text"}}))
+    req = oresp.request_of(read(input="x", text={"format": {"type": "json_schema", "name": "A", "schema": schema}},
+                                reasoning={"effort": "low"}))
+    assert "root ::=" in req.gen.grammar and req.gen.sampling.grammar == req.gen.grammar
+    assert req.reasoning_effort == "low"
+    assert oresp.request_of(read(input="x", text={"format": {"type": "json_object"}})).gen.grammar
+    assert oresp.request_of(read(input="x", text={"format": {"type": "text"}})).gen.grammar == ""
+    assert oresp.request_of(read(input="x", reasoning={"effort": "xhigh"})).reasoning_effort == "high"
+
+
+def test_a_schema_that_matches_nothing_names_text_format():
+    schema = {"type": "array", "minItems": 3, "maxItems": 1}
+    error = refusal(oresp.request_of, read(input="x", text={"format": {"type": "json_schema", "schema": schema}}))
+    assert error.param == "text.format.schema" and "'text.format.schema'" in error.message
 
 
 @pytest.mark.parametrize("body, param, words", [
@@ -103,9 +110,19 @@ def test_a_bad_body_is_a_400_naming_the_field(body, param, words):
 @pytest.mark.parametrize("body, param", [
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice.name"),
+    ({"tool_choice": {"type": "function", "name": "other"}}, "tool_choice.name"),
+    ({"tools": [TOOL, TOOL]}, "tools[1].name"),
+    ({"tools": [{**TOOL, "name": "get weather"}]}, "tools[0].name"),
+    ({"tools": [{**TOOL, "parameters": {"type": "object", "properties": {"a": {"type": "array", "minItems": 3, "maxItems": 1}}}}]},
+     "tools[0].parameters"),
 ])
-def test_tool_choice_must_fit_the_tools(body, param):
-    assert refusal(oresp.chat_body, read(input="x", **body)).param == param
+def test_tools_and_tool_choice_are_checked_in_the_responses_words(body, param):
+    assert refusal(oresp.request_of, read(input="x", **body)).param == param
+
+
+@pytest.mark.parametrize("choice", ["auto", "none"])
+def test_a_tool_choice_with_nothing_to_call_is_no_tools(choice):
+    assert oresp.request_of(read(input="x", tool_choice=choice)).tools is None
 
 
 def test_a_response_with_reasoning_text_and_calls():

@@ -1,9 +1,9 @@
-"""Fuzz: /v1/responses and /v1/messages bodies -> their checks and translation into a chat body,
-then chat's own checks of that body (messages_of, params.parse).
+"""Fuzz: /v1/responses and /v1/messages bodies -> their checks and their parse into the typed
+chat request (serving/request.py), then the checks made once the model is known (the vocabulary).
 
-Property: any JSON body is translated or refused with an ApiError whose status is a 4xx, never
-another exception (that would be a 500); and a body the dialect accepts gives a chat body that
-chat accepts or refuses with a 4xx. Bodies are built around the fields the dialects read: items,
+Property: any JSON body is parsed or refused with an ApiError whose status is a 4xx, never
+another exception (that would be a 500); and a body the dialect accepts gives a request whose
+turns the template can take (a role chat knows, text content). Bodies are built around the fields the dialects read: items,
 blocks and tools mostly well-formed, with hostile values of every JSON type spliced in.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from stackd.api.errors import answer_of
 from stackd.api.inference import anthropic_messages, chat, openai_responses, params
+from stackd.serving.request import ChatRequest
 
 from tests.answers import ANSWERED
 
@@ -125,18 +126,16 @@ def valid_but_one(draw, valid: dict, hostile: dict, required: dict) -> dict:
     return body
 
 
-def read_responses(body: dict) -> dict:
-    return openai_responses.chat_body(openai_responses.read(body))
+def read_responses(body: dict) -> ChatRequest:
+    return openai_responses.request_of(openai_responses.read(body))
 
 
-def read_messages(body: dict) -> dict:
-    return anthropic_messages.chat_body(anthropic_messages.READ.read(body))
+def read_messages(body: dict) -> ChatRequest:
+    return anthropic_messages.request_of(anthropic_messages.READ.read(body))
 
 
-def read_count(body: dict) -> dict:
-    v = anthropic_messages.READ_COUNT.read(body)
-    return {"model": v["model"], "messages": anthropic_messages.chat_messages(v),
-            **anthropic_messages.chat_tool_fields(v)}
+def read_count(body: dict) -> ChatRequest:
+    return anthropic_messages.request_of(anthropic_messages.READ_COUNT.read(body))
 
 
 def translated_or_4xx(drawn) -> None:
@@ -146,9 +145,9 @@ def translated_or_4xx(drawn) -> None:
     except (orjson.JSONEncodeError, orjson.JSONDecodeError, TypeError):
         return
     try:
-        chat_body = translate(body)
-        chat.messages_of(chat_body)
-        params.parse(chat_body, n_vocab=49152, chat=True)
+        request = translate(body)
+        params.check_vocabulary(request.gen, 49152, request.name_of("top_k"))
+        assert all(m["role"] in chat.ROLES and isinstance(m["content"], str) for m in request.messages)
     except ANSWERED as exc:
         exc = answer_of(exc)
         assert 400 <= exc.kind.status < 500, (exc.kind, exc.message)

@@ -1,9 +1,9 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API over chat.
 
-The body is checked here, field by field, in Anthropic's words; translated into a chat body
-(system -> a system message, tool_use blocks -> an assistant turn's tool_calls, tool_result
-blocks -> tool messages, tool_choice any -> required); and chat's answer or chunks are turned
-back into a Message or Anthropic's event sequence (message_start, content_block_start/delta/
+The body is checked here, field by field, in Anthropic's words, and parsed into the typed chat
+request (system -> a system message, tool_use blocks -> an assistant turn's tool_calls,
+tool_result blocks -> tool turns, tool_choice any -> required); chat's typed answer or steps
+are rendered as a Message or Anthropic's event sequence (message_start, content_block_start/delta/
 stop, message_delta with the stop_reason, message_stop). Errors on these routes come in
 Anthropic's shape, with the spec's `code` kept inside `error` (ERROR_SHAPE).
 """
@@ -20,7 +20,10 @@ from ...http.openapi import ERROR_SCHEMA
 from ...http.response import Response, StreamingResponse, json_response
 from ..errors import answer_of
 from . import chat, dialect, params
+from . import tools as tools_params
 from .dialect import tag
+from ...chat.tools import ToolRequest
+from ...serving.request import ChatRequest, plain_generation, plain_sampling
 from ...serving.output import CLOSE, DELTA, END, OPEN, REASONING, TEXT, TOOL, Block, Message, block_events, blocks_of
 
 # ---- errors -----------------------------------------------------------------------------------
@@ -102,13 +105,11 @@ FIELDS = COUNT_FIELDS + [
 ]
 READ = V.Fields(FIELDS)
 READ_COUNT = V.Fields(COUNT_FIELDS)
-# chat's field -> ours, for the errors chat raises on the translated body
-NAMES = {"messages": "messages", "max_tokens": "max_tokens", "stop": "stop_sequences",
-         "tools": "tools", "tool_choice": "tool_choice", "top_k": "top_k"}
 
 
-def chat_messages(v: dict) -> list[dict]:
-    """system and messages as chat messages."""
+def messages_of(v: dict) -> list[dict]:
+    """system and messages as the chat template takes a conversation: tool_use blocks become
+    the assistant turn's tool_calls, tool_result blocks tool turns."""
     out = []
     if v["system"] is not None:
         out.append({"role": "system", "content": dialect.text_of(v["system"], "\n")})
@@ -133,7 +134,7 @@ def chat_messages(v: dict) -> list[dict]:
                 results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                                 "content": dialect.text_of(block.get("content") or "", "\n")})
         if role == "assistant":
-            turn = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
+            turn = {"role": "assistant", "content": "".join(texts)}
             if calls:
                 turn["tool_calls"] = calls
             if thinking:
@@ -152,41 +153,39 @@ def _only_in(role: str, allowed: str, kind: str, i: int, j: int) -> None:
         raise invalid(f"'{where}' is a {kind} block, which only a {allowed} turn may hold", where)
 
 
-def chat_tool_fields(v: dict) -> dict:
-    """tools and tool_choice as chat takes them."""
-    out: dict = {}
-    tools = v["tools"]
-    if tools:
-        out["tools"] = dialect.chat_tools([{"name": t["name"], "description": t.get("description"),
-                                            "parameters": t["input_schema"]} for t in tools])
-    choice = v["tool_choice"]
-    if choice is None:
-        return out
-    kind = choice["type"]
-    if kind != "none" and not tools:
+CHOICES = {"auto": "auto", "any": "required", "tool": "required", "none": "none"}
+
+
+def tools_of(v: dict) -> ToolRequest | None:
+    """tools and tool_choice: any is chat's required, tool a named choice; parallel calls
+    unless disable_parallel_tool_use."""
+    offered = tools_params.functions([(t["name"], t.get("description"), t["input_schema"]) for t in v["tools"] or ()],
+                                     lambda i, part: f"tools[{i}].{PARTS[part]}")
+    choice = v["tool_choice"] or {"type": "auto"}
+    kind, named = choice["type"], None
+    if kind in ("any", "tool") and not offered:
         raise invalid(f"'tool_choice' {kind!r} needs 'tools'", "tool_choice")
     if kind == "tool":
-        dialect.check_named_tool(choice["name"], out.get("tools"), "tool_choice.name")
-        out["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
-    else:
-        out["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[kind]
-    if choice.get("disable_parallel_tool_use"):
-        out["parallel_tool_calls"] = False
-    return out
+        named = choice["name"]
+        dialect.check_named_tool(named, offered, "tool_choice.name")
+    if not offered:
+        return None
+    return ToolRequest(offered, CHOICES[kind], named, not choice.get("disable_parallel_tool_use"))
 
 
-def chat_body(v: dict) -> dict:
-    body = {"model": v["model"], "messages": chat_messages(v), "max_tokens": v["max_tokens"],
-            **chat_tool_fields(v)}
-    for name in ("temperature", "top_p", "top_k"):
-        if v[name] is not None:
-            body[name] = v[name]
-    if v["stop_sequences"]:
-        body["stop"] = v["stop_sequences"]
-    if v["stream"]:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return body
+PARTS = {"name": "name", "parameters": "input_schema"}
+
+
+def request_of(v: dict, stream: bool = False) -> ChatRequest:
+    """The typed chat request, from the fields as read (count_tokens reads no sampling)."""
+    temperature, top_p, top_k = v.get("temperature"), v.get("top_p"), v.get("top_k")
+    sampling = plain_sampling(
+        temperature=params.DEFAULT_TEMPERATURE if temperature is None else temperature,
+        top_p=params.DEFAULT_TOP_P if top_p is None else top_p,
+        top_k=params.DEFAULT_TOP_K if top_k is None else top_k, min_p=params.DEFAULT_MIN_P)
+    gen = plain_generation(sampling, max_tokens=v.get("max_tokens"), stop=v.get("stop_sequences") or [],
+                           stream=stream)
+    return ChatRequest(v["model"], messages_of(v), gen, tools_of(v))
 
 
 # ---- the answer -------------------------------------------------------------------------------
@@ -287,7 +286,7 @@ def _event(kind: str, **fields) -> bytes:
 async def messages(ctx, request) -> Response | StreamingResponse:
     """Anthropic's Messages API. The key may come as `x-api-key` or as a bearer token."""
     v = READ.read(request.json())
-    run = await dialect.start(ctx, request, chat_body(v), NAMES)
+    run = await chat.start(ctx, request, request_of(v, bool(v["stream"])))
     if v["stream"]:
         return StreamingResponse(events(run, v["model"]), b"text/event-stream")
     (message,) = await run.result()
@@ -297,10 +296,5 @@ async def messages(ctx, request) -> Response | StreamingResponse:
 async def count_tokens(ctx, request) -> Response:
     """The prompt's tokens for these messages and tools, as the model's chat template renders
     them for messages.create."""
-    v = READ_COUNT.read(request.json())
-    body = {"model": v["model"], "messages": chat_messages(v), **chat_tool_fields(v)}
-    try:
-        prepared = await chat.prepare(ctx, chat.parse(body))
-    except ApiError as exc:
-        raise dialect.renamed(exc, NAMES) from None
+    prepared = await chat.prepare(ctx, request_of(READ_COUNT.read(request.json())))
     return json_response({"input_tokens": len(await prepared.prompt_tokens())})

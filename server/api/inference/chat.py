@@ -224,11 +224,12 @@ class Prepared:
     measures. `reasoning_forced` and `grammar_prefill`: texts whose tokens the choices'
     sampling takes (the thinking budget's end tag; a grammar's start), tokenized beside it."""
 
-    __slots__ = ("model", "gen", "text", "parse", "reasoning_forced", "grammar_prefill")
+    __slots__ = ("model", "gen", "text", "parse", "what", "reasoning_forced", "grammar_prefill")
 
-    def __init__(self, model, gen: params.GenerationParams, text: str, parse,
+    def __init__(self, model, gen: params.GenerationParams, text: str, parse, what: str = "messages",
                  reasoning_forced: str | None = None, grammar_prefill: str | None = None):
-        self.model, self.gen, self.text, self.parse = model, gen, text, parse
+        """`what`: the body's field the conversation came from, named by a fit's 400."""
+        self.model, self.gen, self.text, self.parse, self.what = model, gen, text, parse, what
         self.reasoning_forced, self.grammar_prefill = reasoning_forced, grammar_prefill
 
     async def prompt_tokens(self) -> list[int]:
@@ -238,7 +239,7 @@ class Prepared:
         """One job per choice, its prompt as text (tokenized where the vocabulary is)."""
         gen = self.gen
         return TextJobs(self.text, [gen.sampling_for_choice(j) for j in range(gen.candidates)],
-                        gen.max_tokens, self.model.context_length, "messages",
+                        gen.max_tokens, self.model.context_length, self.what,
                         reasoning_forced=self.reasoning_forced, grammar_prefill=self.grammar_prefill)
 
 
@@ -257,18 +258,19 @@ async def prepare(ctx, chat: ChatRequest) -> Prepared:
     the restart of its worker caught is prepared again)."""
     model = await ctx.models.get(chat.model, "chat")
     gen = replace(chat.gen, sampling=copy_sampling(chat.gen.sampling), format_stops=[])
-    params.check_vocabulary(gen, model.engine.n_vocab)
+    params.check_vocabulary(gen, model.engine.n_vocab, chat.name_of("top_k"))
     tool_request, messages = chat.tools, chat.messages
     active = tool_request is not None and tool_request.active
     if active and gen.grammar:
-        raise invalid("'response_format' cannot be combined with 'tools' (unless "
-                      "'tool_choice' is 'none')", "response_format")
+        fmt = chat.name_of("response_format")
+        raise invalid(f"'{fmt}' cannot be combined with 'tools' (unless "
+                      f"'{chat.name_of('tool_choice')}' is 'none')", fmt)
     template = model.template
     parse, extra, token_texts = None, None, {}
     if chat_formats.reads_tools(template) or chat_formats.thinks(template):
         if active or chat_formats.thinks(template) or _has_tool_turns(messages):
             messages, extra, parse, token_texts = await _family_format(
-                model, messages, tool_request, gen, chat.reasoning_effort)
+                model, messages, tool_request, gen, chat.reasoning_effort, chat.name_of("tools"))
     else:
         if tool_request is not None or _has_tool_turns(messages):
             messages = chat_tools.generic_messages(messages, tool_request)
@@ -276,7 +278,7 @@ async def prepare(ctx, chat: ChatRequest) -> Prepared:
             gen.grammar = gen.sampling.grammar = chat_tools.generic_grammar(tool_request)
             parse = _generic_parse
     text = await templates.render(model, messages, extra)
-    return Prepared(model, gen, text, parse, **token_texts)
+    return Prepared(model, gen, text, parse, chat.name_of("messages"), **token_texts)
 
 
 async def start(ctx, request, chat: ChatRequest) -> ChatRun:
@@ -302,7 +304,7 @@ def _generic_parse(text: str, final: bool):
     return chat_tools.parse_generic(text)
 
 
-async def _family_format(model, messages, tool_request, gen, effort):
+async def _family_format(model, messages, tool_request, gen, effort, tools_field: str):
     """A template that knows tools or thinks: llama.cpp's analysis of its format (formats.py)
     gives the grammar, its triggers and the parser; our sandbox renders the prompt. Also the
     texts whose tokens the sampling needs (Prepared's reasoning_forced, grammar_prefill)."""
@@ -317,7 +319,7 @@ async def _family_format(model, messages, tool_request, gen, effort):
     if active:
         extra["tools"] = [t.as_openai() for t in tool_request.offered()]
         if analysis.grammar:
-            check_grammar(analysis.grammar, chat_limits.current, "tools")
+            check_grammar(analysis.grammar, chat_limits.current, tools_field)
             gen.grammar = gen.sampling.grammar = analysis.grammar
             gen.sampling.grammar_lazy = analysis.grammar_lazy
             gen.sampling.grammar_triggers = analysis.triggers

@@ -1,18 +1,18 @@
 """What the dialects built on chat (OpenAI Responses, Anthropic messages) share.
 
-Both translate their body into a chat body and start a chat.ChatRun; its typed output (serving/
-output.py: steps as content blocks, whole messages) each dialect words in its own objects and
-events. Also here: a tagged union spec (content blocks, input items), named server-sent events,
-and errors of the chat body reworded with the dialect's own field names.
+Each parses its body into the typed request (serving/request.py ChatRequest, naming its own
+fields for the checks made once the model is known) and starts a chat.ChatRun; its typed output
+(serving/output.py: steps as content blocks, whole messages) each dialect words in its own
+objects and events. Also here: a tagged union spec (content blocks, input items), named
+server-sent events, and a named tool choice's check.
 """
 from __future__ import annotations
 
 import orjson
 
 from ...http import validate as V
-from ...http.errors import ApiError, invalid
+from ...http.errors import invalid
 from ...serving.output import new_id  # noqa: F401  (the dialects' ids: msg_..., resp_..., toolu_...)
-from . import chat
 
 MAX_TOOLS = 128
 MAX_TOKENS = 1 << 20        # max_tokens, max_output_tokens: as chat's max_tokens
@@ -68,50 +68,12 @@ def text_of(content, joiner: str = "") -> str:
     return joiner.join(part.get("text", "") for part in content)
 
 
-# ---- errors of the chat body, in the dialect's words ------------------------------------------
-
-def renamed(exc: ApiError, names: dict[str, str]) -> ApiError:
-    """`exc` (raised by chat.start for the chat body built from the dialect's body) with its
-    field named as the client sent it: `names` maps a chat field to the dialect's. A field
-    whose structure differs (messages) is named without the part inside it."""
-    param = exc.param
-    if not param:
-        return exc
-    head = param.split("[", 1)[0].split(".", 1)[0]
-    new = names.get(head)
-    if new is None:
-        return exc
-    message = exc.message.replace(f"'{param}'", f"'{new}'").replace(f"'{head}'", f"'{new}'")
-    if head == "messages" and message == exc.message:
-        message = f"{message} (in '{new}')"
-    return ApiError(exc.kind, message, param=new, headers=exc.headers)
-
-
-async def start(ctx, request, body: dict, names: dict[str, str]) -> chat.ChatRun:
-    """chat.start for a chat body translated from a dialect's: its 400s name the dialect's
-    fields (`names`, as for renamed)."""
-    try:
-        return await chat.start(ctx, request, chat.parse(body))
-    except ApiError as exc:
-        raise renamed(exc, names) from None
-
-
 def named_sse(event: str, obj) -> bytes:
     """A server-sent event with its name (Responses and Anthropic both name each event)."""
     return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
 
 
-def chat_tools(functions: list[dict]) -> list[dict]:
-    """Function tools as chat takes them: {type: function, function: {name, description,
-    parameters, strict}} from the dialect's flat {name, description, <schema>}."""
-    return [{"type": "function", "function": {k: v for k, v in f.items() if v is not None}}
-            for f in functions]
-
-
-def tool_names(tools: list[dict] | None) -> set[str]:
-    return {tool["function"]["name"] for tool in tools or ()}
-
-
-def check_named_tool(name: str, tools: list[dict] | None, field: str) -> None:
-    if name not in tool_names(tools):
+def check_named_tool(name: str, tools, field: str) -> None:
+    """A choice that names a tool (chat.tools.Tool) must name one of them."""
+    if name not in {tool.name for tool in tools}:
         raise invalid(f"'{field}' names the tool {name!r}, which is not among 'tools'", field)

@@ -16,7 +16,8 @@ from ...store.defaults import CHAT_MODEL
 from ...system import offload
 from ...chat import infill as fim
 from ..errors import answer_of
-from . import dialect, generate, params, responses
+from . import generate, params, responses
+from ...serving.request import GenerationParams, plain_generation, plain_sampling
 
 MAX_EXTRA = 1024                   # input_extra chunks
 
@@ -52,10 +53,20 @@ FIELDS = [
                 "llama-server answers them (llama.vim asks so)."),
 ]
 READ = V.Fields(FIELDS)
-# the completion parameters these are, as params.parse reads them
-_AS_COMPLETION = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty",
-                  "frequency_penalty", "stop", "stream")
-NAMES = {"max_tokens": "n_predict"}
+
+
+def generation_of(v: dict, context_length: int, n_vocab: int) -> GenerationParams:
+    """The fields as read, as one choice's generation: n_predict -1 (or 0) is until the
+    context ends, a seed of -1 random, as llama-server takes them."""
+    s = plain_sampling(temperature=v["temperature"], top_p=v["top_p"], top_k=v["top_k"], min_p=v["min_p"],
+                       seed=v["seed"] if v["seed"] is not None and v["seed"] >= 0 else None)
+    s.repeat_penalty, s.presence_penalty = v["repeat_penalty"], v["presence_penalty"]
+    s.frequency_penalty = v["frequency_penalty"]
+    stop = v["stop"]
+    gen = plain_generation(s, max_tokens=v["n_predict"] if v["n_predict"] > 0 else context_length,
+                           stop=[stop] if isinstance(stop, str) else (stop or []), stream=bool(v["stream"]))
+    params.check_vocabulary(gen, n_vocab)
+    return gen
 
 _known: dict[str, fim.FimTokens] = {}      # model digest -> its FIM tokens
 
@@ -103,20 +114,12 @@ async def prompt_for(ctx, model, prefix, suffix, extra: list[dict], prompt: str,
 
 
 async def infill(ctx, request) -> Response | StreamingResponse:
-    body = request.json()
-    v = READ.read(body)
+    v = READ.read(request.json())
     model_id = v["model"] or ctx.models.active_chat_model() or CHAT_MODEL
 
     async def submit():
         model = await ctx.models.get(model_id, "chat")
-        as_completion = {name: body[name] for name in _AS_COMPLETION if body.get(name) is not None}
-        as_completion["max_tokens"] = v["n_predict"] if v["n_predict"] > 0 else model.context_length
-        if v["seed"] is not None and v["seed"] >= 0:
-            as_completion["seed"] = v["seed"]
-        try:
-            gen = params.parse(as_completion, n_vocab=model.engine.n_vocab, chat=False)
-        except ApiError as exc:
-            raise dialect.renamed(exc, NAMES) from None
+        gen = generation_of(v, model.context_length, model.engine.n_vocab)
         prompt = await prompt_for(ctx, model, v["input_prefix"], v["input_suffix"], v["input_extra"] or [],
                                   v["prompt"] or "", "input_prefix")
         generate.check_fits(len(prompt), model.context_length)

@@ -23,7 +23,12 @@ from ...http.errors import ApiError, invalid
 from ...http.response import Response, StreamingResponse, json_response
 from ..errors import answer_of
 from . import chat, dialect, params
+from . import tools as tools_params
 from .dialect import tag
+from ...chat.gbnf import json_gbnf
+from ...chat.grammar import json_schema_grammar
+from ...chat.tools import ToolRequest
+from ...serving.request import ChatRequest, plain_generation, plain_sampling
 from ...serving.output import CLOSE, DELTA, OPEN, REASONING, TEXT, TOOL, Block, Message, block_events, blocks_of
 
 # ---- the body ---------------------------------------------------------------------------------
@@ -89,8 +94,6 @@ FIELDS = [
     V.Object("metadata", doc="Echoed in the response."), params.USER,
 ]
 READ = V.Fields(FIELDS)
-NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format",
-         "tools": "tools", "tool_choice": "tool_choice", "reasoning_effort": "reasoning.effort"}
 STATELESS = "this server keeps no responses: send the whole conversation in 'input'"
 
 
@@ -104,7 +107,9 @@ def read(body: dict) -> dict:
     return v
 
 
-def chat_messages(v: dict) -> list[dict]:
+def messages_of(v: dict) -> list[dict]:
+    """`instructions` and `input` as the chat template takes a conversation; a function_call
+    joins the assistant turn before it, a reasoning item the assistant turn after it."""
     out = []
     if v["instructions"]:
         out.append({"role": "system", "content": v["instructions"]})
@@ -124,11 +129,12 @@ def chat_messages(v: dict) -> list[dict]:
             turn = None
             continue
         if kind == "message" and item["role"] != "assistant":
-            out.append({"role": item["role"], "content": dialect.text_of(item["content"])})
+            role = "system" if item["role"] == "developer" else item["role"]
+            out.append({"role": role, "content": dialect.text_of(item["content"])})
             turn = None
             continue
         if turn is None or kind == "message":
-            turn = {"role": "assistant", "content": None}
+            turn = {"role": "assistant", "content": ""}
             out.append(turn)
             if reasoning:
                 turn["reasoning_content"], reasoning = reasoning, None
@@ -140,36 +146,47 @@ def chat_messages(v: dict) -> list[dict]:
     return out
 
 
-def chat_body(v: dict) -> dict:
-    body = {"model": v["model"], "messages": chat_messages(v), "temperature": v["temperature"],
-            "top_p": v["top_p"]}
-    if v["max_output_tokens"] is not None:
-        body["max_tokens"] = v["max_output_tokens"]
-    if v["tools"]:
-        body["tools"] = dialect.chat_tools([{k: t.get(k) for k in ("name", "description", "parameters", "strict")}
-                                            for t in v["tools"]])
-        body["parallel_tool_calls"] = v["parallel_tool_calls"]
-    choice = v["tool_choice"]
+def tools_of(v: dict) -> ToolRequest | None:
+    """tools and tool_choice; a named choice must name one of the tools."""
+    offered = tools_params.functions([(t["name"], t.get("description"), t.get("parameters"))
+                                      for t in v["tools"] or ()], lambda i, part: f"tools[{i}].{part}")
+    choice, named = v["tool_choice"], None
     if isinstance(choice, dict):
-        dialect.check_named_tool(choice["name"], body.get("tools"), "tool_choice.name")
-        body["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
-    elif choice is not None:
-        if choice == "required" and not v["tools"]:
-            raise invalid("'tool_choice' 'required' needs 'tools'", "tool_choice")
-        body["tool_choice"] = choice
+        named = choice["name"]
+        dialect.check_named_tool(named, offered, "tool_choice.name")
+        choice = "required"
+    elif choice == "required" and not offered:
+        raise invalid("'tool_choice' 'required' needs 'tools'", "tool_choice")
+    if not offered:
+        return None                 # 'auto' or 'none' with nothing to call: nothing to do
+    return ToolRequest(offered, choice or "auto", named, v["parallel_tool_calls"])
+
+
+def grammar_of(v: dict) -> str:
+    """text.format as a grammar: any JSON object, or JSON matching the schema."""
     fmt = (v["text"] or {}).get("format")
-    if fmt is not None and fmt["type"] == "json_schema":
-        body["response_format"] = {"type": "json_schema", "json_schema": {
-            "name": fmt.get("name") or "output", "schema": fmt["schema"], "strict": fmt.get("strict")}}
-    elif fmt is not None and fmt["type"] == "json_object":
-        body["response_format"] = {"type": "json_object"}
+    if fmt is None or fmt["type"] == "text":
+        return ""
+    if fmt["type"] == "json_object":
+        return json_gbnf()
+    return json_schema_grammar(fmt["schema"], param="text.format.schema")
+
+
+# the fields checked once the model is known, as this body names them
+NAMES = {"messages": "input", "response_format": "text.format"}
+
+
+def request_of(v: dict) -> ChatRequest:
+    """The typed chat request, from the fields as read."""
+    sampling = plain_sampling(temperature=v["temperature"], top_p=v["top_p"], top_k=params.DEFAULT_TOP_K,
+                              min_p=params.DEFAULT_MIN_P, grammar=grammar_of(v))
+    gen = plain_generation(sampling, max_tokens=v["max_output_tokens"], stop=[], stream=bool(v["stream"]))
     effort = (v["reasoning"] or {}).get("effort")
-    if effort is not None:
-        body["reasoning_effort"] = effort
-    if v["stream"]:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return body
+    return ChatRequest(v["model"], messages_of(v), gen, tools_of(v), EFFORT.get(effort, effort), NAMES)
+
+
+# OpenAI's efforts above ours take our highest budget (inference.reasoning_budget.high)
+EFFORT = {"xhigh": "high"}
 
 
 # ---- the answer -------------------------------------------------------------------------------
@@ -321,7 +338,7 @@ async def events(run: chat.ChatRun, reply: Reply):
 async def create(ctx, request) -> Response | StreamingResponse:
     """OpenAI's Responses API, stateless: the whole conversation comes in `input`."""
     v = read(request.json())
-    run = await dialect.start(ctx, request, chat_body(v), NAMES)
+    run = await chat.start(ctx, request, request_of(v))
     reply = Reply(v)
     if v["stream"]:
         return StreamingResponse(events(run, reply), b"text/event-stream")

@@ -168,10 +168,10 @@ def parse(body: dict, *, n_vocab: int, chat: bool) -> GenerationParams:
     return gen
 
 
-def check_vocabulary(gen: GenerationParams, n_vocab: int) -> None:
+def check_vocabulary(gen: GenerationParams, n_vocab: int, top_k: str = "top_k") -> None:
     """The bounds that depend on the model (top_k, logit_bias's token ids), checked once the
-    model is known."""
-    _at_most(gen.sampling.top_k, n_vocab, "top_k")
+    model is known. `top_k`: the field's name in the dialect's body."""
+    _at_most(gen.sampling.top_k, n_vocab, top_k)
     _in_vocabulary(gen.sampling.logit_bias, n_vocab)
 
 

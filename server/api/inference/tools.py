@@ -52,25 +52,15 @@ def read(body: dict) -> chat_tools.ToolRequest | None:
         if choice is not None:
             raise invalid("'tool_choice' is only allowed when 'tools' are given", "tool_choice")
         return None
-    out, names = [], set()
     for i, tool in enumerate(tools):
         if tool["type"] != "function":
             raise invalid(f"'tools[{i}].type' must be 'function', not {tool['type']!r}",
                           f"tools[{i}].type")
-        function = tool.get("function")
-        if function is None:
+        if tool.get("function") is None:
             raise invalid(f"'tools[{i}].function' is required", f"tools[{i}].function")
-        name = function["name"]
-        if not NAME.match(name):
-            raise invalid(f"'tools[{i}].function.name' must be letters, digits, '_' or '-' "
-                          "(at most 64)", f"tools[{i}].function.name")
-        if name in names:
-            raise invalid(f"'tools[{i}].function.name' repeats the function {name!r}",
-                          f"tools[{i}].function.name")
-        names.add(name)
-        parameters = function.get("parameters") or dict(chat_tools.NO_PARAMETERS)
-        check_schema(parameters, limits.current, f"tools[{i}].function.parameters")
-        out.append(chat_tools.Tool(name, function.get("description") or "", parameters))
+    out = functions([(t["function"]["name"], t["function"].get("description"), t["function"].get("parameters"))
+                     for t in tools], lambda i, part: f"tools[{i}].function.{part}")
+    names = {tool.name for tool in out}
     named = None
     if isinstance(choice, dict):
         named = choice["function"]["name"]
@@ -78,4 +68,23 @@ def read(body: dict) -> chat_tools.ToolRequest | None:
             raise invalid(f"'tool_choice.function.name' names {named!r}, which is not in 'tools'",
                           "tool_choice")
         choice = "required"
-    return chat_tools.ToolRequest(tuple(out), choice or "auto", named, parallel)
+    return chat_tools.ToolRequest(out, choice or "auto", named, parallel)
+
+
+def functions(entries, where) -> tuple[chat_tools.Tool, ...]:
+    """Function tools from (name, description, parameters) as a dialect's body gives them, each
+    checked: a name of letters, digits, '_' or '-' (at most 64, OpenAI's rule and Anthropic's),
+    no name twice, a schema within the grammar budget. `where(i, part)`: the body's path to
+    part "name" or "parameters" of tool i, for the 400s."""
+    out, names = [], set()
+    for i, (name, description, parameters) in enumerate(entries):
+        if not NAME.match(name):
+            raise invalid(f"'{where(i, 'name')}' must be letters, digits, '_' or '-' (at most 64)",
+                          where(i, "name"))
+        if name in names:
+            raise invalid(f"'{where(i, 'name')}' repeats the function {name!r}", where(i, "name"))
+        names.add(name)
+        parameters = parameters or dict(chat_tools.NO_PARAMETERS)
+        check_schema(parameters, limits.current, where(i, "parameters"))
+        out.append(chat_tools.Tool(name, description or "", parameters))
+    return tuple(out)
