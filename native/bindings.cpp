@@ -503,6 +503,20 @@ PYBIND11_MODULE(_engine, m) {
              },
              py::arg("id"), py::arg("prompt"), py::arg("max_tokens"), py::arg("stop"),
              py::arg("sampling"), py::arg("owner") = 0)
+        // A request's choices, every one or none (engine.h): jobs of (id, prompt, max_tokens,
+        // sampling), one stop list and owner for all; a SUBMIT_* code, ValueError on a bad grammar.
+        .def("submit_all",
+             [](engine & e, std::vector<std::tuple<int64_t, std::vector<int32_t>, int32_t, sampling_params>> jobs,
+                std::vector<std::string> stop, int64_t owner) {
+                 std::vector<generation_request> reqs;
+                 reqs.reserve(jobs.size());
+                 for (auto & [id, prompt, max_tokens, sampling] : jobs) {
+                     reqs.push_back({id, owner, std::move(prompt), max_tokens, stop, std::move(sampling)});
+                 }
+                 py::gil_scoped_release release;
+                 return (int) e.submit_all(std::move(reqs));
+             },
+             py::arg("jobs"), py::arg("stop"), py::arg("owner") = 0)
         .def("submit_embedding",
              [](engine & e, int64_t id, std::vector<std::vector<int32_t>> inputs, int64_t owner) {
                  py::gil_scoped_release release;

@@ -152,6 +152,10 @@ class Engine(_ModelFacts):
     # kv_type: the KV cache's ggml_type (1 F16, 8 Q8_0); Q8_0 turns flash attention on
     def submit(self, id: int, prompt: list[int], max_tokens: int, stop: list[str],
                sampling: SamplingParams, owner: int = 0) -> int: ...   # a SUBMIT_* code
+    # a request's choices, every one or none, each (id, prompt, max_tokens, sampling): a SUBMIT_*
+    # code (the first refused one's), ValueError on a bad grammar (native/engine/engine.h)
+    def submit_all(self, jobs: list[tuple[int, list[int], int, SamplingParams]], stop: list[str],
+                   owner: int = 0) -> int: ...
     def submit_embedding(self, id: int, inputs: list[list[int]], owner: int = 0) -> int: ...
     def fail_next_decodes(self, n: int) -> None: ...   # testing: the next n decodes fail
     def set_tp_full_rows(self, on: bool) -> None: ...   # testing: a split's rows gathered whole

@@ -1,4 +1,4 @@
-// The scan under a tensor split's logits candidates (backend.cpp, select_candidates): the first
+// The scan under a tensor split's logits candidates (tp_backend.cpp, select_candidates): the first
 // logit above the current k-th best. A comparison is exact, so every path finds the same index
 // (kernels/check/paths_check.cpp holds each to the scalar one); the SIMD ones compare 16 (AVX-512),
 // 8 (AVX2) or 4 x 4 (NEON) at a time.

@@ -89,7 +89,7 @@ struct Candidate {   // on the wire: i32 token, f32 logit (little-endian, as eve
 };
 static_assert(sizeof(Candidate) == 8);
 
-// What backend.cpp asks and calls (all on the thread computing the graph).
+// What the backend asks and calls (backend.cpp, tp_backend.cpp; all on the thread computing the graph).
 bool attached();           // attached, failed or not
 bool failed();
 // Changes at every attach and detach: a graph begun under one group that ends under another
@@ -108,7 +108,7 @@ bool allreduce_add(const double *mine, const float *src1, float *dst, size_t n);
 int gather_candidates();
 // The logits rows [cut[r], cut[r+1]) of `tokens` rows of `stride` floats: a follower sends its
 // block to rank 0, or with K candidates (K = gather_candidates() > 0) `candidates`, tokens x
-// min(K, its rows) of them row after row (backend.cpp's order: by descending logit, equal
+// min(K, its rows) of them row after row (tp_backend.cpp's order: by descending logit, equal
 // logits by lower token, NaN as -inf); rank 0 receives every
 // follower's into logits, checking each candidate (in the sender's rows, in order, not NaN).
 // False when the group failed (then with the reason).

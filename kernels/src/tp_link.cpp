@@ -65,9 +65,9 @@ constexpr int kControlSpinUs = 1000;
 //   deciding to swap nodes in) load it with acquire, so a reader that sees true sees the
 //   fields attach set. `generation` (acquire loads, seq_cst bumps under `io`) and `failed`
 //   (seq_cst exchange, acquire loads) are single words whose value is the whole message: a
-//   graph that began under one generation fails if it changed (backend.cpp).
+//   graph that began under one generation fails if it changed (backend.cpp, tp_backend.cpp).
 // - The partial sums an exchange sends are written by ggml's threads and read by thread 0
-//   after an OpenMP barrier (backend.cpp), and what thread 0 writes back is read by the others
+//   after an OpenMP barrier (tp_backend.cpp), and what thread 0 writes back is read by the others
 //   after ggml's next barrier between nodes: both barriers are full fences (OpenMP's implies a
 //   flush; ggml's is seq_cst atomics), so no extra fence is needed around the buffers.
 // - `gather` is a mode word set between steps (stackd_tp_set_gather) and read by the next
@@ -576,7 +576,7 @@ STACKD_API void stackd_tp_detach(void) {
         if (l.fd >= 0) shutdown(l.fd, SHUT_RDWR);
     }
     std::lock_guard<std::mutex> lock(g.io);
-    g.generation.fetch_add(1);   // a graph computing meanwhile fails (backend.cpp)
+    g.generation.fetch_add(1);   // a graph computing meanwhile fails (tp_backend.cpp, tp_lost)
     g.attached.store(false, std::memory_order_release);
     close_links(g);
     g.cut.clear();

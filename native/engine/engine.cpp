@@ -260,31 +260,74 @@ void engine::leave_queue_and_engine(int64_t id_owner) {
     leave_engine(id_owner);
 }
 
+// One request is a request of one choice.
 submit_result engine::submit(generation_request req) {
+    std::vector<generation_request> one;
+    one.push_back(std::move(req));
+    return submit_all(std::move(one));
+}
+
+// Job i is refused when i places in the queue, or its owner's share, are all that was left:
+// the queue's check first, as enter_queue() makes it.
+size_t engine::n_with_room(const std::vector<generation_request> & reqs, submit_result & why) const {
+    std::unordered_map<int64_t, int32_t> taken;   // owner -> places the jobs before this one took
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        if (n_queued_ + (int32_t) i >= params_.max_queue) {
+            why = SUBMIT_QUEUE_FULL;
+            return i;
+        }
+        const int64_t owner = reqs[i].id_owner;
+        auto held = n_owned_of_.find(owner);
+        int32_t & mine = taken[owner];
+        if ((held == n_owned_of_.end() ? 0 : held->second) + mine >= n_max_owned_) {
+            why = SUBMIT_OVER_SHARE;
+            return i;
+        }
+        mine += 1;
+    }
+    why = SUBMIT_ACCEPTED;
+    return reqs.size();
+}
+
+submit_result engine::submit_all(std::vector<generation_request> reqs) {
     if (params_.embeddings) {
         throw std::invalid_argument("this is an embedding model: it does not generate");
     }
     if (params_.tp_rank > 0) {
         throw std::runtime_error("a tensor-parallel follower takes no requests: its leader's engine does");
     }
-    const submit_result admitted = enter_queue(req.id_owner);
-    if (admitted != SUBMIT_ACCEPTED) {
-        return admitted;
-    }
-    task t{task::TASK_SUBMIT, req.id_request, req.id_owner, nullptr, nullptr, {}};
-    try {
-        t.sampler = std::make_unique<request_sampler>(req.sampling, vocab_);   // may throw: bad grammar
-    } catch (...) {
-        leave_queue_and_engine(req.id_owner);
-        throw;
-    }
-    t.request = std::make_unique<generation_request>(std::move(req));
+    submit_result why = SUBMIT_ACCEPTED;
+    size_t n_room;
     {
         std::lock_guard<std::mutex> lock(mu_tasks_);
-        if (lanes_.size() == 1) {
-            lanes_.front()->tasks.push_back(std::move(t));
-        } else {
-            pending_.push_back(std::move(t));
+        n_room = n_with_room(reqs, why);
+    }
+    // The samplers of the jobs that have room, outside the lock (parsing a grammar takes a
+    // while): a bad one throws here, before anything is queued. A full queue parses nothing.
+    std::vector<std::unique_ptr<request_sampler>> samplers;
+    samplers.reserve(n_room);
+    for (size_t i = 0; i < n_room; ++i) {
+        samplers.push_back(std::make_unique<request_sampler>(reqs[i].sampling, vocab_));   // may throw: bad grammar
+    }
+    if (n_room < reqs.size()) {
+        return why;
+    }
+    {
+        std::lock_guard<std::mutex> lock(mu_tasks_);
+        if (n_with_room(reqs, why) < reqs.size()) {
+            return why;                // the queue filled up while the samplers were made
+        }
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            const int64_t id = reqs[i].id_request, owner = reqs[i].id_owner;
+            n_owned_of_[owner] += 1;
+            n_queued_ += 1;
+            task t{task::TASK_SUBMIT, id, owner, nullptr, std::move(samplers[i]), {}};
+            t.request = std::make_unique<generation_request>(std::move(reqs[i]));
+            if (lanes_.size() == 1) {
+                lanes_.front()->tasks.push_back(std::move(t));
+            } else {
+                pending_.push_back(std::move(t));
+            }
         }
     }
     cv_.notify_all();

@@ -94,6 +94,13 @@ public:
 
     // Thread-safe. Throws std::invalid_argument on a bad grammar.
     submit_result submit(generation_request req);
+    // A request's choices, every one or none (thread-safe): they take their places in the queue
+    // and in their owner's share under one hold of mu_tasks_, so no other submit comes between
+    // them and a refused request never leaves some of its choices running. SUBMIT_ACCEPTED with
+    // every one queued, else what the first refused one would get from submit() after the ones
+    // before it, with none queued (nothing to cancel). Throws std::invalid_argument, none queued,
+    // when a grammar before the first refused one is bad (as submit() one after another would).
+    submit_result submit_all(std::vector<generation_request> reqs);
     submit_result submit_embedding(int64_t id_request, int64_t id_owner,
                                    std::vector<std::vector<int32_t>> inputs);
     void cancel(int64_t id_request);
@@ -242,6 +249,9 @@ private:
 
     // The queue's bookkeeping, per model and per owner (under mu_tasks_).
     submit_result enter_queue(int64_t id_owner);
+    // How many of `reqs`, in order, the queue and their owners' shares have room for (all of
+    // them: reqs.size()), and why the next one is refused (`why`). Changes nothing.
+    size_t n_with_room(const std::vector<generation_request> & reqs, submit_result & why) const;
     void leave_queue();                            // admitted (or gone while queued)
     void leave_engine(int64_t id_owner);           // over: its owner's share has room again
     void leave_queue_and_engine(int64_t id_owner);

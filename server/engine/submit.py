@@ -1,8 +1,9 @@
 """All of a request's choices, or none: one submit for the engine in this process and in a worker.
 
-A request with n choices is n engine requests; if the engine refuses one (queue full, over the
-key's share, a grammar llama.cpp cannot parse), the ones it took already are cancelled, so a
-client never gets half an answer and the refused ones never hold a slot.
+A request with n choices is n engine requests, submitted in one native call (engine.h,
+submit_all): the engine takes their places in its queue and in the key's share under one lock,
+every one or none, so a client never gets half an answer, a refused request never holds a slot,
+and no other request's submit comes between its choices.
 
 A prompt sent as text (submission.TextJobs) is tokenized and checked against the context here,
 where the vocabulary is, and answered in the same verdict: its token count, or why it does not
@@ -12,8 +13,6 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .core import SUBMIT_ACCEPTED
-
 VERDICT_BAD_GRAMMAR = -1     # beside the engine's SUBMIT_* verdicts: submit raised ValueError
 VERDICT_UNFIT = -2           # a text prompt empty after tokenization, or longer than the context
 VERDICT_UNTOKENIZABLE = -3   # the vocabulary could not tokenize the text
@@ -21,19 +20,12 @@ VERDICT_UNTOKENIZABLE = -3   # the vocabulary could not tokenize the text
 
 def submit_all(engine, jobs: Iterable[tuple], stop: list[str], owner: int) -> tuple[int, str | None]:
     """`jobs`: (request id, prompt tokens, max tokens, SamplingParams). Returns the verdict
-    (SUBMIT_ACCEPTED when every job was taken) and, for a refused grammar, llama.cpp's words."""
-    accepted = []
-    for rid, prompt, max_tokens, sampling in jobs:
-        try:
-            verdict, error = engine.submit(rid, prompt, max_tokens, stop, sampling, owner), None
-        except ValueError as exc:                 # a grammar llama.cpp cannot parse
-            verdict, error = VERDICT_BAD_GRAMMAR, str(exc)
-        if verdict != SUBMIT_ACCEPTED:
-            for done in accepted:
-                engine.cancel(done)
-            return verdict, error
-        accepted.append(rid)
-    return SUBMIT_ACCEPTED, None
+    (SUBMIT_ACCEPTED when every job was taken, else the first refused one's, none taken) and,
+    for a refused grammar, llama.cpp's words."""
+    try:
+        return engine.submit_all(list(jobs), stop, owner), None
+    except ValueError as exc:                     # a grammar llama.cpp cannot parse
+        return VERDICT_BAD_GRAMMAR, str(exc)
 
 
 def jobs_of_text(engine, text_jobs) -> dict:

@@ -12,20 +12,21 @@ from stackd.engine.submit import VERDICT_UNFIT, VERDICT_UNTOKENIZABLE, jobs_of_t
 
 
 class CharEngine:
-    """One token per character (its code point); refuses the `refuse`-th submit."""
+    """One token per character (its code point); a queue with `room` places (None: no end),
+    taking a request's jobs all or none as the native engine's submit_all does."""
 
-    def __init__(self, refuse: int | None = None):
-        self.submitted, self.cancelled, self.refuse = [], [], refuse
+    def __init__(self, room: int | None = None):
+        self.submitted, self.cancelled, self.room = [], [], room
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         if "\0" in text:
             raise ValueError("a NUL")
         return ([1] if add_special else []) + [ord(c) for c in text]
 
-    def submit(self, rid, prompt, max_tokens, stop, sampling, owner):
-        if self.refuse is not None and len(self.submitted) == self.refuse:
+    def submit_all(self, jobs, stop, owner):
+        if self.room is not None and len(self.submitted) + len(jobs) > self.room:
             return SUBMIT_QUEUE_FULL
-        self.submitted.append((rid, list(prompt), max_tokens, sampling))
+        self.submitted += [(rid, list(prompt), max_tokens, sampling) for rid, prompt, max_tokens, sampling in jobs]
         return SUBMIT_ACCEPTED
 
     def cancel(self, rid):
@@ -72,10 +73,11 @@ def test_add_special_counts_toward_the_fit():
     assert submit_text(CharEngine(), [1], text_jobs("abcdefg", add_special=True), [], 0)["verdict"] == VERDICT_UNFIT
 
 
-def test_a_refused_choice_cancels_the_ones_taken():
-    engine = CharEngine(refuse=1)
+def test_a_request_whose_choices_do_not_all_fit_takes_none():
+    engine = CharEngine(room=2)
     answer = submit_text(engine, [1, 2, 3], text_jobs("ab", n=3), [], 0)
-    assert answer["verdict"] == SUBMIT_QUEUE_FULL and engine.cancelled == [1]
+    assert answer["verdict"] == SUBMIT_QUEUE_FULL and engine.submitted == [] and engine.cancelled == []
+    assert submit_text(engine, [4, 5], text_jobs("ab", n=2), [], 0)["verdict"] == SUBMIT_ACCEPTED
 
 
 def test_the_thinking_end_and_the_grammar_prefill_become_every_choices_tokens():
