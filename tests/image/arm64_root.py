@@ -83,8 +83,10 @@ def root() -> str:
 
 def chroot(path: str, *command: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
     """`command` run inside the root, with a clean environment (plus `env`)."""
-    clean = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8", **(env or {})}
-    return subprocess.run(["chroot", path, *command], env=clean, **kwargs)
+    clean = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/root", "LANG": "C.UTF-8",
+             **(env or {})}
+    # chroot found on this machine's PATH (the clean one is the root's)
+    return subprocess.run([shutil.which("chroot") or "/usr/sbin/chroot", path, *command], env=clean, **kwargs)
 
 
 def installed() -> str:
