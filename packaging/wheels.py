@@ -303,8 +303,8 @@ def cross_cython(python: str, src: str, out: str, root: str, config: dict) -> No
             continue
         os.makedirs(os.path.dirname(module), exist_ok=True)
         c_file = module[:-len(config["EXT_SUFFIX"])] + ".c"
-        directives = [f"--directive={key}={value}" for key, value in compiled["CYTHON_DIRECTIVES"].items()]
-        run(python, "-m", "cython", "-q", *directives, f"--module-name=stackd.{name}", "-o", c_file, source)
+        directives = ",".join(f"{key}={value}" for key, value in compiled["CYTHON_DIRECTIVES"].items())
+        run(python, "-m", "cython", "-X", directives, f"--module-name=stackd.{name}", "-o", c_file, source)
         run(config["CC"], *cflags, "-c", c_file, "-o", c_file + ".o")
         run(*config["LDSHARED"].split(), c_file + ".o", "-o", module)
 
