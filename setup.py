@@ -24,7 +24,8 @@ from setuptools.command.build_ext import build_ext
 
 PACKAGE, SOURCE_DIR = "stackd", "server"
 # The module list lives in server/compiled.py, which also enforces it at start-up.
-COMPILED_MODULES = runpy.run_path(os.path.join(SOURCE_DIR, "compiled.py"))["COMPILED_MODULES"]
+_COMPILED = runpy.run_path(os.path.join(SOURCE_DIR, "compiled.py"))
+COMPILED_MODULES, CYTHON_DIRECTIVES = _COMPILED["COMPILED_MODULES"], _COMPILED["CYTHON_DIRECTIVES"]
 KERNELS_LIBRARY = "libstackd_kernels.so"
 # CMake builds the chat formats module (native/chat/) beside the engine, in the same run.
 CHAT_MODULE = "_chat" + sysconfig.get_config_var("EXT_SUFFIX")
@@ -71,8 +72,7 @@ class BuildExt(build_ext):
 extensions = cythonize(
     [Extension(f"{PACKAGE}.{name}", [os.path.join(SOURCE_DIR, *name.split(".")) + ".py"])
      for name in COMPILED_MODULES],
-    compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False,
-                         "binding": False},
+    compiler_directives=CYTHON_DIRECTIVES,
     quiet=True,
 )
 if os.environ.get("STACKD_NO_NATIVE_BUILD") == "1":

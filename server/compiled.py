@@ -26,6 +26,9 @@ COMPILED_MODULES = (
     "auth.ratelimit",
     "observe.metrics",
 )
+# How Cython compiles them (setup.py; packaging/wheels.py's cross build, which compiles the
+# same C for another architecture)
+CYTHON_DIRECTIVES = {"language_level": "3", "boundscheck": False, "wraparound": False, "binding": False}
 PURE_ENV = "STACKD_PURE_PYTHON"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # The package's name in this process: `stackd` once installed, `server` when a checkout runs
