@@ -470,7 +470,10 @@ PYBIND11_MODULE(_engine, m) {
                          std::vector<std::string> rpc_endpoints, int32_t split_mode,
                          std::vector<float> tensor_split, int32_t n_gpu_layers, int32_t n_ubatch,
                          int32_t n_lanes, int32_t speculative_draft_max, int32_t speculative_step_tokens,
-                         int32_t kv_type, int32_t tp_rank, int32_t tp_size, std::string tp_transport) {
+                         int32_t kv_type, int32_t tp_rank, int32_t tp_size, std::string tp_transport,
+                         std::string prompt_cache_dir, std::string prompt_cache_root, std::string prompt_cache_key,
+                         int32_t prompt_cache_min_tokens, int64_t prompt_cache_bytes,
+                         int64_t prompt_cache_disk_reserve) {
                  // Named fields, in engine_params' order (GCC checks both).
                  const engine_params p{
                      .model_path = model_path, .embeddings = embeddings, .slots = slots,
@@ -480,7 +483,10 @@ PYBIND11_MODULE(_engine, m) {
                      .speculative_draft_max = speculative_draft_max,
                      .speculative_step_tokens = speculative_step_tokens, .quiet = quiet,
                      .placement = {std::move(rpc_endpoints), split_mode, std::move(tensor_split), n_gpu_layers},
-                     .tp_rank = tp_rank, .tp_size = tp_size, .tp_transport = std::move(tp_transport)};
+                     .tp_rank = tp_rank, .tp_size = tp_size, .tp_transport = std::move(tp_transport),
+                     .prompt_cache_dir = std::move(prompt_cache_dir), .prompt_cache_root = std::move(prompt_cache_root),
+                     .prompt_cache_key = std::move(prompt_cache_key), .prompt_cache_min_tokens = prompt_cache_min_tokens,
+                     .prompt_cache_bytes = prompt_cache_bytes, .prompt_cache_disk_reserve = prompt_cache_disk_reserve};
                  py::gil_scoped_release release;
                  return std::make_unique<engine>(p);
              }),
@@ -493,7 +499,10 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("n_ubatch") = 0, py::arg("n_lanes") = 1, py::arg("speculative_draft_max") = 8,
              py::arg("speculative_step_tokens") = 16,
              py::arg("kv_type") = (int32_t) GGML_TYPE_F16, py::arg("tp_rank") = -1, py::arg("tp_size") = 0,
-             py::arg("tp_transport") = std::string())
+             py::arg("tp_transport") = std::string(), py::arg("prompt_cache_dir") = std::string(),
+             py::arg("prompt_cache_root") = std::string(), py::arg("prompt_cache_key") = std::string(),
+             py::arg("prompt_cache_min_tokens") = 512, py::arg("prompt_cache_bytes") = (int64_t) 0,
+             py::arg("prompt_cache_disk_reserve") = (int64_t) 0)
         .def("submit",
              [](engine & e, int64_t id, std::vector<int32_t> prompt, int32_t max_tokens,
                 std::vector<std::string> stop, const sampling_params & sampling, int64_t owner) {
@@ -562,6 +571,7 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("tensor_lost", &engine::tensor_lost)
         .def("close", &engine::close, py::call_guard<py::gil_scoped_release>())
         .def("stats", [](const engine & e) { return stats_to_python(e.stats()); })
+        .def("prompt_cache_flush", &engine::flush_prompt_cache, py::call_guard<py::gil_scoped_release>())
         .def("metrics", [](engine & e) { return metrics_to_python(e.observer()); })
         .def("trace_start", [](engine & e) { return e.observer().trace().start(); })
         .def("trace_stop",

@@ -37,6 +37,16 @@ class EngineStats(TypedDict):
     n_errors: int
     n_tp_gather_full: int
     n_tp_gather_candidates: int
+    n_prompt_cache_hits: int
+    n_prompt_cache_misses: int
+    n_prompt_cache_rejected: int
+    n_prompt_cache_bytes_read: int
+    n_prompt_cache_bytes_written: int
+    n_prompt_cache_saves: int
+    n_prompt_cache_saves_skipped: int
+    n_prompt_cache_evictions: int
+    n_prompt_cache_restored_tokens: int
+    t_prompt_cache_restore_us: int
 
 # (field, Prometheus name after "stackd_", help), from native/engine/timings.h
 HISTOGRAMS: list[tuple[str, str, str]]
@@ -146,7 +156,12 @@ class Engine(_ModelFacts):
                  tensor_split: list[float] = ..., n_gpu_layers: int = 0, n_ubatch: int = 0,
                  n_lanes: int = 1, speculative_draft_max: int = 8,
                  speculative_step_tokens: int = 16, kv_type: int = 1, tp_rank: int = -1, tp_size: int = 0,
-                 tp_transport: str = "") -> None: ...   # n_lanes: contexts stepping in turn (engine.h)
+                 tp_transport: str = "", prompt_cache_dir: str = "", prompt_cache_root: str = "",
+                 prompt_cache_key: str = "", prompt_cache_min_tokens: int = 512, prompt_cache_bytes: int = 0,
+                 prompt_cache_disk_reserve: int = 0) -> None: ...   # n_lanes: contexts stepping in turn (engine.h)
+    # prompt_cache_*: the prompt cache on disk (native/engine/prompt_cache.h), off without a dir
+    # or a budget (bytes); prompt_cache_flush() returns once its queued files are written
+    def prompt_cache_flush(self) -> None: ...
     # tp_rank/tp_size: tensor parallelism (native/engine/lockstep.h), -1 off; one lane, no embeddings;
     # tp_transport: "" the kernels' library, "memory:<name>" an in-process channel (tests)
     # kv_type: the KV cache's ggml_type (1 F16, 8 Q8_0); Q8_0 turns flash attention on

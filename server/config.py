@@ -97,6 +97,11 @@ DEFAULTS: dict = {
         "max_pull_gb": 64,        # a declared blob larger than this is refused before downloading
         "disk_reserve_mb": 1024,  # disk a pull must leave free
         "pull_stall_timeout": 30.0,
+        # the prompt cache on disk (DATA_DIR/models/kv): prompt prefixes' KV kept across unloads
+        # and restarts (docs/engine.md, "Prompt cache"); all models' files at most (0: off), and
+        # the shortest prompt saved
+        "prompt_cache_mb": 1024,
+        "prompt_cache_min_tokens": 512,
     },
     "debug": {
         "trace_reply_timeout": 30.0,  # seconds a worker has to answer a trace's start or stop
@@ -263,6 +268,10 @@ def _check(values: dict) -> None:
         raise ConfigError("settings power.min_voltage_mv and power.max_voltage_mv: need 0 < min <= max")
     if values["models"]["memory_limit_mb"] < 0:
         raise ConfigError("setting models.memory_limit_mb: must be 0 (all) or more")
+    if values["models"]["prompt_cache_mb"] < 0:
+        raise ConfigError("setting models.prompt_cache_mb: must be 0 (off) or more")
+    if values["models"]["prompt_cache_min_tokens"] < 1:
+        raise ConfigError("setting models.prompt_cache_min_tokens: must be positive")
     for url in values["models"]["registries"]:
         if not _is_registry_url(url):
             raise ConfigError(f"setting models.registries: {url!r} is not http(s)://host[:port]")

@@ -310,6 +310,8 @@ async def load_models(loop, settings: config.Settings, membership: Membership,
                              autoload=settings["models.autoload"],
                              faults=faults,
                              replicas=settings["cluster.replicas"], spare=spare)
+    from .runtime.prompt_cache import PromptCacheConfig
+    registry.supervisor.prompt_cache = PromptCacheConfig.from_settings(store, settings["models"])
     attach_cluster(registry, membership, settings, peers)
     preload = settings["models.preload"] if settings["cluster.role"] == "leader" else []  # the leader's job
     for model_id in preload:

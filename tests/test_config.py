@@ -51,6 +51,8 @@ def test_config_toml_in_data_dir_is_found(tmp_path):
     ("[engine]\nbatch_invariant = 'yes'\n", "engine.batch_invariant: expected bool"),
     ("[engine]\nbatch_invariant = true\nkernels = 'off'\n", "engine.batch_invariant: needs engine.kernels"),
     ("[engine]\nkernels = 'avx3'\n", "engine.kernels: must be auto, off, or a code path"),
+    ("[models]\nprompt_cache_mb = -1\n", "models.prompt_cache_mb: must be 0 \\(off\\) or more"),
+    ("[models]\nprompt_cache_min_tokens = 0\n", "models.prompt_cache_min_tokens: must be positive"),
 ])
 def test_bad_files_are_refused_with_a_reason(tmp_path, text, needle):
     with pytest.raises(config.ConfigError, match=needle):
@@ -88,6 +90,14 @@ def test_the_kv_commit_setting_defaults_to_lazy_and_takes_eager(tmp_path):
     assert config.load({"data_dir": str(tmp_path / "d")}, environ={})["engine.kv_commit"] == "lazy"
     settings = config.load({"data_dir": str(tmp_path / "d")}, environ={"STACKD_ENGINE_KV_COMMIT": "eager"})
     assert settings["engine.kv_commit"] == "eager"
+
+
+def test_the_prompt_cache_settings_at_their_edges(tmp_path):
+    defaults = config.load({"data_dir": str(tmp_path / "d")}, environ={})
+    assert (defaults["models.prompt_cache_mb"], defaults["models.prompt_cache_min_tokens"]) == (1024, 512)
+    settings = config.load({"config": write(tmp_path, "[models]\nprompt_cache_mb = 0\nprompt_cache_min_tokens = 1\n"),
+                            "data_dir": str(tmp_path)}, environ={})
+    assert (settings["models.prompt_cache_mb"], settings["models.prompt_cache_min_tokens"]) == (0, 1)
 
 
 def test_a_kernel_path_can_be_forced(tmp_path):

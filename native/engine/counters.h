@@ -30,7 +30,24 @@
     X(n_tp_gather_full, "tensor_logits_gathers_total", "path=\"full\"",                              \
       "A tensor split leader's decodes with output rows, by how the rows came: whole, or each follower's top candidates.") \
     X(n_tp_gather_candidates, "tensor_logits_gathers_total", "path=\"candidates\"",                  \
-      "A tensor split leader's decodes with output rows, by how the rows came: whole, or each follower's top candidates.")
+      "A tensor split leader's decodes with output rows, by how the rows came: whole, or each follower's top candidates.") \
+    X(n_prompt_cache_hits, "prompt_cache_hits_total", "",                                           \
+      "Admissions whose prompt prefix was restored from the prompt cache on disk.")                \
+    X(n_prompt_cache_misses, "prompt_cache_misses_total", "",                                       \
+      "Admissions of a prompt long enough to be saved that found no usable saved prefix.")         \
+    X(n_prompt_cache_rejected, "prompt_cache_rejected_total", "",                                   \
+      "Prompt cache files found truncated, damaged or foreign, and removed.")                      \
+    X(n_prompt_cache_bytes_read, "prompt_cache_read_bytes_total", "", "Bytes of prompt cache files read by hits.") \
+    X(n_prompt_cache_bytes_written, "prompt_cache_written_bytes_total", "", "Bytes of prompt cache files written.") \
+    X(n_prompt_cache_saves, "prompt_cache_saves_total", "", "Prompt cache files written.")            \
+    X(n_prompt_cache_saves_skipped, "prompt_cache_saves_skipped_total", "",                         \
+      "Prompt cache saves not made: a failed write (a full disk), the disk reserve, the write queue full.") \
+    X(n_prompt_cache_evictions, "prompt_cache_evictions_total", "",                                 \
+      "Prompt cache files removed to keep all of them within models.prompt_cache_mb.")            \
+    X(n_prompt_cache_restored_tokens, "prompt_cache_restored_tokens_total", "",                     \
+      "Prompt tokens whose KV was restored from the prompt cache on disk.")                        \
+    X(t_prompt_cache_restore_us, "prompt_cache_restore_us_total", "",                               \
+      "Microseconds spent restoring prompt prefixes from disk (lookup, read, checks, into the KV cache).")
 
 // A snapshot of the counters (plain numbers), and the sum of two.
 struct engine_stats {

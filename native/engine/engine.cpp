@@ -137,6 +137,7 @@ engine::engine(const engine_params & params)
     }
     try {
         make_lanes(cp);
+        make_prompt_cache(cp);
         efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         if (efd_ < 0) {
             throw std::runtime_error("eventfd failed");
@@ -213,6 +214,9 @@ void engine::close() {
     }
     if (tp_) {
         tp_->stop();                   // a leader's followers stop (their follow() returns "stop")
+    }
+    if (pcache_) {
+        pcache_->flush();              // its queued files written first
     }
     for (auto & ln : lanes_) {
         unload_lane(*ln);
@@ -428,6 +432,19 @@ engine_stats engine::stats() const {
     s += stats_;
     s.n_tp_gather_full = tp_->n_gather_full();
     s.n_tp_gather_candidates = tp_->n_gather_candidates();
+    if (pcache_) {
+        const prompt_cache_counters & pc = pcache_->counters;
+        s.n_prompt_cache_hits = pc.hits;
+        s.n_prompt_cache_misses = pc.misses;
+        s.n_prompt_cache_rejected = pc.rejected;
+        s.n_prompt_cache_bytes_read = pc.bytes_read;
+        s.n_prompt_cache_bytes_written = pc.bytes_written;
+        s.n_prompt_cache_saves = pc.saves;
+        s.n_prompt_cache_saves_skipped = pc.saves_skipped;
+        s.n_prompt_cache_evictions = pc.evictions;
+        s.n_prompt_cache_restored_tokens = pc.restored_tokens;
+        s.t_prompt_cache_restore_us = pc.restore_us;
+    }
     return s;
 }
 

@@ -33,6 +33,7 @@
 #include "llama.h"
 #include "lockstep.h"
 #include "observer.h"
+#include "prompt_cache.h"
 #include "sampling.h"
 #include "scheduler.h"
 #include "text_stream.h"
@@ -67,6 +68,16 @@ struct engine_params {
     int32_t     tp_rank        = -1;
     int32_t     tp_size        = 0;
     std::string tp_transport;
+    // The prompt cache on disk (prompt_cache.h): this model's directory ("" off), the directory
+    // of every model's (the budget's), what the KV depends on beyond what the engine knows (the
+    // model's digest, the kernels), the shortest prefix saved, the budget in bytes (0 off), the
+    // free disk a save leaves. Off for embeddings, tensor and layer splits, several lanes.
+    std::string prompt_cache_dir;
+    std::string prompt_cache_root;
+    std::string prompt_cache_key;
+    int32_t     prompt_cache_min_tokens = 512;
+    int64_t     prompt_cache_bytes = 0;
+    int64_t     prompt_cache_disk_reserve = 0;
 };
 
 struct generation_request {
@@ -130,6 +141,8 @@ public:
 
     int event_fd() const { return efd_; }
     engine_stats stats() const;
+    // Returns once the prompt cache's queued files are written (tests).
+    void flush_prompt_cache() { if (pcache_) pcache_->flush(); }
     engine_observer & observer() { return obs_; }   // histograms, gauges, the trace
 
     // The model, for callers (thread-safe: read-only after load).
@@ -239,6 +252,11 @@ private:
     void forget(lane & ln, int64_t id_request);
     void release_held(lane & ln, int64_t id_owner);
     void fail_plan(lane & ln, const batch_plan & plan, const std::string & error);
+    // The prompt cache (engine_prompt_cache.cpp): admissions whose prompt starts with a saved
+    // prefix longer than their slot holds get it from disk; prompts just prefilled are saved.
+    void make_prompt_cache(const llama_context_params & cp);
+    void restore_prefixes(lane & ln, batch_plan & plan);
+    void save_prefixes(lane & ln, const batch_plan & plan);
     engine_event failed_event(int64_t id_request, const std::string & error);
     void fail_everything(lane & ln, const std::string & error);
     void publish(lane & ln, std::vector<engine_event> & events);
@@ -288,6 +306,8 @@ private:
     std::vector<engine_event> events_;
     std::unique_ptr<event_sink> sink_;     // under mu_events_: events_ and the sink move together
     int efd_ = -1;
+
+    std::unique_ptr<prompt_cache> pcache_;   // null: off
 
     mutable std::mutex mu_stats_;
     engine_stats stats_;

@@ -15,6 +15,7 @@ void engine::step_generate(lane & ln) {
     engine_stats delta;
     uint64_t t0 = now_us();
     batch_plan plan = ln.sched.schedule();
+    restore_prefixes(ln, plan);                        // the prompt cache on disk
     std::vector<engine_event> events;
 
     for (const plan_admission & adm : plan.admissions) {
@@ -71,6 +72,7 @@ void engine::step_generate(lane & ln) {
         fail_plan(ln, plan, decode_error(rc, failure));
         return;
     }
+    save_prefixes(ln, plan);
 
     for (size_t i = 0; i < plan.items.size(); ++i) {   // before the first sample takes them
         if (prompt_rows_at[i] >= 0) {

@@ -243,6 +243,35 @@ void scheduler::admit(batch_plan & plan, bool respect_share) {
     }
 }
 
+void scheduler::restored(batch_plan & plan, int64_t id_request, int32_t n_keep) {
+    sched_request * req = find(id_request);
+    if (req == nullptr || req->id_slot < 0) {
+        return;
+    }
+    const int32_t n_prompt = (int32_t) req->prompt.size();
+    n_keep = std::max(0, std::min(n_keep, n_prompt - 1));
+    slots_[req->id_slot].cache.assign(req->prompt.begin(), req->prompt.begin() + n_keep);
+    if (!req->preempted) {
+        req->n_cached = n_keep;
+    }
+    req->n_prompt_done = n_keep;
+    for (plan_admission & adm : plan.admissions) {
+        if (adm.id_request == id_request) {
+            adm.n_keep = n_keep;
+        }
+    }
+    // Its chunk starts where the restored prefix ends, no longer than it was (the step's budget).
+    for (plan_item & item : plan.items) {
+        if (item.id_request == id_request && item.is_prompt) {
+            const int32_t n = std::min(item.n_tokens, n_prompt - n_keep);
+            plan.n_tokens -= item.n_tokens - n;
+            item.pos0 = n_keep;
+            item.n_tokens = n;
+            item.want_logits = n_keep + n == n_prompt;
+        }
+    }
+}
+
 // Which running requests (parallel to running_) take part in this step.
 std::vector<bool> scheduler::stepping() {
     if (!params_.share_time) {

@@ -87,6 +87,10 @@ public:
     // End a running request with an error, and forget what its slot's cache held: its KV is
     // gone (the engine clears the sequence), so prefix reuse must not trust it any more.
     void fail(int64_t id_request);
+    // The engine put the KV of the prompt's first `n_keep` tokens into the request's slot at
+    // its admission in `plan` (the prompt cache on disk; 0: what the slot held is gone): the
+    // slot's cache, the request's progress, and its admission and prompt chunk in `plan` follow.
+    void restored(batch_plan & plan, int64_t id_request, int32_t n_keep);
     // Power budget: admit into at most `n` slots at once (running requests keep theirs).
     void set_active_slots(int32_t n) { n_active_slots_ = n; }
 

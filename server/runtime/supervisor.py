@@ -25,6 +25,7 @@ from ..faults import NONE as NO_FAULTS, Faults
 from ..store.store import Manifest, ModelStore
 from .clients import InlineEngine, WorkerEngine, describe_exit, exit_record
 from .worker_process import SpareWorker
+from .prompt_cache import PromptCacheConfig
 from .runner import ModelRunner
 from .tensor_group import TensorGroups
 
@@ -61,6 +62,7 @@ class Supervisor:
         self.crashes: dict[str, list[float]] = {}    # id -> monotonic crash times
         self.compute_scale = 1.0                     # the power contract's share
         self.closing = False
+        self.prompt_cache = PromptCacheConfig()      # off; the daemon sets it (prompt_cache.py)
 
     # ---- starting ------------------------------------------------------------------------------
 
@@ -74,6 +76,7 @@ class Supervisor:
         embeddings = manifest.kind == "embedding"
         kv_type = "f16" if embeddings else (kv_type or config.kv_type)     # as params() has it
         params = config.params(path, embeddings, context, kv_type)
+        params.update(self.prompt_cache.params(manifest.sha256, manifest.kind, config))
 
         def chat_template(facts: dict):
             if embeddings:

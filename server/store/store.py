@@ -104,6 +104,9 @@ class ModelStore:
         self.root = os.path.join(data_dir, "models")
         self.blobs = os.path.join(self.root, "blobs")
         self.manifests = os.path.join(self.root, "manifests")
+        # the prompt cache's files (native/engine/prompt_cache.h): a directory per blob digest,
+        # removed with the blob
+        self.prompt_cache = os.path.join(self.root, "kv")
         os.makedirs(self.blobs, exist_ok=True)
         os.makedirs(self.manifests, exist_ok=True)
 
@@ -120,6 +123,12 @@ class ModelStore:
         if os.path.realpath(path) != os.path.join(os.path.realpath(self.blobs), f"sha256-{manifest.sha256}"):
             raise StoreError(f"model {manifest.id}: blob path escapes the store")
         return path
+
+    def prompt_cache_dir(self, hex_digest: str) -> str:
+        """Where the prompt cache keeps the saved prefixes of the model in blob `hex_digest`."""
+        if not HEX_DIGEST.fullmatch(hex_digest):
+            raise StoreError(f"not a sha256 digest: {hex_digest[:80]!r}")
+        return os.path.join(self.prompt_cache, hex_digest)
 
     def _manifest_path(self, model_id: str) -> str:
         if not valid_model_id(model_id):
@@ -166,6 +175,10 @@ class ModelStore:
                 try:
                     os.unlink(self.blob_path(digest))
                 except (FileNotFoundError, StoreError):
+                    pass
+                try:            # its saved prompt prefixes go with it
+                    shutil.rmtree(self.prompt_cache_dir(digest), ignore_errors=True)
+                except StoreError:
                     pass
         return manifest
 

@@ -66,6 +66,26 @@ def test_remove_keeps_blobs_that_another_model_uses(tmp_path):
         store.remove("two")
 
 
+def test_remove_takes_the_models_prompt_cache_with_its_blob(tmp_path):
+    """The prompt cache's files of a model (native/engine/prompt_cache.h) go when its blob goes,
+    not while another model keeps the blob; another blob's files stay."""
+    source = tiny_gguf(tmp_path / "m.gguf")
+    store = ModelStore(str(tmp_path / "data"))
+    first = store.import_file("one", source)
+    store.import_file("two", source)
+    mine, other = store.prompt_cache_dir(first.sha256), store.prompt_cache_dir("0" * 64)
+    for directory in (mine, other):
+        os.makedirs(directory)
+        open(os.path.join(directory, "a.kv"), "wb").close()
+    assert os.path.dirname(mine) == store.prompt_cache == os.path.join(store.root, "kv")
+    store.remove("one")
+    assert os.path.exists(os.path.join(mine, "a.kv"))
+    store.remove("two")
+    assert not os.path.exists(mine) and os.path.exists(os.path.join(other, "a.kv"))
+    with pytest.raises(StoreError):
+        store.prompt_cache_dir("../x")
+
+
 @pytest.mark.parametrize("digest", ["../x", "sha256-abc", "A" * 64, "0" * 63, "0" * 65, "g" * 64])
 def test_blob_paths_only_from_real_digests(tmp_path, digest):
     with pytest.raises(StoreError):
