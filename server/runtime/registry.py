@@ -3,7 +3,8 @@
 States: available (in the store only), loading, loaded, unloading, restarting, failed. Loads
 and unloads of one model are serialized; the planner (planner.py) refuses a load that does not
 fit, changing nothing, before anything is allocated; the supervisor (supervisor.py) starts the
-engines and keeps them running. Unloading ends the model's in-flight requests cleanly: each
+engines and keeps them running, and reports what became of a worker as typed events
+(lifecycle.py) that `on_worker_event` applies here: the registry alone owns the state. Unloading ends the model's in-flight requests cleanly: each
 gets a final "the model was unloaded" error (503 for a waiting response, an error event for a
 stream), then the engine is closed and its memory freed.
 """
@@ -12,23 +13,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from dataclasses import dataclass, field
 
 from ..cluster.placement import Placement
 from ..engine.config import EngineConfig
-from ..engine.core import Engine
 from ..engine.errors import EngineError, ErrorCode
 from ..errors import Code, DomainError, invalid
 from ..faults import NONE as NO_FAULTS, Faults
 from ..store.gguf_check import GGUFError
 from ..store.store import Manifest, ModelStore, valid_model_id
+from .lifecycle import ClusterLinks, Exited, Failed, ModelLocks, Restarted, Restarting, Unplaced, WorkerEvent
+from .loaded_model import LoadedModel
 from .planner import MIB, Planner, PlacementOptions
 from .remote_replica import RemoteReplica
 from .replica_host import ReplicaHost
 from .tensor_host import TensorHost
 from .replicas import LocalReplica, ReplicaSet
 from .restart_hold import RestartHold
-from .runner import ModelRunner
 from .supervisor import Supervisor
 from .worker_process import SpareWorker
 from ..cluster.rpc_devices import NodeUnreachable
@@ -44,53 +44,14 @@ def attention_kernel(kernels: dict, manifest, model) -> str:
     return "ours" if ours else "ggml"
 
 
-@dataclass
-class LoadedModel:
-    manifest: Manifest
-    runner: ModelRunner | ReplicaSet   # a set of replicas has the runner's surface
-    context_length: int
-    created: int
-    kv_type: str = "f16"      # its KV cache's type (engine.kv_type, or the load's options.kv_type)
-    template: object = None   # chat models: the chat template (inference.sandbox.ChatTemplate)
-    max_input: int = 0        # embeddings: tokens one input may have
-    restarts: int = 0         # times its worker was restarted after dying
-    last_exit: dict | None = None
-    placement: Placement | None = None   # where its layers are (None: this CPU alone)
-    placement_id: str | None = None      # its RPC servers' id on every node that runs one
-    options: PlacementOptions = field(default_factory=PlacementOptions)   # as asked, for re-placing
-    lost: str | None = None              # why its worker is being killed (a node went down)
-    nodes_lost: int = 0                  # nodes it was placed on before losing them (degraded)
-
-    @property
-    def replicas(self) -> ReplicaSet | None:
-        return self.runner if isinstance(self.runner, ReplicaSet) else None
-
-    def spans(self, node_id: str) -> bool:
-        return self.placement is not None and node_id in self.placement.node_ids
-
-    @property
-    def id(self) -> str:
-        return self.manifest.id
-
-    @property
-    def kind(self) -> str:
-        return self.manifest.kind
-
-    @property
-    def engine(self) -> Engine:
-        """The engine, unless an unload has begun: after that its model may be freed at any
-        moment on a worker thread, so touching it is refused (503) rather than risked."""
-        self.runner.check_open()
-        return self.runner.engine
-
-
-
-
 class ModelRegistry:
     def __init__(self, loop: asyncio.AbstractEventLoop, store: ModelStore,
                  config: EngineConfig = EngineConfig(), *, memory_reserve: int = 512 * MIB,
                  memory_limit: int = 0, autoload: bool = True, faults: Faults = NO_FAULTS,
-                 replicas: int | str = "all", spare: SpareWorker | None = None):
+                 replicas: int | str = "all", spare: SpareWorker | None = None,
+                 cluster: ClusterLinks = ClusterLinks()):
+        """`cluster`: the cluster's parts this node places over (the daemon builds them first);
+        the default is a node alone."""
         self.loop = loop
         self.store = store
         self.autoload = autoload
@@ -99,24 +60,41 @@ class ModelRegistry:
         self.errors: dict[str, str] = {}
         self.order: list[str] = []                 # load order: "most recent chat model"
         self.last_exits: dict[str, dict] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks = ModelLocks()                 # shared with the supervisor's restarts
         self.config = config
+        self.cluster = cluster
         self.planner = Planner(config, memory_reserve, memory_limit, self.placed_on, replicas,
-                               model_path=store.model_path if store is not None else None)
-        self.supervisor = Supervisor(loop, store, config, faults, spare)
-        self.supervisor.registry = self
+                               model_path=store.model_path if store is not None else None,
+                               membership=cluster.membership)
+        self.supervisor = Supervisor(loop, store, config, self.planner, self._locks, self.on_worker_event,
+                                     cluster, faults, spare)
         self.hold = RestartHold(loop, config.restart_hold, config.max_queue, self.state)
         self.replica_host = ReplicaHost(self)     # replicas this node runs for its leader
-        self.tensor_host = TensorHost(self)       # tensor shards this node runs for its leader
+        self.tensor_host = TensorHost(self, cluster.bind_host)   # tensor shards this node runs for its leader
         self._growing: set[str] = set()           # models whose replicas are being added
         self._claimed: dict[str, str] = {}        # replica id -> node, while it starts there
 
-    def attach_cluster(self, membership, rpc, host: str = "127.0.0.1") -> None:
-        """Placement over the cluster: its membership, this node's RPC server children, and the
-        address this node's tensor-split workers listen on for their peers (`host`)."""
-        self.planner.membership = self.supervisor.membership = membership
-        self.supervisor.rpc = rpc
-        self.supervisor.bind_host = self.tensor_host.host = host
+    # ---- what the supervisor reports -------------------------------------------------------------
+
+    def on_worker_event(self, event: WorkerEvent) -> None:
+        """A model's worker exited, is being restarted, serves again or gave up (lifecycle.py)."""
+        model_id = event.model_id
+        if isinstance(event, Restarting):
+            if event.alone:
+                self.transitions[model_id] = "restarting"
+            self.hold.restarting(model_id, event.restart)
+        elif isinstance(event, Exited):
+            self.last_exits[model_id] = event.record
+        elif isinstance(event, Unplaced):
+            self.loaded.pop(model_id, None)
+        elif isinstance(event, Restarted):
+            if self.loaded.get(model_id) is event.model:      # a replica set's local copy replaced
+                if self.transitions.get(model_id) == "restarting":
+                    self.transitions.pop(model_id)
+            else:
+                self.put_back(model_id, event.model)
+        elif isinstance(event, Failed):
+            self.fail(model_id, event.why)
 
     # ---- what is there -------------------------------------------------------------------------
 
@@ -187,7 +165,7 @@ class ModelRegistry:
         replicas = getattr(model, "replicas", None)
         if replicas is None or not replicas.lost_nodes:
             return {}
-        membership = self.planner.membership
+        membership = self.cluster.membership
         known = {n.id for n in membership.nodes()} if membership is not None else set()
         return {node: why for node, why in replicas.lost_nodes.items() if node in known}
 
@@ -258,7 +236,7 @@ class ModelRegistry:
     # ---- transitions ---------------------------------------------------------------------------
 
     def lock(self, model_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(model_id, asyncio.Lock())
+        return self._locks.of(model_id)
 
     async def load(self, model_id: str, context_length: int | None = None,
                    options: dict | None = None) -> LoadedModel:
@@ -286,7 +264,7 @@ class ModelRegistry:
                 self.planner.replica_nodes(manifest, context, placement_options, kv_type=kv_type)
             self.transitions[model_id] = "loading"
             self.errors.pop(model_id, None)
-            self.supervisor.crashes.pop(model_id, None)
+            self.supervisor.forget_crashes(model_id)
             try:
                 model = await self.supervisor.start(manifest, context, placement, kv_type)
                 model.options = placement_options
@@ -312,7 +290,7 @@ class ModelRegistry:
         start is left out (the log says why; the model's replicas list the others)."""
         if not node_ids:
             return
-        fresh = [RemoteReplica(self.loop, self.supervisor.membership, node_id, secrets.token_hex(8),
+        fresh = [RemoteReplica(self.loop, self.cluster.membership, node_id, secrets.token_hex(8),
                                on_lost=model.replicas.replica_lost) for node_id in node_ids]
         for replica in fresh:       # claimed from before its start: heartbeats list it (fencing)
             self._claimed[replica.replica_id] = replica.node_id
@@ -371,6 +349,7 @@ class ModelRegistry:
         also makes it the most recent (the active chat model)."""
         self.transitions.pop(model_id, None)
         self.loaded[model_id] = model
+        self.supervisor.supervise(model)
         self._hold_over_restarts(model)
         if most_recent:
             self.order = [m for m in self.order if m != model_id] + [model_id]
@@ -408,7 +387,7 @@ class ModelRegistry:
                 await self._unload_locked(model)
             self.transitions.pop(model_id, None)
             self.errors.pop(model_id, None)
-            self.supervisor.crashes.pop(model_id, None)
+            self.supervisor.forget_crashes(model_id)
         return manifest
 
     async def _unload_locked(self, model: LoadedModel) -> None:
@@ -423,14 +402,14 @@ class ModelRegistry:
 
     async def aclose(self, grace: float = 10.0) -> None:
         """Shutting down: every request still open ends, every engine closes (workers exit 0)."""
-        self.supervisor.closing = True
+        self.supervisor.shutting_down()
         models = list(self.loaded.values())
         for model in models:
             model.runner.end_all(EngineError(ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
         await asyncio.gather(*(model.runner.close(grace) for model in models))
         for model in models:
             await self.supervisor.stop_rpc(model.placement, model.placement_id)
-        if self.supervisor.rpc is not None:
-            self.supervisor.rpc.stop_all()
+        if self.cluster.rpc is not None:
+            self.cluster.rpc.stop_all()
         self.loaded.clear()
         self.order.clear()
