@@ -319,16 +319,20 @@ async def load_models(loop, settings: config.Settings, membership: Membership,
                              autoload=settings["models.autoload"],
                              faults=faults,
                              replicas=settings["cluster.replicas"], spare=spare,
-                             cluster=cluster_links(loop, membership, settings, peers))
+                             cluster=cluster_links(loop, membership, settings, peers),
+                             keep_alive=settings["models.keep_alive"],
+                             pinned=frozenset(settings["models.pinned"]),
+                             load_wait=settings["models.load_wait"])
     wire_cluster(registry, membership)
     preload = settings["models.preload"] if settings["cluster.role"] == "leader" else []  # the leader's job
     for model_id in preload:
         if model_id in missing:
             continue
-        if looks_like_path(model_id):         # serve --model PATH: add the file, then load it
+        pin = looks_like_path(model_id)       # serve --model PATH: add the file, load it, pin it
+        if pin:
             imports = LocalImports.from_settings(store, settings.data_dir, settings["models"])
             model_id = await loop.run_in_executor(None, imports.add_preloaded, model_id)
-        model = await registry.load(model_id)
+        model = await registry.load(model_id, pin=pin)
         print(f"stackd: loaded {model.kind} model {model.id} "
               f"(context {model.context_length}, {model.engine.n_slots} slots)", flush=True)
     if spare is not None:               # none of the preloads took it (stop waits for its exit)
