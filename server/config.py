@@ -18,6 +18,7 @@ from .http.limits import Limits
 from .chat.limits import InferenceLimits, ReasoningBudget
 from .engine.accel import PATHS as KERNEL_PATHS
 from .engine.config import KV_TYPES
+from .system import durations
 
 MAX_REPLICAS = 64                              # cluster.replicas and options.replicas at most
 RATE_LIMIT_GROUPS = ("inference", "cluster")   # the [rate_limits] settings that are groups
@@ -86,7 +87,10 @@ DEFAULTS: dict = {
     },
     "models": {
         "preload": ["smollm2-135m-instruct", "all-minilm-l6-v2"],
-        "autoload": True,         # an inference request loads a stored model when it fits
+        "autoload": True,         # an inference request loads a stored model (making room: docs/api.md)
+        "pinned": [],             # models never unloaded to make room or for being idle (and serve --model's)
+        "keep_alive": "5m",       # idle time before a model is unloaded: seconds or "5m"; 0 at once; < 0 never
+        "load_wait": 60.0,        # seconds a request waits for its model's load; then 503 with Retry-After
         "memory_reserve_mb": 512, # memory a load must leave free
         "memory_limit_mb": 0,     # the most memory this node offers to models; 0 = all
         "registry": "",           # base URL of the OCI model registry pulls come from
@@ -179,6 +183,8 @@ def _coerce(name: str, value, default, from_text: bool = False):
     """Check `value` against the type of the setting's default; text from the environment
     is parsed, values from the TOML file must already have the right type."""
     kind = type(default)
+    if name in DURATION_SETTINGS and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value                      # a number of seconds, beside "5m" (checked in _check)
     if kind is list:
         if from_text and isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
@@ -200,6 +206,10 @@ def _coerce(name: str, value, default, from_text: bool = False):
     if type(value) is not kind:
         raise ConfigError(f"setting {name}: expected {kind.__name__}, got {type(value).__name__}")
     return value
+
+
+# Settings that take a duration (system/durations.py): seconds or text; _check makes them seconds.
+DURATION_SETTINGS = {"models.keep_alive"}
 
 
 def _set(tree: dict, dotted: str, value) -> None:
@@ -266,6 +276,12 @@ def _check(values: dict) -> None:
         raise ConfigError("settings power.idle_mw and power.max_mw: need 0 < idle_mw <= max_mw")
     if not 0 < power["min_voltage_mv"] <= power["max_voltage_mv"]:
         raise ConfigError("settings power.min_voltage_mv and power.max_voltage_mv: need 0 < min <= max")
+    try:
+        values["models"]["keep_alive"] = durations.seconds(values["models"]["keep_alive"])
+    except durations.DurationError as exc:
+        raise ConfigError(f"setting models.keep_alive: {exc}") from None
+    if values["models"]["load_wait"] < 0:
+        raise ConfigError("setting models.load_wait: must be 0 (503 at once while loading) or more")
     if values["models"]["memory_limit_mb"] < 0:
         raise ConfigError("setting models.memory_limit_mb: must be 0 (all) or more")
     if values["models"]["prompt_cache_mb"] < 0:

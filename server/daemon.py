@@ -184,7 +184,7 @@ async def serve(settings: config.Settings, spare: SpareWorker | None = None, fau
     # Built once the models are: loading registers their modules' internal routes.
     from .api.contexts import ClusterContext, InferenceContext, ModelsContext
     contexts = Contexts(InferenceContext(registry), ModelsContext(registry, pulls, imports),
-                        ClusterContext(facts, membership, power, registry, metrics, registry.supervisor.rpc,
+                        ClusterContext(facts, membership, power, registry, metrics, registry.cluster.rpc,
                                        settings["debug.trace_reply_timeout"]))
     inference_app, cluster_app = build_apps(settings["http.max_body_bytes"],
                                             KeyGuard(access.keys, access.limiter), membership, contexts)
@@ -255,20 +255,29 @@ async def start_console(http: HttpServer, keys: KeyStore, node_id: str, settings
     return console
 
 
-def attach_cluster(registry, membership: Membership, settings: config.Settings, peers: Peers | None = None) -> None:
-    """Placement over the cluster: the membership (or a harness's simulated `peers`) and this
-    node's RPC server children."""
-    from .api.cluster import replica as replica_routes
-    from .api.cluster import rpc as rpc_routes
-    from .api.cluster import tensor as tensor_routes
+def cluster_links(loop, membership: Membership, settings: config.Settings, peers: Peers | None = None):
+    """What the registry places models over, built before it: the membership (or a harness's
+    simulated `peers`), this node's RPC server children, the address its tensor-split workers
+    listen on."""
     from .cluster.rpc_server import RpcServers
+    from .runtime.lifecycle import ClusterLinks
 
-    placing_over = membership if peers is None else peers(membership.facts, settings, registry.loop)
-    rpc = RpcServers(registry.loop, settings.data_dir, settings["host"],
+    placing_over = membership if peers is None else peers(membership.facts, settings, loop)
+    rpc = RpcServers(loop, settings.data_dir, settings["host"],
                      settings["cluster.rpc_port"], placing_over.secret, kernels=settings["engine.kernels"],
                      batch_invariant=settings["engine.batch_invariant"],
                      kv_commit=settings["engine.kv_commit"])
-    registry.attach_cluster(placing_over, rpc, settings["host"])
+    return ClusterLinks(placing_over, rpc, settings["host"])
+
+
+def wire_cluster(registry, membership: Membership) -> None:
+    """The cluster's events to the registry and its supervisor (both built already), and the
+    routes the cluster's nodes call."""
+    from .api.cluster import replica as replica_routes
+    from .api.cluster import rpc as rpc_routes
+    from .api.cluster import tensor as tensor_routes
+
+    placing_over, rpc = registry.cluster.membership, registry.cluster.rpc
     supervisor = registry.supervisor
     placing_over.on_node_down(supervisor.node_down)
     placing_over.on_fenced(rpc.stop_all)
@@ -294,6 +303,7 @@ async def load_models(loop, settings: config.Settings, membership: Membership,
     from .engine.config import EngineConfig
     from .runtime.planner import MIB
     from .runtime.registry import ModelRegistry
+    from .runtime.prompt_cache import PromptCacheConfig
     from .store.defaults import import_defaults
     from .store.local import LocalImports, looks_like_path
     from .store.store import ModelStore
@@ -309,18 +319,22 @@ async def load_models(loop, settings: config.Settings, membership: Membership,
                              memory_limit=settings["models.memory_limit_mb"] * MIB,
                              autoload=settings["models.autoload"],
                              faults=faults,
-                             replicas=settings["cluster.replicas"], spare=spare)
-    from .runtime.prompt_cache import PromptCacheConfig
-    registry.supervisor.prompt_cache = PromptCacheConfig.from_settings(store, settings["models"])
-    attach_cluster(registry, membership, settings, peers)
+                             replicas=settings["cluster.replicas"], spare=spare,
+                             cluster=cluster_links(loop, membership, settings, peers),
+                             keep_alive=settings["models.keep_alive"],
+                             pinned=frozenset(settings["models.pinned"]),
+                             load_wait=settings["models.load_wait"],
+                             prompt_cache=PromptCacheConfig.from_settings(store, settings["models"]))
+    wire_cluster(registry, membership)
     preload = settings["models.preload"] if settings["cluster.role"] == "leader" else []  # the leader's job
     for model_id in preload:
         if model_id in missing:
             continue
-        if looks_like_path(model_id):         # serve --model PATH: add the file, then load it
+        pin = looks_like_path(model_id)       # serve --model PATH: add the file, load it, pin it
+        if pin:
             imports = LocalImports.from_settings(store, settings.data_dir, settings["models"])
             model_id = await loop.run_in_executor(None, imports.add_preloaded, model_id)
-        model = await registry.load(model_id)
+        model = await registry.load(model_id, pin=pin)
         print(f"stackd: loaded {model.kind} model {model.id} "
               f"(context {model.context_length}, {model.engine.n_slots} slots)", flush=True)
     if spare is not None:               # none of the preloads took it (stop waits for its exit)

@@ -149,7 +149,12 @@ class Daemon:
             apps.add("console")
         self.stdout: list[str] = []
         self.stderr: list[str] = []
-        self.proc, self.ports = start_process(command, {**os.environ, **(env or {})}, self.stdout, self.stderr,
+        env = dict(env or {})
+        if "keep_alive" not in config:
+            # models.keep_alive's 5 minutes would make a test's outcome depend on how fast the
+            # machine runs it (a model unloaded under a slow test): they stay unless a test says
+            env.setdefault("STACKD_MODELS_KEEP_ALIVE", "-1")
+        self.proc, self.ports = start_process(command, {**os.environ, **env}, self.stdout, self.stderr,
                                               until=apps, timeout=start_timeout)
         self.inference_port, self.cluster_port = self.ports["inference"], self.ports["cluster"]
         key_file = os.path.join(data_dir, "admin.key")

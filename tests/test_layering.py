@@ -135,3 +135,33 @@ def test_the_package_list_leaves_the_test_support_out():
     packages = ["stackd"] + [f"stackd.{name}" for name in find_packages(str(PACKAGE_DIR))]
     assert not [name for name in packages if name.split(".")[0] == "testing" or ".testing" in name]
     assert (ROOT / "testing" / "__init__.py").exists()
+
+
+# ---- the registry owns model state; what it builds never reaches back into it ----------------
+
+# The registry (runtime/registry.py) builds these and hands them their dependencies through
+# their constructors; none imports it (at the top or inside a function), so none can hold it.
+BUILT_BY_THE_REGISTRY = ("supervisor", "lifecycle", "loaded_model", "planner")
+
+
+def runtime_imports(source: str) -> set[str]:
+    """The runtime/ modules a runtime/ module's source imports, wherever the import stands."""
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            out.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("stackd.runtime."):
+            out.add(node.module.split(".")[2])
+    return out
+
+
+def test_what_the_registry_builds_never_imports_it():
+    broken = [name for name in BUILT_BY_THE_REGISTRY
+              if "registry" in runtime_imports((PACKAGE_DIR / "runtime" / f"{name}.py").read_text())]
+    assert not broken, f"these runtime modules import the registry: {broken}"
+
+
+def test_the_check_sees_an_import_of_the_registry():
+    assert runtime_imports("def f():\n    from .registry import LoadedModel\n") == {"registry"}
+    assert runtime_imports("from . import registry\n") == {"registry"}
+    assert runtime_imports("from .lifecycle import Exited\n") == {"lifecycle"}

@@ -11,7 +11,8 @@ import orjson
 
 from ..auth import permissions as perm
 from ..http import validate
-from ..errors import DomainError
+from ..errors import DomainError, invalid
+from ..system import durations
 from .errors import api_error
 from ..http.openapi import json_answer
 from ..http.response import Response, StreamingResponse, json_response
@@ -57,6 +58,13 @@ KV_TYPE = validate.String("kv_type", choices=tuple(KV_TYPES),
                               "context or slots fit; flash attention on; greedy output close to f16's, "
                               "docs/engine.md); the default is engine.kv_type.")
 OPTIONS = validate.Object("options", CONTEXT_LENGTH, SPLIT_MODE, NODES, PIPELINE, LAYERS, LANES, REPLICAS, KV_TYPE)
+KEEP_ALIVE = validate.OneOf("keep_alive", validate.Number(lo=-durations.MAX_SECONDS, hi=durations.MAX_SECONDS),
+                            validate.String(max_len=32),
+                            doc="How long the model stays loaded once idle, as Ollama's keep_alive: seconds, or "
+                                "a duration such as \"5m\" or \"1h30m\"; 0 unloads it as soon as its last "
+                                "request ends, a negative value keeps it until unloaded. The default is "
+                                "models.keep_alive. A load of a model already loaded with the same options "
+                                "only sets its keep-alive.")
 PULL_MODEL = validate.String("model", required=True, max_len=256,
                              doc="A registry reference: name, name:tag or namespace/name:tag.")
 STREAM = validate.Boolean("stream", doc="Report progress as NDJSON lines.")
@@ -65,7 +73,7 @@ IMPORT_PATH = validate.String("path", required=True, max_len=4096,
                                   "or an absolute path under it. Nothing outside it can be imported.")
 IMPORT_NAME = validate.String("name", max_len=200,
                               doc="name[:tag] or namespace/name[:tag]; default: the file name without .gguf.")
-LOAD_BODY = validate.Body(MODEL, OPTIONS, example={"model": CHAT_MODEL})
+LOAD_BODY = validate.Body(MODEL, OPTIONS, KEEP_ALIVE, example={"model": CHAT_MODEL})
 UNLOAD_BODY = validate.Body(MODEL, example={"model": CHAT_MODEL})
 PULL_BODY = validate.Body(PULL_MODEL, STREAM, example={"model": "smollm2:135m"})
 IMPORT_BODY = validate.Body(IMPORT_PATH, IMPORT_NAME, example={"path": "qwen2.5-0.5b-instruct-q4_k_m.gguf",
@@ -77,8 +85,14 @@ async def load(ctx, request) -> Response:
     body = request.json()
     model_id = MODEL.read(body)
     options = OPTIONS.read(body) or {}
+    keep_alive = KEEP_ALIVE.read(body)
+    if keep_alive is not None:
+        try:
+            keep_alive = durations.seconds(keep_alive)
+        except durations.DurationError as exc:
+            raise invalid(f"'keep_alive': {exc}", "keep_alive") from None
     context_length = options.get("context_length")
-    model = await ctx.models.load(model_id, context_length, options)
+    model = await ctx.models.load(model_id, context_length, options, keep_alive)
     return json_response(ctx.models.describe(model.manifest))
 
 
@@ -141,6 +155,14 @@ MODEL_SCHEMA = {"type": "object", "required": [
     "architecture": _STR, "quantization": _STR, "parameter_count": _INT, "size": _INT,
     "sha256": _STR, "file": _STR, "source": _STR,
     "error": {"type": "string", "description": "Why the last load failed."},
+    "pinned": {"type": "boolean", "description": "Never unloaded to make room or for being idle "
+                                                 "(models.pinned, serve --model)."},
+    "keep_alive": {"type": "number", "description": "A loaded model: seconds it stays once idle (-1: until "
+                                                    "unloaded)."},
+    "expires_at": {"type": ["integer", "null"], "description": "A loaded model: when it will be unloaded for "
+                                                             "being idle (unix seconds); null while a request "
+                                                             "uses it, or when pinned or kept for ever."},
+    "in_use": {"type": "integer", "description": "A loaded model: requests using it now."},
     "kv_cache": {"type": "object", "required": ["type", "bytes"],
                  "description": "A loaded chat model's KV cache: its element type (engine.kv_type or the load's "
                                 "options.kv_type) and its size, as memory admission counts it.",
@@ -181,7 +203,9 @@ ROUTES = {
         400: "The model id is not valid, options.context_length is outside the model's range, "
              "options.kv_type is not f16 or q8_0, or options.nodes names a node that is not up.",
         503: "The model is being unloaded, or a node it was to be placed on does not answer; retry.",
-        507: "The model with this context does not fit in the cluster's memory; nothing was changed."}),
+        507: "The model with this context does not fit in the cluster's memory even after unloading every "
+             "idle model that is not pinned; the message names the models that hold the memory and why "
+             "they stay. Nothing else was changed."}),
     ("POST", "/v1/models/unload"): Endpoint(unload, perm.MODELS_MANAGE, CLUSTER, body=UNLOAD_BODY,
                                             responses={200: json_answer(MODEL_SCHEMA, "The model, "
                                                                         "no longer loaded."),

@@ -79,14 +79,14 @@ def _output_layers(path: str, n_layer: int) -> float:
 class Planner:
     def __init__(self, config: EngineConfig, memory_reserve: int, memory_limit: int,
                  placed_here: Callable[[str], int], replicas: int | str = "all",
-                 model_path: Callable[[Manifest], str] | None = None):
+                 model_path: Callable[[Manifest], str] | None = None, membership=None):
         self.config = config
         self.model_path = model_path                # a manifest's file (None: no output estimate)
         self.replicas = replicas                    # cluster.replicas: "all" or how many
         self.memory_reserve = memory_reserve
         self.memory_limit = memory_limit            # models.memory_limit_mb; 0 = all
         self.placed_here = placed_here              # bytes the loaded models hold on a node
-        self.membership = None                      # the cluster; None: this node alone
+        self.membership = membership                # the cluster; None: this node alone
 
     @property
     def self_id(self) -> str:

@@ -51,9 +51,9 @@ class Follower:
 
 
 class TensorHost:
-    def __init__(self, registry):
+    def __init__(self, registry, host: str = "127.0.0.1"):
         self.registry = registry
-        self.host = "127.0.0.1"          # the address peers dial (attach_cluster sets the node's)
+        self.host = host                 # the address peers dial (the node's, ClusterLinks.bind_host)
         self.followers: dict[str, Follower] = {}
 
     async def start(self, group_id: str, model_id: str, sha256: str, rank: int, weights: list[float],
@@ -93,7 +93,7 @@ class TensorHost:
             message = {"op": "start", "engine": params, "kernels": config.kernels, "kv_commit": config.kv_commit,
                        "batch_invariant": config.batch_invariant, "nice": 0, "rpc": None,
                        "faults": registry.supervisor.faults.for_worker()}
-            secret = getattr(registry.supervisor.membership, "secret", None) or b""
+            secret = getattr(registry.cluster.membership, "secret", None) or b""
             # the higher ranks dial this one: their addresses are never used here (not known yet)
             higher = [[self.host, 0]] * (len(weights) - rank - 1)
             group = {**tensor, "secret": secret.hex(), "rank": rank, "size": len(weights),

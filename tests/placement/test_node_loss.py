@@ -19,6 +19,7 @@ from tests.answers import raises_http
 from stackd.store.defaults import CHAT_MODEL, import_defaults
 from stackd.engine.config import EngineConfig
 from stackd.runtime.planner import MIB
+from stackd.runtime.lifecycle import ClusterLinks
 from stackd.runtime.registry import ModelRegistry
 from stackd.store.store import ModelStore
 
@@ -39,11 +40,11 @@ def cluster(loop, tmp_path):
                 servers[node_id] = RpcServers(loop, str(tmp_path / node_id), "127.0.0.1", 0, membership.secret)
             return servers[node_id]
         membership = LoopbackPeers("leader", offers, servers_for)
+        links = ClusterLinks(membership, RpcServers(loop, str(tmp_path / "leader"), "127.0.0.1", 0,
+                                                    membership.secret))
         manager = ModelRegistry(loop, store, EngineConfig(slots=2, context_length=256, threads=1,
                                                            kernels="off"),
-                               memory_reserve=0, memory_limit=limit_mib * MIB)
-        manager.attach_cluster(membership, RpcServers(loop, str(tmp_path / "leader"), "127.0.0.1", 0,
-                                                      membership.secret))
+                               memory_reserve=0, memory_limit=limit_mib * MIB, cluster=links)
         membership.on_node_down(manager.supervisor.node_down)
         built.append((manager, servers))
         return manager
@@ -86,7 +87,7 @@ def test_a_node_down_kills_the_worker_ends_requests_and_places_the_model_again(l
         assert model.placement.node_ids == ["leader", "f1", "f2"]
         streaming = asyncio.ensure_future(stream_until_error(model))
         await asyncio.sleep(1.0)
-        manager.supervisor.membership.set_down("f2")
+        manager.cluster.membership.set_down("f2")
         events = await asyncio.wait_for(streaming, 60)
         error = events[-1].error
         assert isinstance(error, EngineError) and error.code is ErrorCode.WORKER_LOST   # a 503
@@ -109,8 +110,8 @@ def test_a_dead_node_not_yet_marked_down_is_left_out_when_placing_again(loop, cl
 
     async def main():
         await manager.load(CHAT_MODEL)
-        manager.supervisor.membership.silent.add("f2")
-        manager.supervisor.membership.servers_for("f2").stop_all()          # the dialer sees the relay go
+        manager.cluster.membership.silent.add("f2")
+        manager.cluster.membership.servers_for("f2").stop_all()          # the dialer sees the relay go
         assert await wait_state(manager, CHAT_MODEL, ("restarting",)) == "restarting"
         assert await wait_state(manager, CHAT_MODEL, ("loaded", "failed")) == "loaded"
         fresh = manager.loaded[CHAT_MODEL]
@@ -125,7 +126,7 @@ def test_a_node_down_that_leaves_too_little_memory_fails_the_model_with_the_reas
 
     async def main():
         await manager.load(CHAT_MODEL)
-        manager.supervisor.membership.set_down("f1")
+        manager.cluster.membership.set_down("f1")
         assert await wait_state(manager, CHAT_MODEL, ("failed",)) == "failed"
         assert "node f1 went down" in manager.errors[CHAT_MODEL]
         assert "needs about" in manager.errors[CHAT_MODEL]
@@ -140,7 +141,7 @@ def test_a_node_that_is_not_in_the_placement_changes_nothing(loop, cluster):
 
     async def main():
         model = await manager.load(CHAT_MODEL, options={"nodes": ["leader", "f1"]})
-        manager.supervisor.membership.set_down("f2")
+        manager.cluster.membership.set_down("f2")
         await asyncio.sleep(0.5)
         assert manager.loaded[CHAT_MODEL] is model and not model.runner.engine.lost
     run(loop, main())
@@ -187,7 +188,7 @@ def test_calls_to_an_unknown_node_are_peer_errors(loop):
 
 def test_a_load_over_a_node_that_does_not_answer_is_503(loop, cluster):
     manager = cluster({"f1": 400})
-    manager.supervisor.membership.silent.add("f1")
+    manager.cluster.membership.silent.add("f1")
     with raises_http() as refused:
         run(loop, manager.load(CHAT_MODEL))
     assert refused.value.kind.status == 503 and "f1" in refused.value.message
@@ -196,9 +197,9 @@ def test_a_load_over_a_node_that_does_not_answer_is_503(loop, cluster):
 
 def test_a_load_whose_relay_refuses_the_secret_is_503_and_leaves_no_server(loop, cluster):
     manager = cluster({"f1": 400})
-    follower = manager.supervisor.membership.servers_for("f1")     # its relays check the secret it has now
-    manager.supervisor.membership.secret = b"another secret".ljust(32, b".")
+    follower = manager.cluster.membership.servers_for("f1")     # its relays check the secret it has now
+    manager.cluster.membership.secret = b"another secret".ljust(32, b".")
     with raises_http() as refused:
         run(loop, manager.load(CHAT_MODEL))
     assert refused.value.kind.status == 503 and "refused the handshake" in refused.value.message
-    assert follower.listing() == [] and manager.supervisor.rpc.listing() == []
+    assert follower.listing() == [] and manager.cluster.rpc.listing() == []

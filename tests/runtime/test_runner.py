@@ -8,7 +8,7 @@ from stackd.engine.errors import EngineError, ErrorCode
 from stackd.engine.core import (STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPED, SUBMIT_ACCEPTED, SUBMIT_OVER_SHARE, SUBMIT_QUEUE_FULL, Event, SamplingParams)
 from stackd.runtime.runner import ModelRunner
 from stackd.api.errors import api_error
-from stackd.runtime.registry import LoadedModel
+from stackd.runtime.loaded_model import LoadedModel
 
 
 class FakeClient:

@@ -59,10 +59,26 @@ def _engines(ctx: ClusterContext) -> dict:
     return {model_id: m.runner.engine for model_id, m in ctx.models.loaded.items()}
 
 
+def _on_demand_metrics(ctx: ClusterContext) -> list[str]:
+    """Loads, and unloads nobody asked for (runtime/on_demand.py): to make room, or idle past
+    the keep-alive."""
+    on_demand = ctx.models.on_demand
+    out = ["# HELP stackd_model_loads_total Times a model was loaded (asked for, preloaded or on demand).",
+           "# TYPE stackd_model_loads_total counter"]
+    out += [f'stackd_model_loads_total{{model="{m}"}} {n}' for m, n in sorted(on_demand.loads.items())]
+    out += ["# HELP stackd_model_evictions_total Times a model was unloaded without being asked: "
+            "reason memory (to make room for another), keep_alive (idle past its keep-alive).",
+            "# TYPE stackd_model_evictions_total counter"]
+    out += [f'stackd_model_evictions_total{{model="{m}",reason="{r}"}} {n}'
+            for (m, r), n in sorted(on_demand.evictions.items())]
+    return out
+
+
 def _worker_metrics(ctx: ClusterContext) -> bytes:
+    on_demand = _on_demand_metrics(ctx)
     if not ctx.models.loaded:
-        return b""
-    out = ["# HELP stackd_model_restarts_total Times a model's worker process was restarted after dying.",
+        return ("\n".join(on_demand) + "\n").encode()
+    out = on_demand + ["# HELP stackd_model_restarts_total Times a model's worker process was restarted after dying.",
            "# TYPE stackd_model_restarts_total counter"]
     out += [f'stackd_model_restarts_total{{model="{m}"}} {model.restarts}'
             for m, model in ctx.models.loaded.items()]
