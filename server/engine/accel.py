@@ -166,6 +166,16 @@ def registered() -> str | None:
     return _registered
 
 
+def keyed(params: dict) -> dict:
+    """An engine's keywords with the code path registered here added to its prompt cache's key
+    (runtime/prompt_cache.py), after register(): files saved on one path are never restored on
+    another, whose sums may round otherwise. The daemon builds the rest of the key without
+    loading this library."""
+    if params.get("prompt_cache_key"):
+        params = dict(params, prompt_cache_key=f"{params['prompt_cache_key']};path={_registered or 'none'}")
+    return params
+
+
 def tensors() -> dict[str, int]:
     """Weights on our kernels in this process's loaded models, per type (those with none left
     out): which tensors run on which kernels. Every other weight runs on ggml's."""

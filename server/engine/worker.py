@@ -451,7 +451,7 @@ def main(fd: int, parent: int) -> int:
         accel.commit_on_write(config.get("kv_commit", "lazy"))
         accel.register(config.get("kernels", "off"), config.get("batch_invariant", False))
         faults.in_worker(accel)
-        params = dict(config["engine"], rpc_endpoints=connect_devices(config.get("rpc")))
+        params = accel.keyed(dict(config["engine"], rpc_endpoints=connect_devices(config.get("rpc"))))
         if tensor:
             join_tensor_group(tensor, mesh_listener(sock, tensor, fds))
             params.update(tp_rank=int(tensor["rank"]), tp_size=int(tensor["size"]))

@@ -6,7 +6,8 @@ A chat model's engine saves the KV state of each prompt of at least min_tokens i
 DATA_DIR/models/kv/<its blob's sha256>/, and restores the longest saved prefix of a later prompt
 that no slot holds in memory, in that engine or the next one on the same data dir (after an
 unload, a worker's restart, a reboot). The key of a file is the model's digest, the kernels'
-arithmetic (engine.kernels and the code path it resolves to on this CPU, engine.batch_invariant),
+arithmetic (engine.kernels and the code path it resolves to on this CPU, which the process that
+registers the kernels adds: accel.keyed; engine.batch_invariant),
 engine.flash_attn, and what the engine adds (KV type, context length, slots, the model's shape):
 a file made under any other is never restored. The store removes a model's directory with its
 blob (`stackd models rm`).
@@ -20,21 +21,6 @@ from ..engine.config import EngineConfig
 
 MIB = 1024 * 1024
 KEY_VERSION = 1
-
-
-def kernel_path(kernels: str) -> str:
-    """The kernels' code path an engine.kernels setting gives on this CPU: a forced path is
-    itself, `auto` the best the CPU runs (what registration picks), `off` or no library none."""
-    if kernels != "auto":
-        return kernels
-    try:
-        from ..engine import accel
-        supported = [path for path in accel.PATHS if accel.cpu_supports(path)]
-    except OSError:                   # the kernels' library is not built here
-        return "none"
-    if not any(baseline in supported for baseline in accel.SIMD_BASELINES):
-        return "none"
-    return supported[-1]
 
 
 @dataclass(frozen=True)
@@ -55,8 +41,10 @@ class PromptCacheConfig:
         return bool(self.root) and self.max_mb > 0
 
     def key(self, sha256: str, config: EngineConfig) -> str:
-        return (f"stackd-prompt-cache-{KEY_VERSION};model={sha256};kernels={config.kernels}:"
-                f"{kernel_path(config.kernels) if config.kernels != 'off' else 'off'};"
+        # The code path `auto` resolves to is added where the kernels are registered (the
+        # worker, or the daemon before an inline engine: accel.keyed): the daemon never loads
+        # the kernels' library itself (tests/kernels/test_accel.py).
+        return (f"stackd-prompt-cache-{KEY_VERSION};model={sha256};kernels={config.kernels};"
                 f"batch_invariant={int(config.batch_invariant)};flash_attn_setting={config.flash_attn}")
 
     def params(self, sha256: str, kind: str, config: EngineConfig) -> dict:

@@ -95,7 +95,7 @@ class Supervisor:
             def construct():
                 accel.commit_on_write(config.kv_commit)
                 accel.register(config.kernels, config.batch_invariant)   # this process runs the engine
-                engine = InlineEngine(Engine(**params))
+                engine = InlineEngine(Engine(**accel.keyed(params)))
                 return engine, chat_template(engine.template_facts)
             client, template = await self.loop.run_in_executor(None, construct)
         else:                                              # over RPC always a worker: a lost peer aborts

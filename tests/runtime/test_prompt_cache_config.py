@@ -40,3 +40,12 @@ def test_nothing_for_an_embedding_model_or_with_the_cache_off(tmp_path):
     assert config_for(tmp_path).params(SHA, "embedding", EngineConfig()) == {}
     assert config_for(tmp_path, prompt_cache_mb=0).params(SHA, "chat", EngineConfig()) == {}
     assert PromptCacheConfig().params(SHA, "chat", EngineConfig()) == {}
+
+
+def test_the_process_that_registers_the_kernels_adds_their_code_path():
+    """The daemon's key names engine.kernels; the path `auto` resolves to is the registering
+    process's to add (accel.keyed), so the daemon never loads the kernels' library."""
+    from stackd.engine import accel
+    keyed = accel.keyed({"prompt_cache_key": "k", "n_ctx": 8})
+    assert keyed == {"prompt_cache_key": f"k;path={accel.registered() or 'none'}", "n_ctx": 8}
+    assert accel.keyed({"n_ctx": 8}) == {"n_ctx": 8}          # the cache off: nothing to key
