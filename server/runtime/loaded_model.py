@@ -23,6 +23,7 @@ class LoadedModel:
     template: object = None   # chat models: the chat template (inference.sandbox.ChatTemplate)
     max_input: int = 0        # embeddings: tokens one input may have
     restarts: int = 0         # times its worker was restarted after dying
+    load_seconds: float = 0.0  # how long its engine took to start (the load's own time)
     last_exit: dict | None = None
     placement: Placement | None = None   # where its layers are (None: this CPU alone)
     placement_id: str | None = None      # its RPC servers' id on every node that runs one

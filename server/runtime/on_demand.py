@@ -36,6 +36,7 @@ class OnDemand:
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.expires_at: dict[str, float] = {}    # model id -> wall-clock time its timer fires
         self.loads = collections.Counter()        # model id -> loads
+        self.load_seconds = collections.Counter() # model id -> seconds its loads took, summed
         self.evictions = collections.Counter()    # (model id, reason) -> unloads not asked for
 
     # ---- use -------------------------------------------------------------------------------------
@@ -90,13 +91,19 @@ class OnDemand:
             timer.cancel()
         self.expires_at.pop(model_id, None)
 
-    def loaded(self, model_id: str, keep_alive: float | None) -> None:
-        """A load put the model into service: its keep-alive (the load's own, else the setting),
-        counted, and its clock started if nobody waits for it."""
+    def loaded(self, model_id: str, keep_alive: float | None, seconds: float = 0.0) -> None:
+        """A load put the model into service (`seconds`: its engine's start): counted with its
+        time, and its keep-alive set (kept)."""
+        self.loads[model_id] += 1
+        self.load_seconds[model_id] += seconds
+        self.kept(model_id, keep_alive)
+
+    def kept(self, model_id: str, keep_alive: float | None) -> None:
+        """A model in service: its keep-alive (the load's own, else the setting), its clock
+        stopped until it is idle. Asking to load a model already in service comes here alone."""
         if keep_alive is not None:
             self.keep_alives[model_id] = keep_alive
         self._disarm(model_id)                    # a new keep-alive restarts the clock
-        self.loads[model_id] += 1
         self.last_used[model_id] = self.loop.time()
 
     def unloaded(self, model_id: str, reason: str | None = None) -> None:

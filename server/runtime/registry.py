@@ -319,7 +319,7 @@ class ModelRegistry:
                 same_kv = (options or {}).get("kv_type") is None or current.kv_type == kv_type
                 if same_context and same_kv and (placement_options.default or placement_options == current.options):
                     if keep_alive is not None:           # same options: only its keep-alive is new
-                        self.on_demand.loaded(model_id, keep_alive)
+                        self.on_demand.kept(model_id, keep_alive)
                         self._idle(model_id)
                     return current                       # same options: nothing to do
                 await self._unload_locked(current)       # different options: reload
@@ -346,7 +346,9 @@ class ModelRegistry:
         self.errors.pop(model_id, None)
         self.supervisor.forget_crashes(model_id)
         try:
+            started = self.loop.time()
             model = await self.supervisor.start(manifest, context, placement, kv_type)
+            model.load_seconds = self.loop.time() - started
             model.options = placement_options
             if placement is None and (replica_nodes or self.planner.replicated(manifest, placement_options)):
                 model.runner = ReplicaSet(self.loop, LocalReplica(self.planner.self_id, model.runner),
@@ -361,7 +363,7 @@ class ModelRegistry:
             self.errors[model_id] = str(exc)
             raise DomainError(Code.INTERNAL, f"loading '{model_id}' failed: {exc}") from None
         self.put_back(model_id, model, most_recent=True)
-        self.on_demand.loaded(model_id, keep_alive)
+        self.on_demand.loaded(model_id, keep_alive, model.load_seconds)
         self._idle(model_id)
         return model
 

@@ -107,6 +107,7 @@ def test_a_request_loads_its_model_and_the_least_recently_used_idle_one_goes(sta
     assert states(daemon)[B]["state"] == "available"
     assert metric(daemon, "stackd_model_evictions_total", model=B, reason="memory") == 1
     assert metric(daemon, "stackd_model_loads_total", model=C) == 1
+    assert metric(daemon, "stackd_model_load_seconds_total", model=C) > 0
     assert complete(daemon, B)[0] == 200          # and back: now A is the least recently used
     assert loaded(daemon) == {B, C}
     assert metric(daemon, "stackd_model_evictions_total", model=A, reason="memory") == 1

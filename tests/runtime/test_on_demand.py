@@ -100,3 +100,12 @@ def test_the_least_recently_used_comes_first(loop):
             await asyncio.sleep(0.01)     # the loop's clock ticks in milliseconds
     loop.run_until_complete(uses())
     assert demand.least_recent_first(["a", "b", "c", "never-used"]) == ["never-used", "b", "c", "a"]
+
+
+def test_a_load_is_counted_with_its_time_and_a_new_keep_alive_is_not_a_load(loop):
+    demand, _, _ = on_demand(loop)
+    demand.loaded("m", None, 2.5)
+    demand.kept("m", 10.0)                   # the same model asked again with a keep-alive
+    demand.loaded("m", None, 1.5)            # unloaded and loaded again
+    assert demand.loads["m"] == 2 and demand.load_seconds["m"] == 4.0
+    assert demand.keep_alives["m"] == 10.0

@@ -66,6 +66,10 @@ def _on_demand_metrics(ctx: ClusterContext) -> list[str]:
     out = ["# HELP stackd_model_loads_total Times a model was loaded (asked for, preloaded or on demand).",
            "# TYPE stackd_model_loads_total counter"]
     out += [f'stackd_model_loads_total{{model="{m}"}} {n}' for m, n in sorted(on_demand.loads.items())]
+    out += ["# HELP stackd_model_load_seconds_total Seconds the loads of a model took (its engine's start: "
+            "the weights read, the worker ready), summed; over stackd_model_loads_total, a load's mean.",
+            "# TYPE stackd_model_load_seconds_total counter"]
+    out += [f'stackd_model_load_seconds_total{{model="{m}"}} {s:.3f}' for m, s in sorted(on_demand.load_seconds.items())]
     out += ["# HELP stackd_model_evictions_total Times a model was unloaded without being asked: "
             "reason memory (to make room for another), keep_alive (idle past its keep-alive).",
             "# TYPE stackd_model_evictions_total counter"]
