@@ -45,6 +45,7 @@ class EngineStats(TypedDict):
     n_prompt_cache_saves: int
     n_prompt_cache_saves_skipped: int
     n_prompt_cache_evictions: int
+    n_prompt_cache_superseded: int
     n_prompt_cache_restored_tokens: int
     t_prompt_cache_restore_us: int
 

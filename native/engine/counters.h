@@ -44,6 +44,8 @@
       "Prompt cache saves not made: a failed write (a full disk), the disk reserve, the write queue full.") \
     X(n_prompt_cache_evictions, "prompt_cache_evictions_total", "",                                 \
       "Prompt cache files removed to keep all of them within models.prompt_cache_mb.")            \
+    X(n_prompt_cache_superseded, "prompt_cache_superseded_total", "",                               \
+      "Prompt cache files removed because a newer file holds all of their tokens and more.")      \
     X(n_prompt_cache_restored_tokens, "prompt_cache_restored_tokens_total", "",                     \
       "Prompt tokens whose KV was restored from the prompt cache on disk.")                        \
     X(t_prompt_cache_restore_us, "prompt_cache_restore_us_total", "",                               \

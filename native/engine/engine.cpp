@@ -442,6 +442,7 @@ engine_stats engine::stats() const {
         s.n_prompt_cache_saves = pc.saves;
         s.n_prompt_cache_saves_skipped = pc.saves_skipped;
         s.n_prompt_cache_evictions = pc.evictions;
+        s.n_prompt_cache_superseded = pc.superseded;
         s.n_prompt_cache_restored_tokens = pc.restored_tokens;
         s.t_prompt_cache_restore_us = pc.restore_us;
     }

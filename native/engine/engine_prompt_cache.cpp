@@ -1,14 +1,16 @@
 // The engine's side of the prompt cache on disk (prompt_cache.h): which prompts are saved and
 // when, and a saved prefix put back into a slot at admission.
 //
-// Saved: a prompt of at least prompt_cache_min_tokens, right after the decode of its last
-// chunk, when its sequence holds exactly its KV (the first sample is not decoded yet). The copy
+// Saved: a prompt of at least prompt_cache_min_tokens that would add that many tokens to what
+// the files hold (prompt_cache::worth_saving), right after the decode of its last chunk, when
+// its sequence holds exactly its KV (the first sample is not decoded yet). The copy
 // out of llama.cpp (llama_state_seq_get_data, a memcpy of the cells) is on the engine thread,
 // since only it may touch the context; the file is written by the cache's own thread.
-// Restored: at admission, when the prompt starts with a saved prefix longer than what the
-// chosen slot holds in memory (the scheduler picked the free slot with the longest), the file
-// is read and checked, and its state replaces the slot's sequence; the prompt's last token is
-// always decoded again (its logits give the first sample), as with prefix reuse in memory.
+// Restored: at admission, when a file shares a longer prefix with the prompt than the chosen
+// slot holds in memory (the scheduler picked the free slot with the longest), and at least
+// min_tokens, the file is read and checked, its state replaces the slot's sequence, and the
+// sequence is cut where the prompt parts from it; the prompt's last token is always decoded
+// again (its logits give the first sample), as with prefix reuse in memory.
 // The restored cells are byte for byte those the first prefill computed, so the answer is the
 // one the engine gives with that prefix reused in memory (docs/engine.md, "Prompt cache").
 #include "engine.h"
@@ -55,7 +57,7 @@ void engine::restore_prefixes(lane & ln, batch_plan & plan) {
         const uint64_t t0 = now_us();
         const prompt_cache::found f = pcache_->find(req->prompt, adm.n_keep, n_prompt);
         std::vector<uint8_t> state;
-        if (f.n_tokens == 0 || !pcache_->load(f, req->prompt, state)) {
+        if (f.n_common == 0 || !pcache_->load(f, req->prompt, state)) {
             pcache_->counters.misses += 1;
             continue;
         }
@@ -69,9 +71,11 @@ void engine::restore_prefixes(lane & ln, batch_plan & plan) {
             pcache_->counters.misses += 1;
             continue;
         }
-        ln.sched.restored(plan, adm.id_request, f.n_tokens);
+        // The file may go on past where the prompt parts from it: the admission cuts the
+        // sequence at the shared prefix (seq_rm from n_keep), as for a prefix reused in memory.
+        ln.sched.restored(plan, adm.id_request, f.n_common);
         pcache_->counters.hits += 1;
-        pcache_->counters.restored_tokens += (uint64_t) f.n_tokens;
+        pcache_->counters.restored_tokens += (uint64_t) std::min(f.n_common, n_prompt - 1);
         pcache_->counters.restore_us += now_us() - t0;
     }
 }
@@ -86,7 +90,7 @@ void engine::save_prefixes(lane & ln, const batch_plan & plan) {
         }
         const sched_request * req = ln.sched.find(item.id_request);
         if (req == nullptr || req->preempted || (int32_t) req->prompt.size() < pcache_->params().min_tokens ||
-            pcache_->has(req->prompt)) {
+            !pcache_->worth_saving(req->prompt)) {
             continue;
         }
         const size_t size = llama_state_seq_get_size(ln.ctx, item.id_slot);

@@ -160,46 +160,115 @@ std::string prompt_cache::file_name(const std::vector<int32_t> & tokens, size_t 
            hex64(prompt_cache_hash(tokens.data(), n * sizeof(int32_t))) + ".kv";
 }
 
-prompt_cache::found prompt_cache::find(const std::vector<int32_t> & prompt, int32_t longer_than,
-                                       int32_t n_max) const {
+namespace {
+
+// How many leading tokens `a` and `b` share, at most n_max.
+int32_t common_prefix(const std::vector<int32_t> & a, const std::vector<int32_t> & b, int32_t n_max) {
+    const size_t n = std::min({a.size(), b.size(), (size_t) std::max(0, n_max)});
+    size_t i = 0;
+    while (i < n && a[i] == b[i]) {
+        ++i;
+    }
+    return (int32_t) i;
+}
+
+}  // namespace
+
+// A file's head (header, key, tokens) read and checked against this key and the file's size:
+// 1 it is ours and whole so far (`tokens` filled), 0 it is damaged or foreign, -1 it is gone.
+int prompt_cache::read_head(const std::string & path, std::vector<int32_t> & tokens) const {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return -1;
+    }
+    struct stat st{};
+    header h{};
+    bool ok = fstat(fd, &st) == 0 && read_all(fd, &h, sizeof(h)) &&
+              std::memcmp(h.magic, kMagic, sizeof(kMagic)) == 0 && h.version == kVersion &&
+              h.key_len == params_.key.size() &&
+              (uint64_t) st.st_size == kHeaderBytes + h.key_len + (uint64_t) h.n_tokens * 4 + h.state_len;
+    if (ok) {
+        std::string key(h.key_len, '\0');
+        tokens.resize(h.n_tokens);
+        ok = read_all(fd, key.data(), key.size()) && key == params_.key &&
+             read_all(fd, tokens.data(), tokens.size() * 4);
+    }
+    ::close(fd);
+    return ok ? 1 : 0;
+}
+
+void prompt_cache::refresh_index() {
+    DIR * d = opendir(params_.dir.c_str());
+    if (d == nullptr) {
+        std::lock_guard<std::mutex> lock(mu_);
+        index_.clear();
+        return;
+    }
+    const std::string prefix = key_hex_ + "-";
+    std::set<std::string> present;
+    std::vector<std::string> unseen;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        while (dirent * e = readdir(d)) {
+            const std::string name = e->d_name;
+            if (name.compare(0, prefix.size(), prefix) != 0 || !ends_with(name, ".kv")) {
+                continue;              // another key's, a temporary file
+            }
+            present.insert(name);
+            if (index_.count(name) == 0) {
+                unseen.push_back(name);
+            }
+        }
+        for (auto it = index_.begin(); it != index_.end();) {
+            it = present.count(it->first) > 0 ? std::next(it) : index_.erase(it);
+        }
+    }
+    closedir(d);
+    for (const std::string & name : unseen) {          // read outside the lock: the writer goes on
+        std::vector<int32_t> tokens;
+        const std::string path = params_.dir + "/" + name;
+        const int head = read_head(path, tokens);
+        if (head == 0) {
+            reject(path);
+        } else if (head > 0 && name == file_name(tokens, tokens.size())) {
+            std::lock_guard<std::mutex> lock(mu_);
+            index_.emplace(name, std::move(tokens));
+        } else if (head > 0) {
+            reject(path);              // its tokens are not the ones its name says
+        }
+    }
+}
+
+prompt_cache::found prompt_cache::find(const std::vector<int32_t> & prompt, int32_t longer_than, int32_t n_max) {
     found best;
     if (!enabled()) {
         return best;
     }
-    DIR * d = opendir(params_.dir.c_str());
-    if (d == nullptr) {
-        return best;
-    }
-    const std::string prefix = key_hex_ + "-";
+    refresh_index();
     n_max = std::min(n_max, (int32_t) prompt.size());
-    while (dirent * e = readdir(d)) {
-        const std::string name = e->d_name;
-        if (name.compare(0, prefix.size(), prefix) != 0 || !ends_with(name, ".kv")) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto & [name, tokens] : index_) {
+        const int32_t n_common = common_prefix(tokens, prompt, n_max);
+        if (n_common <= longer_than || n_common < params_.min_tokens) {
             continue;
         }
-        const size_t dash = name.find('-', prefix.size());
-        if (dash == std::string::npos) {
-            continue;
-        }
-        const long n = strtol(name.c_str() + prefix.size(), nullptr, 10);
-        if (n <= longer_than || n > n_max || n <= best.n_tokens) {
-            continue;
-        }
-        if (name == file_name(prompt, (size_t) n)) {   // the prompt's first n tokens hash alike
-            best = {params_.dir + "/" + name, (int32_t) n};
+        // The longest shared prefix; of two that share as much, the shorter file (less to read).
+        if (n_common > best.n_common || (n_common == best.n_common && (int32_t) tokens.size() < best.n_tokens)) {
+            best = {params_.dir + "/" + name, (int32_t) tokens.size(), n_common};
         }
     }
-    closedir(d);
     return best;
 }
 
 void prompt_cache::reject(const std::string & path) {
     ::unlink(path.c_str());
     counters.rejected += 1;
+    std::lock_guard<std::mutex> lock(mu_);
+    index_.erase(path.substr(path.rfind('/') + 1));
 }
 
 bool prompt_cache::load(const found & f, const std::vector<int32_t> & prompt, std::vector<uint8_t> & state) {
-    if (f.n_tokens <= 0 || (size_t) f.n_tokens > prompt.size()) {
+    if (f.n_tokens <= 0 || f.n_common <= 0 || (size_t) f.n_common > prompt.size()) {
         return false;
     }
     const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -219,7 +288,7 @@ bool prompt_cache::load(const found & f, const std::vector<int32_t> & prompt, st
         tokens.resize(h.n_tokens);
         ok = read_all(fd, key.data(), key.size()) && key == params_.key &&
              read_all(fd, tokens.data(), tokens.size() * 4) &&
-             std::equal(tokens.begin(), tokens.end(), prompt.begin());
+             common_prefix(tokens, prompt, f.n_common) == f.n_common;
     }
     if (ok) {
         state.resize(h.state_len);
@@ -237,16 +306,27 @@ bool prompt_cache::load(const found & f, const std::vector<int32_t> & prompt, st
     return true;
 }
 
-bool prompt_cache::has(const std::vector<int32_t> & tokens) const {
-    const std::string name = file_name(tokens, tokens.size());
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (pending_.count(name) > 0) {
-            return true;
+bool prompt_cache::worth_saving(const std::vector<int32_t> & tokens) {
+    const int32_t n = (int32_t) tokens.size();
+    if (!enabled() || n < params_.min_tokens) {
+        return false;
+    }
+    refresh_index();
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto adds_enough = [&](const std::vector<int32_t> & held) {
+        return n - common_prefix(held, tokens, n) >= params_.min_tokens;
+    };
+    for (const auto & [name, held] : index_) {
+        if (!adds_enough(held)) {
+            return false;
         }
     }
-    struct stat st{};
-    return ::stat((params_.dir + "/" + name).c_str(), &st) == 0;
+    for (const job & j : queue_) {
+        if (!adds_enough(j.tokens)) {
+            return false;
+        }
+    }
+    return !writing_ || adds_enough(writing_tokens_);
 }
 
 void prompt_cache::save(std::vector<int32_t> tokens, std::vector<uint8_t> state) {
@@ -285,8 +365,11 @@ void prompt_cache::run() {
         job j = std::move(queue_.front());
         queue_.pop_front();
         writing_ = true;
+        writing_tokens_ = j.tokens;
         lock.unlock();
-        write(j);
+        if (write(j)) {
+            drop_extended(j);
+        }
         keep_within_budget();
         lock.lock();
         queued_bytes_ -= kHeaderBytes + params_.key.size() + j.tokens.size() * 4 + j.state.size();
@@ -296,11 +379,30 @@ void prompt_cache::run() {
     }
 }
 
-void prompt_cache::write(const job & j) {
+// The files whose tokens are all at the head of the file just written: any prompt shares at
+// least as much with the new one, so they only take room.
+void prompt_cache::drop_extended(const job & j) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = index_.begin(); it != index_.end();) {
+        const std::vector<int32_t> & held = it->second;
+        if (it->first != j.name && held.size() < j.tokens.size() &&
+            std::equal(held.begin(), held.end(), j.tokens.begin())) {
+            if (::unlink((params_.dir + "/" + it->first).c_str()) == 0) {
+                counters.superseded += 1;
+            }
+            it = index_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    index_[j.name] = j.tokens;
+}
+
+bool prompt_cache::write(const job & j) {
     const std::string path = params_.dir + "/" + j.name;
     struct stat st{};
     if (::stat(path.c_str(), &st) == 0) {
-        return;                        // another engine of this model wrote it meanwhile
+        return false;                  // another engine of this model wrote it meanwhile
     }
     const uint64_t size = kHeaderBytes + params_.key.size() + j.tokens.size() * 4 + j.state.size();
     struct statvfs vfs{};
@@ -309,7 +411,7 @@ void prompt_cache::write(const job & j) {
         counters.saves_skipped += 1;
         fprintf(stderr, "stackd: prompt cache: save of %zu tokens skipped: it would leave less than "
                 "the disk reserve free\n", j.tokens.size());
-        return;
+        return false;
     }
     header h{};
     std::memcpy(h.magic, kMagic, sizeof(kMagic));
@@ -333,10 +435,11 @@ void prompt_cache::write(const job & j) {
         counters.saves_skipped += 1;
         fprintf(stderr, "stackd: prompt cache: save of %zu tokens skipped: %s\n", j.tokens.size(),
                 strerror(err != 0 ? err : errno));
-        return;
+        return false;
     }
     counters.saves += 1;
     counters.bytes_written += size;
+    return true;
 }
 
 // Every model's files (the root's directories) within max_bytes: the oldest mtime out first.

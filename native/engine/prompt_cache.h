@@ -4,8 +4,14 @@
 // copies a sequence's state out (llama_state_seq_get_data) and hands it here, and gives what it
 // finds here back to llama_state_seq_set_data (engine_prompt_cache.cpp).
 //
-// A file is <dir>/<key hash>-<token count>-<tokens' hash>.kv, so that a lookup lists a directory
-// and hashes the prompt's prefixes without opening anything. Its content:
+// A file is <dir>/<key hash>-<token count>-<tokens' hash>.kv. The cache keeps an index of the
+// tokens each of its key's files holds (read from a file's head once, when it first appears in
+// the directory), so that a lookup finds the file sharing the longest prefix with a prompt,
+// whole or not: the state is restored, and the sequence cut where the two part (as a slot's
+// prefix reuse in memory does). A prompt is saved only when it would add at least min_tokens
+// tokens to what the files hold already (a system prompt with each request's own question
+// keeps one file, not one per question); a file that a newer one extends is removed. Its
+// content:
 //
 //   header (48 bytes, little-endian)   magic "stackdkv", version, key length, token count,
 //                                      reserved, state length, checksum (of all that follows)
@@ -27,6 +33,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -51,6 +58,7 @@ struct prompt_cache_counters {
     std::atomic<uint64_t> saves{0};          // files written
     std::atomic<uint64_t> saves_skipped{0};  // saves not made: a write failed, no room, queue full
     std::atomic<uint64_t> evictions{0};      // files removed to keep within the budget
+    std::atomic<uint64_t> superseded{0};     // files removed because a newer one extends them
     std::atomic<uint64_t> restored_tokens{0};
     std::atomic<uint64_t> restore_us{0};     // time from lookup to the state in the sequence
 };
@@ -73,15 +81,17 @@ public:
     bool enabled() const { return !params_.dir.empty() && params_.max_bytes > 0; }
     const prompt_cache_params & params() const { return params_; }
 
-    // The longest saved prefix of `prompt` with more than `longer_than` and at most `n_max`
-    // tokens: its path and token count, or {"", 0}. Lists the directory, opens nothing.
-    struct found { std::string path; int32_t n_tokens = 0; };
-    found find(const std::vector<int32_t> & prompt, int32_t longer_than, int32_t n_max) const;
+    // The file sharing the longest prefix with `prompt`, of more than `longer_than` tokens, at
+    // least min_tokens, at most `n_max`: its path, its token count and the prefix it shares
+    // (n_common), or n_common 0. Lists the directory; opens only files not yet indexed.
+    struct found { std::string path; int32_t n_tokens = 0; int32_t n_common = 0; };
+    found find(const std::vector<int32_t> & prompt, int32_t longer_than, int32_t n_max);
     // Reads and checks the file found for `prompt`: its state bytes into `state`. False (and the
     // file removed) on anything amiss; true touches its mtime (least recently used goes first).
     bool load(const found & f, const std::vector<int32_t> & prompt, std::vector<uint8_t> & state);
-    // Whether a file of exactly these tokens is there or on its way.
-    bool has(const std::vector<int32_t> & tokens) const;
+    // Whether a file of these tokens would hold min_tokens or more that no file (saved or on
+    // its way) shares with them.
+    bool worth_saving(const std::vector<int32_t> & tokens);
     // Queue a file of `tokens` and their `state`. Skipped (counted) when the queue is full
     // (kMaxQueued, or the budget's bytes), or the file could never fit the budget.
     void save(std::vector<int32_t> tokens, std::vector<uint8_t> state);
@@ -100,7 +110,10 @@ private:
         std::string name;
     };
     void run();
-    void write(const job & j);
+    bool write(const job & j);
+    void refresh_index();         // the index as the directory is now (called under no lock)
+    int read_head(const std::string & path, std::vector<int32_t> & tokens) const;
+    void drop_extended(const job & j);   // the files `j` extends, removed
     void keep_within_budget();
     void reject(const std::string & path);
 
@@ -111,8 +124,10 @@ private:
     std::condition_variable cv_idle_;
     std::deque<job> queue_;
     std::set<std::string> pending_;    // names queued or being written
+    std::map<std::string, std::vector<int32_t>> index_;   // file name -> the tokens it holds
     uint64_t queued_bytes_ = 0;
     bool writing_ = false;
+    std::vector<int32_t> writing_tokens_;   // the file being written's (worth_saving sees it)
     bool stop_ = false;
     std::thread writer_;
 };

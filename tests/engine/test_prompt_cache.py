@@ -2,8 +2,10 @@
 chat model: a prompt saved by one engine is restored by the next on the same directory (the
 restart), with the tokens a cold prefill gives under greedy sampling; its key keeps another
 model, KV type or context layout out; a truncated, bit-flipped or foreign file is a miss and is
-removed; two requests restore one prefix at once; the budget drops the least recently used; the
-shortest prompt saved; a write that fails (a full disk) skips the save and the request goes on."""
+removed; two requests restore one prefix at once; a prompt that parts from a saved one restores
+what they share; a prompt is saved only when it adds min_tokens to what the files hold, and its
+file replaces one it extends; the budget drops the least recently used; the shortest prompt
+saved; a write that fails (a full disk) skips the save and the request goes on."""
 import os
 import subprocess
 import sys
@@ -169,6 +171,54 @@ def test_two_requests_restore_one_prefix_together(cache, prompts, cold_engine):
     assert cached_a == cached_b == len(first)
     assert (a, b) == (cold_second, cold(other))
     assert engine.stats()["n_prompt_cache_hits"] == 2
+
+
+def test_a_prompt_that_parts_from_a_saved_one_restores_what_they_share(cache, prompts, cold_engine):
+    """Home Assistant's pattern: the same long system prompt with another question. The file
+    holds the first question too; the prefix both share is restored and the sequence cut where
+    they part, as a slot's prefix reuse in memory does."""
+    first, _, _ = prompts
+    saved(cache, cache.start(), first)
+    other = turn(cold_engine, system_text(24), "Is the garage door open?")
+    shared = next(i for i, (a, b) in enumerate(zip(first, other)) if a != b)
+    assert MIN_TOKENS <= shared < len(first)
+    engine = cache.start()
+    [(tokens, cached)] = run(engine, other)
+    assert cached == shared
+    assert tokens == cold(other)                  # greedy: the cold prefill's tokens
+    stats = engine.stats()
+    assert stats["n_prompt_cache_hits"] == 1 and stats["n_prompt_cache_restored_tokens"] == shared
+    engine.prompt_cache_flush()
+    assert len(cache.files()) == 1                # it adds fewer than MIN_TOKENS: no file of its own
+
+
+def test_a_prefix_shorter_than_min_tokens_is_not_restored(cache, prompts, cold_engine):
+    first, _, _ = prompts
+    saved(cache, cache.start(), first)
+    other = first[:MIN_TOKENS - 1] + cold_engine.tokenize(" and then something else entirely.", False, False)
+    engine = cache.start()
+    [(_, cached)] = run(engine, other + first[MIN_TOKENS:MIN_TOKENS + 8])
+    assert cached == 0                            # a file read for fewer tokens than the floor: never
+    assert engine.stats()["n_prompt_cache_hits"] == 0
+
+
+def test_a_prompt_is_saved_when_it_adds_min_tokens_and_replaces_the_file_it_extends(cache, prompts, cold_engine):
+    first, second, _ = prompts
+    old = saved(cache, cache.start(), first)
+    engine = cache.start()
+    run(engine, second)                           # the follow-up adds a few tokens to first's
+    engine.prompt_cache_flush()
+    assert cache.files() == [old]
+    lines = 8
+    while len(longer := follow_up(cold_engine, first, "Noted.", system_text(lines, seed=7))) - len(first) < MIN_TOKENS:
+        lines += 2
+    assert len(longer) + MAX_TOKENS <= 1024, len(longer)
+    run(engine, longer)
+    engine.prompt_cache_flush()
+    [new] = cache.files()                         # first's file is all at the head of the new one
+    assert new != old and os.path.basename(new).split("-")[1] == str(len(longer))
+    stats = engine.stats()
+    assert stats["n_prompt_cache_superseded"] == 1 and stats["n_prompt_cache_saves"] == 1
 
 
 @pytest.mark.parametrize("change", [
