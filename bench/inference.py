@@ -137,11 +137,13 @@ def start_stackd(slots: int, context: int, threads: int, isolation: str = "worke
                         f"isolation = \"{isolation}\"\n{engine}{preload}", model_file=model_file, env=env)
 
 
-def start_llama_server(binary: str, slots: int, context: int, threads: int, model_file: str | None = None) -> Server:
+def start_llama_server(binary: str, slots: int, context: int, threads: int, model_file: str | None = None,
+                       extra: tuple[str, ...] = ()) -> Server:
+    """`extra`: more of llama-server's flags (bench/prompt_cache.py's --slot-save-path)."""
     port = free_port()
     return Server("llama-server", [binary, "-m", model_file or defaults.smollm2_path(), "--host", "127.0.0.1",
                                    "--port", str(port), "-np", str(slots), "-c", str(slots * context),
-                                   "-t", str(threads), "-tb", str(threads), "--no-webui"],
+                                   "-t", str(threads), "-tb", str(threads), "--no-webui", *extra],
                   port, "smollm2")
 
 
