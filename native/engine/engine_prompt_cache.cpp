@@ -56,7 +56,7 @@ void engine::restore_prefixes(lane & ln, batch_plan & plan) {
         }
         const uint64_t t0 = now_us();
         const prompt_cache::found f = pcache_->find(req->prompt, adm.n_keep, n_prompt);
-        std::vector<uint8_t> state;
+        prompt_cache::state_view state;
         if (f.n_common == 0 || !pcache_->load(f, req->prompt, state)) {
             pcache_->counters.misses += 1;
             continue;

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -267,7 +268,13 @@ void prompt_cache::reject(const std::string & path) {
     index_.erase(path.substr(path.rfind('/') + 1));
 }
 
-bool prompt_cache::load(const found & f, const std::vector<int32_t> & prompt, std::vector<uint8_t> & state) {
+prompt_cache::state_view::~state_view() {
+    if (base_ != nullptr) {
+        ::munmap(base_, length_);
+    }
+}
+
+bool prompt_cache::load(const found & f, const std::vector<int32_t> & prompt, state_view & state) {
     if (f.n_tokens <= 0 || f.n_common <= 0 || (size_t) f.n_common > prompt.size()) {
         return false;
     }
@@ -290,14 +297,29 @@ bool prompt_cache::load(const found & f, const std::vector<int32_t> & prompt, st
              read_all(fd, tokens.data(), tokens.size() * 4) &&
              common_prefix(tokens, prompt, f.n_common) == f.n_common;
     }
-    if (ok) {
-        state.resize(h.state_len);
-        ok = read_all(fd, state.data(), state.size()) &&
-             checksum_of(key, tokens.data(), tokens.size(), state.data(), state.size()) == h.checksum;
+    if (ok && h.state_len > 0) {
+        // The whole file mapped, its pages faulted in at once (MAP_POPULATE: one pass of
+        // readahead instead of a fault per page in the checksum's loop).
+        void * base = ::mmap(nullptr, (size_t) st.st_size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+        ok = base != MAP_FAILED;
+        if (ok) {
+            state.base_ = base;
+            state.length_ = (size_t) st.st_size;
+            state.data_ = (const uint8_t *) base + (st.st_size - (off_t) h.state_len);
+            state.size_ = (size_t) h.state_len;
+            ok = checksum_of(key, tokens.data(), tokens.size(), state.data_, state.size_) == h.checksum;
+        }
+    } else if (ok) {
+        ok = false;                    // a file with no state restores nothing
     }
     ::close(fd);
     if (!ok) {
-        state.clear();
+        if (state.base_ != nullptr) {
+            ::munmap(state.base_, state.length_);
+            state.base_ = nullptr;
+            state.data_ = nullptr;
+            state.size_ = 0;
+        }
         reject(f.path);
         return false;
     }

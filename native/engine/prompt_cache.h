@@ -86,9 +86,27 @@ public:
     // (n_common), or n_common 0. Lists the directory; opens only files not yet indexed.
     struct found { std::string path; int32_t n_tokens = 0; int32_t n_common = 0; };
     found find(const std::vector<int32_t> & prompt, int32_t longer_than, int32_t n_max);
-    // Reads and checks the file found for `prompt`: its state bytes into `state`. False (and the
-    // file removed) on anything amiss; true touches its mtime (least recently used goes first).
-    bool load(const found & f, const std::vector<int32_t> & prompt, std::vector<uint8_t> & state);
+    // A file's state bytes, mapped from the page cache (no copy, no zero-filled buffer: the
+    // restore's one copy is llama.cpp's into the KV cells); unmapped with the object.
+    class state_view {
+    public:
+        state_view() = default;
+        ~state_view();
+        state_view(const state_view &) = delete;
+        state_view & operator=(const state_view &) = delete;
+        const uint8_t * data() const { return data_; }
+        size_t size() const { return size_; }
+    private:
+        friend class prompt_cache;
+        void * base_ = nullptr;
+        size_t length_ = 0;
+        const uint8_t * data_ = nullptr;
+        size_t size_ = 0;
+    };
+    // Reads and checks the file found for `prompt`: its state into `state`. False (and the file
+    // removed) on anything amiss; true touches its mtime (least recently used goes first). A
+    // file is never changed in place (writes are renamed into place), so the mapping holds.
+    bool load(const found & f, const std::vector<int32_t> & prompt, state_view & state);
     // Whether a file of these tokens would hold min_tokens or more that no file (saved or on
     // its way) shares with them.
     bool worth_saving(const std::vector<int32_t> & tokens);
