@@ -135,6 +135,7 @@ def build_ollama_app(settings: config.Settings, guard, membership: Membership | 
     refuses what the leader serves, as its inference port does."""
     from .api.cluster import gate
     from .api.errors import to_api_error
+    from .api.inference import routes as inference_routes
     from .api.ollama import routes as ollama_routes
     from .api.ollama.errors import ERROR_SHAPE
     from .auth.networks import NetworkGuard, parse_networks
@@ -147,7 +148,12 @@ def build_ollama_app(settings: config.Settings, guard, membership: Membership | 
                              settings["rate_limits.refusal_delay"])
     if membership is not None and not membership.is_leader:
         table = gate.leader_only(table, membership)
-    return App("ollama", [(table, ctx)], guard=guard, max_body=settings["http.max_body_bytes"],
+    # Ollama serves OpenAI's API on its port too, and clients use it there (Copilot's Ollama
+    # provider lists models with /api/tags and /api/show, then chats through /v1/chat/completions)
+    openai = inference_routes.ROUTES
+    if membership is not None and not membership.is_leader:
+        openai = gate.leader_only(openai, membership)
+    return App("ollama", [(table, ctx), (openai, ctx)], guard=guard, max_body=settings["http.max_body_bytes"],
                errors=to_api_error, error_shape=ERROR_SHAPE)
 
 

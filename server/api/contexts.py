@@ -33,7 +33,7 @@ class ModelsContext:
 @dataclass(frozen=True)
 class OllamaContext:
     """Ollama's port: its generation and listings over the registry, its pulls, imports and
-    copies over the store."""
+    copies over the store; OpenAI's routes on that port take it too (they read `models`)."""
     models: ModelRegistry
     pulls: PullService
     imports: LocalImports

@@ -32,8 +32,8 @@ def test_a_name_that_is_not_stored_is_a_4xx(written):
     assert getattr(refused.value, "code", None) is not None or isinstance(refused.value, ApiError)
 
 
-def test_listed_names_carry_a_tag():
-    assert names.shown("smollm2-135m-instruct") == "smollm2-135m-instruct:latest"
+def test_listed_names_are_the_store_ids():
+    assert names.shown("smollm2-135m-instruct") == "smollm2-135m-instruct"
     assert names.shown("ns/model:q4") == "ns/model:q4"
     assert names.new_id("library/mine:latest", "model") == "mine"
 
@@ -48,11 +48,12 @@ def test_options_applied_into_the_typed_request():
     assert (s.temperature, s.top_k, s.top_p, s.repeat_penalty) == (0.0, 5, 0.5, pytest.approx(1.1))
     assert gen.max_tokens == 12 and gen.stop == ["\n"] and gen.seed == 7 and not gen.stream
     assert options.generation(options.read_options({"options": {"num_predict": -1}}), "", True).max_tokens is None
+    assert options.generation(options.read_options({"options": {"stop": "\n\n"}}), "", True).stop == ["\n\n"]
 
 
 @pytest.mark.parametrize("option, value", [("mirostat", 2), ("tfs_z", 0.5), ("typical_p", 0.9), ("frobnicate", 1),
                                            ("num_predict", 0), ("num_ctx", 0), ("temperature", "hot"),
-                                           ("stop", "x"), ("seed", 2 ** 70), ("top_k", True)])
+                                           ("stop", 3), ("stop", [""]), ("seed", 2 ** 70), ("top_k", True)])
 def test_options_refused_name_the_option(option, value):
     with pytest.raises(ApiError) as refused:
         options.read_options({"options": {option: value}})

@@ -1,4 +1,4 @@
-"""Ollama's API through the official `ollama` Python client (the 0.6.x line Home Assistant's
+"""Ollama's API through the official `ollama` Python client (the version Home Assistant's
 integration pins), unchanged, against the real daemon's Ollama port and its default models:
 list, show, ps, chat streamed and whole, tools and the tool-result turn, format from a pydantic
 model, generate with system and with suffix, embed, pull from a real registry, copy, create,
@@ -66,15 +66,15 @@ def test_the_port_says_it_is_running_and_a_version_copilot_accepts(daemon):
 
 def test_list_show_ps(client):
     names = [m.model for m in client.list().models]
-    assert CHAT + ":latest" in names and EMBED + ":latest" in names
+    assert CHAT in names and EMBED in names
     shown = client.show(CHAT)
     assert shown.details.format == "gguf" and shown.details.family == "llama"
     assert "completion" in shown.capabilities and "embedding" not in shown.capabilities
     assert shown.modelinfo["general.architecture"] == "llama" and shown.template
     assert client.show(EMBED).capabilities == ["embedding"]
     loaded = {m.model: m for m in client.ps().models}
-    assert CHAT + ":latest" in loaded and loaded[CHAT + ":latest"].size > 0
-    assert loaded[CHAT + ":latest"].expires_at is not None
+    assert CHAT in loaded and loaded[CHAT].size > 0
+    assert loaded[CHAT].expires_at is not None
 
 
 def test_chat_whole_and_streamed(client):
@@ -157,7 +157,7 @@ def test_an_empty_prompt_loads_and_keep_alive_zero_unloads(client):
     assert loaded.done and loaded.done_reason == "load"
     unloaded = client.generate(model=CHAT, prompt="", keep_alive=0)
     assert unloaded.done_reason == "unload"
-    assert CHAT + ":latest" not in [m.model for m in client.ps().models]
+    assert CHAT not in [m.model for m in client.ps().models]
     assert client.chat(model=CHAT, messages=HELLO, options={"num_predict": 2}, stream=False).done   # on demand
 
 
@@ -176,7 +176,7 @@ def test_pull_copy_create_delete(client, registry, tmp_path, daemon):
     registry.push_model("library/tiny", "latest", [(MEDIA_MODEL, data)])
     progress = list(client.pull("tiny", stream=True))
     assert progress[-1].status == "success" and any(p.digest for p in progress)
-    assert "tiny:latest" in [m.model for m in client.list().models]
+    assert "tiny:latest" in [m.model for m in client.list().models]      # pulled: Ollama's own name
     assert client.copy("tiny", "tiny-copy").status == "success"
     assert client.show("tiny-copy").details.family == "llama"
     assert client.create(model="tiny-again", from_="tiny").status == "success"
@@ -189,7 +189,7 @@ def test_pull_copy_create_delete(client, registry, tmp_path, daemon):
     for name in ("tiny-copy", "tiny-again", "from-blob", "tiny"):
         assert client.delete(name).status == "success"
     names = [m.model for m in client.list().models]
-    assert not {"tiny:latest", "tiny-copy:latest", "tiny-again:latest", "from-blob:latest"} & set(names)
+    assert not {"tiny:latest", "tiny-copy", "tiny-again", "from-blob"} & set(names)
 
 
 def test_errors_are_the_clients_response_error(client, daemon):
@@ -228,3 +228,21 @@ def test_the_same_keys_as_port_8080(daemon):
     with pytest.raises(ollama.ResponseError) as refused:
         reader.delete(CHAT)
     assert refused.value.status_code == 403
+
+
+def test_num_ctx_loads_the_model_with_that_context_and_keep_alive_sets_its_expiry(client):
+    def loaded():
+        return {m.model: m for m in client.ps().models}[CHAT]
+
+    client.chat(model=CHAT, messages=HELLO, options={"num_predict": 2}, stream=False)
+    before = loaded().context_length
+    larger = before * 2
+    assert client.chat(model=CHAT, messages=HELLO, options={"num_predict": 2, "num_ctx": larger}, stream=False).done
+    assert loaded().context_length == larger                  # loaded again with it, as Ollama does
+    client.chat(model=CHAT, messages=HELLO, options={"num_predict": 2, "num_ctx": before}, stream=False)
+    assert loaded().context_length == larger                  # less: served as it is
+    assert loaded().expires_at.year >= 2300                   # this daemon keeps models for ever...
+    client.chat(model=CHAT, messages=HELLO, options={"num_predict": 2}, keep_alive="10m", stream=False)
+    assert loaded().expires_at.year < 2300                    # ...until a request's keep_alive says
+    client.chat(model=CHAT, messages=HELLO, options={"num_predict": 2}, keep_alive=-1, stream=False)
+    assert loaded().expires_at.year >= 2300

@@ -115,7 +115,8 @@ async def capabilities(ctx, manifest, template: str, declares_fim: bool) -> list
 
 def model_info(manifest) -> dict:
     arch = manifest.architecture
-    info = {"general.architecture": arch, "general.parameter_count": manifest.parameter_count,
+    info = {"general.architecture": arch, "general.basename": manifest.id.split(":")[0].rsplit("/", 1)[-1],
+            "general.parameter_count": manifest.parameter_count,
             "general.file_type": manifest.quantization}
     for key, value in ((f"{arch}.context_length", manifest.context_length),
                        (f"{arch}.embedding_length", manifest.n_embd), (f"{arch}.block_count", manifest.n_layer),

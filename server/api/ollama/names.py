@@ -4,7 +4,7 @@ Ollama names are `[host/][namespace/]name[:tag]`, the tag `latest` when none is 
 namespace `library` when none is. The store keeps a pulled model as Ollama names it
 (store/pulling.py model_id_for: `name:tag`, `ns/name:tag`, `host/ns/name:tag`) and the default
 models without a tag; so a name is looked up as written, then without `library/`, then with or
-without `:latest`. Listings add `:latest` to an id without a tag, as Ollama shows every name."""
+without `:latest`. Listings name each model by its id (see `shown`)."""
 from __future__ import annotations
 
 from ...errors import Code, DomainError
@@ -61,5 +61,7 @@ def new_id(name, field: str) -> str:
 
 
 def shown(model_id: str) -> str:
-    """A store id as Ollama shows a name: with its tag, `:latest` when it has none."""
-    return model_id if ":" in model_id.rsplit("/", 1)[-1] else model_id + LATEST
+    """A store id as this port names it: the id itself, without the `:latest` Ollama would add,
+    because clients send the names they list to OpenAI's routes on the same port too (Copilot's
+    provider chats through /v1/chat/completions), which take the store's ids as they are."""
+    return model_id

@@ -34,7 +34,11 @@ APPLIED = {
     "seed": V.Integer("seed", lo=params.SEED_RANGE[0], hi=params.SEED_RANGE[1]),
     "num_predict": V.Integer("num_predict", lo=-2, hi=MAX_PREDICT),
     "num_ctx": V.Integer("num_ctx", lo=1, hi=1 << 24),
-    "stop": V.Array("stop", V.String(max_len=params.MAX_STOP_LEN), max_items=MAX_STOP),
+    # an array, or one string (Continue's provider types it string | string[])
+    "stop": V.OneOf("stop", V.String(max_len=params.MAX_STOP_LEN),
+                    V.Array(items=V.String(max_len=params.MAX_STOP_LEN), max_items=MAX_STOP), flat=True,
+                    message=f"'{{field}}' must be a string or an array of at most {MAX_STOP} strings "
+                            f"(non-empty, at most {params.MAX_STOP_LEN} characters each)"),
     "repeat_penalty": V.Number("repeat_penalty", lo=0.01, hi=10.0),
     "presence_penalty": V.Number("presence_penalty", lo=-2.0, hi=2.0),
     "frequency_penalty": V.Number("frequency_penalty", lo=-2.0, hi=2.0),
@@ -157,9 +161,11 @@ def generation(options: Options, grammar: str, stream: bool) -> GenerationParams
     if seed is not None and seed >= 0:       # Ollama's -1: random
         s.seed = seed32(seed)
     s.grammar = grammar
+    stop = options.get("stop", [])
     predict = options.get("num_predict")
     return GenerationParams(max_tokens=predict if predict is not None and predict > 0 else None,
-                            stop=list(options.get("stop", [])), n=1, stream=stream, include_usage=stream,
+                            stop=[stop] if isinstance(stop, str) else list(stop), n=1, stream=stream,
+                            include_usage=stream,
                             sampling=s, seed=seed if seed is not None and seed >= 0 else None,
                             top_logprobs=0, logprobs=False, grammar=grammar)
 
