@@ -25,6 +25,15 @@ def test_names_as_ollama_writes_them_find_the_stored_model(written, stored):
     assert names.store_id(store, written) == stored
 
 
+def test_the_configured_registrys_host_is_left_out_and_another_is_kept():
+    store = Store("qwen2.5:0.5b", "hf.co/user/repo:q4")
+    assert names.store_id(store, "registry.example:5000/library/qwen2.5:0.5b",
+                          registry_host="registry.example:5000") == "qwen2.5:0.5b"
+    assert names.store_id(store, "hf.co/user/repo:q4", registry_host="registry.example:5000") == "hf.co/user/repo:q4"
+    with pytest.raises(Exception):             # another registry's model is not this one's
+        names.store_id(store, "other.example/library/qwen2.5:0.5b", registry_host="registry.example:5000")
+
+
 @pytest.mark.parametrize("written", ["missing", "", "../../etc/passwd", "a" * 300, None, 3])
 def test_a_name_that_is_not_stored_is_a_4xx(written):
     with pytest.raises(Exception) as refused:

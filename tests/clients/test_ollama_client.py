@@ -177,6 +177,9 @@ def test_pull_copy_create_delete(client, registry, tmp_path, daemon):
     progress = list(client.pull("tiny", stream=True))
     assert progress[-1].status == "success" and any(p.digest for p in progress)
     assert "tiny:latest" in [m.model for m in client.list().models]      # pulled: Ollama's own name
+    host = registry.url.split("://", 1)[1].rstrip("/")
+    for name in ("tiny", "tiny:latest", "library/tiny", f"{host}/library/tiny:latest"):   # Ollama's spellings
+        assert client.show(name).details.format == "gguf"
     assert client.copy("tiny", "tiny-copy").status == "success"
     assert client.show("tiny-copy").details.family == "llama"
     assert client.create(model="tiny-again", from_="tiny").status == "success"

@@ -5,6 +5,7 @@ request ends). Also how long getting it took: Ollama's load_duration."""
 from __future__ import annotations
 
 import time
+from urllib.parse import urlsplit
 
 from ...http.errors import invalid
 from . import names
@@ -40,4 +41,15 @@ def resolve(ctx, body: dict, field: str = "model") -> str:
     name = body.get(field)
     if name is None and field == "model":
         name = body.get("name")
-    return names.store_id(ctx.models.store, name, field)
+    return names.store_id(ctx.models.store, name, field, registry_host(ctx))
+
+
+def registry_host(ctx) -> str:
+    """host[:port] of models.registry as a name writes it ("" when none is configured)."""
+    url = ctx.pulls.settings.url
+    if not url:
+        return ""
+    parts = urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    host = (parts.hostname or "").lower()
+    return host if parts.port in (None, default) else f"{host}:{parts.port}"

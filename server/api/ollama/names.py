@@ -15,11 +15,15 @@ LATEST = ":latest"
 LIBRARY = "library/"
 
 
-def candidates(name: str) -> list[str]:
-    """The store ids `name` may stand for, the likeliest first."""
+def candidates(name: str, registry_host: str = "") -> list[str]:
+    """The store ids `name` may stand for, the likeliest first. `registry_host`: the configured
+    registry's host[:port], which a pull leaves out of the ids of its models (a name that
+    carries another host is that registry's model, never this one's)."""
     name = name.strip()
     lower = name.lower()
     out = [name] if lower == name else [name, lower]
+    if registry_host and lower.startswith(registry_host.lower() + "/"):
+        out.append(lower[len(registry_host) + 1:])
     for base in list(out):
         if base.startswith(LIBRARY):
             out.append(base[len(LIBRARY):])
@@ -32,13 +36,13 @@ def candidates(name: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def store_id(store, name, field: str = "model") -> str:
+def store_id(store, name, field: str = "model", registry_host: str = "") -> str:
     """The store's id of the model `name` names; a 404 in Ollama's words when none is stored."""
     if not isinstance(name, str) or not name.strip():
         raise invalid(f"'{field}' is required: a model name such as \"smollm2-135m-instruct\"", field)
     if len(name) > 256:
         raise invalid(f"'{field}' is longer than 256 characters", field)
-    for candidate in candidates(name):
+    for candidate in candidates(name, registry_host):
         if valid_model_id(candidate) and store.get(candidate) is not None:
             return candidate
     raise DomainError(Code.MODEL_NOT_FOUND, f"model '{name}' not found, try pulling it first", param=field)
