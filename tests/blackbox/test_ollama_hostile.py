@@ -26,6 +26,9 @@ BODIES = {
     "/api/embed": {"model": EMBED, "input": "hi"},
     "/api/embeddings": {"model": EMBED, "prompt": "hi"},
     "/api/show": {"model": CHAT},
+    "/api/pull": {"model": "tiny", "stream": False},          # no registry configured: a 400 at best
+    "/api/copy": {"source": CHAT, "destination": "hostile-copy"},
+    "/api/create": {"model": "hostile-made", "from": CHAT, "stream": False},
 }
 FIELDS = {
     "/api/chat": ["model", "messages", "tools", "format", "options", "stream", "keep_alive", "think"],
@@ -34,6 +37,10 @@ FIELDS = {
     "/api/embed": ["model", "input", "truncate", "dimensions", "options", "keep_alive"],
     "/api/embeddings": ["model", "prompt", "options", "keep_alive"],
     "/api/show": ["model"],
+    "/api/pull": ["model", "stream", "insecure"],
+    "/api/copy": ["source", "destination"],
+    "/api/create": ["model", "from", "files", "quantize", "template", "system", "parameters", "messages",
+                    "adapters", "stream"],
 }
 OPTION_NAMES = ["temperature", "top_p", "top_k", "min_p", "seed", "num_predict", "num_ctx", "stop",
                 "repeat_penalty", "presence_penalty", "frequency_penalty", "num_keep", "repeat_last_n",
@@ -134,6 +141,15 @@ def test_blob_digests_are_checked(node):
         assert status in (400, 404), (digest, body)
     status, _, body = ask(node, "/api/blobs/sha256:" + "0" * 64, b"not these bytes")
     assert status == 400 and "sha256" in body["error"]
+
+
+def test_delete_with_hostile_names_removes_nothing(node):
+    for value in VALUES:
+        status, _, body = ask(node, "/api/delete", {"model": value}, method="DELETE")
+        assert_answered(status, body, ("delete", value))
+        assert status != 200, value
+    status, _, tags = node.request("GET", "/api/tags", port="ollama", key=node.admin_key)
+    assert CHAT in [m["model"] for m in tags["models"]]
 
 
 def test_the_daemon_still_answers(node):
