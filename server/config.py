@@ -119,6 +119,16 @@ DEFAULTS: dict = {
         "rpc_port": 50052,        # first port of ggml RPC server children
         "replicas": "all",        # replicas of a model that fits one node: all (every node that can hold it) or N
     },
+    "ollama": {
+        "enabled": False,         # serve --ollama: Ollama's API on its own port, for the clients that speak only it
+        "port": 11434,            # Ollama's own default
+        "host": "",               # empty: the node's `host`
+        "max_blob_mb": 512,       # POST /api/blobs/:digest at most (the body is held in memory)
+        # networks whose requests need no key (an inference-only principal with its own rate
+        # limit, per minute); none by default
+        "anonymous_networks": [],
+        "anonymous_rate_limit": 60,
+    },
     "console": {
         "enabled": False,         # serve --console: the console beside the node, on one loop
         "port": 8000,
@@ -296,6 +306,7 @@ def _check(values: dict) -> None:
     if values["debug"]["trace_reply_timeout"] <= 0:
         raise ConfigError("setting debug.trace_reply_timeout: must be positive")
     _check_console(values["console"])
+    _check_ollama(values["ollama"])
     _check_cluster(values)
 
 
@@ -371,6 +382,20 @@ def _read_secret(cluster: dict) -> bytes | None:
     if len(secret) < MIN_SECRET_BYTES:
         raise ConfigError(f"setting cluster.secret: at least {MIN_SECRET_BYTES} characters")
     return secret
+
+
+def _check_ollama(ollama: dict) -> None:
+    if not 0 <= ollama["port"] <= 65535:
+        raise ConfigError(f"setting ollama.port: {ollama['port']} is not a TCP port")
+    if not 1 <= ollama["max_blob_mb"] <= 1 << 20:
+        raise ConfigError("setting ollama.max_blob_mb: must be from 1 to 1048576")
+    if ollama["anonymous_rate_limit"] < 0:
+        raise ConfigError("setting ollama.anonymous_rate_limit: must be 0 (unlimited) or more")
+    from .auth.networks import parse_networks
+    try:
+        parse_networks(ollama["anonymous_networks"])
+    except ValueError as exc:
+        raise ConfigError(f"setting ollama.anonymous_networks: {exc}") from None
 
 
 def _check_console(console: dict) -> None:

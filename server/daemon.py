@@ -130,6 +130,33 @@ def build_apps(max_body: int, guard, membership: Membership | None, contexts: Co
     return inference, cluster
 
 
+def build_ollama_app(settings: config.Settings, guard, membership: Membership | None, ctx) -> App:
+    """Ollama's port: its own table over the same registry, store, keys and limits; a follower's
+    refuses what the leader serves, as its inference port does."""
+    from .api.cluster import gate
+    from .api.errors import to_api_error
+    from .api.inference import routes as inference_routes
+    from .api.ollama import routes as ollama_routes
+    from .api.ollama.errors import ERROR_SHAPE
+    from .auth.networks import NetworkGuard, parse_networks
+    from .http.routing import App
+
+    table = ollama_routes.table(settings["ollama.max_blob_mb"] << 20)
+    networks = parse_networks(settings["ollama.anonymous_networks"])
+    if networks:                    # requests without a key from these networks: inference alone
+        guard = NetworkGuard(guard, networks, settings["ollama.anonymous_rate_limit"],
+                             settings["rate_limits.refusal_delay"])
+    if membership is not None and not membership.is_leader:
+        table = gate.leader_only(table, membership)
+    # Ollama serves OpenAI's API on its port too, and clients use it there (Copilot's Ollama
+    # provider lists models with /api/tags and /api/show, then chats through /v1/chat/completions)
+    openai = inference_routes.ROUTES
+    if membership is not None and not membership.is_leader:
+        openai = gate.leader_only(openai, membership)
+    return App("ollama", [(table, ctx), (openai, ctx)], guard=guard, max_body=settings["http.max_body_bytes"],
+               errors=to_api_error, error_shape=ERROR_SHAPE)
+
+
 def _raise_fd_limit() -> None:
     """1024 connections need more than the common default of 1024 descriptors."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -186,8 +213,8 @@ async def serve(settings: config.Settings, spare: SpareWorker | None = None, fau
     contexts = Contexts(InferenceContext(registry), ModelsContext(registry, pulls, imports),
                         ClusterContext(facts, membership, power, registry, metrics, registry.cluster.rpc,
                                        settings["debug.trace_reply_timeout"]))
-    inference_app, cluster_app = build_apps(settings["http.max_body_bytes"],
-                                            KeyGuard(access.keys, access.limiter), membership, contexts)
+    guard = KeyGuard(access.keys, access.limiter)
+    inference_app, cluster_app = build_apps(settings["http.max_body_bytes"], guard, membership, contexts)
     host = settings["host"]
     try:
         inference_port = await http.listen(inference_app, host, settings["inference_port"])
@@ -195,12 +222,27 @@ async def serve(settings: config.Settings, spare: SpareWorker | None = None, fau
     except OSError as exc:
         print(f"stackd: cannot listen on {host}: {exc.strerror or exc}", file=sys.stderr, flush=True)
         return 1
+    ollama_host = settings["ollama.host"] or host
+    ollama_port = None
+    if settings["ollama.enabled"]:
+        from .api.contexts import OllamaContext
+        ollama_app = build_ollama_app(settings, guard, membership, OllamaContext(registry, pulls, imports))
+        try:
+            ollama_port = await http.listen(ollama_app, ollama_host, settings["ollama.port"])
+        except OSError as exc:
+            print(f"stackd: cannot listen for Ollama's API on {ollama_host}: {exc.strerror or exc}",
+                  file=sys.stderr, flush=True)
+            await http.shutdown(0)
+            await registry.aclose()
+            return 1
 
     print(f"stackd: node {facts.node_id} data dir {settings.data_dir}", flush=True)
     if admin_key_path is not None:
         print(f"stackd: first start: admin API key written to {admin_key_path}", flush=True)
     print(f"stackd: inference listening on http://{_url_host(host)}:{inference_port}", flush=True)
     print(f"stackd: cluster listening on http://{_url_host(host)}:{cluster_port}", flush=True)
+    if ollama_port is not None:
+        print(f"stackd: ollama listening on http://{_url_host(ollama_host)}:{ollama_port}", flush=True)
     membership.start(loop, host, cluster_port, inference_port)    # a follower heartbeats
     if membership.secret is not None:
         print(f"stackd: cluster {membership.role} at {membership.address}", flush=True)

@@ -18,7 +18,7 @@ import orjson
 
 # A client that waits this long has met a hang, not a slow machine: CI runs on 2 busy cores.
 CLIENT_TIMEOUT = 300
-LISTENING = re.compile(r"(inference|cluster|console) listening on http://(?:\[[^\]]*\]|[^:/]+):(\d+)")
+LISTENING = re.compile(r"(inference|cluster|console|ollama) listening on http://(?:\[[^\]]*\]|[^:/]+):(\d+)")
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the checkout, above testing/
@@ -133,7 +133,7 @@ class Daemon:
 
     def __init__(self, data_dir: str, config: str = "", env: dict | None = None, models: bool = False,
                  console: bool = False, start_timeout: float = 120.0, python: str | None = None,
-                 injected: dict | None = None):
+                 injected: dict | None = None, ollama: bool = False):
         self.data_dir = data_dir
         os.makedirs(data_dir, exist_ok=True)
         if not models and "[models]" not in config:
@@ -147,6 +147,9 @@ class Daemon:
         if console:
             command += ["--console", "--console-port", "0"]
             apps.add("console")
+        if ollama:                       # Ollama's API on a free port (serve --ollama)
+            command += ["--ollama", "--ollama-port", "0"]
+            apps.add("ollama")
         self.stdout: list[str] = []
         self.stderr: list[str] = []
         env = dict(env or {})
@@ -157,6 +160,7 @@ class Daemon:
         self.proc, self.ports = start_process(command, {**os.environ, **env}, self.stdout, self.stderr,
                                               until=apps, timeout=start_timeout)
         self.inference_port, self.cluster_port = self.ports["inference"], self.ports["cluster"]
+        self.ollama_port = self.ports.get("ollama")
         key_file = os.path.join(data_dir, "admin.key")
         self.admin_key = open(key_file).read().strip() if os.path.exists(key_file) else None
 

@@ -119,3 +119,17 @@ def test_the_console_dashboards_bounds_hold_at_their_edges(tmp_path, name, low, 
         with pytest.raises(config.ConfigError, match=f"console.{name}"):
             config.load({"config": write(tmp_path, f"[console]\n{name} = {past}\n"),
                          "data_dir": str(tmp_path)}, environ={})
+
+
+def test_the_ollama_port_is_off_unless_turned_on_and_its_settings_are_checked(tmp_path):
+    settings = config.load({"data_dir": str(tmp_path)}, environ={})
+    assert settings["ollama.enabled"] is False and settings["ollama.port"] == 11434
+    assert settings["ollama.anonymous_networks"] == []             # every request needs a key
+    on = config.load({"data_dir": str(tmp_path), "ollama.enabled": True, "ollama.port": 0},
+                     environ={"STACKD_OLLAMA_ANONYMOUS_NETWORKS": "192.168.1.0/24, ::1"})
+    assert on["ollama.enabled"] and on["ollama.anonymous_networks"] == ["192.168.1.0/24", "::1"]
+    for text, needle in (("[ollama]\nport = 70000\n", "ollama.port"), ("[ollama]\nmax_blob_mb = 0\n", "max_blob_mb"),
+                         ("[ollama]\nanonymous_networks = [\"lan\"]\n", "anonymous_networks"),
+                         ("[ollama]\nanonymous_rate_limit = -1\n", "anonymous_rate_limit")):
+        with pytest.raises(config.ConfigError, match=needle):
+            config.load({"config": write(tmp_path, text), "data_dir": str(tmp_path)}, environ={})

@@ -31,7 +31,8 @@ EXTERNAL = {"llama.cpp", "common.cpp", "common.h", "ops.cpp", "ggml-rpc.cpp", "l
             "ggml-common.h", "ggml-impl.h", "build-info.cpp", "bench/NAME.py", "_scalar.cpp"}
 EXTERNAL_PREFIXES = ("common/", "ggml/", "ggml-cpu/", "src/llama", "include/", "tools/", "vllm/",
                      "openssl/", "llama_cpp/", "DATA_DIR/", "DEST_DIR/", "data/", ".../",
-                     "arch/")       # the Linux kernel's (arch/arm64/include/uapi/asm/hwcap.h)
+                     "arch/",       # the Linux kernel's (arch/arm64/include/uapi/asm/hwcap.h)
+                     "homeassistant/")   # Home Assistant's, whose requests the Ollama port's tests record
 
 
 def sources() -> list[Path]:

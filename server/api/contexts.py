@@ -30,6 +30,15 @@ class ModelsContext:
     imports: LocalImports
 
 
+@dataclass(frozen=True)
+class OllamaContext:
+    """Ollama's port: its generation and listings over the registry, its pulls, imports and
+    copies over the store; OpenAI's routes on that port take it too (they read `models`)."""
+    models: ModelRegistry
+    pulls: PullService
+    imports: LocalImports
+
+
 @dataclass
 class ClusterContext:
     """/v1/health, topology, cluster, nodes, power, /metrics, the trace; /internal/v1/..."""

@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--console", action="store_const", const=True, dest="console_enabled",
                        help="serve the console (/api and its web page) beside the node")
     serve.add_argument("--console-port", type=int, help="console port; default 8000")
+    serve.add_argument("--ollama", action="store_const", const=True, dest="ollama_enabled",
+                       help="serve Ollama's API (/api/chat, /api/tags, ...) on its own port")
+    serve.add_argument("--ollama-port", type=int, help="Ollama API port; default 11434")
     serve.add_argument("--model", action="append", dest="model_files", metavar="PATH",
                        help="a GGUF file to add to the store and load at start (repeatable); "
                             "replaces models.preload")
@@ -87,6 +90,8 @@ def _settings(args) -> config.Settings:
         flags[name] = getattr(args, name, None)
     flags["console.enabled"] = getattr(args, "console_enabled", None)
     flags["console.port"] = getattr(args, "console_port", None)
+    flags["ollama.enabled"] = getattr(args, "ollama_enabled", None)
+    flags["ollama.port"] = getattr(args, "ollama_port", None)
     if getattr(args, "model_files", None):
         flags["models.preload"] = [os.path.abspath(path) for path in args.model_files]
     if args.command == "console":

@@ -65,10 +65,13 @@ TARGET_CACHE_SIZE = 1024
 
 
 class App:
-    def __init__(self, name: str, tables: list, *, ctx=None, guard, max_body: int, errors=None):
+    def __init__(self, name: str, tables: list, *, ctx=None, guard, max_body: int, errors=None,
+                 error_shape=None):
         """`tables`: route tables, each a dict or a (dict, context) pair; a plain dict's
-        handlers get `ctx`."""
+        handlers get `ctx`. `error_shape`: how the app words an error of no route of its (an
+        unknown path) when it speaks another API's dialect (the Ollama port); None: the spec's."""
         self.name = name
+        self.error_shape = error_shape
         self.guard = guard              # guard(request, route) raises ApiError or returns None
         # errors(exc) -> ApiError | None: how the API answers what its handlers raise beyond
         # ApiError (its domain's errors); None for anything else, which is a 500
@@ -141,7 +144,7 @@ class App:
                 self.guard(request, route)
             return route.handler(route.ctx, request)
         except ApiError as exc:
-            response = error_response(exc, _shape(request))
+            response = error_response(exc, self._shape(request))
             if exc.delay > 0:
                 return _held_back(exc.delay, response)
             return response
@@ -152,28 +155,30 @@ class App:
         try:
             return await awaitable
         except ApiError as exc:
-            return error_response(exc, _shape(request))
+            return error_response(exc, self._shape(request))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             return self.failed(request, exc)
 
+    def _shape(self, request):
+        """The ErrorShape of the request's route (None: the spec's shape), or the app's when
+        no route matched."""
+        route = request.route
+        return route.error_shape if route is not None else self.error_shape
+
     def failed(self, request, exc: Exception) -> Response:
         answer = self.errors(exc) if self.errors is not None else None
-        return error_response(answer, _shape(request)) if answer is not None else self.crashed(request)
+        return error_response(answer, self._shape(request)) if answer is not None else self.crashed(request)
 
     def crashed(self, request) -> Response:
         log.exception("unhandled error request_id=%s %s %s", request.request_id.decode(),
                       request.method, request.path)
         return error_response(ApiError(ErrorKind.INTERNAL,
                                        "internal server error; see the server log for this request id"),
-                              _shape(request))
+                              self._shape(request))
 
 
-def _shape(request):
-    """The ErrorShape of the request's route (None: the spec's shape, also when unmatched)."""
-    route = request.route
-    return route.error_shape if route is not None else None
 
 
 async def _held_back(delay: float, response):
