@@ -71,11 +71,6 @@ class OnDemand:
     def keep_alive_of(self, model_id: str) -> float:
         return self.keep_alives.get(model_id, self.keep_alive)
 
-    def set_keep_alive(self, model_id: str, seconds: float) -> None:
-        """A request's own keep-alive for its model (Ollama's keep_alive): it counts from the
-        moment the model is idle again, as a load's keep_alive does; 0 unloads it then."""
-        self.keep_alives[model_id] = seconds
-
     def idle(self, model_id: str) -> None:
         """The model is loaded and nobody uses it: its keep-alive starts (unless pinned, never
         expiring, or already running). The registry checks that it is loaded."""

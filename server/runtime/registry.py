@@ -587,6 +587,51 @@ class ModelRegistry:
         """The power contract's share of full compute, for every engine now and later."""
         self.supervisor.set_compute_scale(scale, self.loaded.values())
 
+    def set_keep_alive(self, model_id: str, seconds: float) -> None:
+        """A request's own keep-alive for its model (Ollama's keep_alive), counted from the moment
+        the model is idle, as a load's is; 0 unloads it as soon as nobody uses it, so a request
+        never cuts another's short (an inference key may ask for it: unload itself is model
+        management)."""
+        if model_id not in self.loaded:
+            return                               # a load sets its own (or the setting's)
+        self.on_demand.kept(model_id, seconds)   # the clock stopped, to start with the new value
+        if self.on_demand.in_use(model_id) == 0:
+            self._idle(model_id)                 # idle now: from now (0: at once)
+
+    async def unload_when_idle(self, model_id: str) -> None:
+        """keep_alive 0 with nothing to generate (Ollama's way to unload): unloaded now when
+        nobody uses it, else as soon as its requests end; never one of them cut short."""
+        self.manifest(model_id)
+        if model_id not in self.loaded:
+            return
+        self.on_demand.kept(model_id, 0)
+        if self.on_demand.in_use(model_id) == 0:
+            await self._evict(model_id, KEEP_ALIVE, "its keep_alive is 0")
+
+    async def load_with_context(self, model_id: str, context_length: int) -> LoadedModel:
+        """The model with at least `context_length` tokens of context per sequence (Ollama's
+        num_ctx): as loaded when it has as much; loaded again with it once nobody uses it
+        (Ollama's scheduler also lets a runner's requests end before it reloads), waiting up
+        to models.load_wait, then 503 with Retry-After; loaded with it when not loaded."""
+        until = self.loop.time() + self.load_wait
+        while True:
+            current = self.loaded.get(model_id)
+            if current is not None and current.context_length >= context_length:
+                return current
+            if current is None or (self.on_demand.in_use(model_id) == 0 and model_id not in self.transitions):
+                return await self.load(model_id, context_length)
+            remaining = until - self.loop.time()
+            if remaining <= 0:
+                raise DomainError(Code.UNAVAILABLE, f"'{model_id}' is in use with {current.context_length} tokens "
+                                  f"of context; {context_length} needs it loaded again once its requests end, "
+                                  f"and they did not within {self.load_wait:g} s (models.load_wait)",
+                                  retry_after=LOADING_RETRY_AFTER)
+            self._became_idle.clear()
+            try:
+                await asyncio.wait_for(self._became_idle.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
     async def unload(self, model_id: str) -> Manifest:
         manifest = self.manifest(model_id)
         async with self.lock(model_id):

@@ -211,11 +211,11 @@ async def chat(ctx, request) -> Response | StreamingResponse:
 
 
 async def load_only(ctx, model_id: str, body: dict, options: opts.Options, keep_alive, started: int) -> Response:
-    """No messages: the model loaded (done_reason "load"), or with keep_alive 0 unloaded
-    ("unload"), as Ollama answers."""
+    """No messages: the model loaded (done_reason "load"), or with keep_alive 0 unloaded once
+    its requests end ("unload"), as Ollama answers."""
     model_name = names.shown(model_id)
-    if keep_alive == 0:
-        await ctx.models.unload(model_id)
+    if keep_alive == 0:                      # once nobody uses it: never another's request cut
+        await ctx.models.unload_when_idle(model_id)
         return json_response({**head(model_name), "message": {"role": "assistant", "content": ""},
                               "done": True, "done_reason": "unload"})
     got = await loading.model_for(ctx, model_id, "chat", options.get("num_ctx"), keep_alive)

@@ -65,8 +65,8 @@ async def generate(ctx, request) -> Response | StreamingResponse:
     gen = opts.generation(options, grammar, opts.stream_of(body))
     model_name = names.shown(model_id)
     if not prompt and not suffix:              # Ollama's way to load (keep_alive 0: unload) a model
-        if keep_alive == 0:
-            await ctx.models.unload(model_id)
+        if keep_alive == 0:                    # once nobody uses it: never another's request cut
+            await ctx.models.unload_when_idle(model_id)
             return json_response({**head(model_name), "response": "", "done": True, "done_reason": "unload"})
         got = await loading.model_for(ctx, model_id, "chat", options.get("num_ctx"), keep_alive)
         return json_response({**head(model_name), "response": "", "done": True, "done_reason": "load",

@@ -1,7 +1,7 @@
 """The model a request names, loaded as its options ask: `num_ctx` is the context a load sets
-(a model loaded with less is loaded again with it, as Ollama does; one loaded with at least as
-much serves as it is), `keep_alive` the time it stays once idle (0: unloaded as soon as the
-request ends). Also how long getting it took: Ollama's load_duration."""
+(a model loaded with less is loaded again with it once its requests have ended, as Ollama
+does; one loaded with at least as much serves as it is), `keep_alive` the time it stays once
+idle (0: unloaded as soon as nobody uses it). Also how long getting it took: Ollama's load_duration."""
 from __future__ import annotations
 
 import time
@@ -27,12 +27,11 @@ async def model_for(ctx, model_id: str, kind: str, num_ctx: int | None, keep_ali
         if trained is not None and num_ctx > trained:
             raise invalid(f"'options.num_ctx' is {num_ctx}; this model was trained with {trained} tokens "
                           "of context at most", "options.num_ctx")
-        loaded = registry.loaded.get(model_id)
-        if kind == "chat" and (loaded is None or loaded.context_length < num_ctx):
-            await registry.load(model_id, num_ctx)
+        if kind == "chat":
+            await registry.load_with_context(model_id, num_ctx)
     model = await registry.get(model_id, kind)
     if keep_alive is not None:
-        registry.on_demand.set_keep_alive(model_id, keep_alive)
+        registry.set_keep_alive(model_id, keep_alive)
     return Got(model, time.monotonic_ns() - started)
 
 
