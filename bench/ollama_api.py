@@ -8,7 +8,7 @@ same token budget. Greedy answers are the same text on both routes, so each does
 Ollama itself is not measured here: its Linux build is on neither PyPI nor Debian, the only
 registries this machine reaches.
 
-    .venv/bin/python bench/ollama_api.py [--clients 1 16] [--seconds 20] [--tokens 128]
+    .venv/bin/python bench/ollama_api.py [--clients 1 16] [--seconds 20] [--tokens 128] [--rounds 4]
 
 Reports completion tokens/s (the pieces each answer streamed: one a token), time to first
 piece p50/p95 and the gap between pieces p50/p95, per API and client count.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -111,6 +112,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds per client count, the two routes in turn (the first alternating): "
+                             "a drift in the machine's load falls on both; the medians and their ratio")
     args = parser.parse_args()
     slots = max(args.clients)
     daemon = Daemon(tempfile.mkdtemp(prefix="bench-ollama-") + "/data",
@@ -124,14 +128,21 @@ def main() -> None:
             asyncio.run(load(port, path, body, daemon.admin_key, split, 1, 0.1))
         print(f"{'api':30} {'clients':>7} {'tok/s':>8} {'ttft p50':>9} {'p95':>7} {'gap p50':>8} {'p95':>7}")
         for clients in args.clients:
-            for name, port, path, body, split in routes:
-                results, elapsed = asyncio.run(load(port, path, body, daemon.admin_key, split, clients,
-                                                    args.seconds))
-                ttfts = [r.ttft for r in results if r.ttft is not None]
-                gaps = [g for r in results for g in r.gaps]
-                print(f"{name:30} {clients:7d} {sum(r.tokens for r in results) / elapsed:8.1f} "
-                      f"{_quantile(ttfts, 0.5) * 1000:8.1f}ms {_quantile(ttfts, 0.95) * 1000:6.1f}ms "
-                      f"{_quantile(gaps, 0.5) * 1000:7.2f}ms {_quantile(gaps, 0.95) * 1000:6.2f}ms", flush=True)
+            rates: dict[str, list[float]] = {name: [] for name, *_ in routes}
+            for i in range(args.rounds):
+                for name, port, path, body, split in (routes if i % 2 == 0 else routes[::-1]):
+                    results, elapsed = asyncio.run(load(port, path, body, daemon.admin_key, split, clients,
+                                                        args.seconds))
+                    ttfts = [r.ttft for r in results if r.ttft is not None]
+                    gaps = [g for r in results for g in r.gaps]
+                    rates[name].append(sum(r.tokens for r in results) / elapsed)
+                    print(f"{name:30} {clients:7d} {rates[name][-1]:8.1f} "
+                          f"{_quantile(ttfts, 0.5) * 1000:8.1f}ms {_quantile(ttfts, 0.95) * 1000:6.1f}ms "
+                          f"{_quantile(gaps, 0.5) * 1000:7.2f}ms {_quantile(gaps, 0.95) * 1000:6.2f}ms", flush=True)
+            if args.rounds > 1:
+                (a, ra), (b, rb) = ((name, statistics.median(v)) for name, v in rates.items())
+                print(f"{clients} clients, medians of {args.rounds} rounds: {b} {rb:.1f} tok/s, {a} {ra:.1f} "
+                      f"tok/s: {rb / ra:.2f}x", flush=True)
     finally:
         daemon.stop()
 
