@@ -22,6 +22,18 @@ class RequestResult:
     gaps: list[float] = field(default_factory=list)
     tokens: int = 0
     complete: bool = False
+    start: float = 0.0                         # perf_counter() at the request's send
+    last: float = 0.0                          # perf_counter() at the token before
+
+    def token(self) -> None:
+        """One token arrived now: the first sets ttft, each later one a gap."""
+        now = time.perf_counter()
+        if self.ttft is None:
+            self.ttft = now - self.start
+        else:
+            self.gaps.append(now - self.last)
+        self.last = now
+        self.tokens += 1
 
 
 @dataclass
@@ -76,7 +88,7 @@ async def _body_chunks(reader: asyncio.StreamReader, headers: bytes):
 async def one_request(port: int, body: dict, key: str | None, deadline: float) -> RequestResult:
     result = RequestResult()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    start = last = time.perf_counter()
+    result.start = time.perf_counter()
     try:
         writer.write(_request_bytes(port, body, key))
         head = await reader.readuntil(b"\r\n\r\n")
@@ -96,13 +108,7 @@ async def one_request(port: int, body: dict, key: str | None, deadline: float) -
                         continue
                     choices = orjson.loads(payload).get("choices") or []
                     if choices and choices[0].get("text"):
-                        now = time.perf_counter()
-                        if result.ttft is None:
-                            result.ttft = now - start
-                        else:
-                            result.gaps.append(now - last)
-                        last = now
-                        result.tokens += 1
+                        result.token()
                     if choices and choices[0].get("finish_reason"):
                         result.complete = True
             if time.perf_counter() > deadline:

@@ -71,7 +71,7 @@ async def one(port: int, path: str, body: dict, key: str, split) -> RequestResul
     writer.write((f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
                   f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
                   ).encode() + payload)
-    start = last = time.perf_counter()
+    result.start = time.perf_counter()
     try:
         head = await reader.readuntil(b"\r\n\r\n")
         if not head.startswith(b"HTTP/1.1 200"):
@@ -81,13 +81,7 @@ async def one(port: int, path: str, body: dict, key: str, split) -> RequestResul
             buffer += data
             texts, buffer = split(buffer)
             for _ in texts:
-                now = time.perf_counter()
-                if result.ttft is None:
-                    result.ttft = now - start
-                else:
-                    result.gaps.append(now - last)
-                last = now
-                result.tokens += 1
+                result.token()
         result.complete = True
     finally:
         writer.close()
