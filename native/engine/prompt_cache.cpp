@@ -173,6 +173,25 @@ int32_t common_prefix(const std::vector<int32_t> & a, const std::vector<int32_t>
     return (int32_t) i;
 }
 
+// A file's head read from `fd` and checked: the header, the sizes it declares adding up to the
+// file's (each bounded by it first, so that no sum wraps), the key equal to `key`, then the
+// tokens. False on anything amiss; `size` is the file's.
+bool read_head_of(int fd, const std::string & key, header & h, uint64_t & size, std::vector<int32_t> & tokens) {
+    struct stat st{};
+    if (fstat(fd, &st) != 0 || !read_all(fd, &h, sizeof(h))) {
+        return false;
+    }
+    size = (uint64_t) st.st_size;
+    if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 || h.version != prompt_cache::kVersion ||
+        h.key_len != key.size() || (uint64_t) h.n_tokens * 4 > size || h.state_len > size ||
+        size != prompt_cache::kHeaderBytes + h.key_len + (uint64_t) h.n_tokens * 4 + h.state_len) {
+        return false;
+    }
+    std::string held(h.key_len, '\0');
+    tokens.resize(h.n_tokens);
+    return read_all(fd, held.data(), held.size()) && held == key && read_all(fd, tokens.data(), tokens.size() * 4);
+}
+
 }  // namespace
 
 // A file's head (header, key, tokens) read and checked against this key and the file's size:
@@ -182,18 +201,9 @@ int prompt_cache::read_head(const std::string & path, std::vector<int32_t> & tok
     if (fd < 0) {
         return -1;
     }
-    struct stat st{};
     header h{};
-    bool ok = fstat(fd, &st) == 0 && read_all(fd, &h, sizeof(h)) &&
-              std::memcmp(h.magic, kMagic, sizeof(kMagic)) == 0 && h.version == kVersion &&
-              h.key_len == params_.key.size() &&
-              (uint64_t) st.st_size == kHeaderBytes + h.key_len + (uint64_t) h.n_tokens * 4 + h.state_len;
-    if (ok) {
-        std::string key(h.key_len, '\0');
-        tokens.resize(h.n_tokens);
-        ok = read_all(fd, key.data(), key.size()) && key == params_.key &&
-             read_all(fd, tokens.data(), tokens.size() * 4);
-    }
+    uint64_t size = 0;
+    const bool ok = read_head_of(fd, params_.key, h, size, tokens);
     ::close(fd);
     return ok ? 1 : 0;
 }
@@ -282,32 +292,22 @@ bool prompt_cache::load(const found & f, const std::vector<int32_t> & prompt, st
     if (fd < 0) {
         return false;                  // gone meanwhile (evicted by another process): a miss
     }
-    struct stat st{};
     header h{};
-    bool ok = fstat(fd, &st) == 0 && read_all(fd, &h, sizeof(h)) &&
-              std::memcmp(h.magic, kMagic, sizeof(kMagic)) == 0 && h.version == kVersion &&
-              h.key_len == params_.key.size() && (int32_t) h.n_tokens == f.n_tokens &&
-              (uint64_t) st.st_size == kHeaderBytes + h.key_len + (uint64_t) h.n_tokens * 4 + h.state_len;
-    std::string key;
+    uint64_t size = 0;
     std::vector<int32_t> tokens;
-    if (ok) {
-        key.resize(h.key_len);
-        tokens.resize(h.n_tokens);
-        ok = read_all(fd, key.data(), key.size()) && key == params_.key &&
-             read_all(fd, tokens.data(), tokens.size() * 4) &&
-             common_prefix(tokens, prompt, f.n_common) == f.n_common;
-    }
+    bool ok = read_head_of(fd, params_.key, h, size, tokens) && (int32_t) h.n_tokens == f.n_tokens &&
+              common_prefix(tokens, prompt, f.n_common) == f.n_common;
     if (ok && h.state_len > 0) {
         // The whole file mapped, its pages faulted in at once (MAP_POPULATE: one pass of
         // readahead instead of a fault per page in the checksum's loop).
-        void * base = ::mmap(nullptr, (size_t) st.st_size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+        void * base = ::mmap(nullptr, (size_t) size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
         ok = base != MAP_FAILED;
         if (ok) {
             state.base_ = base;
-            state.length_ = (size_t) st.st_size;
-            state.data_ = (const uint8_t *) base + (st.st_size - (off_t) h.state_len);
+            state.length_ = (size_t) size;
+            state.data_ = (const uint8_t *) base + (size - h.state_len);
             state.size_ = (size_t) h.state_len;
-            ok = checksum_of(key, tokens.data(), tokens.size(), state.data_, state.size_) == h.checksum;
+            ok = checksum_of(params_.key, tokens.data(), tokens.size(), state.data_, state.size_) == h.checksum;
         }
     } else if (ok) {
         ok = false;                    // a file with no state restores nothing
@@ -323,7 +323,7 @@ bool prompt_cache::load(const found & f, const std::vector<int32_t> & prompt, st
         reject(f.path);
         return false;
     }
-    counters.bytes_read += (uint64_t) st.st_size;
+    counters.bytes_read += size;
     ::utimensat(AT_FDCWD, f.path.c_str(), nullptr, 0);   // now: the most recently used
     return true;
 }

@@ -264,8 +264,25 @@ def damage_header_only(path):
         f.truncate(20)
 
 
-@pytest.mark.parametrize("damage", [damage_truncate, damage_flip, damage_junk, damage_header_only],
-                         ids=["truncated", "bit_flip", "junk", "cut_in_header"])
+def damage_wrapping_sizes(path):
+    """A header whose token count and state length add up to the file's size only by wrapping
+    around 64 bits: 4 G tokens claimed (16 GiB to read them into) in a file of a few MB."""
+    import struct
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(12)
+        key_len = struct.unpack("<I", f.read(4))[0]
+        n_tokens = 0xFFFFFFFF
+        state_len = (size - 48 - key_len - n_tokens * 4) % (1 << 64)
+        f.seek(16)
+        f.write(struct.pack("<I", n_tokens))
+        f.seek(24)
+        f.write(struct.pack("<Q", state_len))
+
+
+@pytest.mark.parametrize("damage", [damage_truncate, damage_flip, damage_junk, damage_header_only,
+                                    damage_wrapping_sizes],
+                         ids=["truncated", "bit_flip", "junk", "cut_in_header", "wrapping_sizes"])
 def test_a_damaged_file_is_a_miss_and_is_removed(cache, prompts, damage):
     first, second, cold_answer = prompts
     path = saved(cache, cache.start(), first)
