@@ -24,6 +24,7 @@ from ..inference import chat as openai_chat
 from ..inference import tools as tools_params
 from . import loading, names, options as opts, timing
 from .errors import error_line
+from .timing import head
 
 ROLES = ("system", "user", "assistant", "tool")
 NDJSON = b"application/x-ndjson"
@@ -145,10 +146,6 @@ def tool_call(name: str, arguments: str) -> dict:
     return {"function": {"name": name, "arguments": value}}
 
 
-def head(model_name: str) -> dict:
-    return {"model": model_name, "created_at": timing.created_at()}
-
-
 async def whole(run, model_name: str, started: int, load_ns: int) -> dict:
     (message,) = await run.result()
     reply = {"role": "assistant", "content": message.content or ""}
@@ -199,7 +196,9 @@ async def chat(ctx, request) -> Response | StreamingResponse:
     options = opts.read_options(body)
     keep_alive = opts.keep_alive_of(body)
     if not body.get("messages"):             # Ollama's way to load (or, keep_alive 0, unload) a model
-        return await load_only(ctx, model_id, body, options, keep_alive, started)
+        done = await loading.load_only(ctx, model_id, options.get("num_ctx"), keep_alive, started)
+        return json_response({**head(names.shown(model_id)), "message": {"role": "assistant", "content": ""},
+                              **done})
     chat_request = request_of(body, model_id, options)
     got = await loading.model_for(ctx, model_id, "chat", options.get("num_ctx"), keep_alive)
     opts.apply_window(chat_request.gen, options, got.model.context_length)
@@ -208,17 +207,3 @@ async def chat(ctx, request) -> Response | StreamingResponse:
     if chat_request.gen.stream:
         return StreamingResponse(lines(run, model_name, started, got.load_ns), NDJSON)
     return json_response(await whole(run, model_name, started, got.load_ns))
-
-
-async def load_only(ctx, model_id: str, body: dict, options: opts.Options, keep_alive, started: int) -> Response:
-    """No messages: the model loaded (done_reason "load"), or with keep_alive 0 unloaded once
-    its requests end ("unload"), as Ollama answers."""
-    model_name = names.shown(model_id)
-    if keep_alive == 0:                      # once nobody uses it: never another's request cut
-        await ctx.models.unload_when_idle(model_id)
-        return json_response({**head(model_name), "message": {"role": "assistant", "content": ""},
-                              "done": True, "done_reason": "unload"})
-    got = await loading.model_for(ctx, model_id, "chat", options.get("num_ctx"), keep_alive)
-    return json_response({**head(model_name), "message": {"role": "assistant", "content": ""}, "done": True,
-                          "done_reason": "load", "total_duration": time.monotonic_ns() - started,
-                          "load_duration": got.load_ns})

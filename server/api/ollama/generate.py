@@ -24,6 +24,7 @@ from ..inference.responses import Choice
 from . import loading, names, options as opts, timing
 from .chat import FIELD_NAMES, NDJSON, line, no_images, refuse_logprobs
 from .errors import error_line
+from .timing import head
 
 
 def text_field(body: dict, name: str) -> str:
@@ -46,10 +47,6 @@ def refuse_unsupported(body: dict) -> None:
                       "conversation to /api/chat", "context")
 
 
-def head(model_name: str) -> dict:
-    return {"model": model_name, "created_at": timing.created_at()}
-
-
 async def generate(ctx, request) -> Response | StreamingResponse:
     started = time.monotonic_ns()
     body = request.json()
@@ -65,12 +62,8 @@ async def generate(ctx, request) -> Response | StreamingResponse:
     gen = opts.generation(options, grammar, opts.stream_of(body))
     model_name = names.shown(model_id)
     if not prompt and not suffix:              # Ollama's way to load (keep_alive 0: unload) a model
-        if keep_alive == 0:                    # once nobody uses it: never another's request cut
-            await ctx.models.unload_when_idle(model_id)
-            return json_response({**head(model_name), "response": "", "done": True, "done_reason": "unload"})
-        got = await loading.model_for(ctx, model_id, "chat", options.get("num_ctx"), keep_alive)
-        return json_response({**head(model_name), "response": "", "done": True, "done_reason": "load",
-                              "total_duration": time.monotonic_ns() - started, "load_duration": got.load_ns})
+        done = await loading.load_only(ctx, model_id, options.get("num_ctx"), keep_alive, started)
+        return json_response({**head(model_name), "response": "", **done})
     got = await loading.model_for(ctx, model_id, "chat", options.get("num_ctx"), keep_alive)
     opts.apply_window(gen, options, got.model.context_length)
     if raw or suffix:

@@ -35,6 +35,18 @@ async def model_for(ctx, model_id: str, kind: str, num_ctx: int | None, keep_ali
     return Got(model, time.monotonic_ns() - started)
 
 
+async def load_only(ctx, model_id: str, num_ctx: int | None, keep_alive: float | None, started: int) -> dict:
+    """A chat or generate with nothing to answer, Ollama's way to load a model (done_reason
+    "load", with its durations) or, keep_alive 0, to unload it ("unload"): once nobody uses it,
+    never another client's request cut short. -> the answer's final fields."""
+    if keep_alive == 0:
+        await ctx.models.unload_when_idle(model_id)
+        return {"done": True, "done_reason": "unload"}
+    got = await model_for(ctx, model_id, "chat", num_ctx, keep_alive)
+    return {"done": True, "done_reason": "load", "total_duration": time.monotonic_ns() - started,
+            "load_duration": got.load_ns}
+
+
 def resolve(ctx, body: dict, field: str = "model") -> str:
     """The store id of the body's model (Ollama's older clients write `name`)."""
     name = body.get(field)

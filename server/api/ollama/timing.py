@@ -10,6 +10,11 @@ def created_at() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+def head(model_name: str) -> dict:
+    """What every object of a chat or generate answer starts with."""
+    return {"model": model_name, "created_at": created_at()}
+
+
 def rfc3339(unix_seconds: float) -> str:
     return datetime.fromtimestamp(unix_seconds, timezone.utc).isoformat().replace("+00:00", "Z")
 
