@@ -54,12 +54,6 @@ def make_store(work: str) -> tuple[str, int]:
     return data, limit
 
 
-def metric(daemon: Daemon, name: str) -> float:
-    _, _, text = daemon.request("GET", "/metrics", key=daemon.admin_key)
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.decode().splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
-
-
 def loaded(daemon: Daemon) -> set[str]:
     _, _, body = daemon.request("GET", "/v1/models", port="inference", key=daemon.admin_key)
     return {m["id"] for m in body["data"] if m.get("state") == "loaded"}
@@ -101,9 +95,9 @@ def main() -> None:
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
-        loads = metric(daemon, "stackd_model_loads_total")
-        evictions = metric(daemon, "stackd_model_evictions_total")
-        load_seconds = metric(daemon, "stackd_model_load_seconds_total")
+        loads = daemon.metric("stackd_model_loads_total")
+        evictions = daemon.metric("stackd_model_evictions_total")
+        load_seconds = daemon.metric("stackd_model_load_seconds_total")
     finally:
         daemon.stop()
     ok = [r for r in results if r[1] == 200]

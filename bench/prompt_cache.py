@@ -73,13 +73,6 @@ def ttft(daemon: Daemon, messages: list[dict]) -> tuple[float, str, int]:
     return first if first is not None else time.perf_counter() - t0, "".join(text), cached
 
 
-def metric(daemon: Daemon, name: str) -> float:
-    status, _, text = daemon.request("GET", "/metrics", key=daemon.admin_key)
-    assert status == 200, status
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.decode().splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
-
-
 def kv_files(data: str) -> int:
     return len(glob.glob(os.path.join(data, "models", "kv", "*", "*.kv")))
 
@@ -188,7 +181,7 @@ def main() -> None:
         daemon = Daemon(data, CONFIG, models=True)
         try:
             restored, restored_text, cached_restored = ttft(daemon, follow_up)
-            restore_ms.append(metric(daemon, "stackd_prompt_cache_restore_us_total") / 1000)
+            restore_ms.append(daemon.metric("stackd_prompt_cache_restore_us_total") / 1000)
             status, _, usage = daemon.request("POST", "/v1/chat/completions", port="inference",
                                               key=daemon.admin_key, body={"model": CHAT, "messages": follow_up,
                                                                           "max_tokens": 1, "temperature": 0})

@@ -178,6 +178,13 @@ class Daemon:
         return http_request("127.0.0.1", getattr(self, f"{port}_port"), method, path, key=key,
                             body=body, headers=headers)
 
+    def metric(self, name: str) -> float:
+        """A /metrics series summed over its labels (0 when absent), read with the admin key."""
+        status, _, text = self.request("GET", "/metrics", key=self.admin_key)
+        assert status == 200, status
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.decode().splitlines()
+                   if line.startswith(name + "{") or line.startswith(name + " "))
+
     def raw(self, data: bytes, port: str = "cluster", wait: float = 30.0) -> bytes:
         """Send raw bytes; return everything the server sends until it closes or goes quiet."""
         sock = socket.create_connection(("127.0.0.1", getattr(self, f"{port}_port")), timeout=wait)
