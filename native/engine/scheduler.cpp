@@ -97,10 +97,15 @@ void scheduler::release_finished(batch_plan & plan) {
     }
 }
 
-// The free slot whose cache shares the longest prefix with the prompt; ties go to the
-// least recently used, so hot caches survive longest.
+// The free slot whose cache shares the longest prefix with the prompt, among those the prompt
+// would keep at least half of (an empty slot keeps all of its nothing); ties go to the least
+// recently used, so hot caches survive longest. A slot the prompt shares only a little with
+// (the chat template's first tokens, a short common header) is not taken while such a one is
+// free: it would lose a long prefix another turn may need for a few tokens of reuse. When every
+// free slot is such a one, the least recently used goes.
 int32_t scheduler::pick_slot(const std::vector<token_t> & prompt, int32_t & n_common) const {
-    int32_t best = -1;
+    int32_t best = -1, lru = -1;
+    int32_t n_lru = 0;
     n_common = 0;
     for (int32_t i = 0; i < (int32_t) slots_.size(); ++i) {
         const slot_info & s = slots_[i];
@@ -112,10 +117,21 @@ int32_t scheduler::pick_slot(const std::vector<token_t> & prompt, int32_t & n_co
         while ((size_t) n < n_max && s.cache[n] == prompt[n]) {
             ++n;
         }
+        if (lru < 0 || s.t_last_used < slots_[lru].t_last_used) {
+            lru = i;
+            n_lru = n;
+        }
+        if (2 * (size_t) n < s.cache.size()) {
+            continue;                  // the prompt would keep less than half of it
+        }
         if (best < 0 || n > n_common || (n == n_common && s.t_last_used < slots_[best].t_last_used)) {
             best = i;
             n_common = n;
         }
+    }
+    if (best < 0) {
+        n_common = n_lru;
+        return lru;
     }
     return best;
 }

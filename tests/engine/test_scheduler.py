@@ -136,6 +136,25 @@ def test_prefix_reuse_picks_the_slot_with_the_longest_common_prefix(Scheduler):
     assert prompt_items[0][ITEM_POS] == 50 and prompt_items[0][ITEM_N] == 1
 
 
+def test_a_prompt_sharing_only_a_template_head_leaves_a_long_cache_alone(Scheduler):
+    """A slot holding a long conversation is not displaced by a prompt that shares only its
+    first tokens (the chat template's) while an empty slot is free; once every free slot is
+    such a one, the least recently used goes, keeping what it shares."""
+    sched = Scheduler(n_slots=2, n_batch=64, n_ctx_seq=256)
+    decoder = FakeDecoder(sched)
+    head = [1, 2, 3]
+    sched.enqueue(1, head + list(range(100, 160)), 1)
+    decoder.run()
+    long_slot = next(i for i in range(2) if sched.slot_cache(i))
+    sched.enqueue(2, head + list(range(200, 220)), 1)
+    [(_, slot, n_keep)] = sched.schedule()["admissions"]
+    assert slot != long_slot and n_keep == 0        # the empty slot: the 63-token cache stays
+    decoder.run()
+    sched.enqueue(3, head + [5, 5], 1)               # shares 3 tokens with each
+    [(_, slot, n_keep)] = sched.schedule()["admissions"]
+    assert slot == long_slot and n_keep == 3         # the least recently used
+
+
 def test_identical_prompt_still_decodes_its_last_token(Scheduler):
     sched = Scheduler(n_slots=1, n_batch=64, n_ctx_seq=256)
     decoder = FakeDecoder(sched)

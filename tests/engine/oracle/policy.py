@@ -205,7 +205,10 @@ class Scheduler:
                                    for r in map(self._requests.__getitem__, self._running)])
 
     def _pick_slot(self, prompt: list[int]) -> tuple[int, int]:
+        """The longest shared prefix among the free slots the prompt keeps at least half of, the
+        least recently used on a tie; when none is, the least recently used free slot."""
         best, best_common = -1, 0
+        lru, lru_common = -1, 0
         for i, slot in enumerate(self._slots):
             if slot.request >= 0:
                 continue
@@ -214,10 +217,14 @@ class Scheduler:
                 if a != b:
                     break
                 common += 1
+            if lru < 0 or slot.last_used < self._slots[lru].last_used:
+                lru, lru_common = i, common
+            if 2 * common < len(slot.cache):
+                continue
             if best < 0 or common > best_common or (
                     common == best_common and slot.last_used < self._slots[best].last_used):
                 best, best_common = i, common
-        return best, best_common
+        return (best, best_common) if best >= 0 else (lru, lru_common)
 
     def _may_admit(self, req: _Request, respect_share: bool) -> bool:
         cap = self.n_max_slots_per_owner
