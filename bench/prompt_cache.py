@@ -1,15 +1,19 @@
 """The prompt cache on disk (docs/engine.md, "Prompt cache on disk"): the time to first token
 of a conversation's follow-up turn over a ~2,000-token system prompt, on the real daemon and the
-default chat model, three ways in one run:
+default chat model, in one run:
 
 - restored: the first turn answered, the daemon stopped and started again on the same data dir,
-  then the follow-up (its first turn's KV comes from the file);
+  then the follow-up (its first turn's KV comes from the file, put back into a slot by the
+  model's load: models.prompt_cache_preload, the default);
+- restored at admission: the same with models.prompt_cache_preload = 0 (the file found and read
+  when the follow-up is admitted);
 - warm: the first turn answered, then a follow-up on the same daemon (the KV in a slot);
 - restored on a primed engine: the same follow-up on a daemon started again whose engine
   answered one short request first (the restore apart from a new worker's first step);
 - cold: the same follow-up on a daemon without the cache (models.prompt_cache_mb = 0).
 
-The engine's own restore time (lookup, read, check, into the sequence) comes from /metrics.
+The engine's own restore time (lookup, read, check, into the sequence) and the model's load time
+(which a preload lengthens) come from /metrics.
 
     .venv/bin/python bench/prompt_cache.py [--rounds 3] [--devices 150] [--peer]
 
@@ -162,8 +166,8 @@ def main() -> None:
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bench-prompt-cache-")
     data, cold_data = os.path.join(work, "data"), os.path.join(work, "cold")
-    rows = {"restored": [], "restored_primed": [], "warm": [], "cold": []}
-    restore_ms = []
+    rows = {"restored": [], "restored_at_admission": [], "restored_primed": [], "warm": [], "cold": []}
+    restore_ms, admission_restore_ms, load_ms, admission_load_ms = [], [], [], []
     prompt_tokens = []
     for r in range(args.rounds):
         system = system_prompt(args.devices, r)
@@ -182,10 +186,21 @@ def main() -> None:
         try:
             restored, restored_text, cached_restored = ttft(daemon, follow_up)
             restore_ms.append(daemon.metric("stackd_prompt_cache_restore_us_total") / 1000)
+            load_ms.append(daemon.metric("stackd_model_load_seconds_total") * 1000)
+            assert daemon.metric("stackd_prompt_cache_preloads_total") >= 1
             status, _, usage = daemon.request("POST", "/v1/chat/completions", port="inference",
                                               key=daemon.admin_key, body={"model": CHAT, "messages": follow_up,
                                                                           "max_tokens": 1, "temperature": 0})
             prompt_tokens.append(usage["usage"]["prompt_tokens"])
+        finally:
+            daemon.stop()
+        daemon = Daemon(data, CONFIG + "prompt_cache_preload = 0\n", models=True)
+        try:
+            at_admission, admission_text, cached_admission = ttft(daemon, follow_up)
+            admission_restore_ms.append(daemon.metric("stackd_prompt_cache_restore_us_total") / 1000)
+            admission_load_ms.append(daemon.metric("stackd_model_load_seconds_total") * 1000)
+            assert daemon.metric("stackd_prompt_cache_hits_total") == 1
+            assert admission_text == restored_text, (admission_text, restored_text)
         finally:
             daemon.stop()
         # The same restore on a restarted daemon whose engine has run one short request first:
@@ -202,15 +217,18 @@ def main() -> None:
             cold, cold_text, cached_cold = ttft(cold_daemon, follow_up)
         finally:
             cold_daemon.stop()
-        assert cached_cold == 0 and min(cached_restored, cached_warm, cached_primed) > 0, \
-            (cached_cold, cached_restored, cached_warm, cached_primed)
+        assert cached_cold == 0 and min(cached_restored, cached_admission, cached_warm, cached_primed) > 0, \
+            (cached_cold, cached_restored, cached_admission, cached_warm, cached_primed)
         assert restored_text == cold_text, (restored_text, cold_text)     # greedy: the same answer
         rows["restored"].append(restored)
+        rows["restored_at_admission"].append(at_admission)
         rows["warm"].append(warm)
         rows["restored_primed"].append(primed)
         rows["cold"].append(cold)
-        print(f"round {r + 1}: restored {restored * 1000:.0f} ms (cached {cached_restored}, the engine's "
-              f"restore {restore_ms[-1]:.0f} ms), restored on a primed engine {primed * 1000:.0f} ms, "
+        print(f"round {r + 1}: restored {restored * 1000:.0f} ms (cached {cached_restored}, preloaded by the "
+              f"load in {restore_ms[-1]:.0f} ms, load {load_ms[-1]:.0f} ms), restored at admission "
+              f"{at_admission * 1000:.0f} ms (the engine's restore {admission_restore_ms[-1]:.0f} ms, load "
+              f"{admission_load_ms[-1]:.0f} ms), restored on a primed engine {primed * 1000:.0f} ms, "
               f"warm {warm * 1000:.0f} ms (cached {cached_warm}), cold {cold * 1000:.0f} ms", flush=True)
     peer_rows = {"restored": [], "warm": [], "cold": []}
     if args.peer:
@@ -220,8 +238,12 @@ def main() -> None:
     median = {name: statistics.median(values) for name, values in rows.items()}
     peer = {name: round(statistics.median(values) * 1000) for name, values in peer_rows.items() if values}
     print(json.dumps({"prompt_tokens": prompt_tokens, "ttft_ms": {k: round(v * 1000) for k, v in median.items()},
-                      "engine_restore_ms": round(statistics.median(restore_ms)),
+                      "preload_ms": round(statistics.median(restore_ms)),
+                      "admission_restore_ms": round(statistics.median(admission_restore_ms)),
+                      "load_ms": {"preloading": round(statistics.median(load_ms)),
+                                  "not_preloading": round(statistics.median(admission_load_ms))},
                       "restored_over_warm": round(median["restored"] / median["warm"], 2),
+                      "at_admission_over_warm": round(median["restored_at_admission"] / median["warm"], 2),
                       "primed_over_warm": round(median["restored_primed"] / median["warm"], 2),
                       "restored_over_cold": round(median["restored"] / median["cold"], 3),
                       **({"llama_server_ttft_ms": peer,

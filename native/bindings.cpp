@@ -473,7 +473,7 @@ PYBIND11_MODULE(_engine, m) {
                          int32_t kv_type, int32_t tp_rank, int32_t tp_size, std::string tp_transport,
                          std::string prompt_cache_dir, std::string prompt_cache_root, std::string prompt_cache_key,
                          int32_t prompt_cache_min_tokens, int64_t prompt_cache_bytes,
-                         int64_t prompt_cache_disk_reserve) {
+                         int64_t prompt_cache_disk_reserve, int32_t prompt_cache_preload) {
                  // Named fields, in engine_params' order (GCC checks both).
                  const engine_params p{
                      .model_path = model_path, .embeddings = embeddings, .slots = slots,
@@ -486,7 +486,8 @@ PYBIND11_MODULE(_engine, m) {
                      .tp_rank = tp_rank, .tp_size = tp_size, .tp_transport = std::move(tp_transport),
                      .prompt_cache_dir = std::move(prompt_cache_dir), .prompt_cache_root = std::move(prompt_cache_root),
                      .prompt_cache_key = std::move(prompt_cache_key), .prompt_cache_min_tokens = prompt_cache_min_tokens,
-                     .prompt_cache_bytes = prompt_cache_bytes, .prompt_cache_disk_reserve = prompt_cache_disk_reserve};
+                     .prompt_cache_bytes = prompt_cache_bytes, .prompt_cache_disk_reserve = prompt_cache_disk_reserve,
+                     .prompt_cache_preload = prompt_cache_preload};
                  py::gil_scoped_release release;
                  return std::make_unique<engine>(p);
              }),
@@ -502,7 +503,7 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("tp_transport") = std::string(), py::arg("prompt_cache_dir") = std::string(),
              py::arg("prompt_cache_root") = std::string(), py::arg("prompt_cache_key") = std::string(),
              py::arg("prompt_cache_min_tokens") = 512, py::arg("prompt_cache_bytes") = (int64_t) 0,
-             py::arg("prompt_cache_disk_reserve") = (int64_t) 0)
+             py::arg("prompt_cache_disk_reserve") = (int64_t) 0, py::arg("prompt_cache_preload") = 0)
         .def("submit",
              [](engine & e, int64_t id, std::vector<int32_t> prompt, int32_t max_tokens,
                 std::vector<std::string> stop, const sampling_params & sampling, int64_t owner) {

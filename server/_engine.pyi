@@ -48,6 +48,8 @@ class EngineStats(TypedDict):
     n_prompt_cache_superseded: int
     n_prompt_cache_restored_tokens: int
     t_prompt_cache_restore_us: int
+    n_prompt_cache_preloads: int
+    n_prompt_cache_preloaded_tokens: int
 
 # (field, Prometheus name after "stackd_", help), from native/engine/timings.h
 HISTOGRAMS: list[tuple[str, str, str]]

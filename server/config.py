@@ -103,9 +103,11 @@ DEFAULTS: dict = {
         "pull_stall_timeout": 30.0,
         # the prompt cache on disk (DATA_DIR/models/kv): prompt prefixes' KV kept across unloads
         # and restarts (docs/engine.md, "Prompt cache"); all models' files at most (0: off), and
-        # the shortest prompt saved
+        # the shortest prompt saved, and how many of a model's most recently used files its
+        # load restores into idle slots (0: none; at most its slots)
         "prompt_cache_mb": 1024,
         "prompt_cache_min_tokens": 512,
+        "prompt_cache_preload": 2,
     },
     "debug": {
         "trace_reply_timeout": 30.0,  # seconds a worker has to answer a trace's start or stop
@@ -298,6 +300,8 @@ def _check(values: dict) -> None:
         raise ConfigError("setting models.prompt_cache_mb: must be 0 (off) or more")
     if values["models"]["prompt_cache_min_tokens"] < 1:
         raise ConfigError("setting models.prompt_cache_min_tokens: must be positive")
+    if not 0 <= values["models"]["prompt_cache_preload"] <= 64:
+        raise ConfigError("setting models.prompt_cache_preload: must be 0 (none) to 64")
     for url in values["models"]["registries"]:
         if not _is_registry_url(url):
             raise ConfigError(f"setting models.registries: {url!r} is not http(s)://host[:port]")

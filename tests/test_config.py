@@ -53,6 +53,8 @@ def test_config_toml_in_data_dir_is_found(tmp_path):
     ("[engine]\nkernels = 'avx3'\n", "engine.kernels: must be auto, off, or a code path"),
     ("[models]\nprompt_cache_mb = -1\n", "models.prompt_cache_mb: must be 0 \\(off\\) or more"),
     ("[models]\nprompt_cache_min_tokens = 0\n", "models.prompt_cache_min_tokens: must be positive"),
+    ("[models]\nprompt_cache_preload = -1\n", "models.prompt_cache_preload: must be 0 \\(none\\) to 64"),
+    ("[models]\nprompt_cache_preload = 65\n", "models.prompt_cache_preload: must be 0 \\(none\\) to 64"),
 ])
 def test_bad_files_are_refused_with_a_reason(tmp_path, text, needle):
     with pytest.raises(config.ConfigError, match=needle):
@@ -95,9 +97,15 @@ def test_the_kv_commit_setting_defaults_to_lazy_and_takes_eager(tmp_path):
 def test_the_prompt_cache_settings_at_their_edges(tmp_path):
     defaults = config.load({"data_dir": str(tmp_path / "d")}, environ={})
     assert (defaults["models.prompt_cache_mb"], defaults["models.prompt_cache_min_tokens"]) == (1024, 512)
-    settings = config.load({"config": write(tmp_path, "[models]\nprompt_cache_mb = 0\nprompt_cache_min_tokens = 1\n"),
+    assert defaults["models.prompt_cache_preload"] == 2
+    settings = config.load({"config": write(tmp_path, "[models]\nprompt_cache_mb = 0\nprompt_cache_min_tokens = 1\n"
+                                                      "prompt_cache_preload = 0\n"),
                             "data_dir": str(tmp_path)}, environ={})
     assert (settings["models.prompt_cache_mb"], settings["models.prompt_cache_min_tokens"]) == (0, 1)
+    assert settings["models.prompt_cache_preload"] == 0
+    top = config.load({"config": write(tmp_path, "[models]\nprompt_cache_preload = 64\n"),
+                       "data_dir": str(tmp_path)}, environ={})
+    assert top["models.prompt_cache_preload"] == 64
 
 
 def test_a_kernel_path_can_be_forced(tmp_path):

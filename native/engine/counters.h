@@ -49,7 +49,11 @@
     X(n_prompt_cache_restored_tokens, "prompt_cache_restored_tokens_total", "",                     \
       "Prompt tokens whose KV was restored from the prompt cache on disk.")                        \
     X(t_prompt_cache_restore_us, "prompt_cache_restore_us_total", "",                               \
-      "Microseconds spent restoring prompt prefixes from disk (lookup, read, checks, into the KV cache).")
+      "Microseconds spent restoring prompt prefixes from disk (lookup, read, checks, into the KV cache).") \
+    X(n_prompt_cache_preloads, "prompt_cache_preloads_total", "",                                   \
+      "Prompt cache files put back into idle slots when the model was loaded (models.prompt_cache_preload).") \
+    X(n_prompt_cache_preloaded_tokens, "prompt_cache_preloaded_tokens_total", "",                   \
+      "Prompt tokens whose KV a load put back into idle slots from the prompt cache on disk.")
 
 // A snapshot of the counters (plain numbers), and the sum of two.
 struct engine_stats {

@@ -138,6 +138,9 @@ engine::engine(const engine_params & params)
     try {
         make_lanes(cp);
         make_prompt_cache(cp);
+        if (pcache_) {
+            preload_prefixes(*lanes_[0]);   // before the loop runs: the first request finds them
+        }
         efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         if (efd_ < 0) {
             throw std::runtime_error("eventfd failed");
@@ -445,6 +448,8 @@ engine_stats engine::stats() const {
         s.n_prompt_cache_superseded = pc.superseded;
         s.n_prompt_cache_restored_tokens = pc.restored_tokens;
         s.t_prompt_cache_restore_us = pc.restore_us;
+        s.n_prompt_cache_preloads = pc.preloads;
+        s.n_prompt_cache_preloaded_tokens = pc.preloaded_tokens;
     }
     return s;
 }

@@ -71,13 +71,15 @@ struct engine_params {
     // The prompt cache on disk (prompt_cache.h): this model's directory ("" off), the directory
     // of every model's (the budget's), what the KV depends on beyond what the engine knows (the
     // model's digest, the kernels), the shortest prefix saved, the budget in bytes (0 off), the
-    // free disk a save leaves. Off for embeddings, tensor and layer splits, several lanes.
+    // free disk a save leaves, and how many of the most recently used files a load puts back
+    // into idle slots (preload_prefixes). Off for embeddings, tensor and layer splits, several lanes.
     std::string prompt_cache_dir;
     std::string prompt_cache_root;
     std::string prompt_cache_key;
     int32_t     prompt_cache_min_tokens = 512;
     int64_t     prompt_cache_bytes = 0;
     int64_t     prompt_cache_disk_reserve = 0;
+    int32_t     prompt_cache_preload = 0;
 };
 
 struct generation_request {
@@ -253,8 +255,10 @@ private:
     void release_held(lane & ln, int64_t id_owner);
     void fail_plan(lane & ln, const batch_plan & plan, const std::string & error);
     // The prompt cache (engine_prompt_cache.cpp): admissions whose prompt starts with a saved
-    // prefix longer than their slot holds get it from disk; prompts just prefilled are saved.
+    // prefix longer than their slot holds get it from disk; prompts just prefilled are saved;
+    // at load, the most recently used files go back into idle slots.
     void make_prompt_cache(const llama_context_params & cp);
+    void preload_prefixes(lane & ln);
     void restore_prefixes(lane & ln, batch_plan & plan);
     void save_prefixes(lane & ln, const batch_plan & plan);
     engine_event failed_event(int64_t id_request, const std::string & error);

@@ -80,6 +80,41 @@ void engine::restore_prefixes(lane & ln, batch_plan & plan) {
     }
 }
 
+// At load (the constructor, before the loop runs): the most recently used files, as many as
+// prompt_cache_preload and the slots allow, restored into idle slots from the last one down.
+// A restart or a swap then leaves the engine as it was: the next turn of the conversations it
+// served last reuses its prefix in memory, with no read and no lookup before its first token.
+// The first free slot goes to a request with nothing in common, so these stay until they are
+// the least recently used. What a load costs more is one read of each file (page cache or disk).
+void engine::preload_prefixes(lane & ln) {
+    const int32_t n_slots = ln.sched.params().n_slots;
+    const int32_t n = std::min(params_.prompt_cache_preload, n_slots);
+    if (n <= 0) {
+        return;
+    }
+    // A prompt leaves room for at least one generated token in its sequence.
+    const int32_t n_max = ln.sched.params().n_ctx_seq - 1;
+    int32_t id_slot = n_slots - 1;
+    for (const prompt_cache::held & h : pcache_->recent((size_t) n, n_max)) {
+        const uint64_t t0 = now_us();
+        prompt_cache::state_view state;
+        if (!pcache_->load(h.file, h.tokens, state)) {
+            continue;                      // damaged: removed and counted by load()
+        }
+        if (llama_state_seq_set_data(ln.ctx, state.data(), state.size(), id_slot) == 0) {
+            tp_->seq_rm(ln.ctx, id_slot, -1, -1);
+            ::unlink(h.file.path.c_str());
+            pcache_->counters.rejected += 1;
+            continue;
+        }
+        ln.sched.preloaded(id_slot, h.tokens);
+        pcache_->counters.preloads += 1;
+        pcache_->counters.preloaded_tokens += h.tokens.size();
+        pcache_->counters.restore_us += now_us() - t0;
+        id_slot -= 1;
+    }
+}
+
 void engine::save_prefixes(lane & ln, const batch_plan & plan) {
     if (!pcache_) {
         return;

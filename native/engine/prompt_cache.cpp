@@ -271,6 +271,36 @@ prompt_cache::found prompt_cache::find(const std::vector<int32_t> & prompt, int3
     return best;
 }
 
+std::vector<prompt_cache::held> prompt_cache::recent(size_t n, int32_t n_max) {
+    std::vector<held> out;
+    if (!enabled() || n == 0) {
+        return out;
+    }
+    refresh_index();
+    std::vector<std::pair<int64_t, held>> dated;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto & [name, tokens] : index_) {
+            const int32_t n_tokens = (int32_t) tokens.size();
+            struct stat st{};
+            const std::string path = params_.dir + "/" + name;
+            if (n_tokens < params_.min_tokens || n_tokens > n_max || ::stat(path.c_str(), &st) != 0) {
+                continue;
+            }
+            dated.push_back({(int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec,
+                             {{path, n_tokens, n_tokens}, tokens}});
+        }
+    }
+    std::sort(dated.begin(), dated.end(), [](const auto & a, const auto & b) { return a.first > b.first; });
+    for (auto & [mtime, h] : dated) {
+        if (out.size() == n) {
+            break;
+        }
+        out.push_back(std::move(h));
+    }
+    return out;
+}
+
 void prompt_cache::reject(const std::string & path) {
     ::unlink(path.c_str());
     counters.rejected += 1;

@@ -61,6 +61,8 @@ struct prompt_cache_counters {
     std::atomic<uint64_t> superseded{0};     // files removed because a newer one extends them
     std::atomic<uint64_t> restored_tokens{0};
     std::atomic<uint64_t> restore_us{0};     // time from lookup to the state in the sequence
+    std::atomic<uint64_t> preloads{0};       // files put into idle slots at load
+    std::atomic<uint64_t> preloaded_tokens{0};
 };
 
 // 64-bit hash over bytes (xxHash64's mixing, four lanes): the file's checksum and the name's
@@ -86,6 +88,10 @@ public:
     // (n_common), or n_common 0. Lists the directory; opens only files not yet indexed.
     struct found { std::string path; int32_t n_tokens = 0; int32_t n_common = 0; };
     found find(const std::vector<int32_t> & prompt, int32_t longer_than, int32_t n_max);
+    // The `n` most recently used files (mtime, newest first) of at most `n_max` tokens, each
+    // with the tokens it holds (n_common is all of them): what a load puts back into its slots.
+    struct held { found file; std::vector<int32_t> tokens; };
+    std::vector<held> recent(size_t n, int32_t n_max);
     // A file's state bytes, mapped from the page cache (no copy, no zero-filled buffer: the
     // restore's one copy is llama.cpp's into the KV cells); unmapped with the object.
     class state_view {

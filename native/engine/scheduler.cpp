@@ -288,6 +288,14 @@ void scheduler::restored(batch_plan & plan, int64_t id_request, int32_t n_keep) 
     }
 }
 
+void scheduler::preloaded(int32_t id_slot, std::vector<token_t> tokens) {
+    if (id_slot < 0 || id_slot >= (int32_t) slots_.size() || slots_[id_slot].id_request >= 0) {
+        return;
+    }
+    slots_[id_slot].cache = std::move(tokens);
+    slots_[id_slot].t_last_used = 0;
+}
+
 // Which running requests (parallel to running_) take part in this step.
 std::vector<bool> scheduler::stepping() {
     if (!params_.share_time) {

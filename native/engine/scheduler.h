@@ -91,6 +91,10 @@ public:
     // its admission in `plan` (the prompt cache on disk; 0: what the slot held is gone): the
     // slot's cache, the request's progress, and its admission and prompt chunk in `plan` follow.
     void restored(batch_plan & plan, int64_t id_request, int32_t n_keep);
+    // The engine put the KV of `tokens` into free slot `id_slot` while no request held it (a
+    // load's preload from the prompt cache): prefix reuse finds them as a past request's. Its
+    // last use is the oldest, so it is the first a prompt with nothing in common displaces.
+    void preloaded(int32_t id_slot, std::vector<token_t> tokens);
     // Power budget: admit into at most `n` slots at once (running requests keep theirs).
     void set_active_slots(int32_t n) { n_active_slots_ = n; }
 

@@ -1,7 +1,8 @@
 """The prompt cache across a daemon's restart, against the real daemon and the default chat
 model: a conversation's first turn over a long system prompt is saved in the data dir; a new
 daemon on that data dir answers the next turn with the first turn's tokens restored
-(usage.prompt_tokens_details.cached_tokens, and /metrics' prompt-cache counters), the same
+(usage.prompt_tokens_details.cached_tokens, and /metrics' prompt-cache counters): put back into a
+slot at load by default (models.prompt_cache_preload), read at admission without it; the same
 answer a daemon without the cache gives; `stackd models rm` removes the model's files."""
 import glob
 import os
@@ -47,7 +48,8 @@ def wait_for(predicate, what: str):
         time.sleep(0.2)
 
 
-def test_a_restarted_daemon_restores_the_conversation_prefix(tmp_path):
+@pytest.mark.parametrize("preload", [None, 0], ids=["preloaded", "at_admission"])
+def test_a_restarted_daemon_restores_the_conversation_prefix(tmp_path, preload):
     data = str(tmp_path / "data")
     first_turn = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Which lights are on?"}]
     one = Daemon(data, CONFIG, models=True)
@@ -61,12 +63,15 @@ def test_a_restarted_daemon_restores_the_conversation_prefix(tmp_path):
     second_turn = first_turn + [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
                                 {"role": "user", "content": "And which are off?"}]
 
-    two = Daemon(data, CONFIG, models=True)
+    config = CONFIG if preload is None else CONFIG + f"prompt_cache_preload = {preload}\n"
+    two = Daemon(data, config, models=True)
     try:
         restored = chat(two, second_turn)
         cached = restored["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert cached >= first["usage"]["prompt_tokens"] - 1     # the whole first turn from disk
-        assert metric(two, "stackd_prompt_cache_hits_total") == 1
+        # the default puts the file back at load (the turn reuses it in memory); 0 reads it now
+        assert metric(two, "stackd_prompt_cache_preloads_total") == (1 if preload is None else 0)
+        assert metric(two, "stackd_prompt_cache_hits_total") == (0 if preload is None else 1)
         assert metric(two, "stackd_prompt_cache_read_bytes_total") > 0
     finally:
         two.stop()

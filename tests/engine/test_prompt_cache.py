@@ -5,7 +5,8 @@ model, KV type or context layout out; a truncated, bit-flipped or foreign file i
 removed; two requests restore one prefix at once; a prompt that parts from a saved one restores
 what they share; a prompt is saved only when it adds min_tokens to what the files hold, and its
 file replaces one it extends; the budget drops the least recently used; the shortest prompt
-saved; a write that fails (a full disk) skips the save and the request goes on."""
+saved; a write that fails (a full disk) skips the save and the request goes on; a load puts the
+most recently used files back into idle slots (preload), never another key's or a damaged one."""
 import os
 import subprocess
 import sys
@@ -230,13 +231,68 @@ def test_a_prompt_is_saved_when_it_adds_min_tokens_and_replaces_the_file_it_exte
 def test_another_model_kv_type_or_layout_never_restores(cache, prompts, change):
     first, second, _ = prompts
     path = saved(cache, cache.start(), first)
-    engine = cache.start(**change)
+    engine = cache.start(prompt_cache_preload=2, **change)
+    assert engine.stats()["n_prompt_cache_preloads"] == 0
     [(_, cached)] = run(engine, second)
     assert cached == 0
     stats = engine.stats()
     assert stats["n_prompt_cache_hits"] == 0 and stats["n_prompt_cache_misses"] == 1
     assert stats["n_prompt_cache_rejected"] == 0  # not even opened: not its key
     assert os.path.exists(path)                   # another key's file is left alone
+
+
+def test_a_load_puts_the_saved_prefix_back_into_an_idle_slot(cache, prompts, cold_engine):
+    """The restart as the daemon makes it (models.prompt_cache_preload): the file is read at
+    load, so the follow-up reuses the prefix in memory, the cold prefill's tokens; a prompt with
+    nothing in common asked first takes the other slot and leaves it there."""
+    first, second, cold_answer = prompts
+    path = saved(cache, cache.start(), first)
+    engine = cache.start(prompt_cache_preload=2)
+    stats = engine.stats()
+    assert stats["n_prompt_cache_preloads"] == 1 and stats["n_prompt_cache_preloaded_tokens"] == len(first)
+    assert stats["n_prompt_cache_bytes_read"] == os.path.getsize(path) and stats["t_prompt_cache_restore_us"] > 0
+    unrelated = cold_engine.tokenize("<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n", False, True)
+    [(_, cached)] = run(engine, unrelated)
+    assert cached == 0
+    [(tokens, cached)] = run(engine, second)
+    assert cached == len(first)                   # the whole first turn, from the slot in memory
+    assert tokens == cold_answer
+    stats = engine.stats()
+    assert stats["n_prompt_cache_hits"] == 0      # a reuse in memory: nothing read at admission
+    assert stats["n_prompt_cache_bytes_read"] == os.path.getsize(path)
+
+
+def test_a_load_preloads_the_most_recently_used_files_at_most_its_slots(cache, cold_engine):
+    """Three conversations saved, oldest first, into an engine of two slots: the two newest
+    come back at load, the oldest is read from disk when asked for."""
+    engine = cache.start()
+    firsts = [turn(cold_engine, system_text(24, seed=seed), "Which lights are on?") for seed in (1, 2, 3)]
+    for first in firsts:
+        run(engine, first)
+        engine.prompt_cache_flush()
+    engine.close()
+    assert len(cache.files()) == 3
+    again = cache.start(prompt_cache_preload=64)
+    assert again.stats()["n_prompt_cache_preloads"] == 2
+    asked = [follow_up(cold_engine, first, "Two of them.", "And the rest?") for first in firsts]
+    [(_, newest), (_, middle)] = run(again, asked[2], asked[1])
+    assert newest == len(firsts[2]) and middle == len(firsts[1])
+    assert again.stats()["n_prompt_cache_hits"] == 0
+    [(_, oldest)] = run(again, asked[0])
+    assert oldest == len(firsts[0])
+    assert again.stats()["n_prompt_cache_hits"] == 1
+
+
+def test_a_damaged_file_is_not_preloaded_and_is_removed(cache, prompts):
+    first, second, cold_answer = prompts
+    path = saved(cache, cache.start(), first)
+    damage_flip(path)
+    engine = cache.start(prompt_cache_preload=2)
+    stats = engine.stats()
+    assert stats["n_prompt_cache_preloads"] == 0 and stats["n_prompt_cache_rejected"] == 1
+    assert not os.path.exists(path)
+    [(tokens, cached)] = run(engine, second)
+    assert cached == 0 and tokens == cold_answer
 
 
 def damage_truncate(path):

@@ -11,7 +11,8 @@ SHA = "ab" * 32
 
 
 def config_for(tmp_path, **models) -> PromptCacheConfig:
-    settings = {"prompt_cache_mb": 1024, "prompt_cache_min_tokens": 512, "disk_reserve_mb": 100} | models
+    settings = {"prompt_cache_mb": 1024, "prompt_cache_min_tokens": 512, "disk_reserve_mb": 100,
+                "prompt_cache_preload": 2} | models
     return PromptCacheConfig.from_settings(ModelStore(str(tmp_path / "data")), settings)
 
 
@@ -22,7 +23,7 @@ def test_a_chat_model_gets_its_directory_budget_and_key(tmp_path):
     assert params["prompt_cache_dir"] == store.prompt_cache_dir(SHA)
     assert params["prompt_cache_root"] == store.prompt_cache == os.path.dirname(params["prompt_cache_dir"])
     assert params["prompt_cache_bytes"] == 1024 * MIB and params["prompt_cache_disk_reserve"] == 100 * MIB
-    assert params["prompt_cache_min_tokens"] == 512
+    assert params["prompt_cache_min_tokens"] == 512 and params["prompt_cache_preload"] == 2
     assert f"model={SHA}" in params["prompt_cache_key"]
 
 
