@@ -22,7 +22,7 @@ NATIVE_INPUTS := setup.py server/compiled.py $(wildcard server/*.py server/http/
                  kernels/CMakeLists.txt kernels/fetch_ggml_source.py $(wildcard packaging/native/*.cpp)
 MINILM := $(VENV)/share/stackd/models/all-minilm-l6-v2.gguf
 
-.PHONY: setup run test test-deps cross-deps bench fuzz clean mutate wheels image test-image test-image-stage test-aarch64
+.PHONY: setup run test test-deps cross-deps image-cross-deps bench fuzz clean mutate wheels image test-image test-image-stage test-aarch64
 
 # uPlot, the console dashboard's charts: a pinned version from the npm registry, its published
 # sha512 checked, served by the console as a static file (no CDN: the console works offline)
@@ -87,14 +87,14 @@ wheels: $(VENV)/.deps $(MINILM) $(if $(filter $(HOST_ARCH),$(ARCH)),,cross-deps)
 	  echo "make wheels: ARCH=$(ARCH): this machine ($(HOST_ARCH)) builds for itself or $(CROSS_ARCHES)"; exit 1; fi
 	$(PY) packaging/wheels.py $(DIST) $(MINILM) $(if $(filter $(HOST_ARCH),$(ARCH)),,--arch $(ARCH))
 
-# A bootable x86-64 disk image of a device (README, "Build a device image"): Debian bookworm
-# from Debian's packages (mmdebstrap), dist/'s wheels installed into /opt/stackd, the unit
-# enabled, the default models in the store; cached in build/image/ under its inputs. Prints
-# where its space goes and, last, its path.
-image: wheels test-deps
-	@if [ "$(ARCH)" != "$(HOST_ARCH)" ]; then \
-	  echo "make image: ARCH=$(ARCH): only this machine's architecture's image so far (issue 50)"; exit 1; fi
-	$(PY) packaging/image/build.py dist build/image
+# A bootable disk image of a device (README, "Build a device image"): Debian bookworm from
+# Debian's packages (mmdebstrap), dist/'s wheels installed into /opt/stackd, the unit enabled,
+# the default models in the store; cached in build/image/ under its inputs. Prints where its
+# space goes and, last, its path. `make image ARCH=aarch64`: the arm64 one (UEFI, GPT) from
+# dist-aarch64/, into build/image-aarch64/, the same recipe (packaging/image/build.py --arch).
+IMAGE_DIR := build/image$(if $(filter $(HOST_ARCH),$(ARCH)),,-$(ARCH))
+image: wheels test-deps $(if $(filter $(HOST_ARCH),$(ARCH)),,image-cross-deps)
+	$(PY) packaging/image/build.py $(if $(filter $(HOST_ARCH),$(ARCH)),,--arch $(ARCH)) $(DIST) $(IMAGE_DIR)
 
 # System packages the tests need: the CNCF distribution registry (Debian's docker-registry)
 # that the pull tests run on loopback; PostgreSQL, which the console tests start in a temp dir;
@@ -109,12 +109,17 @@ image: wheels test-deps
 # installed into) and qemu's user mode, which runs arm64 programs here.
 CROSS_PACKAGES := g++-aarch64-linux-gnu:aarch64-linux-gnu-g++ mmdebstrap:mmdebstrap \
                   qemu-user-static:qemu-aarch64-static
+# The arm64 image (`make image ARCH=aarch64`) and its boot: the EFI system partition's FAT
+# (dosfstools, mtools), qemu-system-aarch64 and its UEFI firmware (EDK2's ArmVirtQemu).
+IMAGE_CROSS_PACKAGES := dosfstools:mkfs.fat mtools:mcopy qemu-system-arm:qemu-system-aarch64 \
+                        qemu-efi-aarch64:/usr/share/qemu-efi-aarch64/QEMU_EFI.fd
 TEST_PACKAGES := docker-registry:docker-registry postgresql:initdb chromium:chromium \
                  chromium-driver:chromedriver iproute2:ip e2fsprogs:debugfs \
                  qemu-system-x86:qemu-system-x86_64 systemd:systemd-analyze $(CROSS_PACKAGES)
 # $(call debian_packages,LIST,WHO): install what of LIST (package:command) is missing
 debian_packages = @missing=""; for entry in $(1); do \
 	  command -v "$${entry\#*:}" >/dev/null 2>&1 || [ -x /usr/lib/postgresql/15/bin/$${entry\#*:} ] \
+	    || [ -e "$${entry\#*:}" ] \
 	    || missing="$$missing $${entry%%:*}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
@@ -124,6 +129,8 @@ test-deps:
 	$(call debian_packages,$(TEST_PACKAGES),make test)
 cross-deps:
 	$(call debian_packages,$(CROSS_PACKAGES),make wheels ARCH=$(ARCH))
+image-cross-deps:
+	$(call debian_packages,$(IMAGE_CROSS_PACKAGES),make image ARCH=$(ARCH))
 
 # The fast suites run twice: compiled, then on the Python twins of the compiled modules.
 FAST_SUITES := tests/http tests/auth tests/api tests/chat tests/runtime tests/system \

@@ -1,7 +1,11 @@
-"""`make image`: a bootable x86-64 disk image of a stackd device (Debian bookworm).
+"""`make image`: a bootable disk image of a stackd device (Debian bookworm), for x86-64 or arm64.
 
     python packaging/image/build.py DIST OUT_DIR      # prints the image's path on its last line
     python packaging/image/build.py --base-only OUT_DIR   # only the Debian tree (cached), its path
+    python packaging/image/build.py --arch aarch64 DIST OUT_DIR   # the arm64 image (UEFI, GPT)
+
+One recipe, an architecture parameter (TARGETS): what differs is the kernel and boot loader
+packages, the serial console, and the boot path:
 
 * The root file system: Debian bookworm's packages (mmdebstrap, minbase, plus a kernel, systemd,
   Python 3.11), cached under build/image/base-<digest of the package list>/.
@@ -13,9 +17,15 @@
   the install's files: their space is taken once). No key and no secret: the unit's
   credentials give them, or the first boot generates them (docs/deploying.md).
 * /usr read-only (a read-only bind mount over it, in fstab); the rest of / writable.
-* The disk: an MBR, GRUB (i386-pc, the BIOS boot path qemu's SeaBIOS takes) in the gap before
-  the first partition, and that partition an ext4 file system made from the tree by
+* The disk, x86-64: an MBR, GRUB (i386-pc, the BIOS boot path qemu's SeaBIOS takes) in the gap
+  before the first partition, and that partition an ext4 file system made from the tree by
   `mkfs.ext4 -d` at its offset in the image file: no loop device, no mount.
+* The disk, arm64: GPT (written here), an EFI system partition (FAT, mkfs.fat and mtools on
+  a file) holding GRUB's arm64 EFI image at the removable-media path /EFI/BOOT/BOOTAA64.EFI
+  (what UEFI firmware boots with no boot entries: EDK2 on RK3588 boards, Ampere, Graviton, a
+  VM), its config built in (find the root file system by its UUID, read /boot/grub/grub.cfg
+  there), then the ext4 root made the same way. An arm64 tree's maintainer scripts and
+  grub-mkimage run under qemu-user through binfmt_misc (tests/image/arm64_root.binfmt).
 
 The image is cached under OUT_DIR/<digest of DIST's wheels and of packaging/>/stackd.img, so a
 second run with the same inputs builds nothing. The build prints where the space goes.
@@ -35,13 +45,37 @@ import uuid
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGING = os.path.join(ROOT, "packaging")
 SUITE = "bookworm"                          # from mmdebstrap's default Debian mirror
-PACKAGES = ("systemd", "systemd-sysv", "udev", "dbus", "linux-image-amd64", "initramfs-tools",
-            "zstd", "python3", "python3-venv", "libgomp1", "grub-pc-bin", "e2fsprogs", "kmod")
-PART_OFFSET = 1 << 20                       # the partition starts at 1 MiB (the gap holds GRUB)
-DISK_ID = 0x57ACD001                        # the MBR's disk signature: root=PARTUUID=57acd001-01
+COMMON_PACKAGES = ("systemd", "systemd-sysv", "udev", "dbus", "initramfs-tools", "zstd", "python3",
+                   "python3-venv", "libgomp1", "e2fsprogs", "kmod")
 FREE_SPACE = 768 << 20                      # room on the root file system for pulled models, logs
-KERNEL_CMDLINE = ("root=PARTUUID=57acd001-01 ro rootwait console=tty0 console=ttyS0,115200n8 "
-                  "systemd.show_status=true")
+ROOT_FS_UUID = str(uuid.uuid5(uuid.NAMESPACE_DNS, "stackd-root"))
+ESP_BYTES = 64 << 20                        # arm64: the EFI system partition, from 1 MiB
+
+
+class Target:
+    """What one architecture's image differs in."""
+
+    def __init__(self, machine: str, debian: str, kernel: str, loader: str, console: str, boot: str,
+                 part_offset: int, root_partuuid: str):
+        self.machine, self.debian, self.boot = machine, debian, boot
+        self.packages = COMMON_PACKAGES[:4] + (kernel,) + COMMON_PACKAGES[4:9] + (loader,) + COMMON_PACKAGES[9:]
+        self.part_offset = part_offset       # where the root file system starts in the image
+        self.root_partuuid = root_partuuid
+        self.console = console
+        self.cmdline = (f"root=PARTUUID={root_partuuid} ro rootwait console=tty0 console={console},115200n8 "
+                        "systemd.show_status=true")
+
+
+TARGETS = {
+    # BIOS and an MBR: the root partition at 1 MiB, GRUB in the gap; PARTUUID from the disk id
+    "x86_64": Target("x86_64", "amd64", "linux-image-amd64", "grub-pc-bin", "ttyS0", "bios",
+                     1 << 20, "57acd001-01"),
+    # UEFI and GPT: the EFI system partition at 1 MiB, the root after it
+    "aarch64": Target("aarch64", "arm64", "linux-image-arm64", "grub-efi-arm64-bin", "ttyAMA0", "efi",
+                      (1 << 20) + ESP_BYTES, str(uuid.uuid5(uuid.NAMESPACE_DNS, "stackd-root-partition"))),
+}
+TARGET = TARGETS["x86_64"]                  # main() sets the one asked for
+DISK_ID = 0x57ACD001                        # the MBR's disk signature: root=PARTUUID=57acd001-01
 
 
 def run(*command: str, **kwargs) -> subprocess.CompletedProcess:
@@ -77,16 +111,32 @@ def digest(paths: list[str], extra: str = "") -> str:
 
 def base_tree(out_dir: str) -> str:
     """Debian's packages, once per package list."""
-    key = hashlib.sha256(" ".join((SUITE,) + PACKAGES).encode()).hexdigest()[:12]
+    key = hashlib.sha256(" ".join((SUITE,) + TARGET.packages).encode()).hexdigest()[:12]
     tree = os.path.join(out_dir, f"base-{key}")
     if not os.path.exists(os.path.join(tree, ".complete")):
         shutil.rmtree(tree, ignore_errors=True)
-        run("mmdebstrap", "--mode=root", "--variant=minbase", "--include=" + ",".join(PACKAGES),
+        if TARGET.machine != os.uname().machine:
+            binfmt()                         # the tree's maintainer scripts run under qemu-user
+        run("mmdebstrap", "--mode=root", "--variant=minbase", f"--arch={TARGET.debian}",
+            "--include=" + ",".join(TARGET.packages),
             "--aptopt=Acquire::Retries \"3\"", "--dpkgopt=path-exclude=/usr/share/man/*",
             "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-include=/usr/share/doc/*/copyright",
             "--dpkgopt=path-exclude=/usr/share/locale/*", SUITE, tree)
         open(os.path.join(tree, ".complete"), "w").close()
     return tree
+
+
+def binfmt() -> None:
+    """Another architecture's programs run here through qemu-user: binfmt_misc mounted and
+    Debian's qemu-user-static entry registered (its F flag: the emulator opened now, so it runs
+    inside a chroot too), as the arm64 root of the wheel tests does."""
+    entries = "/proc/sys/fs/binfmt_misc"
+    if not os.path.exists(os.path.join(entries, "register")):
+        run("mount", "-t", "binfmt_misc", "binfmt_misc", entries)
+    name = f"qemu-{TARGET.machine}"
+    if not os.path.exists(os.path.join(entries, name)):
+        with open(f"/usr/lib/binfmt.d/{name}.conf") as entry, open(os.path.join(entries, "register"), "w") as f:
+            f.write(entry.read().strip())
 
 
 def write(tree: str, path: str, text: str, mode: int = 0o644) -> None:
@@ -152,7 +202,7 @@ def customize(tree: str, dist: str) -> None:
     # a device without a network must not hold stackd back two minutes at boot
     write(tree, "/etc/systemd/system/systemd-networkd-wait-online.service.d/stackd.conf",
           "[Service]\nExecStart=\nExecStart=/lib/systemd/systemd-networkd-wait-online --any --timeout=20\n")
-    write(tree, "/etc/fstab", "PARTUUID=57acd001-01\t/\text4\tdefaults,errors=remount-ro\t0\t1\n")
+    write(tree, "/etc/fstab", f"PARTUUID={TARGET.root_partuuid}\t/\text4\tdefaults,errors=remount-ro\t0\t1\n")
     # /usr read-only: a read-only bind mount of itself, as a mount unit (an fstab line for /usr
     # would be mounted by the initramfs, from its own /usr)
     write(tree, "/etc/systemd/system/usr.mount",
@@ -168,17 +218,34 @@ def customize(tree: str, dist: str) -> None:
             shutil.rmtree(os.path.join(modules, "kernel", folder), ignore_errors=True)
         chroot(tree, "depmod", "-a", os.path.basename(modules))
 
-    # GRUB: its core image (with what it needs to read its config) goes into the disk's gap
-    write(tree, "/boot/grub/grub.cfg",
-          "serial --unit=0 --speed=115200\nterminal_input serial console\nterminal_output serial console\n"
-          f"set timeout=0\nmenuentry stackd {{\n  linux /vmlinuz {KERNEL_CMDLINE}\n  initrd /initrd.img\n}}\n")
-    chroot(tree, "grub-mkimage", "-O", "i386-pc", "-o", "/boot/grub/core.img", "-p", "(hd0,msdos1)/boot/grub",
-           "biosdisk", "part_msdos", "ext2", "normal", "linux", "serial", "terminal", "echo", "test")
+    menu = f"set timeout=0\nmenuentry stackd {{\n  linux /vmlinuz {TARGET.cmdline}\n  initrd /initrd.img\n}}\n"
+    if TARGET.boot == "bios":
+        # GRUB: its core image (with what it needs to read its config) goes into the disk's gap
+        write(tree, "/boot/grub/grub.cfg",
+              "serial --unit=0 --speed=115200\nterminal_input serial console\nterminal_output serial console\n"
+              + menu)
+        chroot(tree, "grub-mkimage", "-O", "i386-pc", "-o", "/boot/grub/core.img", "-p", "(hd0,msdos1)/boot/grub",
+               "biosdisk", "part_msdos", "ext2", "normal", "linux", "serial", "terminal", "echo", "test")
+    else:
+        # GRUB's EFI image for the system partition (make_disk): the firmware's console is
+        # GRUB's (UEFI routes it to the board's serial port); its built-in config finds the
+        # root file system by UUID, whatever the disk's number on the board
+        write(tree, "/boot/grub/grub.cfg", menu)
+        write(tree, "/boot/grub/early.cfg",
+              f"search --no-floppy --fs-uuid --set=root {ROOT_FS_UUID}\nset prefix=($root)/boot/grub\n"
+              "configfile $prefix/grub.cfg\n")
+        chroot(tree, "grub-mkimage", "-O", "arm64-efi", "-o", "/boot/grub/BOOTAA64.EFI", "-p", "/boot/grub",
+               "-c", "/boot/grub/early.cfg", "part_gpt", "ext2", "fat", "search_fs_uuid", "configfile",
+               "normal", "linux", "gzio", "echo", "test")
 
 
 def make_disk(tree: str, path: str) -> None:
     used = int(run("du", "-sxb", tree, stdout=subprocess.PIPE, text=True).stdout.split()[0])
     fs_bytes = ((used * 5 // 4 + FREE_SPACE) >> 20) << 20
+    if TARGET.boot == "efi":
+        make_efi_disk(tree, path, fs_bytes)
+        return
+    PART_OFFSET = TARGET.part_offset
     with open(os.path.join(tree, "usr/lib/grub/i386-pc/boot.img"), "rb") as f:
         boot = f.read()
     with open(os.path.join(tree, "boot/grub/core.img"), "rb") as f:
@@ -191,8 +258,68 @@ def make_disk(tree: str, path: str) -> None:
     with open(tmp, "wb") as f:
         f.write(mbr + core)
         f.truncate(PART_OFFSET + fs_bytes)
-    run("mkfs.ext4", "-q", "-F", "-L", "stackd-root", "-U", str(uuid.uuid5(uuid.NAMESPACE_DNS, "stackd-root")),
-        "-E", f"offset={PART_OFFSET},root_owner=0:0", "-d", tree, tmp, f"{fs_bytes >> 10}k")
+    root_fs(tree, tmp, fs_bytes)
+    os.replace(tmp, path)
+
+
+def root_fs(tree: str, image: str, fs_bytes: int) -> None:
+    """The tree as an ext4 file system at the target's offset in `image`."""
+    run("mkfs.ext4", "-q", "-F", "-L", "stackd-root", "-U", ROOT_FS_UUID,
+        "-E", f"offset={TARGET.part_offset},root_owner=0:0", "-d", tree, image, f"{fs_bytes >> 10}k")
+
+
+ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
+LINUX_ROOT_ARM64_TYPE = "B921B045-1DF0-41C3-AF44-4C6F280D3FAE"   # the discoverable partitions spec's
+
+
+def gpt(disk_bytes: int, partitions: list[tuple[str, str, int, int, str]]) -> tuple[bytes, bytes]:
+    """A protective MBR with the primary GPT (LBA 0-33), and the backup GPT (the last 33
+    sectors), for `partitions`: (type GUID, unique GUID, first byte, size, name) each."""
+    import zlib
+    sectors = disk_bytes // 512
+    entries = bytearray(128 * 128)
+    for i, (kind, unique, start, size, name) in enumerate(partitions):
+        struct.pack_into("<16s16sQQQ72s", entries, i * 128, uuid.UUID(kind).bytes_le, uuid.UUID(unique).bytes_le,
+                         start // 512, (start + size) // 512 - 1, 0, name.encode("utf-16-le"))
+    entries_crc = zlib.crc32(entries)
+    disk_guid = uuid.uuid5(uuid.NAMESPACE_DNS, "stackd-disk").bytes_le
+
+    def header(current: int, backup: int, entries_lba: int) -> bytes:
+        fields = [b"EFI PART", 0x00010000, 92, 0, 0, current, backup, 34, sectors - 34, disk_guid,
+                  entries_lba, 128, 128, entries_crc]
+        packed = struct.pack("<8sIIIIQQQQ16sQIII", *fields)
+        fields[3] = zlib.crc32(packed)
+        return struct.pack("<8sIIIIQQQQ16sQIII", *fields).ljust(512, b"\0")
+
+    protective = struct.pack("<B3sB3sII", 0, b"\x00\x02\x00", 0xEE, b"\xff\xff\xff", 1, min(sectors - 1, 0xFFFFFFFF))
+    mbr = bytes(446) + protective + bytes(48) + b"\x55\xaa"
+    primary = mbr + header(1, sectors - 1, 2) + bytes(entries)
+    backup = bytes(entries) + header(sectors - 1, 1, sectors - 33)
+    return primary, backup
+
+
+def make_efi_disk(tree: str, path: str, fs_bytes: int) -> None:
+    """GPT, the EFI system partition with GRUB at the removable-media path, the ext4 root."""
+    esp_start, root_start = 1 << 20, TARGET.part_offset
+    disk_bytes = root_start + fs_bytes + (1 << 20)           # the backup GPT in the last MiB
+    tmp, esp = path + ".tmp", path + ".esp"
+    run("mkfs.fat", "-C", "-n", "STACKD-EFI", esp, str(ESP_BYTES >> 10))
+    mtools = {**os.environ, "MTOOLS_SKIP_CHECK": "1"}     # a file, not a floppy: no geometry to check
+    run("mmd", "-i", esp, "::/EFI", "::/EFI/BOOT", env=mtools)
+    run("mcopy", "-i", esp, os.path.join(tree, "boot/grub/BOOTAA64.EFI"), "::/EFI/BOOT/BOOTAA64.EFI", env=mtools)
+    primary, backup = gpt(disk_bytes, [
+        (ESP_TYPE, str(uuid.uuid5(uuid.NAMESPACE_DNS, "stackd-esp")), esp_start, ESP_BYTES, "EFI system"),
+        (LINUX_ROOT_ARM64_TYPE, TARGET.root_partuuid, root_start, fs_bytes, "stackd-root")])
+    with open(tmp, "wb") as f:
+        f.write(primary)
+        f.seek(esp_start)
+        with open(esp, "rb") as part:
+            shutil.copyfileobj(part, f)
+        f.truncate(disk_bytes)
+        f.seek(disk_bytes - len(backup))
+        f.write(backup)
+    os.unlink(esp)
+    root_fs(tree, tmp, fs_bytes)
     os.replace(tmp, path)
 
 
@@ -226,7 +353,7 @@ def report(tree: str, image: str) -> None:
     print(f"  {total / 1e6:8.1f} MB  the root file system in all")
     allocated = os.stat(image).st_blocks * 512
     print(f"image {image}: {os.path.getsize(image) / 1e6:.1f} MB disk, {allocated / 1e6:.1f} MB written "
-          f"(sparse), {(os.path.getsize(image) - PART_OFFSET - total) / 1e6:.1f} MB free for the device")
+          f"(sparse), {(os.path.getsize(image) - TARGET.part_offset - total) / 1e6:.1f} MB free for the device")
 
 
 def main(dist: str, out_dir: str) -> None:
@@ -236,7 +363,7 @@ def main(dist: str, out_dir: str) -> None:
         raise SystemExit(f"{dist} has no wheels: run `make wheels` first")
     inputs = wheels + [p for p in glob.glob(os.path.join(PACKAGING, "**"), recursive=True) if os.path.isfile(p)
                        and "__pycache__" not in p] + [os.path.join(ROOT, "docs", "deploying.md")]
-    key = digest(inputs, " ".join(PACKAGES) + KERNEL_CMDLINE)
+    key = digest(inputs, " ".join(TARGET.packages) + TARGET.cmdline)
     target = os.path.join(out_dir, key)
     image = os.path.join(target, "stackd.img")
     if os.path.exists(image):
@@ -261,7 +388,13 @@ def main(dist: str, out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--base-only"]:     # Debian's packages alone (make test-image runs this
-        print(base_tree(os.path.abspath(sys.argv[2])))   # beside the wheels' compile)
+    argv = sys.argv[1:]
+    if argv[:1] == ["--arch"]:
+        if argv[1] not in TARGETS:
+            raise SystemExit(f"build.py: --arch {argv[1]}: one of {', '.join(TARGETS)}")
+        TARGET = TARGETS[argv[1]]
+        argv = argv[2:]
+    if argv[:1] == ["--base-only"]:          # Debian's packages alone (make test-image runs this
+        print(base_tree(os.path.abspath(argv[1])))   # beside the wheels' compile)
     else:
-        main(sys.argv[1], sys.argv[2])
+        main(argv[0], argv[1])

@@ -1,12 +1,17 @@
 """The device image under qemu, for tests/image/test_boot.py (and bench figures).
 
-qemu-system-x86_64 with TCG (not KVM: nested guests reset on this host) and `-cpu Haswell`
-(AVX2, no AVX-512: ggml's haswell variant and our AVX2 kernels are what runs), user-mode
+The image of this machine's architecture, or of STACKD_IMAGE_ARCH (aarch64: `make
+test-aarch64` boots `make image ARCH=aarch64`'s). x86-64: qemu-system-x86_64 with TCG (not KVM:
+nested guests reset on this host) and `-cpu Haswell` (AVX2, no AVX-512: ggml's haswell variant
+and our AVX2 kernels are what runs), SeaBIOS. arm64: qemu-system-aarch64 `-M virt -cpu
+cortex-a76` (a Raspberry Pi 5's and an RK3588's core: the dot products, no SVE) with TCG and
+EDK2's UEFI firmware (Debian's qemu-efi-aarch64), the disk on virtio-blk. Both: user-mode
 networking forwarding the daemon's two ports to 127.0.0.1, the credentials as SMBIOS type 11
 strings (what systemd imports as system credentials), the first serial port logged to a file
-and a second one carrying a root shell that only the test's copy of the image has (a unit
-written into the copy with debugfs, beside a journald drop-in that forwards the journal to
-the first port). The image under test is otherwise the one `make image` built, bit for bit.
+and a second console (a second UART on x86, a virtio console on arm64, whose virt machine has
+one UART) carrying a root shell that only the test's copy of the image has (a unit written into
+the copy with debugfs, beside a journald drop-in that forwards the journal to the first port).
+The image under test is otherwise the one `make image` built, bit for bit.
 """
 from __future__ import annotations
 
@@ -19,22 +24,46 @@ import time
 
 import httpx2 as httpx
 
-PART_OFFSET = 1 << 20
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ARCH = os.environ.get("STACKD_IMAGE_ARCH") or os.uname().machine
+
+
+def _image_recipe():
+    """packaging/image/build.py, for its targets' layout (one source for the offsets)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("stackd_image_build",
+                                                  os.path.join(ROOT, "packaging", "image", "build.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TARGET = _image_recipe().TARGETS[ARCH]
+PART_OFFSET = TARGET.part_offset
+CONSOLE_TTY = TARGET.console
+SHELL_TTY = {"x86_64": "ttyS1", "aarch64": "hvc0"}[ARCH]
+# Where `make image` (ARCH=...) puts its image, and the wheels it installs
+IMAGE_DIR = os.path.join(ROOT, "build", "image" if ARCH == os.uname().machine else f"image-{ARCH}")
+DIST_DIR = os.path.join(ROOT, "dist" if ARCH == os.uname().machine else f"dist-{ARCH}")
+# ggml's CPU variant the guest's CPU scores best, and ones it must not load
+GGML_CPU = {"x86_64": ("libggml-cpu-haswell.so", ("libggml-cpu-skylakex.so", "libggml-cpu-zen4.so")),
+            "aarch64": ("libggml-cpu-armv8.2_2.so", ("libggml-cpu-armv8.6_1.so", "libggml-cpu-armv8.6_2.so"))}[ARCH]
+EFI_FIRMWARE = "/usr/share/qemu-efi-aarch64/QEMU_EFI.fd"
 SHELL_UNIT = """[Unit]
-Description=root shell on ttyS1 (tests/image only: not part of the image)
+Description=root shell on a second console (tests/image only: not part of the image)
 [Service]
 ExecStart=/bin/bash --norc --noprofile --noediting
 StandardInput=tty-force
 StandardOutput=tty
 StandardError=tty
-TTYPath=/dev/ttyS1
+TTYPath=/dev/{shell_tty}
 TTYReset=yes
 Restart=always
 # an interactive bash ignores SIGTERM: hang it up, so it never holds a shutdown back
 KillSignal=SIGHUP
 TimeoutStopSec=5
 """
-JOURNAL_TO_CONSOLE = "[Journal]\nForwardToConsole=yes\nTTYPath=/dev/ttyS0\nMaxLevelConsole=info\n"
+JOURNAL_TO_CONSOLE = "[Journal]\nForwardToConsole=yes\nTTYPath=/dev/{console_tty}\nMaxLevelConsole=info\n"
 
 
 def free_port() -> int:
@@ -62,9 +91,9 @@ def prepare(image: str, copy: str, scratch: str) -> None:
     subprocess.run(["cp", "--sparse=always", image, copy], check=True)
     unit, journald = os.path.join(scratch, "test-shell.service"), os.path.join(scratch, "console.conf")
     with open(unit, "w") as f:
-        f.write(SHELL_UNIT)
+        f.write(SHELL_UNIT.format(shell_tty=SHELL_TTY))
     with open(journald, "w") as f:
-        f.write(JOURNAL_TO_CONSOLE)
+        f.write(JOURNAL_TO_CONSOLE.format(console_tty=CONSOLE_TTY))
     debugfs(copy, ["cd /etc/systemd/system", f"write {unit} test-shell.service",
                    "cd /etc/systemd/system/multi-user.target.wants",
                    "symlink test-shell.service /etc/systemd/system/test-shell.service",
@@ -90,13 +119,18 @@ class Guest:
                   for arg in ("-smbios", f"type=11,value=io.systemd.credential:{name}={value}")]
         forwards = (f"hostfwd=tcp:127.0.0.1:{self.inference_port}-:8080,"
                     f"hostfwd=tcp:127.0.0.1:{self.cluster_port}-:5381")
-        command = ["qemu-system-x86_64", "-machine", "pc", "-accel", "tcg", "-cpu", "Haswell",
-                   "-smp", "2", "-m", str(self.memory_mb), "-display", "none", "-nodefaults",
-                   "-drive", f"file={self.image},format=raw,if=virtio",
-                   "-nic", f"user,model=virtio-net-pci,{forwards}",
-                   "-chardev", f"file,id=console,path={self.serial_log}", "-serial", "chardev:console",
-                   "-chardev", f"socket,id=shell,path={self.shell_path},server=on,wait=off",
-                   "-serial", "chardev:shell", *smbios]
+        common = ["-smp", "2", "-m", str(self.memory_mb), "-display", "none", "-nodefaults",
+                  "-nic", f"user,model=virtio-net-pci,{forwards}",
+                  "-chardev", f"file,id=console,path={self.serial_log}", "-serial", "chardev:console",
+                  "-chardev", f"socket,id=shell,path={self.shell_path},server=on,wait=off", *smbios]
+        if ARCH == "aarch64":
+            command = ["qemu-system-aarch64", "-machine", "virt", "-accel", "tcg", "-cpu", "cortex-a76",
+                       "-bios", EFI_FIRMWARE, *common,
+                       "-drive", f"file={self.image},format=raw,if=none,id=disk", "-device", "virtio-blk-pci,drive=disk",
+                       "-device", "virtio-serial-pci", "-device", "virtconsole,chardev=shell"]
+        else:
+            command = ["qemu-system-x86_64", "-machine", "pc", "-accel", "tcg", "-cpu", "Haswell", *common,
+                       "-drive", f"file={self.image},format=raw,if=virtio", "-serial", "chardev:shell"]
         self.reset_shell()
         self.process = subprocess.Popen(["nice", "-n", "5", *command], stdin=subprocess.DEVNULL,
                                         stdout=open(os.path.join(self.workdir, "qemu.log"), "ab"),
@@ -222,7 +256,9 @@ class Guest:
 
 def available() -> str | None:
     """Why the image cannot be booted here, or None."""
-    for tool in ("qemu-system-x86_64", "debugfs", "mmdebstrap"):
+    for tool in ({"x86_64": "qemu-system-x86_64", "aarch64": "qemu-system-aarch64"}[ARCH], "debugfs", "mmdebstrap"):
         if shutil.which(tool) is None:
             return f"{tool} missing (make test-deps installs it)"
+    if ARCH == "aarch64" and not os.path.exists(EFI_FIRMWARE):
+        return f"{EFI_FIRMWARE} missing (Debian's qemu-efi-aarch64: make image ARCH=aarch64 installs it)"
     return None
