@@ -162,12 +162,16 @@ test: setup test-deps
 
 # Our kernels' aarch64 paths under qemu-aarch64, in full: the quick shapes `make test` runs and
 # the full sweep (tests/kernels/test_aarch64.py; a few minutes under TCG); then `make wheels
-# ARCH=aarch64` (cached) and its set checked, installed into an arm64 Debian root and the
-# engine run there under qemu (tests/image/test_aarch64_wheels.py; ~15 min, more the first time).
-test-aarch64: test-deps
+# ARCH=aarch64` (cached) and its set checked, installed into an arm64 Debian root, the engine
+# and a two-node tensor split run there under qemu (tests/image/test_aarch64_wheels.py); then
+# `make image ARCH=aarch64` (cached) booted under qemu-system-aarch64 (tests/image/test_boot.py
+# with STACKD_IMAGE_ARCH=aarch64). From nothing ~1 h on two cores (docs/testing.md).
+test-aarch64: test-deps image-cross-deps
 	$(PY) -m pytest tests/kernels/test_aarch64.py -m "aarch64 or aarch64_full" $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory wheels ARCH=aarch64
 	$(PY) -m pytest tests/image/test_aarch64_wheels.py -m "cross or aarch64_full" $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory image ARCH=aarch64
+	STACKD_IMAGE_ARCH=aarch64 $(PY) -m pytest tests/image/test_boot.py -m image $(PYTEST_ARGS)
 
 test-image-stage:
 	@if [ -z "$$CI" ]; then exec $(MAKE) --no-print-directory test-image; fi; \

@@ -77,14 +77,25 @@ def model_path(model: str | None) -> str:
 
 
 def cpu_name() -> str:
+    """The CPU's name, as the figures name it: x86's /proc/cpuinfo "model name"; an ARM kernel's
+    cpuinfo has none (only part numbers), so there lscpu's, which decodes them (Cortex-A76,
+    Neoverse-N1), with the feature flags our paths choose by."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            text = f.read()
     except OSError:
-        pass
-    return "unknown CPU"
+        text = ""
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    try:
+        import subprocess
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        name = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name"))
+        features = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("Features")), [])
+        return f"{name} ({', '.join(f for f in ('asimddp', 'i8mm', 'sve') if f in features) or 'no dotprod'})"
+    except (OSError, subprocess.SubprocessError, StopIteration):
+        return "unknown CPU"
 
 
 def child(mode: str, streams: list[int], threads: int, model: str | None, attention: str,

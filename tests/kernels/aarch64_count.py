@@ -1,7 +1,9 @@
 """Instructions retired by one matmul, ours and ggml's, under qemu-aarch64 (kernels/README.md,
 "The ARM paths": the table). Emulation is no clock: this counts work, not time.
 
-    .venv/bin/python -m tests.kernels.aarch64_count [--cpu cortex-a76]
+    .venv/bin/python -m tests.kernels.aarch64_count [--cpu cortex-a76]          # one matmul per format
+    .venv/bin/python -m tests.kernels.aarch64_count --cpu max --tokens 4        # the i8mm path
+    .venv/bin/python -m tests.kernels.aarch64_count --decode                    # a decode step's matmuls
 
 Debian's qemu-user-static has no TCG plugins (no libinsn.so), so the count is qemu's own log:
 `-one-insn-per-tb` (7.2's `-singlestep`) makes each guest instruction a translation block,
@@ -25,9 +27,17 @@ from tests.kernels import aarch64_check as check
 
 ROOT = check.ROOT
 GGML_BUILD = os.path.join(ROOT, "build", "aarch64-ggml")
-# SmolLM2's K (576) against a third of its FFN rows (1536): counts grow with rows x tokens.
-SHAPES = [("q4_0", 512, 576, 1), ("q4_0", 512, 576, 4), ("q4_1", 512, 576, 1), ("q4_1", 512, 576, 4),
-          ("q8_0", 512, 576, 1), ("q8_0", 512, 576, 4)]
+# SmolLM2's K (576) against a third of its FFN rows (1536): counts grow with rows x tokens. The
+# K-quants' super-blocks are 256 wide, which 576 is not: their K is the FFN's down projection's.
+SHAPES = [(name, 512, k, tokens) for name, k in (("q4_0", 576), ("q4_1", 576), ("q5_0", 576), ("q8_0", 576),
+                                                  ("q4_k", 1536), ("q5_k", 1536), ("q6_k", 1536))
+          for tokens in (1, 4)]
+# One decode step's matmuls of the default chat model (SmolLM2-135M, Q4_1, tied Q8_0 embeddings):
+# each layer's projections (rows x K), 30 layers, then the vocabulary projection.
+DECODE_LAYER = [("q4_1", 576, 576), ("q4_1", 192, 576), ("q4_1", 192, 576), ("q4_1", 576, 576),
+                ("q4_1", 1536, 576), ("q4_1", 1536, 576), ("q4_1", 576, 1536)]
+DECODE_LAYERS = 30
+DECODE_HEAD = ("q8_0", 49152, 576)
 # ggml's start-up, not its op: the fp16 tables ggml_cpu_init fills (6.2 M instructions), and the
 # thread pool ggml_graph_compute_with_ctx makes and frees per call (llama.cpp keeps one).
 GGML_NOT_THE_OP = ("ggml_cpu_init", "ggml_threadpool_new_impl", "ggml_threadpool_free")
@@ -50,7 +60,8 @@ def ggml_libraries() -> list[str]:
     subprocess.run(["cmake", "-S", ggml, "-B", GGML_BUILD,
                     f"-DCMAKE_TOOLCHAIN_FILE={ROOT}/packaging/cross/aarch64-linux-gnu.cmake",
                     "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_OPENMP=OFF",
-                    "-DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod", "-DGGML_BACKEND_DL=OFF", "-DCMAKE_BUILD_TYPE=Release"],
+                    "-DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod", "-DGGML_BACKEND_DL=OFF", "-DCMAKE_BUILD_TYPE=Release",
+                    "-DGGML_BUILD_TESTS=OFF", "-DGGML_BUILD_EXAMPLES=OFF"],
                    check=True, capture_output=True)
     subprocess.run(["nice", "-n", "10", "cmake", "--build", GGML_BUILD, "--target", "ggml-cpu", "ggml-base", "-j2"],
                    check=True, capture_output=True)
@@ -60,7 +71,9 @@ def ggml_libraries() -> list[str]:
 def build() -> str:
     libs = ggml_libraries()
     program = os.path.join(ROOT, "build", "aarch64-count", "ops_count")
-    if os.path.exists(program) and os.environ.get("STACKD_COUNT_REBUILD") != "1":
+    source = os.path.join(ROOT, "kernels", "check", "ops_count.cpp")
+    if os.path.exists(program) and os.path.getmtime(program) > os.path.getmtime(source) \
+            and os.environ.get("STACKD_COUNT_REBUILD") != "1":
         return program
     ggml = check.ggml_dir()
     os.makedirs(os.path.dirname(program), exist_ok=True)
@@ -124,14 +137,40 @@ def count(program: str, cpu: str, who: str, shape: tuple) -> int:
         return result["n"]
 
 
+def decode_step(program: str, cpu: str) -> None:
+    """The matmuls of one decode step at one token: each distinct shape counted once, times
+    how often the step runs it."""
+    totals = {"ours": 0, "ggml": 0}
+    print(f"| matmul | rows x K | a step | ours ({cpu}) | ggml | ggml / ours |")
+    print("|---|---|---|---|---|---|")
+    shapes = {}
+    for shape in DECODE_LAYER:
+        shapes[shape] = shapes.get(shape, 0) + DECODE_LAYERS
+    shapes[DECODE_HEAD] = 1
+    for (name, rows, k), times in shapes.items():
+        ours, ggml = (count(program, cpu, who, (name, rows, k, 1)) for who in ("ours", "ggml"))
+        totals["ours"] += ours * times
+        totals["ggml"] += ggml * times
+        print(f"| {name} | {rows} x {k} | {times}x | {ours:,} | {ggml:,} | {ggml / ours:.2f}x |", flush=True)
+    print(f"| a decode step's matmuls | | | {totals['ours']:,} | {totals['ggml']:,} | "
+          f"{totals['ggml'] / totals['ours']:.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cpu", default="cortex-a76")
+    parser.add_argument("--tokens", type=int, default=None, help="only the shapes of this many tokens")
+    parser.add_argument("--decode", action="store_true", help="a decode step's matmuls instead")
     args = parser.parse_args()
     program = build()
+    if args.decode:
+        decode_step(program, args.cpu)
+        return
     print(f"| type | rows x K | tokens | ours ({args.cpu}) | ggml | ggml / ours |")
     print("|---|---|---|---|---|---|")
     for shape in SHAPES:
+        if args.tokens is not None and shape[3] != args.tokens:
+            continue
         ours, ggml = count(program, args.cpu, "ours", shape), count(program, args.cpu, "ggml", shape)
         name, rows, k, tokens = shape
         print(f"| {name} | {rows} x {k} | {tokens} | {ours:,} | {ggml:,} | {ggml / ours:.2f}x |", flush=True)
