@@ -138,6 +138,11 @@ engine::engine(const engine_params & params)
     try {
         make_lanes(cp);
         make_prompt_cache(cp);
+        if (!params_.embeddings && params_.tp_rank < 0 && params_.placement.rpc_endpoints.empty()) {
+            for (auto & ln : lanes_) {
+                warm_up(*ln);
+            }
+        }
         if (pcache_) {
             preload_prefixes(*lanes_[0]);   // before the loop runs: the first request finds them
         }
@@ -180,6 +185,28 @@ void engine::make_lanes(const llama_context_params & base) {
         ln->batch = llama_batch_init((int32_t) cp.n_batch, 0, 1);
         lanes_.push_back(std::move(ln));
     }
+}
+
+// One decode of a single token before the first request, its KV then dropped, as llama-server's
+// warm-up run: the first request after a load (a start, a swap, a worker's restart) no longer
+// pays for ggml's graph and buffers, its threads' start and the first touch of the weights'
+// pages, which cost it tens of milliseconds here. Local models only: a split's step involves
+// its other nodes, which its own start checks. Nothing of it is counted.
+void engine::warm_up(lane & ln) {
+    llama_token token = llama_vocab_bos(vocab_);
+    if (token == LLAMA_TOKEN_NULL) {
+        token = 0;
+    }
+    llama_batch batch = llama_batch_init(1, 0, 1);
+    batch.n_tokens = 1;
+    batch.token[0] = token;
+    batch.pos[0] = 0;
+    batch.n_seq_id[0] = 1;
+    batch.seq_id[0][0] = 0;
+    batch.logits[0] = 1;
+    llama_decode(ln.ctx, batch);      // a failure here is the first request's to report
+    llama_memory_seq_rm(llama_get_memory(ln.ctx), 0, -1, -1);
+    llama_batch_free(batch);
 }
 
 // Sampler chains go before the context they belong with.
