@@ -235,7 +235,7 @@ def customize(tree: str, dist: str) -> None:
               f"search --no-floppy --fs-uuid --set=root {ROOT_FS_UUID}\nset prefix=($root)/boot/grub\n"
               "configfile $prefix/grub.cfg\n")
         chroot(tree, "grub-mkimage", "-O", "arm64-efi", "-o", "/boot/grub/BOOTAA64.EFI", "-p", "/boot/grub",
-               "-c", "/boot/grub/early.cfg", "part_gpt", "ext2", "fat", "search_fs_uuid", "configfile",
+               "-c", "/boot/grub/early.cfg", "part_gpt", "ext2", "fat", "search", "search_fs_uuid", "configfile",
                "normal", "linux", "gzio", "echo", "test")
 
 
