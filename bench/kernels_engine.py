@@ -89,7 +89,6 @@ def cpu_name() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     try:
-        import subprocess
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
         name = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name"))
         features = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("Features")), [])

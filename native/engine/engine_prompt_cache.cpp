@@ -16,8 +16,6 @@
 #include "engine.h"
 #include "engine_steps.h"
 
-#include <unistd.h>
-
 void engine::make_prompt_cache(const llama_context_params & cp) {
     const bool usable = !params_.embeddings && params_.tp_rank < 0 && params_.placement.rpc_endpoints.empty() &&
                         params_.n_lanes == 1 && !params_.prompt_cache_dir.empty() && params_.prompt_cache_bytes > 0;
@@ -66,8 +64,7 @@ void engine::restore_prefixes(lane & ln, batch_plan & plan) {
             // half written, so it starts over empty, and the file goes.
             tp_->seq_rm(ln.ctx, adm.id_slot, -1, -1);
             ln.sched.restored(plan, adm.id_request, 0);
-            ::unlink(f.path.c_str());
-            pcache_->counters.rejected += 1;
+            pcache_->reject(f.path);
             pcache_->counters.misses += 1;
             continue;
         }
@@ -103,8 +100,7 @@ void engine::preload_prefixes(lane & ln) {
         }
         if (llama_state_seq_set_data(ln.ctx, state.data(), state.size(), id_slot) == 0) {
             tp_->seq_rm(ln.ctx, id_slot, -1, -1);
-            ::unlink(h.file.path.c_str());
-            pcache_->counters.rejected += 1;
+            pcache_->reject(h.file.path);
             continue;
         }
         ln.sched.preloaded(id_slot, h.tokens);

@@ -121,6 +121,9 @@ public:
     void save(std::vector<int32_t> tokens, std::vector<uint8_t> state);
     // Returns once every queued write is done (tests, and the engine's close).
     void flush();
+    // A file found unusable (damaged, foreign, or a state llama.cpp refused): removed, counted,
+    // and out of the index.
+    void reject(const std::string & path);
 
     prompt_cache_counters counters;
 
@@ -139,7 +142,6 @@ private:
     int read_head(const std::string & path, std::vector<int32_t> & tokens) const;
     void drop_extended(const job & j);   // the files `j` extends, removed
     void keep_within_budget();
-    void reject(const std::string & path);
 
     prompt_cache_params params_;
     std::string key_hex_;         // the key's hash, the names' first part

@@ -58,7 +58,7 @@ class Target:
     def __init__(self, machine: str, debian: str, kernel: str, loader: str, console: str, boot: str,
                  part_offset: int, root_partuuid: str):
         self.machine, self.debian, self.boot = machine, debian, boot
-        self.packages = COMMON_PACKAGES[:4] + (kernel,) + COMMON_PACKAGES[4:9] + (loader,) + COMMON_PACKAGES[9:]
+        self.packages = COMMON_PACKAGES + (kernel, loader)
         self.part_offset = part_offset       # where the root file system starts in the image
         self.root_partuuid = root_partuuid
         self.console = console
@@ -116,7 +116,7 @@ def base_tree(out_dir: str) -> str:
     if not os.path.exists(os.path.join(tree, ".complete")):
         shutil.rmtree(tree, ignore_errors=True)
         if TARGET.machine != os.uname().machine:
-            binfmt()                         # the tree's maintainer scripts run under qemu-user
+            binfmt(TARGET.machine)           # the tree's maintainer scripts run under qemu-user
         run("mmdebstrap", "--mode=root", "--variant=minbase", f"--arch={TARGET.debian}",
             "--include=" + ",".join(TARGET.packages),
             "--aptopt=Acquire::Retries \"3\"", "--dpkgopt=path-exclude=/usr/share/man/*",
@@ -126,14 +126,14 @@ def base_tree(out_dir: str) -> str:
     return tree
 
 
-def binfmt() -> None:
-    """Another architecture's programs run here through qemu-user: binfmt_misc mounted and
-    Debian's qemu-user-static entry registered (its F flag: the emulator opened now, so it runs
-    inside a chroot too), as the arm64 root of the wheel tests does."""
+def binfmt(machine: str) -> None:
+    """`machine`'s programs run here through qemu-user: binfmt_misc mounted and Debian's
+    qemu-user-static entry registered (its F flag: the emulator opened now, so it runs inside a
+    chroot too). The arm64 root of the wheel tests (tests/image/arm64_root.py) calls it too."""
     entries = "/proc/sys/fs/binfmt_misc"
     if not os.path.exists(os.path.join(entries, "register")):
         run("mount", "-t", "binfmt_misc", "binfmt_misc", entries)
-    name = f"qemu-{TARGET.machine}"
+    name = f"qemu-{machine}"
     if not os.path.exists(os.path.join(entries, name)):
         with open(f"/usr/lib/binfmt.d/{name}.conf") as entry, open(os.path.join(entries, "register"), "w") as f:
             f.write(entry.read().strip())
@@ -245,19 +245,19 @@ def make_disk(tree: str, path: str) -> None:
     if TARGET.boot == "efi":
         make_efi_disk(tree, path, fs_bytes)
         return
-    PART_OFFSET = TARGET.part_offset
+    offset = TARGET.part_offset
     with open(os.path.join(tree, "usr/lib/grub/i386-pc/boot.img"), "rb") as f:
         boot = f.read()
     with open(os.path.join(tree, "boot/grub/core.img"), "rb") as f:
         core = f.read()
-    assert len(core) <= PART_OFFSET - 512, "GRUB's core image does not fit before the partition"
+    assert len(core) <= offset - 512, "GRUB's core image does not fit before the partition"
     sectors = fs_bytes // 512
-    entry = struct.pack("<B3sB3sII", 0x80, b"\xfe\xff\xff", 0x83, b"\xfe\xff\xff", PART_OFFSET // 512, sectors)
+    entry = struct.pack("<B3sB3sII", 0x80, b"\xfe\xff\xff", 0x83, b"\xfe\xff\xff", offset // 512, sectors)
     mbr = boot[:440] + struct.pack("<IH", DISK_ID, 0) + entry + bytes(48) + b"\x55\xaa"
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(mbr + core)
-        f.truncate(PART_OFFSET + fs_bytes)
+        f.truncate(offset + fs_bytes)
     root_fs(tree, tmp, fs_bytes)
     os.replace(tmp, path)
 

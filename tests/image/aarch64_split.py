@@ -53,6 +53,7 @@ async def texts(runner: ModelRunner, prompts: list[list[int]], max_tokens: int) 
 
 
 def bound() -> socket.socket:
+    # tests/engine/test_tensor_e2e.py's, again: this script runs in the arm64 root, without the test tree
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)

@@ -23,8 +23,6 @@ DIST = os.path.join(ROOT, "dist-aarch64")
 BUILD = os.path.join(ROOT, "build", "aarch64")
 SUITE = "bookworm"
 PACKAGES = ("python3", "python3-venv", "libgomp1")
-BINFMT = "/proc/sys/fs/binfmt_misc"
-BINFMT_ENTRY = "/usr/lib/binfmt.d/qemu-aarch64.conf"     # Debian's qemu-user-static's
 VENV = "/opt/stackd"
 
 
@@ -41,13 +39,9 @@ def missing() -> str | None:
 
 
 def binfmt() -> None:
-    """aarch64 programs run through qemu: binfmt_misc mounted and qemu-aarch64 registered (with
-    Debian's flags, F among them: the emulator is opened now, so it runs inside a chroot too)."""
-    if not os.path.exists(os.path.join(BINFMT, "register")):
-        subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", BINFMT], check=True)
-    if not os.path.exists(os.path.join(BINFMT, "qemu-aarch64")):
-        with open(BINFMT_ENTRY) as entry, open(os.path.join(BINFMT, "register"), "w") as register:
-            register.write(entry.read().strip())
+    """aarch64 programs run through qemu: the device image's recipe registers it (its binfmt)."""
+    from tests.image.guest import image_recipe
+    image_recipe().binfmt("aarch64")
 
 
 def _locked(name: str):

@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 ARCH = os.environ.get("STACKD_IMAGE_ARCH") or os.uname().machine
 
 
-def _image_recipe():
+def image_recipe():
     """packaging/image/build.py, for its targets' layout (one source for the offsets)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("stackd_image_build",
@@ -38,7 +38,7 @@ def _image_recipe():
     return module
 
 
-TARGET = _image_recipe().TARGETS[ARCH]
+TARGET = image_recipe().TARGETS[ARCH]
 PART_OFFSET = TARGET.part_offset
 CONSOLE_TTY = TARGET.console
 SHELL_TTY = {"x86_64": "ttyS1", "aarch64": "hvc0"}[ARCH]
