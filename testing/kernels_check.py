@@ -45,6 +45,10 @@ def library() -> ctypes.CDLL:
             ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         lib.stackd_kernels_time_attention.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_int] * 4 + [
             ctypes.POINTER(ctypes.c_double)]
+        lib.stackd_kernels_read_bandwidth.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+                                                       ctypes.POINTER(ctypes.c_double)]
+        lib.stackd_kernels_time_nodes.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                                   ctypes.POINTER(ctypes.c_double)]
         _lib = lib
     return _lib
 
@@ -83,6 +87,23 @@ def time_mul_mat(type_name: str, k: int, rows: int, tokens: int, path: str, n_th
     rc = library().stackd_kernels_time(GGML_TYPE[type_name], k, rows, tokens, accel.PATHS.index(path),
                                        n_threads, repeat, times)
     return None if rc != 0 else (times[0], times[1])
+
+
+def read_bandwidth(n_bytes: int, n_threads: int, repeat: int) -> float:
+    """Bytes a second `n_threads` OpenMP threads read from a buffer of `n_bytes` (make it far
+    larger than the last-level cache), best of `repeat` passes: the memory roof of
+    bench/roofline.py."""
+    value = ctypes.c_double()
+    library().stackd_kernels_read_bandwidth(n_bytes, n_threads, repeat, ctypes.byref(value))
+    return value.value
+
+
+def time_nodes(n_nodes: int, n_threads: int, repeat: int) -> float:
+    """Seconds a node of ggml's CPU backend costs with `n_threads` whatever its work (its dispatch
+    and the barrier after it), from a chain of `n_nodes` tiny additions, best of `repeat` graphs."""
+    value = ctypes.c_double()
+    library().stackd_kernels_time_nodes(n_nodes, n_threads, repeat, ctypes.byref(value))
+    return value.value
 
 
 def time_ggml_repacked(type_name: str, k: int, rows: int, tokens: int, n_threads: int, repeat: int) -> float | None:

@@ -14,6 +14,8 @@
 #include <random>
 #include <vector>
 
+#include <omp.h>
+
 #include "backend.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -729,5 +731,81 @@ STACKD_API int stackd_kernels_time_attention(int64_t dk, int64_t n_kv, int64_t t
     run_attention(p, 0, n_streams, 0, ours, repeat, &times[1]);
     ggml_backend_free(ours);
     ggml_backend_free(cpu);
+    return 0;
+}
+
+// ---- the machine's memory read bandwidth (bench/roofline.py's memory roof) ----
+
+namespace {
+
+// Sums a slice as 64-bit words with eight independent chains, which the compiler vectorizes at
+// the baseline's width: far more loads a cycle than DRAM feeds, so the loop waits on memory.
+uint64_t read_slice(const uint64_t *p, size_t n) {
+    uint64_t s[8] = {};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += p[i + j];
+    for (; i < n; i++) s[0] += p[i];
+    uint64_t total = 0;
+    for (const uint64_t v : s) total += v;
+    return total;
+}
+
+}  // namespace
+
+// Bytes a second that `n_threads` threads (OpenMP, as ggml's team) read from a buffer of
+// `bytes` (far larger than the last-level cache: DRAM), best of `repeat` passes, each thread a
+// contiguous share; the buffer is written first so that every page is committed. Returns 0.
+STACKD_API int stackd_kernels_read_bandwidth(int64_t bytes, int n_threads, int repeat, double *bytes_per_second) {
+    const size_t words = (size_t)bytes / sizeof(uint64_t);
+    std::vector<uint64_t> buffer(words);
+    for (size_t i = 0; i < words; i++) buffer[i] = i;
+    double best = 0.0;
+    volatile uint64_t sink = 0;
+    for (int r = 0; r < repeat; r++) {
+        uint64_t sum = 0;
+        const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(n_threads) reduction(+ : sum)
+        {
+            const size_t nth = (size_t)omp_get_num_threads(), ith = (size_t)omp_get_thread_num();
+            const size_t begin = words * ith / nth, end = words * (ith + 1) / nth;
+            sum += read_slice(buffer.data() + begin, end - begin);
+        }
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        sink = sink + sum;
+        best = std::max(best, (double)(words * sizeof(uint64_t)) / seconds);
+    }
+    *bytes_per_second = best;
+    return 0;
+}
+
+// ---- what a node costs ggml's team whatever its work (bench/roofline.py's barriers) ----
+
+// Seconds per node (best of `repeat` graphs) of a chain of `n_nodes` additions of a 64-float
+// tensor on ggml's CPU backend with `n_threads`: its dispatch and the barrier after it, the
+// work nothing to speak of. Returns 0.
+STACKD_API int stackd_kernels_time_nodes(int n_nodes, int n_threads, int repeat, double *seconds) {
+    ggml_init_params params = {ggml_tensor_overhead() * (size_t)(n_nodes + 2) + ggml_graph_overhead_custom(n_nodes + 2, false),
+                               nullptr, true};
+    ggml_context *ctx = ggml_init(params);
+    ggml_tensor *x = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 64);
+    ggml_tensor *y = x;
+    for (int i = 0; i < n_nodes; i++) y = ggml_add(ctx, y, x);   // every thread takes part (ADD: n_threads tasks)
+    ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    set_threads(cpu, n_threads);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
+    ggml_backend_buffer_clear(buf, 0);
+    ggml_cgraph *graph = ggml_new_graph_custom(ctx, n_nodes + 2, false);
+    ggml_build_forward_expand(graph, y);
+    double best = 1e30;
+    for (int i = 0; i < repeat; i++) {
+        const auto start = std::chrono::steady_clock::now();
+        ggml_backend_graph_compute(cpu, graph);
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    *seconds = best / n_nodes;
+    ggml_backend_buffer_free(buf);
+    ggml_backend_free(cpu);
+    ggml_free(ctx);
     return 0;
 }

@@ -4,7 +4,9 @@
 #include <algorithm>
 
 #include "backend.h"
+#include "fusion.h"
 #include "lazy_commit.h"
+#include "profile.h"
 
 namespace {
 bool valid_path(int path) { return path >= 0 && path < stackd::kPathCount; }
@@ -44,6 +46,7 @@ STACKD_API void stackd_kernels_batch_invariant(int steps) {
 // Whether decode attention is ours (1, the default) or ggml's (0), from the next graph on, in
 // every backend of this process: bench/kernels_engine.py's A/B.
 STACKD_API void stackd_kernels_attention(int on) { stackd::set_attention(on != 0); }
+STACKD_API void stackd_kernels_prefill_attention(int on) { stackd::set_prefill_attention(on != 0); }
 STACKD_API void stackd_kernels_chunked(int on) { stackd::set_chunked(on != 0); }
 STACKD_API int stackd_kernels_runs(int64_t attn_output, int64_t ffn_down) {
     return stackd::set_runs(attn_output, ffn_down) ? 0 : -1;
@@ -59,3 +62,20 @@ STACKD_API void *stackd_kernels_rpc_device() {
 // How many weights of ggml type `type` the models loaded in this process hold in our buffers
 // (each runs on our kernels); accel.py reports them per type in a loaded model's description.
 STACKD_API int64_t stackd_kernels_tensors(int type) { return stackd::repacked_tensors((ggml_type)type); }
+
+// Where graphs' time goes on our side (profile.h), for bench/roofline.py: on (1) clears the
+// totals and starts counting, off (0) stops. Read: the ns and counts of each phase (kPhaseCount
+// of each, in profile.h's order) and the graphs' nodes; returns kPhaseCount.
+STACKD_API void stackd_kernels_profile(int on) {
+    if (on) stackd::profile::reset();
+    stackd::profile::g_on.store(on != 0, std::memory_order_relaxed);
+}
+STACKD_API int stackd_kernels_profile_read(uint64_t *ns, uint64_t *counts, uint64_t *nodes) {
+    stackd::profile::read(ns, counts, nodes);
+    return stackd::profile::kPhaseCount;
+}
+
+// Whether graphs' nodes are fused (fusion.h; on by default) from the next graph on, in every
+// backend of this process: bench/roofline.py's A/B. And the nodes fused away so far.
+STACKD_API void stackd_kernels_fusion(int on) { stackd::backend_detail::set_fusion(on != 0); }
+STACKD_API uint64_t stackd_kernels_fused_nodes() { return stackd::backend_detail::fused_nodes(); }

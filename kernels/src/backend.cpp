@@ -23,11 +23,13 @@
 #include "ggml-impl.h"  // ggml_custom_op_params: how a GGML_OP_CUSTOM node names its function
 #pragma GCC diagnostic pop
 #include "backend_context.h"
+#include "fusion.h"
 #include "get_rows.h"
 #include "huge_pages.h"
 #include "lazy_commit.h"
 #include "layout.h"
 #include "matmul.h"
+#include "profile.h"
 #include "repack.h"
 #include "tp.h"
 
@@ -344,9 +346,21 @@ static_assert(kTaskExtraAt + sizeof(int64_t) <= GGML_MAX_OP_PARAMS);
 
 // Runs on every thread of ggml's team for one of our MUL_MATs (GGML_OP_CUSTOM meanwhile).
 void mul_mat_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    const profile::Scope timed(profile::of_mul_mat(dst), ith);
     auto *ctx = static_cast<BackendContext *>(userdata);
     mul_mat_share(dst, kernels_of(ctx), ctx->act, ctx->epoch, ith, nth);
 }
+
+}  // namespace
+
+bool backend_detail::is_plain_product(const ggml_tensor *node) {
+    if (node->op != GGML_OP_CUSTOM) return false;
+    ggml_custom_op_params task;
+    std::memcpy(&task, node->op_params, sizeof task);
+    return task.fun == mul_mat_task;
+}
+
+namespace {
 
 // ---- the products a tensor split cuts by input columns: the chunked form (kernels.h) ----
 // On one node as on a split, so that a split's answers are one node's (docs/cluster.md,
@@ -397,12 +411,14 @@ int64_t run_of(const ggml_tensor *dst) {
 }
 
 void chunked_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    const profile::Scope timed(profile::kMatmul, ith);
     auto *ctx = static_cast<BackendContext *>(userdata);
     mul_mat_share(dst, kernels_of(ctx), ctx->act, ctx->epoch, ith, nth, 0, -1, {run_of(dst), nullptr});
 }
 
 // The same, keeping the sums before rounding for the exchange (a tensor-parallel graph).
 void partial_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    const profile::Scope timed(profile::kMatmul, ith);
     auto *ctx = static_cast<BackendContext *>(userdata);
     if (ith == 0) ctx->partial_of = dst;   // read after the node's barrier
     mul_mat_share(dst, kernels_of(ctx), ctx->act, ctx->epoch, ith, nth, 0, -1, {run_of(dst), ctx->partial.data()});
@@ -420,19 +436,28 @@ void backend_free(ggml_backend_t backend) {
 bool in_our_buffer(const ggml_tensor *t);
 
 // Runs on every thread of ggml's team for a GET_ROWS on a table of ours (get_rows.h).
-void get_rows_task(ggml_tensor *dst, int ith, int nth, void *) { get_rows_share(dst, ith, nth); }
+void get_rows_task(ggml_tensor *dst, int ith, int nth, void *) {
+    const profile::Scope timed(profile::kGetRows, ith);
+    get_rows_share(dst, ith, nth);
+}
 
 // Runs on every thread of ggml's team for a FLASH_ATTN_EXT of ours (attention.h). The node's
 // scale rides in its op_params after the custom op's own (kTaskExtraAt; swap_in_tasks puts it there).
 
 void attention_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    const profile::Scope timed(profile::kAttention, ith);
     float scale;
     std::memcpy(&scale, (const char *)dst->op_params + kTaskExtraAt, sizeof scale);
     attention_share(dst, scale, kernels_of(static_cast<BackendContext *>(userdata)).attend, ith, nth);
 }
 
-// Whether decode attention is ours (stackd_kernels_attention; on unless a benchmark turns it off).
+// Whether decode attention is ours (stackd_kernels_attention; on unless a benchmark turns it off),
+// and a prompt's too (stackd_kernels_prefill_attention): on a long prompt ggml's tiled flash
+// attention is most of the prefill (bench/roofline.py --prefill), and ours, one query row at a
+// time with whole blocks of masked cells skipped, takes less; each row's numbers then depend
+// on nothing else in its step, prompts' rows as decoding rows.
 std::atomic<bool> g_attention{true};
+std::atomic<bool> g_prefill_attention{false};
 std::atomic<uint64_t> g_attention_nodes{0};  // FLASH_ATTN_EXT nodes computed by ours (a test's question)
 
 // GET_ROWS nodes run on tables of ours, ever: whether a model's embedding table is ours (a
@@ -475,7 +500,8 @@ void advise_buffer(BackendContext *ctx, const ggml_tensor *t) {
 std::string swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row, bool tp) {
     ctx->swapped.clear();
     ctx->partial_of = nullptr;
-    const bool attention = per_row && g_attention.load(std::memory_order_relaxed);
+    const bool attention = (per_row || g_prefill_attention.load(std::memory_order_relaxed)) &&
+                           g_attention.load(std::memory_order_relaxed);
     for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
         ggml_tensor *node = ggml_graph_node(graph, i);
         if (tp) {
@@ -528,13 +554,15 @@ std::string swap_in_tasks(BackendContext *ctx, ggml_cgraph *graph, bool per_row,
         if (attend) std::memcpy((char *)node->op_params + kTaskExtraAt, ctx->swapped.back().params.data(), sizeof(float));
         if (run > 0) std::memcpy((char *)node->op_params + kTaskExtraAt, &run, sizeof run);
     }
+    if (!tp) fuse_graph(ctx, graph);
     return "";
 }
 
+// Last change first: a node fusion rewrote after its swap gets its first state back.
 void swap_back(BackendContext *ctx) {
-    for (const auto &[node, op, params] : ctx->swapped) {
-        node->op = op;
-        std::memcpy(node->op_params, params.data(), sizeof(node->op_params));
+    for (auto it = ctx->swapped.rbegin(); it != ctx->swapped.rend(); ++it) {
+        it->node->op = it->op;
+        std::memcpy(it->node->op_params, it->params.data(), sizeof(it->node->op_params));
     }
     ctx->swapped.clear();
 }
@@ -580,6 +608,17 @@ void follow_invariance(ggml_backend_t cpu, bool per_row) {
     if (set_use_ref != nullptr) set_use_ref(cpu, per_row);
 }
 
+// The nodes ggml's team computes (each ends at a barrier), fused-away and view nodes not counted.
+uint64_t computing_nodes(ggml_cgraph *graph) {
+    uint64_t n = 0;
+    for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
+        const ggml_op op = ggml_graph_node(graph, i)->op;
+        n += !(op == GGML_OP_NONE || op == GGML_OP_RESHAPE || op == GGML_OP_VIEW || op == GGML_OP_PERMUTE ||
+               op == GGML_OP_TRANSPOSE);
+    }
+    return n;
+}
+
 ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     auto *ctx = static_cast<BackendContext *>(backend->context);
     ctx->epoch++;  // what the scratch held belongs to the last computation
@@ -598,7 +637,12 @@ ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
         return GGML_STATUS_FAILED;
     }
     follow_invariance(ctx->cpu, per_row);
-    ggml_status status = ggml_backend_graph_compute(ctx->cpu, graph);
+    ggml_status status;
+    {
+        const profile::Scope timed(profile::kGraph, 0);
+        if (profile::g_on.load(std::memory_order_relaxed)) profile::add_nodes(computing_nodes(graph));
+        status = ggml_backend_graph_compute(ctx->cpu, graph);
+    }
     swap_back(ctx);
     if (tp_lost(ctx)) status = GGML_STATUS_FAILED;   // an exchange failed (or the group was left): the rest was skipped
     ctx->tp_generation.store(0, std::memory_order_relaxed);
@@ -878,6 +922,7 @@ ggml_backend_t served_backend_new() { return new_backend((Path)-1, &served_devic
 void set_path(Path path) { g_path.store((int)path); }
 void set_invariance(Invariance invariance) { g_invariance.store((int)invariance); }
 void set_attention(bool on) { g_attention.store(on); }
+void set_prefill_attention(bool on) { g_prefill_attention.store(on); }
 void set_chunked(bool on) { g_chunked.store(on); }
 bool set_runs(int64_t attn_output, int64_t ffn_down) {
     if (attn_output == 0 && ffn_down == 0) {   // back to each weight's own

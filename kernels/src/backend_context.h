@@ -41,6 +41,24 @@ struct BackendContext {
     std::vector<double> partial;
     const ggml_tensor *partial_of = nullptr;
     std::vector<double> partial_rows;         // the rows a GET_ROWS between them picked
+    // This graph's fused nodes (fusion.h), each task's record by index.
+    struct Fusions {
+        struct Norm {                          // [add ->] norm -> mul by weight
+            ggml_tensor *add;                  // null: the norm alone
+            ggml_tensor *norm;
+            ggml_tensor *mul;
+            const ggml_tensor *weight;
+            float eps;
+            bool weight_first;                 // mul(weight, norm), as ggml multiplies
+        };
+        static constexpr int kMaxProducts = 4;     // q, k and v; gate and up
+        struct Group {                         // products of the same activations
+            ggml_tensor *products[kMaxProducts];
+            int n = 0;
+        };
+        std::vector<Norm> norms;
+        std::vector<Group> groups;
+    } fusions;
 };
 
 inline Kernels kernels_of(const BackendContext *ctx) {

@@ -104,14 +104,23 @@ void run_planes(ggml_tensor *dst, Gemm gemm, const ActType *act, int64_t g_begin
 
 }  // namespace
 
+QuantizedInput mul_mat_input(const ggml_tensor *dst, Activations &act, uint64_t epoch, int ith, int nth) {
+    QuantizedInput input;
+    if (is_k_quant(dst->src[0]->type)) input.kblocks = quantized(dst, act.kblocks, act.held_k, act.held_k_epoch, epoch, ith, nth);
+    else input.blocks = quantized(dst, act.blocks, act.held, act.held_epoch, epoch, ith, nth);
+    return input;
+}
+
 void mul_mat_share(ggml_tensor *dst, Kernels kernels, Activations &act, uint64_t epoch, int ith, int nth,
                    int64_t row_begin, int64_t row_end, const Chunked &chunked) {
+    mul_mat_rows(dst, kernels, mul_mat_input(dst, act, epoch, ith, nth), ith, nth, row_begin, row_end, chunked);
+}
+
+void mul_mat_rows(ggml_tensor *dst, Kernels kernels, const QuantizedInput &input, int ith, int nth,
+                  int64_t row_begin, int64_t row_end, const Chunked &chunked) {
     const ggml_type type = dst->src[0]->type;
-    const bool k_quant = is_k_quant(type);
-    const ActBlock *blocks = nullptr;
-    const ActKBlock *kblocks = nullptr;
-    if (k_quant) kblocks = quantized(dst, act.kblocks, act.held_k, act.held_k_epoch, epoch, ith, nth);
-    else blocks = quantized(dst, act.blocks, act.held, act.held_epoch, epoch, ith, nth);
+    const ActBlock *blocks = input.blocks;
+    const ActKBlock *kblocks = input.kblocks;
     const int64_t first = row_begin / kRowsPerGroup;
     const int64_t last = row_end < 0 ? row_groups(dst->src[0]->ne[1]) : row_groups(row_end);
     int64_t g_begin, g_end;

@@ -67,4 +67,15 @@ struct Chunked {
 void mul_mat_share(ggml_tensor *dst, Kernels kernels, Activations &act, uint64_t epoch, int ith, int nth,
                    int64_t row_begin = 0, int64_t row_end = -1, const Chunked &chunked = {});
 
+// mul_mat_share's two halves, for one node that computes several products of the same
+// activations (fusion.h: q, k and v; gate and up): the activations quantized once (every thread,
+// one barrier), then each product's rows with no barrier between them.
+struct QuantizedInput {
+    const ActBlock *blocks = nullptr;    // the plain types' Q8_1 blocks
+    const ActKBlock *kblocks = nullptr;  // the K-quants' Q8_K super-blocks
+};
+QuantizedInput mul_mat_input(const ggml_tensor *dst, Activations &act, uint64_t epoch, int ith, int nth);
+void mul_mat_rows(ggml_tensor *dst, Kernels kernels, const QuantizedInput &input, int ith, int nth,
+                  int64_t row_begin = 0, int64_t row_end = -1, const Chunked &chunked = {});
+
 }  // namespace stackd

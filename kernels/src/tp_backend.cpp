@@ -11,6 +11,7 @@
 
 #include "candidates_scan.h"
 #include "matmul.h"
+#include "profile.h"
 #include "tp.h"
 
 namespace stackd::backend_detail {
@@ -70,6 +71,7 @@ const double *partial_sum(BackendContext *ctx, const ggml_tensor *dst) {
 // Thread 0 only (n_tasks 1); ggml's barrier after the node holds the others.
 void allreduce_task(ggml_tensor *dst, int ith, int, void *userdata) {
     if (ith != 0) return;
+    const profile::Scope timed(profile::kExchange, ith);
     auto *ctx = static_cast<BackendContext *>(userdata);
     tp::allreduce_add(partial_sum(ctx, dst), static_cast<const float *>(dst->src[1]->data),
                       static_cast<float *>(dst->data), (size_t)ggml_nelements(dst));
@@ -125,6 +127,7 @@ void select_candidates(const float *x, int64_t n, int64_t begin, int k, tp::Cand
 // a follower on the candidates path having picked each output row's candidates first (its
 // threads a share of the rows each).
 void logits_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    const profile::Scope timed(profile::kLmHead, ith);
     auto *ctx = static_cast<BackendContext *>(userdata);
     int64_t begin = 0, end = 0;
     tp::vocab_rows(dst->ne[0], &begin, &end);   // checked when the node was swapped in

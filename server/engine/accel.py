@@ -46,9 +46,14 @@ def library() -> ctypes.CDLL:
         lib.stackd_kernels_tensors.argtypes = [ctypes.c_int]
         lib.stackd_kernels_tensors.restype = ctypes.c_int64
         lib.stackd_kernels_attention.argtypes = [ctypes.c_int]
+        lib.stackd_kernels_prefill_attention.argtypes = [ctypes.c_int]
         lib.stackd_kernels_chunked.argtypes = [ctypes.c_int]
         lib.stackd_kernels_runs.argtypes = [ctypes.c_int64, ctypes.c_int64]
         lib.stackd_kernels_commit_on_write.restype = None
+        lib.stackd_kernels_profile.argtypes = [ctypes.c_int]
+        lib.stackd_kernels_fusion.argtypes = [ctypes.c_int]
+        lib.stackd_kernels_fused_nodes.restype = ctypes.c_uint64
+        lib.stackd_kernels_profile_read.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 3
         _lib = lib
     return _lib
 
@@ -103,11 +108,52 @@ def set_attention(ours: bool) -> None:
     library().stackd_kernels_attention(int(ours))
 
 
+def set_prefill_attention(ours: bool) -> None:
+    """A prompt's attention on our kernel too (the decode kernel, one query row at a time) or on
+    ggml's tiled flash attention, from the next step on: bench/roofline.py's A/B."""
+    library().stackd_kernels_prefill_attention(int(ours))
+
+
 def set_chunked(on: bool) -> None:
     """The chunked form for the products a tensor split cuts (kernels/README.md, "The
     arithmetic"; the default) or the plain form, from the next step on: bench/kernels_engine.py's
     A/B. Off, a tensor split's answers are no longer one node's."""
     library().stackd_kernels_chunked(int(on))
+
+
+# What kernels/src/profile.h times, in its order: our nodes by kind (thread 0's share) and the
+# graphs' whole compute on ggml's team.
+PROFILE_PHASES = ("matmul", "lm_head", "attention", "get_rows", "exchange", "norms", "graph")
+
+
+def profile(on: bool) -> None:
+    """Start (clearing the totals) or stop timing where graphs' time goes on our side, in this
+    process (kernels/src/profile.h): bench/roofline.py's phase table. Off by default."""
+    library().stackd_kernels_profile(int(on))
+
+
+def profile_read() -> dict:
+    """{phase: (seconds, count)} since profile(True), and "nodes": the graphs' computing nodes
+    (one barrier of ggml's each; view and fused-away nodes not counted)."""
+    n = len(PROFILE_PHASES)
+    ns, counts, nodes = (ctypes.c_uint64 * n)(), (ctypes.c_uint64 * n)(), ctypes.c_uint64()
+    got = library().stackd_kernels_profile_read(ns, counts, ctypes.byref(nodes))
+    assert got == n, f"kernels/src/profile.h has {got} phases, accel.PROFILE_PHASES {n}"
+    out: dict = {name: (ns[i] / 1e9, counts[i]) for i, name in enumerate(PROFILE_PHASES)}
+    out["nodes"] = nodes.value
+    return out
+
+
+def set_fusion(on: bool) -> None:
+    """Fewer nodes a graph (kernels/src/fusion.h: a residual add with the norm after it, the
+    products of the same activations; the same numbers) or ggml's nodes as built, from the next
+    step on: bench/roofline.py's A/B."""
+    library().stackd_kernels_fusion(int(on))
+
+
+def fused_nodes() -> int:
+    """Nodes fused away in this process's graphs so far."""
+    return library().stackd_kernels_fused_nodes()
 
 
 # The runs of the chunked form (kernels/README.md, "The arithmetic") of a whole weight, from its

@@ -60,6 +60,8 @@ class GGUFInfo:
     block_elements: int = 0      # weights of the repeating layers' tensors (blk.*)
     output_elements: int = 0     # weights of the output matrix (output.weight, else
                                  # token_embd.weight when the output is tied to the embeddings)
+    block_bytes: int = 0         # bytes of the repeating layers' tensors: what a decode step
+    output_bytes: int = 0        # reads of the weights, with the output matrix's
 
 
 # ------------------------------------------------------------------ limits
@@ -249,9 +251,9 @@ class _Tensor:
         self.elements, self.nbytes, self.offset = elements, nbytes, offset
 
 
-def _output_elements(tensors: list[_Tensor]) -> int:
-    by_name = {t.name: t.elements for t in tensors}
-    return by_name.get("output.weight", by_name.get("token_embd.weight", 0))
+def _output_tensor(tensors: list[_Tensor]) -> _Tensor | None:
+    by_name = {t.name: t for t in tensors}
+    return by_name.get("output.weight", by_name.get("token_embd.weight"))
 
 
 class _Parser:
@@ -546,6 +548,7 @@ class _Parser:
         kind = "embedding" if arch in EMBEDDING_ARCHITECTURES or pooling else "chat"
 
         head_count = self._integer(f"{arch}.attention.head_count")
+        output = _output_tensor(tensors)
         head_count_kv = self._integer(f"{arch}.attention.head_count_kv")
         if head_count_kv is None:
             head_count_kv = head_count
@@ -566,7 +569,9 @@ class _Parser:
             tensor_data_bytes=data_bytes,
             file_size=self.size,
             block_elements=sum(t.elements for t in tensors if t.name.startswith("blk.")),
-            output_elements=_output_elements(tensors),
+            output_elements=output.elements if output else 0,
+            block_bytes=sum(t.nbytes for t in tensors if t.name.startswith("blk.")),
+            output_bytes=output.nbytes if output else 0,
         )
 
     def _quantization(self, tensors: list[_Tensor]) -> str:
