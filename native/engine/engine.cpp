@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
+#include <memory>
 #include <stdexcept>
 
 namespace {
@@ -138,13 +140,8 @@ engine::engine(const engine_params & params)
     try {
         make_lanes(cp);
         make_prompt_cache(cp);
-        if (!params_.embeddings && params_.tp_rank < 0 && params_.placement.rpc_endpoints.empty()) {
-            for (auto & ln : lanes_) {
-                warm_up(*ln);
-            }
-        }
-        if (pcache_) {
-            preload_prefixes(*lanes_[0]);   // before the loop runs: the first request finds them
+        if (pcache_ && params_.tp_rank > 0) {
+            preload_prefixes(*lanes_[0]);   // a follower has no thread of its own (start_lanes)
         }
         efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         if (efd_ < 0) {
@@ -160,9 +157,49 @@ engine::engine(const engine_params & params)
     if (params_.tp_rank > 0) {
         return;                        // a follower schedules nothing: follow() drives its context
     }
+    // a warm-up of local models only: a split's step involves its other nodes, which its own start checks
+    start_lanes(!params_.embeddings && params_.tp_rank < 0 && params_.placement.rpc_endpoints.empty());
+}
+
+// Each lane's thread warms its context up (`warm`) and, lane 0's, puts the prompt cache back
+// before it serves; the constructor returns once every lane has, so the first request finds
+// both done. Every graph of a lane then runs on that one thread. ggml's CPU backend computes a
+// graph on an OpenMP team of the calling thread, and a warm-up on the constructing thread made
+// a second team: libgomp, counting more of its threads than cores, then cut its spinning at
+// barriers to a few hundred turns, so every node's barrier slept and was woken (~2,000 futex
+// calls a step) and one stream decoded at a third of its speed on a quiet 2-core VM
+// (bench/README.md, "What changed").
+void engine::start_lanes(bool warm) {
+    std::vector<std::future<void>> started;
     for (auto & ln : lanes_) {
         lane * mine = ln.get();
-        ln->thread = std::thread([this, mine] { loop(*mine); });
+        auto ready = std::make_shared<std::promise<void>>();
+        started.push_back(ready->get_future());
+        ln->thread = std::thread([this, mine, ready, warm] {
+            try {
+                if (warm) {
+                    warm_up(*mine);
+                }
+                if (pcache_ && mine->index == 0) {
+                    preload_prefixes(*mine);
+                }
+            } catch (...) {
+                ready->set_exception(std::current_exception());
+                return;
+            }
+            ready->set_value();
+            loop(*mine);
+        });
+    }
+    for (auto & f : started) {
+        try {
+            f.get();
+        } catch (...) {
+            close();                   // the lanes that started stop; the model goes
+            ::close(efd_);
+            efd_ = -1;
+            throw;
+        }
     }
 }
 

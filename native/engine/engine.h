@@ -260,6 +260,7 @@ private:
     void make_prompt_cache(const llama_context_params & cp);
     void preload_prefixes(lane & ln);
     void warm_up(lane & ln);
+    void start_lanes(bool warm);
     void restore_prefixes(lane & ln, batch_plan & plan);
     void save_prefixes(lane & ln, const batch_plan & plan);
     engine_event failed_event(int64_t id_request, const std::string & error);
