@@ -1,8 +1,9 @@
 """This machine's roofs, measured, and where a decode step's and a long prompt's time goes under them.
 
 Measured here with the engine's thread count, not quoted from a data sheet:
-- the memory roof: bytes a second the threads read from a buffer far larger than the caches
-  (testing.kernels_check.read_bandwidth);
+- the memory roof: bytes a second the threads read from a buffer the size of the model's weights
+  (testing.kernels_check.read_bandwidth; from the last-level cache where they fit in it), and
+  from one far larger than the caches (DRAM), printed beside;
 - the compute roof of each ISA path of ours: multiply-adds a second of our MUL_MAT on a weight
   that stays in cache (the model's weight type, 576 x 1536, 16 tokens: a decode step's shape).
 
@@ -22,6 +23,8 @@ beside llama-batched-bench's prompt processing of N tokens on the same file and 
     .venv/bin/python bench/roofline.py [--threads 2] [--streams 1,16] [--peer]
     .venv/bin/python bench/roofline.py --prefill 512,2000,4000 --streams "" --peer
     .venv/bin/python bench/roofline.py --kernels avx2      # one path forced for the engine runs
+    .venv/bin/python bench/roofline.py --fusion off        # the A/B of graph fusion
+    .venv/bin/python bench/roofline.py --prefill 2000 --streams "" --prefill-attention ggml
 """
 from __future__ import annotations
 
@@ -55,10 +58,14 @@ def model_facts(path: str) -> dict:
 
 # ---- the roofs ----
 
-def roofs(threads: int, weight_type: str) -> dict:
+def roofs(threads: int, weight_type: str, weight_bytes: int) -> dict:
+    """The read bandwidth of a buffer the size of the model's weights (what a decode step reads:
+    from the last-level cache where they fit, as SmolLM2's 97 MB do in a 480 MiB L3) and of one
+    far larger (DRAM); the compute peak of each path."""
     from stackd.engine import accel
     from testing import kernels_check
-    bandwidth = kernels_check.read_bandwidth(BANDWIDTH_BYTES, threads, 5)
+    bandwidth = kernels_check.read_bandwidth(weight_bytes, threads, 10)
+    dram = kernels_check.read_bandwidth(BANDWIDTH_BYTES, threads, 5)
     k, rows, tokens = PEAK_SHAPE
     peaks = {}
     for path in accel.PATHS:
@@ -67,7 +74,7 @@ def roofs(threads: int, weight_type: str) -> dict:
         timed = kernels_check.time_mul_mat(weight_type, k, rows, tokens, path, threads, 200)
         if timed is not None:
             peaks[path] = k * rows * tokens / timed[1]
-    return {"bandwidth": bandwidth, "peaks": peaks}
+    return {"bandwidth": bandwidth, "dram": dram, "peaks": peaks}
 
 
 # ---- the engine, in a process of its own (the kernels register once a process) ----
@@ -232,8 +239,9 @@ def main() -> None:
     parser.add_argument("--kernels", default="auto", help="engine.kernels for the engine runs (auto, avx2, ...)")
     parser.add_argument("--fusion", choices=["on", "off"], default="on",
                         help="graph fusion in the engine runs (kernels/src/fusion.h; default on)")
-    parser.add_argument("--prefill-attention", choices=["ours", "ggml"], default="ggml",
-                        help="a prompt's attention in the engine runs (accel.set_prefill_attention)")
+    parser.add_argument("--prefill-attention", choices=["ours", "ggml"], default="ours",
+                        help="a prompt's attention in the engine runs (accel.set_prefill_attention; "
+                             "default ours, as the product's)")
     parser.add_argument("--peer", action="store_true", help="llama-batched-bench beside (decode and prefill)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -241,16 +249,16 @@ def main() -> None:
         return child(args)
     model = kernels_engine.model_path(args.model)
     facts = model_facts(model)
-    roof = roofs(args.threads, facts["type"])
+    roof = roofs(args.threads, facts["type"], facts["bytes"])
     runs = engine_runs(args)
     streams = sorted(runs["decode"])
     peer = kernels_engine.batched_bench(streams, args.threads, args.model) if args.peer and streams else {}
     gb = roof["bandwidth"] / 1e9
     print(f"{kernels_engine.cpu_name()}; {os.path.basename(model)} ({facts['type']}); {args.threads} threads; "
           f"engine path {runs['path']}, fusion {args.fusion}, prompts' attention {args.prefill_attention}")
-    print(f"memory roof: {gb:.1f} GB/s read ({args.threads} threads, {BANDWIDTH_BYTES >> 20} MiB); "
-          f"a token reads {facts['bytes'] / 1e6:.1f} MB of weights: {roof['bandwidth'] / facts['bytes']:.0f} tok/s "
-          f"at one stream at most")
+    print(f"memory roof: {gb:.1f} GB/s reading the weights' {facts['bytes'] / 1e6:.1f} MB ({args.threads} threads; "
+          f"{roof['dram'] / 1e9:.1f} GB/s from a {BANDWIDTH_BYTES >> 20} MiB buffer): "
+          f"{roof['bandwidth'] / facts['bytes']:.0f} tok/s at one stream at most")
     print("compute roof (our MUL_MAT, {0} x {1} {3}, {2} tokens, in cache): ".format(*PEAK_SHAPE, facts["type"]) +
           ", ".join(f"{path} {peak / 1e9:.0f} G multiply-adds/s" for path, peak in roof["peaks"].items()))
     path_peak = roof["peaks"].get(runs["path"] or "", max(roof["peaks"].values(), default=0.0))

@@ -457,7 +457,7 @@ void attention_task(ggml_tensor *dst, int ith, int nth, void *userdata) {
 // time with whole blocks of masked cells skipped, takes less; each row's numbers then depend
 // on nothing else in its step, prompts' rows as decoding rows.
 std::atomic<bool> g_attention{true};
-std::atomic<bool> g_prefill_attention{false};
+std::atomic<bool> g_prefill_attention{true};
 std::atomic<uint64_t> g_attention_nodes{0};  // FLASH_ATTN_EXT nodes computed by ours (a test's question)
 
 // GET_ROWS nodes run on tables of ours, ever: whether a model's embedding table is ours (a

@@ -31,7 +31,8 @@ void set_invariance(Invariance invariance);
 // Whether FLASH_ATTN_EXT nodes on one-row-at-a-time steps run on our decode attention (attention.h)
 // or on ggml's, from the next graph on (on by default; a benchmark's A/B turns it off).
 void set_attention(bool on);
-// Whether the prompts' steps' FLASH_ATTN_EXT nodes run on ours too (off: ggml's tiled attention).
+// Whether the prompts' steps' FLASH_ATTN_EXT nodes run on ours too (on by default; off: ggml's
+// tiled attention, a benchmark's A/B).
 void set_prefill_attention(bool on);
 // Whether the products a tensor split cuts take the chunked form (on unless a benchmark's A/B
 // turns it off: bench/kernels_engine.py --chunked off; a split's answers are then no longer

@@ -109,8 +109,9 @@ def set_attention(ours: bool) -> None:
 
 
 def set_prefill_attention(ours: bool) -> None:
-    """A prompt's attention on our kernel too (the decode kernel, one query row at a time) or on
-    ggml's tiled flash attention, from the next step on: bench/roofline.py's A/B."""
+    """A prompt's attention on our kernel too (the decode kernel, one query row at a time; the
+    default) or on ggml's tiled flash attention, from the next step on: bench/roofline.py's A/B
+    (a 2,000-token prompt's first token 0.80x ggml's time, bench/README.md "Roofline")."""
     library().stackd_kernels_prefill_attention(int(ours))
 
 
