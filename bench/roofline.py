@@ -4,6 +4,8 @@ Measured here with the engine's thread count, not quoted from a data sheet:
 - the memory roof: bytes a second the threads read from a buffer the size of the model's weights
   (testing.kernels_check.read_bandwidth; from the last-level cache where they fit in it), and
   from one far larger than the caches (DRAM), printed beside;
+- what a node costs ggml's team whatever its work (its barrier and dispatch:
+  testing.kernels_check.time_nodes), the floor under a step's nodes;
 - the compute roof of each ISA path of ours: multiply-adds a second of our MUL_MAT on a weight
   that stays in cache (the model's weight type, 576 x 1536, 16 tokens: a decode step's shape).
 
@@ -74,18 +76,23 @@ def roofs(threads: int, weight_type: str, weight_bytes: int) -> dict:
         timed = kernels_check.time_mul_mat(weight_type, k, rows, tokens, path, threads, 200)
         if timed is not None:
             peaks[path] = k * rows * tokens / timed[1]
-    return {"bandwidth": bandwidth, "dram": dram, "peaks": peaks}
+    node = kernels_check.time_nodes(500, threads, 50)      # a node's barrier and dispatch
+    return {"bandwidth": bandwidth, "dram": dram, "peaks": peaks, "node": node}
 
 
 # ---- the engine, in a process of its own (the kernels register once a process) ----
 
-def wait_for(engine, ids: set[int], done: bool) -> None:
-    """Until every request of `ids` has had an event (done=False: its first token) or has ended."""
+def wait_for(engine, ids: set[int], done: bool, ended: set[int]) -> None:
+    """Until every request of `ids` has had an event (done=False: its first token) or has ended
+    (done=True); the requests seen to end go into `ended` (one batch of events can hold a
+    request's first token and its last)."""
     from stackd.engine.core import STATUS_RUNNING
-    pending = set(ids)
+    pending = set(ids) - ended
     while pending:
         select.select([engine.fileno()], [], [])
         for event in engine.take_events():
+            if event.status != STATUS_RUNNING:
+                ended.add(event.id_request)
             if not done or event.status != STATUS_RUNNING:
                 pending.discard(event.id_request)
 
@@ -118,11 +125,12 @@ def decode_window(engine, n: int, first_id: int) -> dict:
     ids = set(range(first_id, first_id + n))
     for rid in sorted(ids):
         assert engine.submit(rid, prompt, GEN_TOKENS, [], params()) == SUBMIT_ACCEPTED
-    wait_for(engine, ids, done=False)        # prefill done: every stream has its first token
+    ended: set[int] = set()
+    wait_for(engine, ids, False, ended)      # prefill done: every stream has its first token
 
     def rest() -> float:
         start = time.perf_counter()
-        wait_for(engine, ids, done=True)
+        wait_for(engine, ids, True, ended)
         return time.perf_counter() - start
     return measured(engine, rest)
 
@@ -137,7 +145,7 @@ def prefill_window(engine, n_tokens: int, rid: int) -> dict:
     def one() -> float:
         start = time.perf_counter()
         assert engine.submit(rid, prompt, 1, [], params()) == SUBMIT_ACCEPTED
-        wait_for(engine, {rid}, done=True)
+        wait_for(engine, {rid}, True, set())
         return time.perf_counter() - start
     return measured(engine, one)
 
@@ -283,9 +291,10 @@ def main() -> None:
         steps = max(w["stats"]["n_steps"], 1)
         rows = phase_rows(w, steps)
         at_roof = facts["bytes"] / roof["bandwidth"]
-        print_phases(f"A decode step at {n} stream{'s' if n > 1 else ''} ({steps} steps; "
-                     f"{w['profile']['nodes'] / max(w['profile']['graph'][1], 1):.0f} computing nodes a graph; the weights at "
-                     f"the memory roof: {at_roof * 1e3:.2f} ms)", rows)
+        nodes = w['profile']['nodes'] / max(w['profile']['graph'][1], 1)
+        print_phases(f"A decode step at {n} stream{'s' if n > 1 else ''} ({steps} steps; the weights at the memory "
+                     f"roof: {at_roof * 1e3:.2f} ms; {nodes:.0f} computing nodes a graph, their barriers and "
+                     f"dispatch at {roof['node'] * 1e6:.2f} us a node: {nodes * roof['node'] * 1e3:.2f} ms)", rows)
     for n_tokens, w in sorted(runs["prefill"].items()):
         peer_s = peer_prefill(n_tokens, args.threads, args.model) if args.peer else None
         head = (f"One request's prompt of {n_tokens} tokens: first token after {w['seconds'] * 1e3:.0f} ms, "

@@ -791,24 +791,18 @@ STACKD_API int stackd_kernels_read_bandwidth(int64_t bytes, int n_threads, int r
 // tensor on ggml's CPU backend with `n_threads`: its dispatch and the barrier after it, the
 // work nothing to speak of. Returns 0.
 STACKD_API int stackd_kernels_time_nodes(int n_nodes, int n_threads, int repeat, double *seconds) {
-    ggml_init_params params = {ggml_tensor_overhead() * (size_t)(n_nodes + 2) + ggml_graph_overhead_custom(n_nodes + 2, false),
-                               nullptr, true};
+    ggml_init_params params = {ggml_tensor_overhead() * (size_t)(n_nodes + 2) + ggml_graph_overhead(), nullptr, true};
     ggml_context *ctx = ggml_init(params);
     ggml_tensor *x = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 64);
     ggml_tensor *y = x;
+    n_nodes = std::clamp(n_nodes, 1, GGML_DEFAULT_GRAPH_SIZE - 2);
     for (int i = 0; i < n_nodes; i++) y = ggml_add(ctx, y, x);   // every thread takes part (ADD: n_threads tasks)
     ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
     set_threads(cpu, n_threads);
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
     ggml_backend_buffer_clear(buf, 0);
-    ggml_cgraph *graph = ggml_new_graph_custom(ctx, n_nodes + 2, false);
-    ggml_build_forward_expand(graph, y);
-    double best = 1e30;
-    for (int i = 0; i < repeat; i++) {
-        const auto start = std::chrono::steady_clock::now();
-        ggml_backend_graph_compute(cpu, graph);
-        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
+    double best;
+    compute(cpu, ctx, y, repeat, &best);
     *seconds = best / n_nodes;
     ggml_backend_buffer_free(buf);
     ggml_backend_free(cpu);
