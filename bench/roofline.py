@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -53,7 +54,7 @@ TEXT = ("The committee met on a grey morning to review the harbour's plans, the 
 def model_facts(path: str) -> dict:
     from stackd.store import gguf_check
     info = gguf_check.check_gguf(path)
-    return {"type": info.quantization.lower().replace("_k_m", "_K").replace("_k_s", "_K"),
+    return {"type": re.sub(r"_k(_[sml])?$", "_K", info.quantization.lower()),   # Q4_K_M: q4_K
             "bytes": info.block_bytes + info.output_bytes,          # weights a decode step reads
             "macs": info.block_elements + info.output_elements}     # multiply-adds a token
 

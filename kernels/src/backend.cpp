@@ -612,9 +612,7 @@ void follow_invariance(ggml_backend_t cpu, bool per_row) {
 uint64_t computing_nodes(ggml_cgraph *graph) {
     uint64_t n = 0;
     for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
-        const ggml_op op = ggml_graph_node(graph, i)->op;
-        n += !(op == GGML_OP_NONE || op == GGML_OP_RESHAPE || op == GGML_OP_VIEW || op == GGML_OP_PERMUTE ||
-               op == GGML_OP_TRANSPOSE);
+        n += !ggml_op_is_empty(ggml_graph_node(graph, i)->op);
     }
     return n;
 }

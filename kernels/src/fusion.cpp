@@ -27,10 +27,8 @@ static_assert(kRecordAt + sizeof(int64_t) <= GGML_MAX_OP_PARAMS);
 
 constexpr int kMaxBetween = 8;       // nodes a later product may be moved before
 
-bool computes(const ggml_tensor *node) {
-    return !(node->op == GGML_OP_NONE || node->op == GGML_OP_RESHAPE || node->op == GGML_OP_VIEW ||
-             node->op == GGML_OP_PERMUTE || node->op == GGML_OP_TRANSPOSE);
-}
+// What ggml's CPU backend computes (and meets its threads after): not a view, nor a node fused away.
+bool computes(const ggml_tensor *node) { return !ggml_op_is_empty(node->op); }
 
 bool overlap(const ggml_tensor *a, const ggml_tensor *b) {
     if (a == nullptr || b == nullptr || a->data == nullptr || b->data == nullptr) return false;
@@ -239,10 +237,10 @@ int fuse_products(BackendContext *ctx, ggml_cgraph *graph, int first) {
 
 }  // namespace
 
-int fuse_graph(BackendContext *ctx, ggml_cgraph *graph) {
+void fuse_graph(BackendContext *ctx, ggml_cgraph *graph) {
     ctx->fusions.norms.clear();
     ctx->fusions.groups.clear();
-    if (!g_fusion.load(std::memory_order_relaxed)) return 0;
+    if (!g_fusion.load(std::memory_order_relaxed)) return;
     int fused = 0;
     Readers readers;
     bool have_readers = false;
@@ -268,11 +266,9 @@ int fuse_graph(BackendContext *ctx, ggml_cgraph *graph) {
         }
     }
     g_fused_nodes.fetch_add((uint64_t)fused, std::memory_order_relaxed);
-    return fused;
 }
 
 void set_fusion(bool on) { g_fusion.store(on, std::memory_order_relaxed); }
-bool fusion_on() { return g_fusion.load(std::memory_order_relaxed); }
 uint64_t fused_nodes() { return g_fused_nodes.load(std::memory_order_relaxed); }
 
 }  // namespace stackd::backend_detail

@@ -27,8 +27,8 @@
 namespace stackd::backend_detail {
 
 // Rewrites the graph's nodes (after swap_in_tasks turned ours into custom ops); every node it
-// changes is recorded in ctx->swapped to be put back. Returns the nodes fused away.
-int fuse_graph(BackendContext *ctx, ggml_cgraph *graph);
+// changes is recorded in ctx->swapped to be put back.
+void fuse_graph(BackendContext *ctx, ggml_cgraph *graph);
 
 // Whether a node is one of our plain products (the custom op swap_in_tasks made of a MUL_MAT
 // on a weight of ours, not a chunked or tensor-parallel one): backend.cpp.
@@ -37,7 +37,6 @@ bool is_plain_product(const ggml_tensor *node);
 // Whether fusion runs (on unless a benchmark's A/B turns it off), and the nodes it fused away
 // in this process so far (a test's question).
 void set_fusion(bool on);
-bool fusion_on();
 uint64_t fused_nodes();
 
 }  // namespace stackd::backend_detail

@@ -167,7 +167,7 @@ engine::engine(const engine_params & params)
 // graph on an OpenMP team of the calling thread, and a warm-up on the constructing thread made
 // a second team: libgomp, counting more of its threads than cores, then cut its spinning at
 // barriers to a few hundred turns, so every node's barrier slept and was woken (~2,000 futex
-// calls a step) and one stream decoded at a third of its speed on a quiet 2-core VM
+// calls a step) and one stream decoded at an eighth of its speed on a quiet 2-core VM
 // (bench/README.md, "What changed").
 void engine::start_lanes(bool warm) {
     std::vector<std::future<void>> started;
