@@ -24,6 +24,7 @@ class EngineStats(TypedDict):
     t_schedule_us: int
     t_batch_us: int
     t_decode_us: int
+    n_graphs_reused: int
     t_sample_us: int
     t_emit_us: int
     n_prompt_tokens: int

@@ -13,6 +13,8 @@
     X(t_schedule_us, "engine_t_schedule_us_total", "", "Microseconds spent scheduling.")            \
     X(t_batch_us, "engine_t_batch_us_total", "", "Microseconds spent building batches.")            \
     X(t_decode_us, "engine_t_decode_us_total", "", "Microseconds spent in llama_decode.")           \
+    X(n_graphs_reused, "engine_graphs_reused_total", "",                                            \
+      "Decode steps that reused the previous step's compute graph (llama.cpp's graph reuse).")     \
     X(t_sample_us, "engine_t_sample_us_total", "", "Microseconds spent sampling and detokenizing.") \
     X(t_emit_us, "engine_t_emit_us_total", "", "Microseconds spent emitting events.")              \
     X(n_prompt_tokens, "prompt_tokens_total", "", "Prompt tokens of admitted requests, cached or computed.") \

@@ -60,6 +60,7 @@ void engine::step_generate(lane & ln) {
     delta.t_batch_us = t2 - t1;
     int32_t rc = -1;
     std::string failure;
+    const int32_t reused_before = llama_perf_context(ln.ctx).n_reused;
     try {
         rc = decode(ln, gather);
     } catch (const std::exception & e) {
@@ -67,6 +68,7 @@ void engine::step_generate(lane & ln) {
     }
     uint64_t t3 = now_us();
     delta.t_decode_us = t3 - t2;
+    delta.n_graphs_reused = (uint64_t) std::max(0, llama_perf_context(ln.ctx).n_reused - reused_before);
     if (rc != 0) {
         publish(ln, events);
         fail_plan(ln, plan, decode_error(rc, failure));
