@@ -25,6 +25,9 @@ beside llama-batched-bench's prompt processing of N tokens on the same file and 
     .venv/bin/python bench/roofline.py [--threads 2] [--streams 1,16] [--peer]
     .venv/bin/python bench/roofline.py --prefill 512,2000,4000 --streams "" --peer
     .venv/bin/python bench/roofline.py --kernels avx2      # one path forced for the engine runs
+    .venv/bin/python bench/roofline.py --cpu avx2 --peer   # an AVX2-only CPU's code on both sides
+    .venv/bin/python bench/roofline.py --rounds 3 --peer   # medians of 3 alternating rounds
+    .venv/bin/python bench/roofline.py --graph-reuse off   # the A/B of llama.cpp's graph reuse
     .venv/bin/python bench/roofline.py --fusion off        # the A/B of graph fusion
     .venv/bin/python bench/roofline.py --prefill 2000 --streams "" --prefill-attention ggml
 """
@@ -184,7 +187,10 @@ def engine_runs(args) -> dict:
     command = [sys.executable, __file__, "--child", "--threads", str(args.threads), "--streams", args.streams,
                "--prefill", args.prefill, "--kernels", args.kernels, "--fusion", args.fusion,
                "--prefill-attention", args.prefill_attention] + (["--model", args.model] if args.model else [])
-    out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    env = {**os.environ, **kernels_engine.CHILD_ENV}
+    if args.graph_reuse == "off":     # llama.cpp rebuilds every step's graph (its llama_context)
+        env["LLAMA_GRAPH_REUSE_DISABLE"] = "1"
+    out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT, env=env).stdout
     result = json.loads(out.splitlines()[-1])
     for part in ("decode", "prefill"):
         result[part] = {int(k): v for k, v in result[part].items()}
@@ -197,7 +203,9 @@ def peer_prefill(n_tokens: int, threads: int, model: str | None) -> float:
     """Seconds llama-batched-bench takes for one prompt of n_tokens (its S_PP), same flags as
     kernels_engine's (flash attention on, batch 512)."""
     import peers
-    out = subprocess.run([peers.llama_batched_bench(), "-m", kernels_engine.model_path(model),
+    binary = (os.path.join(kernels_engine.PEER_DIR, "llama-batched-bench") if kernels_engine.PEER_DIR
+              else peers.llama_batched_bench())
+    out = subprocess.run([binary, "-m", kernels_engine.model_path(model),
                           "-c", str(n_tokens + 64), "-b", "512", "-ub", "512", "-npp", str(n_tokens),
                           "-ntg", "1", "-npl", "1", "-t", str(threads), "-fa", "on"],
                          check=True, capture_output=True, text=True).stdout
@@ -239,6 +247,36 @@ def print_phases(title: str, rows: list[tuple[str, float]], unit_ms: bool = True
     print(f"| total | {total * 1e3:.3f} | |")
 
 
+def rounds(args) -> tuple[dict, dict, dict]:
+    """The engine's runs and the peer's, alternating args.rounds times. Each stream count's (and
+    prompt length's) window is the round of the median tok/s (first-token time); each ratio
+    to the peer is the median of the rounds' own ratios (a round's sides ran back to back)."""
+    engine, decode_peer, prefill_peer = [], [], []
+    streams = [int(s) for s in args.streams.split(",") if s]
+    prompts = [int(s) for s in args.prefill.split(",") if s]
+    for _ in range(args.rounds):
+        engine.append(engine_runs(args))
+        if args.peer:
+            decode_peer.append(kernels_engine.batched_bench(streams, args.threads, args.model) if streams else {})
+            prefill_peer.append({n: peer_prefill(n, args.threads, args.model) for n in prompts})
+    median = kernels_engine.median
+    runs = {"path": engine[0]["path"], "decode": {}, "prefill": {}}
+    peer, peer_prefills = {}, {}
+    for n in sorted(engine[0]["decode"]):
+        tok_s = [r["decode"][n]["stats"]["n_tokens_sampled"] / r["decode"][n]["seconds"] for r in engine]
+        runs["decode"][n] = engine[sorted(range(len(engine)), key=tok_s.__getitem__)[len(engine) // 2]]["decode"][n]
+        if decode_peer:
+            peer[n] = {"decode": median([p[n]["decode"] for p in decode_peer]),
+                       "ratio": median([t / p[n]["decode"] for t, p in zip(tok_s, decode_peer)])}
+    for n in sorted(engine[0]["prefill"]):
+        seconds = [r["prefill"][n]["seconds"] for r in engine]
+        runs["prefill"][n] = engine[sorted(range(len(engine)), key=seconds.__getitem__)[len(engine) // 2]]["prefill"][n]
+        if prefill_peer:
+            peer_prefills[n] = {"seconds": median([p[n] for p in prefill_peer]),
+                                "ratio": median([s / p[n] for s, p in zip(seconds, prefill_peer)])}
+    return runs, peer, peer_prefills
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -252,19 +290,31 @@ def main() -> None:
                         help="a prompt's attention in the engine runs (accel.set_prefill_attention; "
                              "default ours, as the product's)")
     parser.add_argument("--peer", action="store_true", help="llama-batched-bench beside (decode and prefill)")
+    parser.add_argument("--cpu", choices=["native", "avx2"], default="native",
+                        help="avx2: both sides run an AVX2-only CPU's code (llama.cpp built without AVX-512 "
+                             "for the engine and the peer, our kernels' AVX2 path)")
+    parser.add_argument("--graph-reuse", choices=["on", "off"], default="on",
+                        help="llama.cpp's reuse of the previous step's graph in the engine runs (default on)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="engine and peer alternating N times: each figure the round of the median "
+                             "tok/s (or first-token time), ratios the median of the rounds'")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args)
+    if args.cpu == "avx2":
+        kernels_engine.use_avx2_build()
+        args.kernels = "avx2"
     model = kernels_engine.model_path(args.model)
     facts = model_facts(model)
     roof = roofs(args.threads, facts["type"], facts["bytes"])
-    runs = engine_runs(args)
+    runs, peer, peer_prefills = rounds(args)
     streams = sorted(runs["decode"])
-    peer = kernels_engine.batched_bench(streams, args.threads, args.model) if args.peer and streams else {}
     gb = roof["bandwidth"] / 1e9
     print(f"{kernels_engine.cpu_name()}; {os.path.basename(model)} ({facts['type']}); {args.threads} threads; "
-          f"engine path {runs['path']}, fusion {args.fusion}, prompts' attention {args.prefill_attention}")
+          f"engine path {runs['path']}, fusion {args.fusion}, prompts' attention {args.prefill_attention}, "
+          f"graph reuse {args.graph_reuse}" + (", llama.cpp built for AVX2" if args.cpu == "avx2" else "") +
+          (f"; medians of {args.rounds} rounds" if args.rounds > 1 else ""))
     print(f"memory roof: {gb:.1f} GB/s reading the weights' {facts['bytes'] / 1e6:.1f} MB ({args.threads} threads; "
           f"{roof['dram'] / 1e9:.1f} GB/s from a {BANDWIDTH_BYTES >> 20} MiB buffer): "
           f"{roof['bandwidth'] / facts['bytes']:.0f} tok/s at one stream at most")
@@ -285,7 +335,7 @@ def main() -> None:
                  f"{100 * read / roof['bandwidth']:.0f} %", f"{macs / 1e9:.1f} G/s",
                  f"{100 * macs / path_peak:.0f} %" if path_peak else "-"]
         if peer:
-            cells += [f"{peer[n]['decode']:.1f}", f"{tok_s / peer[n]['decode']:.2f}x"]
+            cells += [f"{peer[n]['decode']:.1f}", f"{peer[n]['ratio']:.2f}x"]
         print("| " + " | ".join(cells) + " |")
     for n in streams:
         w = runs["decode"][n]
@@ -293,16 +343,18 @@ def main() -> None:
         rows = phase_rows(w, steps)
         at_roof = facts["bytes"] / roof["bandwidth"]
         nodes = w['profile']['nodes'] / max(w['profile']['graph'][1], 1)
-        print_phases(f"A decode step at {n} stream{'s' if n > 1 else ''} ({steps} steps; the weights at the memory "
-                     f"roof: {at_roof * 1e3:.2f} ms; {nodes:.0f} computing nodes a graph, their barriers and "
-                     f"dispatch at {roof['node'] * 1e6:.2f} us a node: {nodes * roof['node'] * 1e3:.2f} ms)", rows)
+        reused = w["stats"].get("n_graphs_reused", 0)
+        print_phases(f"A decode step at {n} stream{'s' if n > 1 else ''} ({steps} steps, {reused} on a reused graph; "
+                     f"the weights at the memory roof: {at_roof * 1e3:.2f} ms; {nodes:.0f} computing nodes a graph, "
+                     f"their barriers and dispatch at {roof['node'] * 1e6:.2f} us a node: "
+                     f"{nodes * roof['node'] * 1e3:.2f} ms)", rows)
     for n_tokens, w in sorted(runs["prefill"].items()):
-        peer_s = peer_prefill(n_tokens, args.threads, args.model) if args.peer else None
+        peer_s = peer_prefills.get(n_tokens)
         head = (f"One request's prompt of {n_tokens} tokens: first token after {w['seconds'] * 1e3:.0f} ms, "
                 f"{n_tokens / w['seconds']:.0f} tok/s")
         if peer_s:
-            head += (f"; llama-batched-bench's prompt processing {peer_s * 1e3:.0f} ms: "
-                     f"**{w['seconds'] / peer_s:.2f}x** its time")
+            head += (f"; llama-batched-bench's prompt processing {peer_s['seconds'] * 1e3:.0f} ms: "
+                     f"**{peer_s['ratio']:.2f}x** its time")
         macs = n_tokens * facts["macs"] / w["seconds"]
         head += f"; {macs / 1e9:.1f} G multiply-adds/s, {100 * macs / path_peak:.0f} % of the compute roof" if path_peak else ""
         print_phases(head, phase_rows(w, 1.0))
