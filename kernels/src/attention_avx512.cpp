@@ -42,6 +42,28 @@ struct Avx512Pack {
     static float max16(F a) { return fold16(a, attention_lanes::Max{}); }
     static float sum16(F a) { return fold16(a, attention_lanes::Add{}); }
 
+    // Lane c: sum16(a[c]), the same pairs added in the same order, four steps over all sixteen
+    // at once. Each step halves what a pack holds of its cells and puts two packs into one:
+    // lanes l and l + 8 (a cell's 128-bit quarters 0-1 with 2-3), then l and l + 4 (quarter 0
+    // with 1), l and l + 2, l and l + 1 (within a quarter). The last pack holds cell i + 4j in
+    // lane 4i + j; one permute puts them in order.
+    static F sums16(const F *a) {
+        F b[8], c[4], d[2];
+        for (int i = 0; i < 8; i++)
+            b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+        for (int i = 0; i < 4; i++)
+            c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+        for (int i = 0; i < 2; i++)
+            d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+        const F e = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+        const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        return _mm512_permutexvar_ps(order, e);
+    }
+
     static F exp16(F x) {
         const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpFloor), _CMP_GE_OQ);
         const F n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
 #include "attention.h"
 
@@ -76,8 +77,40 @@ typename P::F mask_values(const AttentionTask &t, int r, int64_t c0) {
     return P::load_f16(tail);
 }
 
+// Whether the pack sums sixteen packs at once (sums16: lane c of the result is sum16 of pack c,
+// the same tree, so the same bits), which the AVX-512 pack does in 15 adds where sixteen sum16
+// take 64 and the shuffles between.
+template <class P, class = void>
+struct HasSums16 : std::false_type {};
+template <class P>
+struct HasSums16<P, std::void_t<decltype(P::sums16(static_cast<const typename P::F *>(nullptr)))>>
+    : std::true_type {};
+
 // The block's dot products, dots[r][c] for the cells row r sees: each K row converted once,
 // into registers, for every row of the task.
+template <class P, class R>
+void block_dots_sixteen(const AttentionTask &t, int64_t c0, const float (*q)[kMaxHeadSize], uint32_t any,
+                        float (*dots)[kCellBlock]) {
+    using F = typename P::F;
+    F k[kMaxHeadSize / kCellBlock];
+    alignas(64) F a[kMaxTaskRows][kCellBlock];
+    const int64_t nj = t.dk / kCellBlock;
+    for (int c = 0; c < kCellBlock; c++) {
+        if (!(any >> c & 1)) {  // outside the view or masked for every row: a lane thrown away
+            for (int r = 0; r < t.n_rows; r++) a[r][c] = P::zero();
+            continue;
+        }
+        const char *row = t.k + (c0 + c) * t.k_stride;
+        for (int64_t j = 0; j < nj; j++) k[j] = R::load(row, j * kCellBlock);
+        for (int r = 0; r < t.n_rows; r++) {
+            F x = P::mul(k[0], P::load(q[r]));
+            for (int64_t j = 1; j < nj; j++) x = P::fma(k[j], P::load(q[r] + j * kCellBlock), x);
+            a[r][c] = x;
+        }
+    }
+    for (int r = 0; r < t.n_rows; r++) P::store(dots[r], P::sums16(a[r]));
+}
+
 template <class P, class R>
 void block_dots(const AttentionTask &t, int64_t c0, const float (*q)[kMaxHeadSize], const uint32_t *live,
                 uint32_t any, float (*dots)[kCellBlock]) {
@@ -197,7 +230,8 @@ void attend_rows(const AttentionTask &t) {
         for (int r = 0; r < t.n_rows; r++) any |= live[r] = live_bits<P>(t, r, c0);
         if (any == 0) continue;
         prefetch_block<R>(t, c0 + kCellBlock);
-        block_dots<P, R>(t, c0, q, live, any, dots);
+        if constexpr (HasSums16<P>::value) block_dots_sixteen<P, R>(t, c0, q, any, dots);
+        else block_dots<P, R>(t, c0, q, live, any, dots);
         for (int r = 0; r < t.n_rows; r++)
             if (live[r] != 0) block_softmax<P>(t, r, c0, live[r], P::load(dots[r]), M[r], S[r], p[r]);
         block_values<P, R>(t, c0, live, p);
