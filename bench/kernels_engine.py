@@ -139,11 +139,15 @@ def stackd(mode: str, streams: list[int], threads: int, model: str | None = None
     return {int(k) if k.isdigit() else k: v for k, v in json.loads(out.splitlines()[-1]).items()}
 
 
-def batched_bench(streams: list[int], threads: int, model: str | None = None) -> dict:
+def batched_bench_binary() -> str:
+    """llama-batched-bench: --cpu avx2's build when chosen, else the native one."""
     import peers
+    return os.path.join(PEER_DIR, "llama-batched-bench") if PEER_DIR else peers.llama_batched_bench()
+
+
+def batched_bench(streams: list[int], threads: int, model: str | None = None) -> dict:
     ctx = max(streams) * (PROMPT_TOKENS + GEN_TOKENS) + 64
-    binary = os.path.join(PEER_DIR, "llama-batched-bench") if PEER_DIR else peers.llama_batched_bench()
-    out = subprocess.run([binary, "-m", model_path(model), "-c", str(ctx),
+    out = subprocess.run([batched_bench_binary(), "-m", model_path(model), "-c", str(ctx),
                           "-b", "512", "-ub", "512", "-npp", str(PROMPT_TOKENS), "-ntg",
                           str(GEN_TOKENS), "-npl", ",".join(map(str, streams)), "-t", str(threads),
                           "-fa", "on"], check=True, capture_output=True, text=True).stdout

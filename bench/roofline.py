@@ -202,10 +202,7 @@ def engine_runs(args) -> dict:
 def peer_prefill(n_tokens: int, threads: int, model: str | None) -> float:
     """Seconds llama-batched-bench takes for one prompt of n_tokens (its S_PP), same flags as
     kernels_engine's (flash attention on, batch 512)."""
-    import peers
-    binary = (os.path.join(kernels_engine.PEER_DIR, "llama-batched-bench") if kernels_engine.PEER_DIR
-              else peers.llama_batched_bench())
-    out = subprocess.run([binary, "-m", kernels_engine.model_path(model),
+    out = subprocess.run([kernels_engine.batched_bench_binary(), "-m", kernels_engine.model_path(model),
                           "-c", str(n_tokens + 64), "-b", "512", "-ub", "512", "-npp", str(n_tokens),
                           "-ntg", "1", "-npl", "1", "-t", str(threads), "-fa", "on"],
                          check=True, capture_output=True, text=True).stdout
@@ -247,6 +244,11 @@ def print_phases(title: str, rows: list[tuple[str, float]], unit_ms: bool = True
     print(f"| total | {total * 1e3:.3f} | |")
 
 
+def median_index(values: list[float]) -> int:
+    """The index of the median value (the upper one of an even count)."""
+    return sorted(range(len(values)), key=values.__getitem__)[len(values) // 2]
+
+
 def rounds(args) -> tuple[dict, dict, dict]:
     """The engine's runs and the peer's, alternating args.rounds times. Each stream count's (and
     prompt length's) window is the round of the median tok/s (first-token time); each ratio
@@ -264,13 +266,13 @@ def rounds(args) -> tuple[dict, dict, dict]:
     peer, peer_prefills = {}, {}
     for n in sorted(engine[0]["decode"]):
         tok_s = [r["decode"][n]["stats"]["n_tokens_sampled"] / r["decode"][n]["seconds"] for r in engine]
-        runs["decode"][n] = engine[sorted(range(len(engine)), key=tok_s.__getitem__)[len(engine) // 2]]["decode"][n]
+        runs["decode"][n] = engine[median_index(tok_s)]["decode"][n]
         if decode_peer:
             peer[n] = {"decode": median([p[n]["decode"] for p in decode_peer]),
                        "ratio": median([t / p[n]["decode"] for t, p in zip(tok_s, decode_peer)])}
     for n in sorted(engine[0]["prefill"]):
         seconds = [r["prefill"][n]["seconds"] for r in engine]
-        runs["prefill"][n] = engine[sorted(range(len(engine)), key=seconds.__getitem__)[len(engine) // 2]]["prefill"][n]
+        runs["prefill"][n] = engine[median_index(seconds)]["prefill"][n]
         if prefill_peer:
             peer_prefills[n] = {"seconds": median([p[n] for p in prefill_peer]),
                                 "ratio": median([s / p[n] for s, p in zip(seconds, prefill_peer)])}
@@ -302,6 +304,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child(args)
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1")
     if args.cpu == "avx2":
         kernels_engine.use_avx2_build()
         args.kernels = "avx2"

@@ -86,8 +86,10 @@ template <class P>
 struct HasSums16<P, std::void_t<decltype(P::sums16(static_cast<const typename P::F *>(nullptr)))>>
     : std::true_type {};
 
-// The block's dot products, dots[r][c] for the cells row r sees: each K row converted once,
-// into registers, for every row of the task.
+// block_dots (below) for a pack with sums16: each row's sixteen cells' lanes kept, then summed
+// at once. A cell no row sees gets zeros (its lane is thrown away); a cell some rows do not see
+// is computed for them too, and their select drops it. (The chain is block_dots' spelled again:
+// a helper both call, taking the converted K row by pointer, made this body 1.2x slower.)
 template <class P, class R>
 void block_dots_sixteen(const AttentionTask &t, int64_t c0, const float (*q)[kMaxHeadSize], uint32_t any,
                         float (*dots)[kCellBlock]) {
@@ -111,6 +113,8 @@ void block_dots_sixteen(const AttentionTask &t, int64_t c0, const float (*q)[kMa
     for (int r = 0; r < t.n_rows; r++) P::store(dots[r], P::sums16(a[r]));
 }
 
+// The block's dot products, dots[r][c] for the cells row r sees: each K row converted once,
+// into registers, for every row of the task.
 template <class P, class R>
 void block_dots(const AttentionTask &t, int64_t c0, const float (*q)[kMaxHeadSize], const uint32_t *live,
                 uint32_t any, float (*dots)[kCellBlock]) {
