@@ -42,7 +42,7 @@ def library() -> ctypes.CDLL:
         lib.stackd_kernels_accepts.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_int]
         lib.stackd_kernels_get_rows_nodes.restype = ctypes.c_uint64
         lib.stackd_kernels_check_attention.argtypes = [ctypes.c_int64] * 7 + [
-            ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         lib.stackd_kernels_time_attention.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_int] * 4 + [
             ctypes.POINTER(ctypes.c_double)]
         lib.stackd_kernels_read_bandwidth.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int,
@@ -123,14 +123,16 @@ def get_rows_equals_ggml(k: int, rows: int, n_ids: int, seed: int, n_threads: in
 
 
 def check_attention(dk: int, dv: int, n_kv: int, tokens: int, n_head: int, n_head_kv: int, n_streams: int,
-                    path: str, seed: int = 1, n_threads: int = 2, kv_type: str = "f16") -> list[float] | None:
+                    path: str, seed: int = 1, n_threads: int = 2, kv_type: str = "f16",
+                    heads_in_row: bool = True) -> list[float] | None:
     """Our decode attention (one FLASH_ATTN_EXT shaped as llama.cpp's per-sequence KV streams
-    build it, its cache of `kv_type`) on `path` against the exact result and ggml's per-row path
-    (check.cpp names the five results), or None if this CPU cannot run the path."""
+    build it, its cache of `kv_type`; heads_in_row: a cell's K/V heads side by side, as llama.cpp's
+    cache holds them, else each head's cells contiguous) on `path` against the exact result and
+    ggml's per-row path (check.cpp names the five results), or None if this CPU cannot run the path."""
     result = (ctypes.c_double * 5)()
     rc = library().stackd_kernels_check_attention(dk, dv, n_kv, tokens, n_head, n_head_kv, n_streams,
-                                                  GGML_TYPE[kv_type], accel.PATHS.index(path), seed, n_threads,
-                                                  result)
+                                                  GGML_TYPE[kv_type], int(heads_in_row), accel.PATHS.index(path),
+                                                  seed, n_threads, result)
     return None if rc != 0 else list(result)
 
 

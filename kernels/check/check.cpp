@@ -494,10 +494,13 @@ namespace {
 // A FLASH_ATTN_EXT problem shaped as llama.cpp's non-unified KV cache builds it: n_streams
 // sequences of `tokens` query rows each, every stream's own n_kv cells. Stream i holds
 // length[i] cells; its row t sees the cells before length[i] - tokens + 1 + t (causal), less a
-// few holes (masked cells inside, as a cache with removed tokens has).
+// few holes (masked cells inside, as a cache with removed tokens has). In memory, as llama.cpp's
+// cache holds it, a cell's row has every K/V head side by side (heads_in_row; the node's K and V
+// are permuted views of it), or, the other layout ggml allows, each head's cells are contiguous.
 struct AttentionProblem {
     int64_t dk, dv, n_kv, tokens, n_head, n_head_kv, n_streams;
     ggml_type kv_type;                      // F16 or Q8_0
+    bool heads_in_row;
     std::vector<float> q;                   // dk x tokens x n_head x n_streams
     std::vector<uint8_t> k, v;              // rows of kv_type: dk|dv x n_kv x n_head_kv x n_streams
     std::vector<float> k_values, v_values;  // the same, as floats (what the rows hold exactly)
@@ -520,8 +523,9 @@ void fill_cache(ggml_type type, int64_t d, int64_t rows, std::mt19937 &rng, std:
 }
 
 AttentionProblem make_attention(int64_t dk, int64_t dv, int64_t n_kv, int64_t tokens, int64_t n_head,
-                                int64_t n_head_kv, int64_t n_streams, ggml_type kv_type, uint32_t seed) {
-    AttentionProblem p{dk, dv, n_kv, tokens, n_head, n_head_kv, n_streams, kv_type, {}, {}, {}, {}, {}, {},
+                                int64_t n_head_kv, int64_t n_streams, ggml_type kv_type, bool heads_in_row,
+                                uint32_t seed) {
+    AttentionProblem p{dk, dv, n_kv, tokens, n_head, n_head_kv, n_streams, kv_type, heads_in_row, {}, {}, {}, {}, {}, {},
                        1.0f / std::sqrt((float)dk)};
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -551,10 +555,18 @@ std::vector<float> run_attention(const AttentionProblem &p, int64_t first, int64
     ggml_init_params params = {ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
     ggml_context *ctx = ggml_init(params);
     ggml_tensor *q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, p.dk, p.tokens, p.n_head, count);
-    ggml_tensor *k = ggml_new_tensor_4d(ctx, p.kv_type, p.dk, n_kv, p.n_head_kv, count);
-    ggml_tensor *v = ggml_new_tensor_4d(ctx, p.kv_type, p.dv, n_kv, p.n_head_kv, count);
+    ggml_tensor *k, *v;
+    if (p.heads_in_row) {
+        k = ggml_new_tensor_4d(ctx, p.kv_type, p.dk, p.n_head_kv, n_kv, count);
+        v = ggml_new_tensor_4d(ctx, p.kv_type, p.dv, p.n_head_kv, n_kv, count);
+    } else {
+        k = ggml_new_tensor_4d(ctx, p.kv_type, p.dk, n_kv, p.n_head_kv, count);
+        v = ggml_new_tensor_4d(ctx, p.kv_type, p.dv, n_kv, p.n_head_kv, count);
+    }
     ggml_tensor *mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_kv, p.tokens, 1, count);
-    ggml_tensor *out = ggml_flash_attn_ext(ctx, q, k, v, mask, p.scale, 0.0f, 0.0f);
+    ggml_tensor *k_view = p.heads_in_row ? ggml_permute(ctx, k, 0, 2, 1, 3) : k;
+    ggml_tensor *v_view = p.heads_in_row ? ggml_permute(ctx, v, 0, 2, 1, 3) : v;
+    ggml_tensor *out = ggml_flash_attn_ext(ctx, q, k_view, v_view, mask, p.scale, 0.0f, 0.0f);
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
     ggml_backend_tensor_set(q, p.q.data() + first * p.dk * p.tokens * p.n_head, 0, ggml_nbytes(q));
     const ggml_fp16_t masked = ggml_fp32_to_fp16(-INFINITY);
@@ -563,7 +575,8 @@ std::vector<float> run_attention(const AttentionProblem &p, int64_t first, int64
     for (int64_t s = 0; s < count; s++)
         for (int64_t h = 0; h < p.n_head_kv; h++)
             for (int64_t c = 0; c < p.n_kv; c++) {
-                const int64_t from = ((first + s) * p.n_head_kv + h) * p.n_kv + c, to = (s * p.n_head_kv + h) * n_kv + c;
+                const int64_t from = ((first + s) * p.n_head_kv + h) * p.n_kv + c;
+                const int64_t to = p.heads_in_row ? (s * n_kv + c) * p.n_head_kv + h : (s * p.n_head_kv + h) * n_kv + c;
                 std::copy_n(p.k.begin() + from * p.k_row(), p.k_row(), kk.begin() + to * p.k_row());
                 std::copy_n(p.v.begin() + from * p.v_row(), p.v_row(), vv.begin() + to * p.v_row());
             }
@@ -674,10 +687,11 @@ Exact exact_attention(const AttentionProblem &p) {
 // result[4]: 1 if the node ran on our kernel (0: ggml computed it: shapes we do not take)
 // Returns 0, or -1 if this CPU cannot run the path.
 STACKD_API int stackd_kernels_check_attention(int64_t dk, int64_t dv, int64_t n_kv, int64_t tokens, int64_t n_head,
-                                              int64_t n_head_kv, int64_t n_streams, int kv_type, int path,
-                                              uint32_t seed, int n_threads, double *result) {
+                                              int64_t n_head_kv, int64_t n_streams, int kv_type, int heads_in_row,
+                                              int path, uint32_t seed, int n_threads, double *result) {
     if (path < 0 || path >= kPathCount || !cpu_supports((Path)path)) return -1;
-    const AttentionProblem p = make_attention(dk, dv, n_kv, tokens, n_head, n_head_kv, n_streams, (ggml_type)kv_type, seed);
+    const AttentionProblem p = make_attention(dk, dv, n_kv, tokens, n_head, n_head_kv, n_streams, (ggml_type)kv_type,
+                                              heads_in_row != 0, seed);
     ggml_backend_t cpu = ggml_per_row_backend(n_threads);
     ggml_backend_t ours = backend_new((Path)path);
     set_threads(ours, n_threads);
@@ -723,7 +737,8 @@ STACKD_API int stackd_kernels_time_attention(int64_t dk, int64_t n_kv, int64_t t
                                              int64_t n_head_kv, int64_t n_streams, int kv_type, int path,
                                              int n_threads, int repeat, double *times) {
     if (path < 0 || path >= kPathCount || !cpu_supports((Path)path)) return -1;
-    const AttentionProblem p = make_attention(dk, dk, n_kv, tokens, n_head, n_head_kv, n_streams, (ggml_type)kv_type, 1);
+    const AttentionProblem p = make_attention(dk, dk, n_kv, tokens, n_head, n_head_kv, n_streams, (ggml_type)kv_type,
+                                              true, 1);
     ggml_backend_t cpu = ggml_per_row_backend(n_threads);
     ggml_backend_t ours = backend_new((Path)path);
     set_threads(ours, n_threads);

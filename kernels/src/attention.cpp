@@ -82,6 +82,69 @@ void fill_task(const ggml_tensor *node, const Shape &s, float scale, int64_t i3,
     }
 }
 
+// A decode step reads each stream's cache once, and from memory: between steps the weights
+// (~100 MB) push it out of every cache. Read as the tasks read it, a K/V head's rows a few
+// hundred bytes apart and one cell at a time, it came in at ~5 GB/s a thread, and at 16 streams
+// attention waited on memory three times as long as it computed (bench/README.md, "Roofline").
+// So when the streams are enough to deal whole, a thread takes a stream's every K/V head, reads
+// the stream's cache first in address order (sequential reads the hardware prefetchers follow,
+// all heads' rows at once), then computes from its L2. Which thread computes a row changes no bit.
+
+// Cells [0, extent) hold every cell the stream's rows see (its mask's last live cell + 1).
+int64_t live_extent(const ggml_tensor *node, const Shape &s, int64_t i3) {
+    const ggml_tensor *mask = node->src[3];
+    if (mask == nullptr) return s.n_kv;
+    int64_t extent = 0;
+    for (int64_t i1 = 0; i1 < s.n_tokens; i1++) {
+        const auto *m = (const uint16_t *)((const char *)mask->data + i1 * mask->nb[1] + (i3 % mask->ne[3]) * mask->nb[3]);
+        int64_t last = s.n_kv;
+        while (last > extent && m[last - 1] == kMaskedBits) last--;
+        extent = std::max(extent, last);
+    }
+    return extent;
+}
+
+// Reads every cache line of the stream's K (or V) rows of cells [0, cells), in address order
+// (volatile: the values are not used, the reads are the point).
+void read_rows(const ggml_tensor *t, int64_t ik3, int64_t cells) {
+    if (cells == 0) return;
+    const char *base = (const char *)t->data + ik3 * t->nb[3];
+    const size_t row = ggml_row_size(t->type, t->ne[0]);
+    auto read = [](const char *from, size_t bytes) {
+        for (size_t b = 0; b < bytes; b += 64) (void)*(const volatile char *)(from + b);
+    };
+    if ((size_t)t->nb[2] * (t->ne[2] - 1) + row <= (size_t)t->nb[1]) {  // a cell's heads side by side
+        read(base, (cells - 1) * t->nb[1] + (t->ne[2] - 1) * t->nb[2] + row);
+    } else {
+        for (int64_t h = 0; h < t->ne[2]; h++) read(base + h * t->nb[2], (cells - 1) * t->nb[1] + row);
+    }
+}
+
+// The streams thread ith computes, longest first to the least loaded thread (every thread
+// deals the same way from the same masks), or false when streams cannot be dealt whole: too
+// few for the threads, or one longer than a thread's even share.
+bool deal_streams(const ggml_tensor *node, const Shape &s, int ith, int nth, std::vector<int64_t> &mine,
+                  std::vector<int64_t> &extents) {
+    constexpr int kMaxThreads = 64;
+    if (nth > kMaxThreads || s.n_streams < 2 * (int64_t)nth) return false;
+    extents.resize(s.n_streams);
+    int64_t total = 0;
+    for (int64_t i3 = 0; i3 < s.n_streams; i3++) total += extents[i3] = live_extent(node, s, i3);
+    thread_local std::vector<int64_t> order;
+    order.resize(s.n_streams);
+    for (int64_t i3 = 0; i3 < s.n_streams; i3++) order[i3] = i3;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return extents[a] > extents[b]; });
+    if (extents[order[0]] * nth > total) return false;
+    int64_t load[kMaxThreads] = {};
+    mine.clear();
+    for (int64_t i3 : order) {
+        const int to = (int)(std::min_element(load, load + nth) - load);
+        load[to] += extents[i3] + 1;
+        if (to == ith) mine.push_back(i3);
+    }
+    return true;
+}
+
 }  // namespace
 
 bool can_attend(const ggml_tensor *node) {
@@ -107,9 +170,22 @@ void attention_share(ggml_tensor *node, float scale, AttendFn attend, int ith, i
     const Shape s(node);
     const int64_t per_task = rows_per_task(s, nth);
     const int64_t tasks_per_unit = (s.rows_per_unit + per_task - 1) / per_task;
-    const int64_t n_tasks = s.n_streams * s.head_kv_count * tasks_per_unit;
     thread_local Scratch scratch;
+    thread_local std::vector<int64_t> mine, extents;
     AttentionTask task;
+    if (tasks_per_unit == 1 && deal_streams(node, s, ith, nth, mine, extents)) {
+        for (int64_t i3 : mine) {
+            const int64_t ik3 = i3 / (s.n_streams / node->src[1]->ne[3]);
+            read_rows(node->src[1], ik3, extents[i3]);
+            read_rows(node->src[2], ik3, extents[i3]);
+            for (int64_t ik2 = 0; ik2 < s.head_kv_count; ik2++) {
+                fill_task(node, s, scale, i3, ik2, 0, (int)s.rows_per_unit, scratch, task);
+                attend(task);
+            }
+        }
+        return;
+    }
+    const int64_t n_tasks = s.n_streams * s.head_kv_count * tasks_per_unit;
     for (int64_t i = ith; i < n_tasks; i += nth) {
         const int64_t unit = i / tasks_per_unit, row0 = (i % tasks_per_unit) * per_task;
         const int n = (int)std::min(per_task, s.rows_per_unit - row0);

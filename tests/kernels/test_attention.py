@@ -56,6 +56,18 @@ def test_decode_attention_within_its_bound(path, shape, kv_type):
     assert same_as_scalar == 1.0, f"the {path} path differs from the scalar reference"
 
 
+# The other layout ggml allows (each K/V head's cells contiguous), and thread counts that deal a
+# step's streams whole (attention.cpp: each thread reads its streams' rows first) or cannot.
+@pytest.mark.parametrize("n_threads", [1, 2, 3, 8])
+@pytest.mark.parametrize("heads_in_row", [True, False], ids=["cache-layout", "head-major"])
+def test_streams_dealt_whole_or_not(heads_in_row, n_threads):
+    path = check_lib.best_path()
+    within_exact, within_ggml, batch_invariant, same_as_scalar, ran = check_lib.check_attention(
+        64, 64, 256, 2, 9, 3, 7, path, n_threads=n_threads, heads_in_row=heads_in_row)
+    assert ran == 1.0 and within_exact <= 1.0 and within_ggml <= 1.0
+    assert batch_invariant == 1.0 and same_as_scalar == 1.0
+
+
 def test_the_smallest_f16_head():
     path = check_lib.best_path()
     within_exact, within_ggml, batch_invariant, same_as_scalar, ran = check_lib.check_attention(
