@@ -145,6 +145,44 @@ bool deal_streams(const ggml_tensor *node, const Shape &s, int ith, int nth, std
     return true;
 }
 
+// A decode step of one or two streams has too few (stream, K/V head) units for the threads, so
+// a unit's query rows are split between tasks; dealt round robin, every thread then read every
+// K/V head of the step for a row or two of it (a head's cache read once a row). Instead, when a
+// unit's rows fit one task, the step's rows in (stream, head, row) order are cut into one run a
+// thread, of even weight (a row weighs its stream's live cells), and a run is one task a unit
+// it touches: each head is read by one thread once for all its rows (two at the seam between
+// runs). A row's numbers do not depend on the rows beside it in its task.
+bool deal_runs(ggml_tensor *node, const Shape &s, float scale, AttendFn attend, int ith, int nth, Scratch &scratch,
+               std::vector<int64_t> &extents) {
+    if (s.rows_per_unit > kMaxTaskRows) return false;
+    extents.resize(s.n_streams);
+    int64_t total = 0;
+    for (int64_t i3 = 0; i3 < s.n_streams; i3++) {
+        extents[i3] = live_extent(node, s, i3) + 1;  // + 1: a row of no live cell still costs its pass
+        total += extents[i3] * s.head_kv_count * s.rows_per_unit;
+    }
+    // thread t's run: the rows whose weight before them is in [t * total / nth, (t + 1) * total / nth)
+    const int64_t from = total * ith, to = total * (ith + 1);
+    int64_t before = 0;
+    AttentionTask task;
+    for (int64_t i3 = 0; i3 < s.n_streams; i3++) {
+        const int64_t w = extents[i3];
+        for (int64_t ik2 = 0; ik2 < s.head_kv_count; ik2++, before += w * s.rows_per_unit) {
+            // rows r of this unit with from <= (before + r * w) * nth < to
+            auto first_at_least = [&](int64_t bound) {
+                const int64_t need = bound - before * nth;   // r * w * nth >= need
+                if (need <= 0) return (int64_t)0;
+                return std::min<int64_t>(s.rows_per_unit, (need + w * nth - 1) / (w * nth));
+            };
+            const int64_t r0 = first_at_least(from), r1 = first_at_least(to);
+            if (r1 <= r0) continue;
+            fill_task(node, s, scale, i3, ik2, r0, (int)(r1 - r0), scratch, task);
+            attend(task);
+        }
+    }
+    return true;
+}
+
 }  // namespace
 
 bool can_attend(const ggml_tensor *node) {
@@ -185,6 +223,7 @@ void attention_share(ggml_tensor *node, float scale, AttendFn attend, int ith, i
         }
         return;
     }
+    if (tasks_per_unit > 1 && deal_runs(node, s, scale, attend, ith, nth, scratch, extents)) return;
     const int64_t n_tasks = s.n_streams * s.head_kv_count * tasks_per_unit;
     for (int64_t i = ith; i < n_tasks; i += nth) {
         const int64_t unit = i / tasks_per_unit, row0 = (i % tasks_per_unit) * per_task;

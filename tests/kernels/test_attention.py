@@ -68,6 +68,22 @@ def test_streams_dealt_whole_or_not(heads_in_row, n_threads):
     assert batch_invariant == 1.0 and same_as_scalar == 1.0
 
 
+# A step of one to three streams has fewer (stream, K/V head) units than the threads want: its
+# rows are cut into one run a thread (attention.cpp, deal_runs), at seams that fall inside a
+# unit by the thread count and the streams' lengths. A sequence alone is cut elsewhere than in
+# its batch, so batch_invariant holds the grouping of rows to no bit of theirs.
+@pytest.mark.parametrize("n_threads", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("shape", [(64, 64, 160, 1, 9, 3, 1), (64, 64, 256, 1, 9, 3, 2), (64, 64, 200, 1, 9, 3, 3),
+                                   (128, 128, 300, 5, 8, 2, 2), (64, 64, 96, 3, 4, 1, 3)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_rows_dealt_in_runs(shape, n_threads):
+    path = check_lib.best_path()
+    within_exact, within_ggml, batch_invariant, same_as_scalar, ran = check_lib.check_attention(
+        *shape, path, n_threads=n_threads)
+    assert ran == 1.0 and within_exact <= 1.0 and within_ggml <= 1.0
+    assert batch_invariant == 1.0 and same_as_scalar == 1.0
+
+
 def test_the_smallest_f16_head():
     path = check_lib.best_path()
     within_exact, within_ggml, batch_invariant, same_as_scalar, ran = check_lib.check_attention(
