@@ -104,19 +104,19 @@ int64_t live_extent(const ggml_tensor *node, const Shape &s, int64_t i3) {
     return extent;
 }
 
-// Reads every cache line of the stream's K (or V) rows of cells [0, cells), in address order
+// Reads every cache line of the stream's K (or V) rows of cells [first, end), in address order
 // (volatile: the values are not used, the reads are the point).
-void read_rows(const ggml_tensor *t, int64_t ik3, int64_t cells) {
-    if (cells == 0) return;
-    const char *base = (const char *)t->data + ik3 * t->nb[3];
+void read_rows(const ggml_tensor *t, int64_t ik3, int64_t first, int64_t end) {
+    if (end <= first) return;
+    const char *base = (const char *)t->data + ik3 * t->nb[3] + first * t->nb[1];
     const size_t row = ggml_row_size(t->type, t->ne[0]);
     auto read = [](const char *from, size_t bytes) {
         for (size_t b = 0; b < bytes; b += 64) (void)*(const volatile char *)(from + b);
     };
     if ((size_t)t->nb[2] * (t->ne[2] - 1) + row <= (size_t)t->nb[1]) {  // a cell's heads side by side
-        read(base, (cells - 1) * t->nb[1] + (t->ne[2] - 1) * t->nb[2] + row);
+        read(base, (end - first - 1) * t->nb[1] + (t->ne[2] - 1) * t->nb[2] + row);
     } else {
-        for (int64_t h = 0; h < t->ne[2]; h++) read(base + h * t->nb[2], (cells - 1) * t->nb[1] + row);
+        for (int64_t h = 0; h < t->ne[2]; h++) read(base + h * t->nb[2], (end - first - 1) * t->nb[1] + row);
     }
 }
 
@@ -160,6 +160,16 @@ bool deal_runs(ggml_tensor *node, const Shape &s, float scale, AttendFn attend, 
     for (int64_t i3 = 0; i3 < s.n_streams; i3++) {
         extents[i3] = live_extent(node, s, i3) + 1;  // + 1: a row of no live cell still costs its pass
         total += extents[i3] * s.head_kv_count * s.rows_per_unit;
+    }
+    // A head's rows are a few hundred bytes apart, and the heads of a cell side by side: read
+    // head by head the prefetchers fetch the neighbours' lines too, so each thread first reads
+    // its slice of cells of every stream, all heads, in address order (the cache read once
+    // from memory, by both threads at once), and the runs then compute from the shared cache.
+    for (int64_t i3 = 0; i3 < s.n_streams; i3++) {
+        const int64_t ik3 = i3 / (s.n_streams / node->src[1]->ne[3]), cells = extents[i3] - 1;
+        const int64_t first = cells * ith / nth, end = cells * (ith + 1) / nth;
+        read_rows(node->src[1], ik3, first, end);
+        read_rows(node->src[2], ik3, first, end);
     }
     // thread t's run: the rows whose weight before them is in [t * total / nth, (t + 1) * total / nth)
     const int64_t from = total * ith, to = total * (ith + 1);
@@ -214,8 +224,8 @@ void attention_share(ggml_tensor *node, float scale, AttendFn attend, int ith, i
     if (tasks_per_unit == 1 && deal_streams(node, s, ith, nth, mine, extents)) {
         for (int64_t i3 : mine) {
             const int64_t ik3 = i3 / (s.n_streams / node->src[1]->ne[3]);
-            read_rows(node->src[1], ik3, extents[i3]);
-            read_rows(node->src[2], ik3, extents[i3]);
+            read_rows(node->src[1], ik3, 0, extents[i3]);
+            read_rows(node->src[2], ik3, 0, extents[i3]);
             for (int64_t ik2 = 0; ik2 < s.head_kv_count; ik2++) {
                 fill_task(node, s, scale, i3, ik2, 0, (int)s.rows_per_unit, scratch, task);
                 attend(task);
