@@ -22,7 +22,11 @@ the compute), sampling, and the scheduler with its events.
 beside llama-batched-bench's prompt processing of N tokens on the same file and threads
 (--peer).
 
+--prompt-tokens N decodes after prompts of N tokens (32 by default): a step's attention then
+reads N cells a stream, as an agent's turn after its tool list does.
+
     .venv/bin/python bench/roofline.py [--threads 2] [--streams 1,16] [--peer]
+    .venv/bin/python bench/roofline.py --streams 1 --prompt-tokens 2000 --peer
     .venv/bin/python bench/roofline.py --prefill 512,2000,4000 --streams "" --peer
     .venv/bin/python bench/roofline.py --kernels avx2      # one path forced for the engine runs
     .venv/bin/python bench/roofline.py --cpu avx2 --peer   # an AVX2-only CPU's code on both sides
@@ -122,10 +126,10 @@ def params():
     return p
 
 
-def decode_window(engine, n: int, first_id: int) -> dict:
-    """n streams of a 32-token prompt; the window from every stream's first token to the last."""
+def decode_window(engine, n: int, first_id: int, prompt_tokens: int = PROMPT_TOKENS) -> dict:
+    """n streams of a prompt_tokens-token prompt; the window from every stream's first token to the last."""
     from stackd.engine.core import SUBMIT_ACCEPTED
-    prompt = engine.tokenize(TEXT * 2, False, True)[:PROMPT_TOKENS]
+    prompt = engine.tokenize(TEXT * (prompt_tokens // 20 + 2), False, True)[:prompt_tokens]
     ids = set(range(first_id, first_id + n))
     for rid in sorted(ids):
         assert engine.submit(rid, prompt, GEN_TOKENS, [], params()) == SUBMIT_ACCEPTED
@@ -167,11 +171,12 @@ def child(args) -> None:
     prefills = [int(s) for s in args.prefill.split(",") if s]
     model = kernels_engine.model_path(args.model)
     if streams:
-        engine = Engine(model, slots=max(streams), context_length=256, batch=512, threads=args.threads,
+        context = max(256, args.prompt_tokens + GEN_TOKENS + 64)
+        engine = Engine(model, slots=max(streams), context_length=context, batch=512, threads=args.threads,
                         flash_attn=1, speculative_draft_max=0)
         decode_window(engine, 2, 1)          # warm up
         for i, n in enumerate(streams):
-            out["decode"][n] = decode_window(engine, n, 1000 * (i + 1))
+            out["decode"][n] = decode_window(engine, n, 1000 * (i + 1), args.prompt_tokens)
         engine.close()
     if prefills:
         engine = Engine(model, slots=1, context_length=max(prefills) + 64, batch=512, threads=args.threads,
@@ -185,7 +190,7 @@ def child(args) -> None:
 
 def engine_runs(args) -> dict:
     command = [sys.executable, __file__, "--child", "--threads", str(args.threads), "--streams", args.streams,
-               "--prefill", args.prefill, "--kernels", args.kernels, "--fusion", args.fusion,
+               "--prefill", args.prefill, "--prompt-tokens", str(args.prompt_tokens), "--kernels", args.kernels, "--fusion", args.fusion,
                "--prefill-attention", args.prefill_attention] + (["--model", args.model] if args.model else [])
     env = {**os.environ, **kernels_engine.CHILD_ENV}
     if args.graph_reuse == "off":     # llama.cpp rebuilds every step's graph (its llama_context)
@@ -284,6 +289,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--streams", default="1,16", help="decode stream counts ('' for none)")
     parser.add_argument("--prefill", default="", help="one request's prompt lengths, e.g. 512,2000,4000")
+    parser.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS,
+                        help="each decode stream's prompt length (default 32; the peer's -npp too)")
     parser.add_argument("--model", default=None, help="a GGUF file (default: the default chat model)")
     parser.add_argument("--kernels", default="auto", help="engine.kernels for the engine runs (auto, avx2, ...)")
     parser.add_argument("--fusion", choices=["on", "off"], default="on",
@@ -306,6 +313,9 @@ def main() -> None:
         return child(args)
     if args.rounds < 1:
         parser.error("--rounds: at least 1")
+    if args.prompt_tokens < 1:
+        parser.error("--prompt-tokens: at least 1")
+    kernels_engine.PROMPT_TOKENS = args.prompt_tokens   # the peer's decode runs after prompts as long
     if args.cpu == "avx2":
         kernels_engine.use_avx2_build()
         args.kernels = "avx2"
@@ -317,7 +327,7 @@ def main() -> None:
     gb = roof["bandwidth"] / 1e9
     print(f"{kernels_engine.cpu_name()}; {os.path.basename(model)} ({facts['type']}); {args.threads} threads; "
           f"engine path {runs['path']}, fusion {args.fusion}, prompts' attention {args.prefill_attention}, "
-          f"graph reuse {args.graph_reuse}" + (", llama.cpp built for AVX2" if args.cpu == "avx2" else "") +
+          f"graph reuse {args.graph_reuse}; decode after {args.prompt_tokens}-token prompts" + (", llama.cpp built for AVX2" if args.cpu == "avx2" else "") +
           (f"; medians of {args.rounds} rounds" if args.rounds > 1 else ""))
     print(f"memory roof: {gb:.1f} GB/s reading the weights' {facts['bytes'] / 1e6:.1f} MB ({args.threads} threads; "
           f"{roof['dram'] / 1e9:.1f} GB/s from a {BANDWIDTH_BYTES >> 20} MiB buffer): "
