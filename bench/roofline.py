@@ -190,8 +190,8 @@ def child(args) -> None:
 
 def engine_runs(args) -> dict:
     command = [sys.executable, __file__, "--child", "--threads", str(args.threads), "--streams", args.streams,
-               "--prefill", args.prefill, "--prompt-tokens", str(args.prompt_tokens), "--kernels", args.kernels, "--fusion", args.fusion,
-               "--prefill-attention", args.prefill_attention] + (["--model", args.model] if args.model else [])
+               "--prefill", args.prefill, "--prompt-tokens", str(args.prompt_tokens), "--kernels", args.kernels,
+               "--fusion", args.fusion, "--prefill-attention", args.prefill_attention] + (["--model", args.model] if args.model else [])
     env = {**os.environ, **kernels_engine.CHILD_ENV}
     if args.graph_reuse == "off":     # llama.cpp rebuilds every step's graph (its llama_context)
         env["LLAMA_GRAPH_REUSE_DISABLE"] = "1"
@@ -327,7 +327,8 @@ def main() -> None:
     gb = roof["bandwidth"] / 1e9
     print(f"{kernels_engine.cpu_name()}; {os.path.basename(model)} ({facts['type']}); {args.threads} threads; "
           f"engine path {runs['path']}, fusion {args.fusion}, prompts' attention {args.prefill_attention}, "
-          f"graph reuse {args.graph_reuse}; decode after {args.prompt_tokens}-token prompts" + (", llama.cpp built for AVX2" if args.cpu == "avx2" else "") +
+          f"graph reuse {args.graph_reuse}; decode after {args.prompt_tokens}-token prompts" +
+          (", llama.cpp built for AVX2" if args.cpu == "avx2" else "") +
           (f"; medians of {args.rounds} rounds" if args.rounds > 1 else ""))
     print(f"memory roof: {gb:.1f} GB/s reading the weights' {facts['bytes'] / 1e6:.1f} MB ({args.threads} threads; "
           f"{roof['dram'] / 1e9:.1f} GB/s from a {BANDWIDTH_BYTES >> 20} MiB buffer): "

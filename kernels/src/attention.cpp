@@ -51,6 +51,9 @@ struct Scratch {
     std::vector<float> acc;
 };
 
+// The K/V stream query stream i3 reads (ggml broadcasts K and V over Q's streams).
+int64_t kv_stream(const ggml_tensor *node, int64_t i3) { return i3 / (node->src[0]->ne[3] / node->src[1]->ne[3]); }
+
 // Fills one task: stream i3, K/V head ik2, rows [row0, row0 + n) of that unit (row i is query
 // head ik2 * group + i / n_tokens at token i % n_tokens).
 void fill_task(const ggml_tensor *node, const Shape &s, float scale, int64_t i3, int64_t ik2, int64_t row0, int n,
@@ -61,7 +64,7 @@ void fill_task(const ggml_tensor *node, const Shape &s, float scale, int64_t i3,
     t.n_kv = s.n_kv;
     t.n_rows = n;
     t.scale = scale;
-    const int64_t ik3 = i3 / (q->ne[3] / k->ne[3]);
+    const int64_t ik3 = kv_stream(node, i3);
     t.k = (const char *)k->data + ik2 * k->nb[2] + ik3 * k->nb[3];
     t.v = (const char *)v->data + ik2 * v->nb[2] + ik3 * v->nb[3];
     t.kv_type = k->type;
@@ -145,7 +148,7 @@ bool deal_streams(const ggml_tensor *node, const Shape &s, int ith, int nth, std
     return true;
 }
 
-// A decode step of one or two streams has too few (stream, K/V head) units for the threads, so
+// A decode step of one to three streams has too few (stream, K/V head) units for the threads, so
 // a unit's query rows are split between tasks; dealt round robin, every thread then read every
 // K/V head of the step for a row or two of it (a head's cache read once a row). Instead, when a
 // unit's rows fit one task, the step's rows in (stream, head, row) order are cut into one run a
@@ -166,7 +169,7 @@ bool deal_runs(ggml_tensor *node, const Shape &s, float scale, AttendFn attend, 
     // its slice of cells of every stream, all heads, in address order (the cache read once
     // from memory, by both threads at once), and the runs then compute from the shared cache.
     for (int64_t i3 = 0; i3 < s.n_streams; i3++) {
-        const int64_t ik3 = i3 / (s.n_streams / node->src[1]->ne[3]), cells = extents[i3] - 1;
+        const int64_t ik3 = kv_stream(node, i3), cells = extents[i3] - 1;
         const int64_t first = cells * ith / nth, end = cells * (ith + 1) / nth;
         read_rows(node->src[1], ik3, first, end);
         read_rows(node->src[2], ik3, first, end);
@@ -223,7 +226,7 @@ void attention_share(ggml_tensor *node, float scale, AttendFn attend, int ith, i
     AttentionTask task;
     if (tasks_per_unit == 1 && deal_streams(node, s, ith, nth, mine, extents)) {
         for (int64_t i3 : mine) {
-            const int64_t ik3 = i3 / (s.n_streams / node->src[1]->ne[3]);
+            const int64_t ik3 = kv_stream(node, i3);
             read_rows(node->src[1], ik3, 0, extents[i3]);
             read_rows(node->src[2], ik3, 0, extents[i3]);
             for (int64_t ik2 = 0; ik2 < s.head_kv_count; ik2++) {
