@@ -38,7 +38,6 @@ struct Avx2Pack {
     static F add(F a, F b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
     static F mul(F a, F b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
     static F fma(F a, F b, F c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
-    static float first(F a) { return _mm256_cvtss_f32(a.lo); }
 
     // Lane l of the result is all ones where bit l is set.
     static __m256 lanes_of(uint32_t bits) {
@@ -53,6 +52,27 @@ struct Avx2Pack {
     // Lanes 0-7 and 8-15 combined first (attention.h's tree), then attention_lanes.h's steps.
     static float sum16(F a) { return attention_lanes::fold8(_mm256_add_ps(a.lo, a.hi), attention_lanes::Add{}); }
     static float max16(F a) { return attention_lanes::fold8(_mm256_max_ps(a.lo, a.hi), attention_lanes::Max{}); }
+
+    // Lane c: sum16(a[c]), the same pairs added in the same order, over all sixteen at once:
+    // lo + hi (lanes l and l + 8); then for two cells at a time their 128-bit halves (l and
+    // l + 4), cell 2i in the low half of the result, 2i + 1 in the high; then l and l + 2 and
+    // l and l + 1 within a half, two halves' worth of cells a step. The last pair holds cells
+    // 8k + 2i in the low half and 8k + 2i + 1 in the high; one permute each puts them in order.
+    static F sums16(const F *a) {
+        __m256 u[16], v[8], w[4], z[2];
+        for (int c = 0; c < 16; c++) u[c] = _mm256_add_ps(a[c].lo, a[c].hi);
+        for (int i = 0; i < 8; i++)
+            v[i] = _mm256_add_ps(_mm256_permute2f128_ps(u[2 * i], u[2 * i + 1], 0x20),
+                                 _mm256_permute2f128_ps(u[2 * i], u[2 * i + 1], 0x31));
+        for (int i = 0; i < 4; i++)
+            w[i] = _mm256_add_ps(_mm256_shuffle_ps(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+        for (int i = 0; i < 2; i++)
+            z[i] = _mm256_add_ps(_mm256_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        return {_mm256_permutevar8x32_ps(z[0], order), _mm256_permutevar8x32_ps(z[1], order)};
+    }
 
     static __m256 exp8(__m256 x) {
         const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(kExpFloor), _CMP_GE_OQ);

@@ -17,7 +17,8 @@ namespace {
 
 struct Avx512Pack {
     using F = __m512;
-    static constexpr int kValueChunks = 4;  // 2 rows x 4 accumulators of V
+    static constexpr int kValueChunks = 4;  // 4 accumulators of V a row
+    static constexpr int kValueRows = 4;    // rows x chunks: 16 of the 32 registers, V's 4 beside
     static F zero() { return _mm512_setzero_ps(); }
     static F set1(float x) { return _mm512_set1_ps(x); }
     static F load(const float *x) { return _mm512_loadu_ps(x); }
@@ -32,7 +33,6 @@ struct Avx512Pack {
     static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
     static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
     static F select(uint32_t bits, F a, F b) { return _mm512_mask_blend_ps((__mmask16)bits, b, a); }
-    static float first(F a) { return _mm512_cvtss_f32(a); }
     // Lanes l and l + 8 combined first (attention.h's tree), then attention_lanes.h's steps.
     template <class Combine>
     static float fold16(F a, Combine combine) {

@@ -61,7 +61,6 @@ struct NeonPack {
         for (int k = 0; k < 4; k++) out.v[k] = vfmaq_f32(c.v[k], a.v[k], b.v[k]);
         return out;
     }
-    static float first(F a) { return vgetq_lane_f32(a.v[0], 0); }
 
     // Lane l of the result is a's where bit l is set, b's otherwise.
     static F select(uint32_t bits, F a, F b) {
