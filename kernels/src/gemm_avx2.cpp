@@ -68,9 +68,10 @@ struct Minimum : Avx2 {
             }
             for (int t = 0; t < TT; t++) {
                 const ActBlock &a = act[i + t * nb];
-                const __m256i sum = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(quad(a, j))),
-                                                     _mm256_maddubs_epi16(hi, _mm256_set1_epi32(quad(a, j + 4))));
-                pairs[t] = _mm256_add_epi16(pairs[t], sum);
+                pairs[t] = _mm256_add_epi16(pairs[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(quad(a, j))));
+                STACKD_KEEP_CHAIN(pairs[t]);
+                pairs[t] = _mm256_add_epi16(pairs[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(quad(a, j + 4))));
+                STACKD_KEEP_CHAIN(pairs[t]);
             }
             if (!kFifth ? j == 3 : j % 2 == 1) {
                 for (int t = 0; t < TT; t++) {
@@ -108,6 +109,7 @@ struct Q8_0 : Avx2 {
             for (int t = 0; t < TT; t++) {
                 const __m256i signed_a = _mm256_sign_epi8(_mm256_set1_epi32(quad(act[i + t * nb], c)), q);
                 isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_a), ones));
+                STACKD_KEEP_CHAIN(isum[t]);
             }
         }
         const __m256 dw = fp16x8(w->d);
@@ -161,9 +163,10 @@ struct Offset : Avx2 {
             }
             for (int t = 0; t < TT; t++) {
                 const ActBlock &a = act[i + t * nb];
-                const __m256i sum = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(quad(a, j))),
-                                                     _mm256_maddubs_epi16(hi, _mm256_set1_epi32(quad(a, j + 4))));
-                pairs[t] = _mm256_add_epi16(pairs[t], sum);
+                pairs[t] = _mm256_add_epi16(pairs[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(quad(a, j))));
+                STACKD_KEEP_CHAIN(pairs[t]);
+                pairs[t] = _mm256_add_epi16(pairs[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(quad(a, j + 4))));
+                STACKD_KEEP_CHAIN(pairs[t]);
             }
             if (!kFifth ? j == 3 : j % 2 == 1) {
                 for (int t = 0; t < TT; t++) {

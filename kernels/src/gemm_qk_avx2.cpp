@@ -96,9 +96,11 @@ struct Q4K : Avx2K {
                 const __m256i p = load32(w->qs + 256 * j + 32 * c);
                 __m256i u = _mm256_and_si256(high ? _mm256_srli_epi16(p, 4) : p, low);
                 if constexpr (kFifth) u = _mm256_or_si256(u, fifth_bits(w, s, c));
-                for (int t = 0; t < TT; t++)
+                for (int t = 0; t < TT; t++) {
                     pairs[t] = _mm256_add_epi16(
                         pairs[t], _mm256_maddubs_epi16(u, _mm256_set1_epi32(quad(act[i + t * nb], 16 * j + 8 * high + c))));
+                    STACKD_KEEP_CHAIN(pairs[t]);
+                }
                 if (c == 7 || (kFifth && c == 3)) {
                     for (int t = 0; t < TT; t++) {
                         isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(pairs[t], scale));
@@ -160,6 +162,7 @@ struct Q6K : Avx2K {
                     const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u0, _mm256_set1_epi32(quad(a, k))),
                                                            _mm256_maddubs_epi16(u1, _mm256_set1_epi32(quad(a, k + 1))));
                     isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(pairs, scale));
+                    STACKD_KEEP_CHAIN(isum[t]);
                 }
             }
         }
